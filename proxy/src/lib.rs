@@ -1,0 +1,2 @@
+//! veris-proxy moves bytes and decides routes.
+#![forbid(unsafe_code)]

@@ -1,0 +1,9 @@
+//! veris-receipt owns the ledger format (one versioned JSON line per decision,
+//! hash-chained), the writer that appends to it, the reader that verifies it,
+//! redaction of secrets before anything is written, and the receipt model that
+//! summarizes a window of the ledger. It knows nothing of sockets.
+#![forbid(unsafe_code)]
+
+pub mod entry;
+
+pub use entry::{Entry, Line, ListenerTier, Mode, LEDGER_VERSION};
