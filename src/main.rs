@@ -1,1 +1,137 @@
-fn main() {}
+//! The `veris` binary: parses the command line, reads env, files and signals,
+//! and wires the library crates together. It is the only place that does so.
+#![deny(unsafe_code)]
+
+mod ca_cmd;
+mod demo;
+mod receipt_cmd;
+mod run;
+mod stack;
+mod sys;
+mod twin_cmd;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for usage and configuration errors.
+pub const EXIT_USAGE: u8 = 1;
+
+#[derive(Parser)]
+#[command(
+    name = "veris",
+    version,
+    about = "Egress interception proxy and receipt reporter: route vendor API calls to a twin and prove they happened"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the interception proxy (explicit tier) until SIGINT/SIGTERM.
+    Serve(stack::ServeArgs),
+    /// Run a command behind the proxy, then print this run's receipt to stderr.
+    Run(run::RunArgs),
+    /// Summarize what reached the twin, from a state dir or a ledger file.
+    Receipt(receipt_cmd::ReceiptArgs),
+    /// Run the built-in twin.
+    Twin(twin_cmd::TwinArgs),
+    /// Manage the interception CA and its trust material.
+    #[command(subcommand)]
+    Ca(ca_cmd::CaCommand),
+    /// Offline demo: built-in twin, proxy, real HTTPS requests, receipt.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let default_level = match cli.command {
+        Command::Serve(_) | Command::Twin(_) => "info",
+        _ => "warn",
+    };
+    init_logging(cli.log_format, default_level);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("veris: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => stack::serve(args).await,
+            Command::Run(args) => run::run(args).await,
+            Command::Receipt(args) => receipt_cmd::receipt(args).await,
+            Command::Twin(args) => twin_cmd::twin(args).await,
+            Command::Ca(cmd) => ca_cmd::ca(cmd),
+            Command::Demo(args) => demo::demo(args).await,
+        }
+    });
+    // Do not wait for lingering tasks (tunnels, idle pools) at exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("veris: {e:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = std::env::var("VERIS_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| default_level.to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// `--state-dir`, else `$VERIS_STATE_DIR`, else `~/.veris`.
+pub fn state_dir(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| std::env::var_os("VERIS_STATE_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/tmp"))
+                .join(".veris")
+        })
+}
+
+/// Random lower-case hex from the kernel's CSPRNG.
+pub fn random_hex(bytes: usize) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| anyhow::anyhow!("reading /dev/urandom: {e}"))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}

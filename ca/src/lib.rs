@@ -1,2 +1,18 @@
 //! veris-ca mints and stores certificates and publishes trust material. It does no network I/O.
+//!
+//! The crate owns four things: the persisted interception CA ([`CertificateAuthority`]), the
+//! per-host leaves minted from it and cached for the proxy ([`Issuer`]), the trust material the
+//! workload reads ([`trust`]), and the env file that points clients at the proxy and that trust
+//! material ([`env`]). It never reads environment variables itself: callers pass what they mean.
 #![forbid(unsafe_code)]
+
+mod authority;
+pub mod env;
+mod error;
+mod fsutil;
+mod issuer;
+pub mod trust;
+
+pub use authority::{CertificateAuthority, Leaf, LoadOutcome};
+pub use error::CaError;
+pub use issuer::Issuer;

@@ -1,2 +1,755 @@
 //! veris-proxy moves bytes and decides routes.
+//!
+//! The request lifecycle, in the order it happens (each phase is one function
+//! in this file):
+//!
+//! 1. **accept** ([`serve`]): one task per client connection, HTTP/1.1 with upgrades.
+//! 2. **peek** ([`Proxy::on_proxy_request`]): a `CONNECT host:port`, an absolute-form
+//!    plain-HTTP request, or a request for the proxy itself (canary).
+//! 3. **route** ([`route::Router`]): a vendor service, the canary, loopback, an
+//!    allowed host, or an unmapped one.
+//! 4. **terminate or tunnel** ([`Proxy::connect`]): vendor and canary hosts (and, in
+//!    strict mode, unmapped hosts so they can be refused in words) get TLS with a
+//!    leaf minted for the name the client asked for ([`Proxy::terminate`]); the
+//!    rest is a byte tunnel to the real destination ([`Proxy::tunnel`]).
+//! 5. **forward** ([`Proxy::forward`]): each request inside is routed again by path
+//!    and sent to the service's twin upstream, bodies streamed both ways.
+//! 6. **record** (inside 5, and at tunnel close): one ledger [`Entry`] per decision,
+//!    written before the response head reaches the client; if it cannot be written
+//!    the client gets `503 veris_ledger_unavailable` instead of an unrecorded answer.
 #![forbid(unsafe_code)]
+
+pub mod body;
+pub mod catalog;
+pub mod config;
+pub mod recorder;
+pub mod respond;
+pub mod route;
+pub mod upstream;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::LazyConfigAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, warn, Instrument};
+use veris_ca::Issuer;
+use veris_receipt::{redact, Entry, ListenerTier, Mode};
+
+use crate::body::{Counted, ProxyBody};
+use crate::recorder::Recorder;
+use crate::route::{normalize_host, Route, Router, Service};
+use crate::upstream::{
+    display_origin, is_websocket, strip_hop_by_hop, Upstream, UpstreamError, UpstreamOptions,
+};
+
+pub use crate::config::{ConfigError, Settings};
+
+/// Who this proxy is: what the canary answers and the session line records.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub run_id: String,
+    pub sandbox_id: String,
+    pub canary: String,
+    pub mode: Mode,
+    pub tier: ListenerTier,
+}
+
+/// Everything the proxy needs besides its listener, CA issuer and recorder.
+pub struct ProxyOptions {
+    pub router: Router,
+    pub identity: Identity,
+    /// Twin base URL, probed for h2c at start.
+    pub twin_base: String,
+    /// Bearer value sent to the twin as `Authorization` (the client's own
+    /// `Authorization` then travels as `X-Veris-Original-Authorization`).
+    pub twin_auth: Option<String>,
+    pub upstream: UpstreamOptions,
+    /// How long in-flight requests may run after shutdown is asked for.
+    pub grace: Duration,
+}
+
+/// The running proxy, shared by every connection task.
+pub struct Proxy {
+    router: Router,
+    identity: Identity,
+    twin_base: String,
+    twin_auth: Option<HeaderValue>,
+    upstream: Upstream,
+    connect_timeout: Duration,
+    grace: Duration,
+    issuer: Arc<Issuer>,
+    recorder: Arc<dyn Recorder>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+/// Request headers worth keeping in the ledger (values redacted).
+const RECORDED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-length",
+    "user-agent",
+    "accept",
+    "idempotency-key",
+    "stripe-version",
+    "stripe-account",
+    "authorization",
+];
+
+/// Where a request arrived from: the host it was for and how.
+#[derive(Debug, Clone)]
+struct Leg {
+    host: String,
+    port: u16,
+    tls: bool,
+    tier: ListenerTier,
+}
+
+impl Proxy {
+    pub fn new(
+        options: ProxyOptions,
+        issuer: Arc<Issuer>,
+        recorder: Arc<dyn Recorder>,
+    ) -> Arc<Proxy> {
+        let connect_timeout = options.upstream.connect_timeout;
+        Arc::new(Proxy {
+            router: options.router,
+            identity: options.identity,
+            twin_base: options.twin_base,
+            twin_auth: options
+                .twin_auth
+                .and_then(|v| HeaderValue::from_str(&format!("Bearer {v}")).ok())
+                .map(|mut v| {
+                    v.set_sensitive(true);
+                    v
+                }),
+            upstream: Upstream::new(options.upstream),
+            connect_timeout,
+            grace: options.grace,
+            issuer,
+            recorder,
+            tasks: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+        })
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Probes the twin for HTTP/2 with prior knowledge; later requests use it if so.
+    pub async fn probe_twin(&self) -> bool {
+        self.upstream.probe_h2c(&self.twin_base).await
+    }
+
+    /// Phase 2: what kind of request reached the proxy port.
+    async fn on_proxy_request(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
+        if req.method() == Method::CONNECT {
+            return self.connect(req, peer).await;
+        }
+        if let Some(authority) = req.uri().authority().cloned() {
+            // Absolute-form plain HTTP (`GET http://host/path`).
+            let leg = Leg {
+                host: normalize_host(authority.host()),
+                port: authority.port_u16().unwrap_or(80),
+                tls: false,
+                tier: ListenerTier::Explicit,
+            };
+            return self.handle(req, Arc::new(leg)).await;
+        }
+        if self.router.route("", req.uri().path()) == Route::Canary {
+            return self.canary();
+        }
+        respond::error(
+            StatusCode::BAD_REQUEST,
+            "veris_not_a_proxy_request",
+            "this is the veris interception proxy; send requests through it as an HTTP proxy"
+                .into(),
+            json!({"remedy": ["set HTTPS_PROXY/HTTP_PROXY to this address, or use `veris run -- CMD`"]}),
+        )
+    }
+
+    /// Phase 4: decide terminate or tunnel for a `CONNECT`.
+    async fn connect(
+        self: Arc<Self>,
+        mut req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ProxyBody> {
+        let Some(authority) = req.uri().authority().cloned() else {
+            return respond::error(
+                StatusCode::BAD_REQUEST,
+                "veris_bad_connect",
+                "CONNECT needs host:port".into(),
+                json!({}),
+            );
+        };
+        let leg = Leg {
+            host: normalize_host(authority.host()),
+            port: authority.port_u16().unwrap_or(443),
+            tls: true,
+            tier: ListenerTier::Explicit,
+        };
+        let route = self.router.route_connection(&leg.host);
+        let passthrough_reason = match route {
+            Route::Service(_) | Route::Canary => None,
+            Route::Loopback => Some("loopback"),
+            Route::Allowed => Some("allow_passthrough"),
+            Route::Unmapped if self.identity.mode == Mode::Passthrough => Some("mode"),
+            // Strict: terminate anyway so the refusal reaches the client as words, not a reset.
+            Route::Unmapped => None,
+        };
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        match passthrough_reason {
+            None => {
+                let proxy = self.clone();
+                let span = info_span!("tls", host = %leg.host, %peer);
+                self.tasks.spawn(
+                    async move {
+                        match on_upgrade.await {
+                            Ok(upgraded) => proxy.terminate(TokioIo::new(upgraded), leg).await,
+                            Err(e) => debug!(error = %e, "CONNECT upgrade failed"),
+                        }
+                    }
+                    .instrument(span),
+                );
+                Response::new(body::empty())
+            }
+            Some(reason) => self.tunnel(on_upgrade, leg, reason).await,
+        }
+    }
+
+    /// Phase 4a: TLS with a minted leaf, then HTTP/1.1 or HTTP/2 by ALPN.
+    async fn terminate<IO>(self: Arc<Self>, io: IO, leg: Leg)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let start = match LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await {
+            Ok(start) => start,
+            Err(e) => {
+                info!(error = %e, "client sent no TLS ClientHello after CONNECT");
+                return;
+            }
+        };
+        // Mint for the name the client will verify (SNI), else the CONNECT host.
+        let name = start
+            .client_hello()
+            .server_name()
+            .map(str::to_owned)
+            .unwrap_or_else(|| leg.host.clone());
+        let key = match self.issuer.certified_key(&name) {
+            Ok(key) => key,
+            Err(e) => {
+                warn!(error = %e, host = %name, "cannot mint a leaf; closing the connection");
+                return;
+            }
+        };
+        let tls = match start.into_stream(server_config(key)).await {
+            Ok(tls) => tls,
+            Err(e) => {
+                info!(error = %e, host = %name, "TLS handshake with the client failed");
+                return;
+            }
+        };
+        let leg = Arc::new(leg);
+        let proxy = self.clone();
+        let service = service_fn(move |req: Request<Incoming>| {
+            let proxy = proxy.clone();
+            let leg = leg.clone();
+            async move { Ok::<_, Infallible>(proxy.handle(req, leg).await) }
+        });
+        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+        tokio::pin!(conn);
+        let result = tokio::select! {
+            r = conn.as_mut() => r,
+            _ = self.cancel.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = result {
+            debug!(error = %e, "intercepted connection ended with an error");
+        }
+    }
+
+    /// Phase 4b: a byte tunnel to the real destination, recorded when it closes.
+    async fn tunnel(
+        self: Arc<Self>,
+        on_upgrade: hyper::upgrade::OnUpgrade,
+        leg: Leg,
+        reason: &'static str,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let dial = tokio::time::timeout(
+            self.connect_timeout,
+            TcpStream::connect((leg.host.as_str(), leg.port)),
+        )
+        .await;
+        let mut origin = match dial {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return self.tunnel_failed(&leg, reason, started, e.to_string()),
+            Err(_) => return self.tunnel_failed(&leg, reason, started, "connect timed out".into()),
+        };
+        let proxy = self.clone();
+        let span = info_span!("tunnel", host = %leg.host, port = leg.port);
+        self.tasks.spawn(
+            async move {
+                let (up, down) = match on_upgrade.await {
+                    Ok(upgraded) => {
+                        let mut client = TokioIo::new(upgraded);
+                        match tokio::io::copy_bidirectional(&mut client, &mut origin).await {
+                            Ok((up, down)) => (up, down),
+                            Err(e) => {
+                                debug!(error = %e, "tunnel closed with an error");
+                                (0, 0)
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "CONNECT upgrade failed");
+                        (0, 0)
+                    }
+                };
+                proxy.record_passthrough(&leg, reason, up, down, started);
+            }
+            .instrument(span),
+        );
+        Response::new(body::empty())
+    }
+
+    fn tunnel_failed(
+        &self,
+        leg: &Leg,
+        reason: &str,
+        started: Instant,
+        error: String,
+    ) -> Response<ProxyBody> {
+        self.record_passthrough(leg, reason, 0, 0, started);
+        respond::error(
+            StatusCode::BAD_GATEWAY,
+            "veris_passthrough_unreachable",
+            format!("cannot reach {}:{} ({error})", leg.host, leg.port),
+            json!({"host": leg.host}),
+        )
+    }
+
+    fn record_passthrough(
+        &self,
+        leg: &Leg,
+        reason: &str,
+        bytes_in: u64,
+        bytes_out: u64,
+        started: Instant,
+    ) {
+        let entry = Entry::Passthrough {
+            host: leg.host.clone(),
+            port: leg.port,
+            tier: leg.tier,
+            bytes_in,
+            bytes_out,
+            duration_ms: started.elapsed().as_millis() as u64,
+            reason: reason.to_string(),
+        };
+        if let Err(e) = self.recorder.record(entry) {
+            warn!(error = %e, host = %leg.host, "passthrough could not be recorded");
+        }
+    }
+
+    /// Phase 3 again, per request: a terminated connection or plain HTTP may
+    /// carry requests for several services (path prefixes on a shared host).
+    async fn handle(self: Arc<Self>, req: Request<Incoming>, leg: Arc<Leg>) -> Response<ProxyBody> {
+        let path = req.uri().path().to_string();
+        match self.router.route(&leg.host, &path) {
+            Route::Canary => self.canary(),
+            Route::Service(service) => {
+                let service = service.clone();
+                let span = info_span!("request", service = %service.name, host = %leg.host, method = %req.method(), path = %path);
+                self.forward(service, req, &leg).instrument(span).await
+            }
+            Route::Loopback => self.pass(req, &leg, "loopback").await,
+            Route::Allowed => self.pass(req, &leg, "allow_passthrough").await,
+            Route::Unmapped if self.identity.mode == Mode::Passthrough => {
+                self.pass(req, &leg, "mode").await
+            }
+            Route::Unmapped => self.refuse(req, &leg),
+        }
+    }
+
+    /// Phase 5: a vendor request to its twin, recorded before the client sees the answer.
+    async fn forward(
+        &self,
+        service: Service,
+        mut req: Request<Incoming>,
+        leg: &Leg,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let websocket = req.version() == Version::HTTP_11 && is_websocket(req.headers());
+        let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
+        let (parts, incoming) = req.into_parts();
+        let path = parts.uri.path().to_string();
+        let query = parts.uri.query().map(str::to_string);
+        let target = match query.as_deref() {
+            Some(q) => format!("{}{path}?{q}", service.upstream),
+            None => format!("{}{path}", service.upstream),
+        };
+        let uri: Uri = match target.parse() {
+            Ok(uri) => uri,
+            Err(_) => {
+                return respond::error(
+                    StatusCode::BAD_REQUEST,
+                    "veris_bad_request",
+                    format!("cannot forward path {path:?}"),
+                    json!({}),
+                )
+            }
+        };
+        let upstream_display = display_origin(&uri);
+        let recorded_headers = recorded_headers(&parts.headers);
+
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers, websocket);
+        headers.remove(header::HOST);
+        let original_host = if (leg.tls && leg.port == 443) || (!leg.tls && leg.port == 80) {
+            leg.host.clone()
+        } else {
+            format!("{}:{}", leg.host, leg.port)
+        };
+        if let Ok(v) = HeaderValue::from_str(&original_host) {
+            headers.insert("x-veris-original-host", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&service.name) {
+            headers.insert("x-veris-service", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&self.identity.sandbox_id) {
+            headers.insert("x-veris-sandbox", v);
+        }
+        if let Some(auth) = &self.twin_auth {
+            if let Some(original) = headers.remove(header::AUTHORIZATION) {
+                headers.insert("x-veris-original-authorization", original);
+            }
+            headers.insert(header::AUTHORIZATION, auth.clone());
+        }
+
+        let (counted, tally) = Counted::new(incoming);
+        let mut up_req = Request::new(counted.boxed());
+        *up_req.method_mut() = parts.method.clone();
+        *up_req.uri_mut() = uri;
+        *up_req.headers_mut() = headers;
+
+        let result = self.upstream.send(up_req, websocket).await;
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let method = parts.method.to_string();
+        let mut resp = match result {
+            Ok(resp) => resp,
+            Err(e) if tally.failed() => {
+                debug!(error = %e, "client body failed mid-request");
+                return respond::error(
+                    StatusCode::BAD_REQUEST,
+                    "veris_client_body_error",
+                    "the request body ended with an error before it was forwarded".into(),
+                    json!({}),
+                );
+            }
+            Err(e) => {
+                let (status, code) = match e {
+                    UpstreamError::Timeout { .. } => {
+                        (StatusCode::GATEWAY_TIMEOUT, "veris_upstream_timeout")
+                    }
+                    _ => (StatusCode::BAD_GATEWAY, "veris_upstream_unreachable"),
+                };
+                warn!(error = %e, "twin upstream failed");
+                let entry = Entry::UpstreamError {
+                    service: service.name.clone(),
+                    host: leg.host.clone(),
+                    method,
+                    path: path.clone(),
+                    upstream: upstream_display.clone(),
+                    status: status.as_u16(),
+                    error: code.to_string(),
+                    tier: leg.tier,
+                    duration_ms,
+                };
+                if let Err(e) = self.recorder.record(entry) {
+                    warn!(error = %e, "upstream error could not be recorded");
+                }
+                return respond::error(
+                    status,
+                    code,
+                    format!(
+                        "{e}. Next: check that the twin is running and reachable from the proxy"
+                    ),
+                    json!({"upstream": upstream_display, "service": service.name}),
+                );
+            }
+        };
+
+        let entry = Entry::Request {
+            service: service.name.clone(),
+            host: leg.host.clone(),
+            method,
+            path,
+            query: query.map(|q| redact::query(&q)),
+            status: resp.status().as_u16(),
+            http: format!("{:?}", parts.version),
+            tier: leg.tier,
+            bytes_in: tally.bytes(),
+            bytes_out: content_length(resp.headers()),
+            duration_ms,
+            upstream: upstream_display,
+            headers: recorded_headers,
+            websocket: websocket && resp.status() == StatusCode::SWITCHING_PROTOCOLS,
+        };
+        if let Err(e) = self.recorder.record(entry) {
+            warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
+            return respond::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "veris_ledger_unavailable",
+                format!("the proxy could not record this request ({e}) and does not serve vendor traffic unrecorded. Next: check free space and permissions of the veris state dir"),
+                json!({"service": service.name}),
+            );
+        }
+        info!(status = resp.status().as_u16(), duration_ms, "forwarded");
+
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(client_upgrade) = client_upgrade {
+                let twin_upgrade = hyper::upgrade::on(&mut resp);
+                self.tasks.spawn(async move {
+                    match (client_upgrade.await, twin_upgrade.await) {
+                        (Ok(client), Ok(twin)) => {
+                            let _ = tokio::io::copy_bidirectional(
+                                &mut TokioIo::new(client),
+                                &mut TokioIo::new(twin),
+                            )
+                            .await;
+                        }
+                        (Err(e), _) | (_, Err(e)) => debug!(error = %e, "websocket upgrade failed"),
+                    }
+                });
+                let (mut parts, _) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers, true);
+                return Response::from_parts(parts, body::empty());
+            }
+        }
+        let (mut parts, incoming) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers, false);
+        parts.version = Version::default();
+        Response::from_parts(parts, incoming.map_err(Into::into).boxed())
+    }
+
+    /// Unmapped or allowed host seen as an HTTP request (plain HTTP, or inside a
+    /// connection we terminated): re-originate it to the real destination.
+    async fn pass(
+        &self,
+        req: Request<Incoming>,
+        leg: &Leg,
+        reason: &'static str,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let (parts, incoming) = req.into_parts();
+        let scheme = if leg.tls { "https" } else { "http" };
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let host = if leg.host.contains(':') {
+            format!("[{}]", leg.host)
+        } else {
+            leg.host.clone()
+        };
+        let Ok(uri) = format!("{scheme}://{host}:{}{pq}", leg.port).parse::<Uri>() else {
+            return respond::error(
+                StatusCode::BAD_REQUEST,
+                "veris_bad_request",
+                "cannot rebuild the request URL".into(),
+                json!({}),
+            );
+        };
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers, false);
+        let (counted, tally) = Counted::new(incoming);
+        let mut up_req = Request::new(counted.boxed());
+        *up_req.method_mut() = parts.method;
+        *up_req.uri_mut() = uri;
+        *up_req.headers_mut() = headers;
+        match self.upstream.send(up_req, false).await {
+            Ok(resp) => {
+                let bytes_out = content_length(resp.headers()).unwrap_or(0);
+                self.record_passthrough(leg, reason, tally.bytes(), bytes_out, started);
+                let (mut parts, incoming) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers, false);
+                parts.version = Version::default();
+                Response::from_parts(parts, incoming.map_err(Into::into).boxed())
+            }
+            Err(e) => self.tunnel_failed(leg, reason, started, e.to_string()),
+        }
+    }
+
+    /// Strict mode: 421 in words, recorded as blocked.
+    fn refuse(&self, req: Request<Incoming>, leg: &Leg) -> Response<ProxyBody> {
+        let entry = Entry::Blocked {
+            host: leg.host.clone(),
+            port: leg.port,
+            tier: leg.tier,
+            method: Some(req.method().to_string()),
+            path: Some(req.uri().path().to_string()),
+            reason: "strict mode: no service claims this host and path".into(),
+        };
+        if let Err(e) = self.recorder.record(entry) {
+            warn!(error = %e, "blocked request could not be recorded");
+        }
+        let known: Vec<&str> = self
+            .router
+            .services()
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        respond::json(
+            StatusCode::MISDIRECTED_REQUEST,
+            json!({
+                "error": "veris_unmapped_host",
+                "message": format!("veris is in strict mode and no service is routed for {}{}", leg.host, req.uri().path()),
+                "host": leg.host,
+                "remedy": [
+                    format!("route it to a twin service: --route SERVICE={}", leg.host),
+                    format!("or allow it through: add \"{}\" to allow_passthrough", leg.host),
+                    "or run in passthrough mode (--mode passthrough)",
+                ],
+                "sandbox_id": self.identity.sandbox_id,
+                "known_services": known,
+            }),
+        )
+    }
+
+    /// The canary: proves a request went through this run's proxy.
+    fn canary(&self) -> Response<ProxyBody> {
+        respond::json(
+            StatusCode::OK,
+            json!({
+                "veris_proxy": true,
+                "canary": self.identity.canary,
+                "run_id": self.identity.run_id,
+                "sandbox_id": self.identity.sandbox_id,
+                "mode": self.identity.mode,
+                "tier": self.identity.tier,
+            }),
+        )
+    }
+}
+
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+fn recorded_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    RECORDED_HEADERS
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(*name)?.to_str().ok()?;
+            Some((name.to_string(), redact::header_value(name, value)))
+        })
+        .collect()
+}
+
+/// A rustls server config presenting one minted leaf, offering h2 and http/1.1.
+pub fn server_config(key: Arc<rustls::sign::CertifiedKey>) -> Arc<rustls::ServerConfig> {
+    #[derive(Debug)]
+    struct One(Arc<rustls::sign::CertifiedKey>);
+    impl rustls::server::ResolvesServerCert for One {
+        fn resolve(
+            &self,
+            _: rustls::server::ClientHello<'_>,
+        ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+            Some(self.0.clone())
+        }
+    }
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(One(key)));
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// Phase 1: accepts client connections until `shutdown` resolves, then stops
+/// accepting, lets in-flight requests and tunnels finish within the grace
+/// period, and returns.
+pub async fn serve(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    proxy.tasks.spawn(client_connection(proxy.clone(), stream, peer));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    drop(listener);
+    proxy.cancel.cancel();
+    proxy.tasks.close();
+    if tokio::time::timeout(proxy.grace, proxy.tasks.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            open = proxy.tasks.len(),
+            "connections still open after the shutdown grace period; closing them"
+        );
+    }
+    Ok(())
+}
+
+async fn client_connection(proxy: Arc<Proxy>, stream: TcpStream, peer: SocketAddr) {
+    let cancel = proxy.cancel.clone();
+    let service = service_fn(move |req: Request<Incoming>| {
+        let proxy = proxy.clone();
+        async move { Ok::<_, Infallible>(proxy.on_proxy_request(req, peer).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = cancel.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        debug!(error = %e, %peer, "client connection ended with an error");
+    }
+}

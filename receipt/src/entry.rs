@@ -1,6 +1,26 @@
 //! The ledger line: the serialized boundary between the proxy that writes it and
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
+//!
+//! # File format (version 1)
+//!
+//! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
+//! terminated by a single `\n`, appended only. Fields in written order:
+//!
+//! - `v`: the format version, [`LEDGER_VERSION`] (`1`);
+//! - `seq`: 1 for the first line, then exactly one more than the previous
+//!   line, across proxy restarts (a restarted proxy continues the file after a
+//!   `session` line);
+//! - `ts`: RFC 3339 UTC with milliseconds (`2026-11-29T07:28:19.123Z`);
+//! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`
+//!   (later versions add `trust_failure`, `ech`, `quic`, `seal`), followed by
+//!   that kind's fields (see [`Entry`]);
+//! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
+//!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
+//!
+//! Readers ignore unknown fields; an unknown `kind` is reported as a problem,
+//! not a crash. A last line without its `\n` is torn (a crash mid-write): it is
+//! reported and never counted. Secrets never reach the file (see `redact`).
 
 use serde::{Deserialize, Serialize};
 
@@ -9,6 +29,15 @@ pub const LEDGER_VERSION: u32 = 1;
 
 /// `prev` of the first line of a ledger.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// An unterminated last line: what a crash mid-write leaves behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TornTail {
+    /// 1-based line number the torn line occupied in the file.
+    pub line: usize,
+    /// Its length in bytes (no newline was ever written).
+    pub bytes: usize,
+}
 
 /// Proxy mode for hosts no service claims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +92,11 @@ pub enum Entry {
         version: String,
         /// Host:port the proxy listens on.
         listen: String,
+        /// A torn last line this proxy found when it opened the ledger; it was
+        /// moved aside to `ledger.jsonl.torn-<seq>` (never deleted) before
+        /// this session line continued the chain.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recovered_torn_tail: Option<TornTail>,
     },
     /// A vendor request forwarded to the twin; written when the twin's
     /// response head arrived, before the client sees it.

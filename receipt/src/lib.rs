@@ -5,5 +5,10 @@
 #![forbid(unsafe_code)]
 
 pub mod entry;
+pub mod ledger;
+pub mod receipt;
+pub mod redact;
 
-pub use entry::{Entry, Line, ListenerTier, Mode, LEDGER_VERSION};
+pub use entry::{Entry, Line, ListenerTier, Mode, TornTail, GENESIS_PREV, LEDGER_VERSION};
+pub use ledger::{Ledger, LedgerError, LedgerRead, OpenReport, Problem};
+pub use receipt::{Receipt, Requirement, Verdict};

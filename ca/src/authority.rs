@@ -1,0 +1,440 @@
+//! The persisted interception CA: creation, loading, validation and leaf minting.
+//!
+//! The CA lives in one directory (0700) as `veris-ca.pem` (0644) and `veris-ca-key.pem` (0600).
+//! It is reused on every start and regenerated only when a file is missing, unparsable or the
+//! certificate has expired; the reason is logged and returned. A key file that group or others
+//! can read is refused outright: silently "fixing" it would hide that the key may have leaked.
+
+use std::fmt;
+use std::fs;
+use std::io::ErrorKind;
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, SanType, SerialNumber, PKCS_ECDSA_P256_SHA256,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use time::{Duration, OffsetDateTime};
+
+use crate::fsutil::{ensure_dir, write_atomic};
+use crate::CaError;
+
+/// File name of the CA certificate inside the CA dir.
+pub const CA_CERT_FILE: &str = "veris-ca.pem";
+/// File name of the CA private key inside the CA dir.
+pub const CA_KEY_FILE: &str = "veris-ca-key.pem";
+
+const CA_COMMON_NAME: &str = "veris interception CA";
+const CA_ORGANIZATION: &str = "veris";
+/// Ten years: long enough that a sandbox image never sees it expire, short enough to be sane.
+const CA_VALIDITY: Duration = Duration::days(3650);
+pub(crate) const LEAF_VALIDITY: Duration = Duration::days(30);
+/// Clocks in sandboxes drift; backdating keeps a freshly minted cert valid for a slow client.
+const BACKDATE: Duration = Duration::minutes(5);
+
+/// Why `load_or_create` did what it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// An existing, valid CA was loaded.
+    Loaded,
+    /// A new CA was generated; `reason` says why ("missing: …", "unparsable: …", "expired").
+    Created { reason: String },
+}
+
+/// A leaf certificate for one host, ready to serve: `chain` is `[leaf, ca]`.
+pub struct Leaf {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl fmt::Debug for Leaf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print key material.
+        f.debug_struct("Leaf")
+            .field("chain_len", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The interception CA, loaded from or created in its directory.
+pub struct CertificateAuthority {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    cert_pem: String,
+    cert_der: CertificateDer<'static>,
+    issuer: rcgen::Issuer<'static, KeyPair>,
+    subject: String,
+    fingerprint: String,
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+}
+
+impl fmt::Debug for CertificateAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertificateAuthority")
+            .field("cert_path", &self.cert_path)
+            .field("subject", &self.subject)
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What was found on disk, before deciding whether to regenerate.
+enum Found {
+    Usable(Box<CertificateAuthority>),
+    Regenerate(String),
+}
+
+impl CertificateAuthority {
+    /// Loads the CA from `dir` or creates it; logs (tracing::info/warn) why it was (re)generated.
+    pub fn load_or_create(dir: &Path) -> Result<(CertificateAuthority, LoadOutcome), CaError> {
+        ensure_dir(dir, 0o700)?;
+        match Self::inspect(dir)? {
+            Found::Usable(ca) => {
+                tracing::debug!(path = %ca.cert_path.display(), fingerprint = %ca.fingerprint, "loaded veris ca");
+                Ok((*ca, LoadOutcome::Loaded))
+            }
+            Found::Regenerate(reason) => {
+                let now = OffsetDateTime::now_utc();
+                let ca = Self::create(dir, now - BACKDATE, now + CA_VALIDITY)?;
+                if reason.starts_with("missing") {
+                    tracing::info!(path = %ca.cert_path.display(), %reason, fingerprint = %ca.fingerprint, "generated a new veris ca");
+                } else {
+                    tracing::warn!(path = %ca.cert_path.display(), %reason, fingerprint = %ca.fingerprint, "regenerated the veris ca; clients must trust the new one");
+                }
+                Ok((ca, LoadOutcome::Created { reason }))
+            }
+        }
+    }
+
+    /// Reads the CA files and decides whether they can be used.
+    fn inspect(dir: &Path) -> Result<Found, CaError> {
+        let cert_path = dir.join(CA_CERT_FILE);
+        let key_path = dir.join(CA_KEY_FILE);
+        let read = |path: &Path| match fs::read_to_string(path) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) if e.kind() == ErrorKind::InvalidData => Ok(Some(String::new())),
+            Err(source) => Err(CaError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
+        };
+        let key_meta = match fs::metadata(&key_path) {
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(CaError::Read {
+                    path: key_path,
+                    source,
+                })
+            }
+        };
+        let Some(key_meta) = key_meta else {
+            return Ok(Found::Regenerate(format!(
+                "missing: {}",
+                key_path.display()
+            )));
+        };
+        let mode = key_meta.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(CaError::InsecureKeyPermissions {
+                path: key_path,
+                mode,
+            });
+        }
+        let Some(cert_pem) = read(&cert_path)? else {
+            return Ok(Found::Regenerate(format!(
+                "missing: {}",
+                cert_path.display()
+            )));
+        };
+        let Some(key_pem) = read(&key_path)? else {
+            return Ok(Found::Regenerate(format!(
+                "missing: {}",
+                key_path.display()
+            )));
+        };
+        match Self::from_pems(cert_path, key_path, cert_pem, &key_pem) {
+            Ok(ca) if ca.not_after <= OffsetDateTime::now_utc() => {
+                Ok(Found::Regenerate("expired".to_owned()))
+            }
+            Ok(ca) => Ok(Found::Usable(Box::new(ca))),
+            Err(why) => Ok(Found::Regenerate(format!("unparsable: {why}"))),
+        }
+    }
+
+    /// Builds a CA from its PEM files; the error string says what is wrong with them.
+    fn from_pems(
+        cert_path: PathBuf,
+        key_path: PathBuf,
+        cert_pem: String,
+        key_pem: &str,
+    ) -> Result<CertificateAuthority, String> {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
+            .map_err(|e| format!("certificate pem: {e}"))?;
+        if pem.label != "CERTIFICATE" {
+            return Err(format!("certificate pem has label {:?}", pem.label));
+        }
+        let cert_der = CertificateDer::from(pem.contents);
+        let (_, x509) = x509_parser::parse_x509_certificate(&cert_der)
+            .map_err(|e| format!("certificate: {e}"))?;
+        match x509.basic_constraints() {
+            Ok(Some(bc)) if bc.value.ca => {}
+            _ => return Err("certificate is not a ca".to_owned()),
+        }
+        let key = KeyPair::from_pem(key_pem).map_err(|e| format!("key: {e}"))?;
+        if key.public_key_raw() != x509.public_key().subject_public_key.data.as_ref() {
+            return Err("key does not match certificate".to_owned());
+        }
+        let subject = x509.subject().to_string();
+        let not_before = x509.validity().not_before.to_datetime();
+        let not_after = x509.validity().not_after.to_datetime();
+        let issuer = rcgen::Issuer::from_ca_cert_der(&cert_der, key)
+            .map_err(|e| format!("certificate as issuer: {e}"))?;
+        Ok(CertificateAuthority {
+            cert_path,
+            key_path,
+            fingerprint: fingerprint_sha256(&cert_der),
+            cert_pem,
+            cert_der,
+            issuer,
+            subject,
+            not_before,
+            not_after,
+        })
+    }
+
+    /// Generates a new CA with the given validity and writes it atomically into `dir`.
+    pub(crate) fn create(
+        dir: &Path,
+        not_before: OffsetDateTime,
+        not_after: OffsetDateTime,
+    ) -> Result<CertificateAuthority, CaError> {
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(CaError::GenerateCa)?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, CA_COMMON_NAME);
+        dn.push(DnType::OrganizationName, CA_ORGANIZATION);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params.serial_number = Some(random_serial());
+        params.not_before = not_before;
+        params.not_after = not_after;
+        let cert = params.self_signed(&key).map_err(CaError::GenerateCa)?;
+
+        let cert_path = dir.join(CA_CERT_FILE);
+        let key_path = dir.join(CA_KEY_FILE);
+        let cert_pem = cert.pem();
+        // Key first: a crash between the two writes leaves a mismatched pair, which the next
+        // load reports as unparsable and regenerates, rather than a new cert with an old key.
+        write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+        write_atomic(&cert_path, cert_pem.as_bytes(), 0o644)?;
+        let key_pem = key.serialize_pem();
+        Self::from_pems(cert_path.clone(), key_path, cert_pem, &key_pem).map_err(|reason| {
+            CaError::LoadCa {
+                path: cert_path,
+                reason,
+            }
+        })
+    }
+
+    /// The CA certificate in PEM form, as written to disk.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// The CA certificate in DER form.
+    pub fn cert_der(&self) -> &CertificateDer<'static> {
+        &self.cert_der
+    }
+
+    /// `<dir>/veris-ca.pem`.
+    pub fn cert_path(&self) -> &Path {
+        &self.cert_path
+    }
+
+    /// `<dir>/veris-ca-key.pem`.
+    pub fn key_path(&self) -> &Path {
+        &self.key_path
+    }
+
+    /// The subject in RFC 4514-like form, e.g. `CN=veris interception CA, O=veris`.
+    pub fn subject(&self) -> String {
+        self.subject.clone()
+    }
+
+    /// SHA-256 of the DER certificate, upper-case hex with colons (as `openssl x509 -fingerprint`).
+    pub fn fingerprint_sha256(&self) -> String {
+        self.fingerprint.clone()
+    }
+
+    /// Start of the CA's validity.
+    pub fn not_before(&self) -> OffsetDateTime {
+        self.not_before
+    }
+
+    /// End of the CA's validity.
+    pub fn not_after(&self) -> OffsetDateTime {
+        self.not_after
+    }
+
+    /// Mints a leaf for `host` (DNS name, IPv4 or IPv6 literal without brackets) with its own
+    /// fresh P-256 key. The leaf never outlives the CA.
+    pub fn mint_leaf(&self, host: &str) -> Result<Leaf, CaError> {
+        let host = normalize_host(host)?;
+        let mint_err = |source| CaError::MintLeaf {
+            host: host.clone(),
+            source,
+        };
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(mint_err)?;
+        let mut params = CertificateParams::default();
+        let san = match host.parse::<IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(host.clone().try_into().map_err(mint_err)?),
+        };
+        params.subject_alt_names = vec![san];
+        let mut dn = DistinguishedName::new();
+        // ub-common-name is 64; longer hosts live only in the SAN, which is what clients check.
+        if host.len() <= 64 {
+            dn.push(DnType::CommonName, host.as_str());
+        }
+        dn.push(DnType::OrganizationName, CA_ORGANIZATION);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        params.serial_number = Some(random_serial());
+        let now = OffsetDateTime::now_utc();
+        params.not_before = (now - BACKDATE).max(self.not_before);
+        params.not_after = (now + LEAF_VALIDITY).min(self.not_after);
+        let cert = params.signed_by(&key, &self.issuer).map_err(mint_err)?;
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        Ok(Leaf {
+            chain: vec![cert.der().clone(), self.cert_der.clone()],
+            key: key_der,
+        })
+    }
+}
+
+/// Lower-cases a host, strips IPv6 brackets and a trailing dot, and rejects what cannot be a
+/// certificate name. Cache keys and SANs both use this form.
+pub(crate) fn normalize_host(host: &str) -> Result<String, CaError> {
+    let invalid = || CaError::InvalidHost {
+        host: host.to_owned(),
+    };
+    let h = host.trim();
+    let h = h
+        .strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .unwrap_or(h);
+    if let Ok(ip) = h.parse::<IpAddr>() {
+        return Ok(ip.to_string());
+    }
+    let h = h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase();
+    if rustls::pki_types::ServerName::try_from(h.as_str()).is_err() {
+        return Err(invalid());
+    }
+    Ok(h)
+}
+
+/// A random positive 128-bit serial (RFC 5280 allows up to 20 octets; DER adds a sign byte).
+fn random_serial() -> SerialNumber {
+    let mut bytes = [0u8; 16];
+    // SystemRandom failing means the OS RNG is unusable; fall back to a hash of time and a
+    // counter so minting still yields distinct serials rather than failing every handshake.
+    if aws_lc_rs::rand::fill(&mut bytes).is_err() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let seed = format!(
+            "{:?}{}",
+            std::time::SystemTime::now(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, seed.as_bytes());
+        bytes.copy_from_slice(&d.as_ref()[..16]);
+    }
+    if bytes.iter().all(|b| *b == 0) {
+        bytes[15] = 1;
+    }
+    SerialNumber::from_slice(&bytes)
+}
+
+/// Upper-case hex SHA-256 with colons, as openssl prints fingerprints.
+pub(crate) fn fingerprint_sha256(der: &[u8]) -> String {
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, der);
+    d.as_ref()
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("veris-ca-unit-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn expired_ca_is_regenerated() {
+        let dir = temp_dir("expired");
+        ensure_dir(&dir, 0o700).unwrap();
+        let now = OffsetDateTime::now_utc();
+        let old =
+            CertificateAuthority::create(&dir, now - Duration::days(20), now - Duration::days(1))
+                .unwrap();
+        let (ca, outcome) = CertificateAuthority::load_or_create(&dir).unwrap();
+        assert_eq!(
+            outcome,
+            LoadOutcome::Created {
+                reason: "expired".into()
+            }
+        );
+        assert_ne!(ca.fingerprint_sha256(), old.fingerprint_sha256());
+        assert!(ca.not_after() > now + Duration::days(365));
+        let (again, outcome) = CertificateAuthority::load_or_create(&dir).unwrap();
+        assert_eq!(outcome, LoadOutcome::Loaded);
+        assert_eq!(again.fingerprint_sha256(), ca.fingerprint_sha256());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn leaf_never_outlives_the_ca() {
+        let dir = temp_dir("short");
+        ensure_dir(&dir, 0o700).unwrap();
+        let now = OffsetDateTime::now_utc();
+        let ca =
+            CertificateAuthority::create(&dir, now - BACKDATE, now + Duration::days(2)).unwrap();
+        let leaf = ca.mint_leaf("example.com").unwrap();
+        let (_, x) = x509_parser::parse_x509_certificate(&leaf.chain[0]).unwrap();
+        assert_eq!(x.validity().not_after.to_datetime(), ca.not_after());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn normalize_host_cases() {
+        assert_eq!(normalize_host("API.Stripe.com.").unwrap(), "api.stripe.com");
+        assert_eq!(normalize_host("[::1]").unwrap(), "::1");
+        assert_eq!(normalize_host("2001:DB8::1").unwrap(), "2001:db8::1");
+        assert_eq!(normalize_host("10.0.0.1").unwrap(), "10.0.0.1");
+        assert!(normalize_host("").is_err());
+        assert!(normalize_host("bad host").is_err());
+    }
+
+    #[test]
+    fn fingerprint_format_matches_openssl() {
+        let f = fingerprint_sha256(b"");
+        assert_eq!(f.len(), 32 * 3 - 1);
+        assert!(f.starts_with("E3:B0:C4:42"));
+    }
+}

@@ -1,0 +1,67 @@
+//! The crate's error type: one variant per thing that can fail, with the cause kept as source.
+
+use std::path::PathBuf;
+
+/// What failed in the CA crate. Messages are lower-case and name the file involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaError {
+    /// A directory could not be created or its permissions set.
+    #[error("cannot create directory {path}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file could not be written (temp file, fsync or rename).
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CA key file is readable by group or others: it is refused rather than trusted.
+    #[error(
+        "ca key {path} is readable by group or others (mode {mode:04o}); \
+         next: run `chmod 600 {path}` (and make sure the key did not leak), \
+         or delete the ca dir to generate a new CA"
+    )]
+    InsecureKeyPermissions { path: PathBuf, mode: u32 },
+    /// The CA on disk could not be loaded after it was found usable.
+    #[error("cannot load ca from {path}: {reason}")]
+    LoadCa { path: PathBuf, reason: String },
+    /// Generating or signing the CA certificate failed.
+    #[error("cannot generate the ca certificate")]
+    GenerateCa(#[source] rcgen::Error),
+    /// The host cannot be put in a certificate (empty, or not a DNS name or IP literal).
+    #[error("invalid host for a certificate: {host:?}")]
+    InvalidHost { host: String },
+    /// Minting a leaf certificate failed.
+    #[error("cannot mint a leaf certificate for {host}")]
+    MintLeaf {
+        host: String,
+        #[source]
+        source: rcgen::Error,
+    },
+    /// rustls refused the minted leaf key.
+    #[error("cannot load the leaf key for {host} into rustls")]
+    SigningKey {
+        host: String,
+        #[source]
+        source: rustls::Error,
+    },
+    /// An env value cannot be represented in the chosen format (e.g. a newline in docker format).
+    #[error("env variable {name} cannot be written in {format} format: {why}")]
+    EnvValue {
+        name: String,
+        format: &'static str,
+        why: &'static str,
+    },
+}

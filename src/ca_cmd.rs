@@ -1,0 +1,119 @@
+//! `veris ca init|show|path|env`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use veris_ca::env::{self, EnvSpec};
+use veris_ca::{CertificateAuthority, LoadOutcome};
+
+use crate::stack::{no_proxy, EnvFormatArg, DEFAULT_SANDBOX};
+
+#[derive(Args, Debug, Clone)]
+pub struct CaDirs {
+    /// State dir [default: $VERIS_STATE_DIR, else ~/.veris].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// CA dir [default: <state>/ca].
+    #[arg(long, value_name = "DIR")]
+    pub ca_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CaCommand {
+    /// Create the CA (if needed) and publish trust material, without serving.
+    Init(CaDirs),
+    /// Print the CA's subject, fingerprint, validity and paths.
+    Show(CaDirs),
+    /// Print the CA certificate's path (for scripts).
+    Path(CaDirs),
+    /// Print the client env file for a proxy URL.
+    Env(EnvArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct EnvArgs {
+    #[command(flatten)]
+    pub dirs: CaDirs,
+    /// Proxy URL clients should use.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    pub proxy: String,
+    #[arg(long, value_name = "ID", default_value = DEFAULT_SANDBOX)]
+    pub sandbox: String,
+    /// Canary token of the proxy run (from its env file or ready file).
+    #[arg(long, value_name = "TOKEN", default_value = "")]
+    pub canary: String,
+    #[arg(long, value_enum, default_value = "posix")]
+    pub format: EnvFormatArg,
+    /// Only trust variables, no proxy variables.
+    #[arg(long)]
+    pub trust_only: bool,
+}
+
+struct Loaded {
+    ca: CertificateAuthority,
+    trust: veris_ca::trust::TrustFiles,
+}
+
+fn load(dirs: &CaDirs) -> Result<Loaded> {
+    let state = crate::state_dir(dirs.state_dir.clone());
+    let ca_dir = dirs.ca_dir.clone().unwrap_or_else(|| state.join("ca"));
+    let (ca, outcome) = CertificateAuthority::load_or_create(&ca_dir)
+        .with_context(|| format!("loading the CA in {}", ca_dir.display()))?;
+    if let LoadOutcome::Created { reason } = outcome {
+        eprintln!("veris: created a new CA in {} ({reason})", ca_dir.display());
+    }
+    let bundle = veris_ca::trust::find_system_bundle(
+        std::env::var_os("VERIS_SYSTEM_CA_BUNDLE")
+            .as_deref()
+            .map(Path::new),
+    );
+    let trust = veris_ca::trust::publish(&state.join("trust"), &ca, bundle.as_deref())
+        .context("publishing trust material")?;
+    Ok(Loaded { ca, trust })
+}
+
+pub fn ca(cmd: CaCommand) -> Result<u8> {
+    match cmd {
+        CaCommand::Init(dirs) => {
+            let l = load(&dirs)?;
+            println!("{}", l.ca.cert_path().display());
+        }
+        CaCommand::Show(dirs) => {
+            let l = load(&dirs)?;
+            println!("subject:     {}", l.ca.subject());
+            println!("sha256:      {}", l.ca.fingerprint_sha256());
+            println!("not before:  {}", l.ca.not_before());
+            println!("not after:   {}", l.ca.not_after());
+            println!("certificate: {}", l.ca.cert_path().display());
+            println!("key:         {}", l.ca.key_path().display());
+            println!("trust dir:   {}", l.trust.dir.display());
+            println!("bundle:      {}", l.trust.bundle.display());
+            println!(
+                "truststore:  {} ({})",
+                l.trust.truststore.display(),
+                l.trust.truststore_type
+            );
+        }
+        CaCommand::Path(dirs) => {
+            let l = load(&dirs)?;
+            println!("{}", l.ca.cert_path().display());
+        }
+        CaCommand::Env(args) => {
+            let l = load(&args.dirs)?;
+            let no_proxy = no_proxy();
+            let java_base = std::env::var("JAVA_TOOL_OPTIONS").ok();
+            let spec = EnvSpec {
+                proxy_url: &args.proxy,
+                no_proxy: &no_proxy,
+                sandbox_id: &args.sandbox,
+                canary: &args.canary,
+                trust: &l.trust,
+                trust_only: args.trust_only,
+                java_tool_options_base: java_base.as_deref(),
+            };
+            print!("{}", env::render(&env::vars(&spec), args.format.into()));
+        }
+    }
+    Ok(0)
+}

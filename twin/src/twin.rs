@@ -1,0 +1,695 @@
+//! The twin itself: one request's lifecycle, from path split to recorded row.
+//!
+//! `handle` runs the phases in order: split `/s/{sandbox}/{service}/{rest}`, check the
+//! sandbox, then either the control surface (`/veris/…`) or the vendor surface (match a
+//! fixture → read the bounded body → fault → required fields → store action → render).
+//! Every request under a service is recorded exactly once by a [`Recorder`], including
+//! when the client goes away mid-request (the future is dropped; the row gets status
+//! `null`), which is what keeps `hang_ms` cancellation-safe.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use serde_json::{json, Map, Value};
+
+use crate::fixtures::{self, Action, ErrorStyle, Fixtures, ListOrder, MAX_HANG_MS};
+use crate::log::{self, NewRow, RequestLog, Tier};
+use crate::template::{lookup_path, Context};
+use crate::TwinError;
+
+/// Largest request body the twin parses; bigger bodies get a 413.
+pub(crate) const MAX_BODY: usize = 1024 * 1024;
+
+/// How a twin is set up.
+#[derive(Debug, Clone)]
+pub struct TwinOptions {
+    pub fixtures: Fixtures,
+    /// When set, requests for any other sandbox get a 404 (and are not recorded).
+    pub sandbox: Option<String>,
+    /// JSONL request log, appended to and reloaded on start.
+    pub log: Option<PathBuf>,
+}
+
+/// A running twin's state: fixtures, request log and object store.
+pub struct Twin {
+    fixtures: Fixtures,
+    sandbox: Option<String>,
+    state: Mutex<State>,
+    ids: IdGen,
+}
+
+impl std::fmt::Debug for Twin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Twin")
+            .field("sandbox", &self.sandbox)
+            .field("fixtures", &self.fixtures.len())
+            .finish()
+    }
+}
+
+struct State {
+    log: RequestLog,
+    /// (sandbox, service, collection) → objects. Objects live for the twin's lifetime
+    /// only; they are not reloaded from the log.
+    store: HashMap<(String, String, String), Collection>,
+}
+
+#[derive(Default)]
+struct Collection {
+    order: Vec<String>,
+    objects: HashMap<String, Value>,
+}
+
+/// Generates unguessable-enough, unique object ids (`ch_` + 24 alphanumerics).
+pub(crate) struct IdGen {
+    keys: RandomState,
+    counter: AtomicU64,
+}
+
+impl IdGen {
+    pub(crate) fn new() -> IdGen {
+        IdGen {
+            keys: RandomState::new(),
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn next(&self, prefix: &str) -> String {
+        const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let mut out = String::with_capacity(prefix.len() + 24);
+        out.push_str(prefix);
+        for part in 0..3u8 {
+            let mut h = self.keys.hash_one((n, part));
+            for _ in 0..8 {
+                out.push(char::from(ALPHABET[(h % 62) as usize]));
+                h /= 62;
+            }
+        }
+        out
+    }
+}
+
+impl Twin {
+    /// Builds a twin; with a log file, reloads it so ids continue after the last row.
+    pub fn new(options: TwinOptions) -> Result<Arc<Twin>, TwinError> {
+        let log = match &options.log {
+            Some(path) => RequestLog::open(path)?,
+            None => RequestLog::in_memory(),
+        };
+        Ok(Arc::new(Twin {
+            fixtures: options.fixtures,
+            sandbox: options.sandbox,
+            state: Mutex::new(State {
+                log,
+                store: HashMap::new(),
+            }),
+            ids: IdGen::new(),
+        }))
+    }
+
+    /// Rows of one (sandbox, service), oldest first (all of them).
+    pub fn requests(&self, sandbox: &str, service: &str) -> Vec<log::RequestRow> {
+        let q = log::RequestsQuery {
+            limit: usize::MAX,
+            descending: false,
+            since_id: 0,
+            tier: None,
+        };
+        self.state().log.query(sandbox, service, &q)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // No code path panics while holding the lock; if one did, the log and store are
+        // still consistent row by row, so keep serving rather than poisoning the twin.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Answers one request. Never fails: every problem becomes a JSON error response.
+    pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let path = req.uri().path().to_string();
+        if path == "/healthz" {
+            return json_response(StatusCode::OK, &json!({"status": "ok"}), None);
+        }
+        let Some((sandbox, service, rest)) = split_service_path(&path) else {
+            let body = fixtures::vendor_error(
+                ErrorStyle::Generic,
+                404,
+                &format!("not a twin path: {path} (expected /s/{{sandbox}}/{{service}}/…)"),
+                None,
+                None,
+            );
+            return json_response(StatusCode::NOT_FOUND, &body, None);
+        };
+        if self.sandbox.as_deref().is_some_and(|s| s != sandbox) {
+            let body = fixtures::vendor_error(
+                ErrorStyle::Generic,
+                404,
+                &format!("unknown sandbox {sandbox:?}"),
+                None,
+                None,
+            );
+            return json_response(StatusCode::NOT_FOUND, &body, None);
+        }
+        let control = rest == "/veris" || rest.starts_with("/veris/");
+        let mut recorder = Recorder {
+            twin: Arc::clone(&self),
+            sandbox: sandbox.to_string(),
+            service: service.to_string(),
+            method: req.method().to_string(),
+            path: rest.to_string(),
+            tier: if control {
+                Tier::Control
+            } else {
+                Tier::Handler
+            },
+            start: Instant::now(),
+            done: false,
+        };
+        let response = if control {
+            self.control(req, &recorder.sandbox, &recorder.service, &recorder.path)
+        } else {
+            let (sandbox, service, rest) = (
+                recorder.sandbox.clone(),
+                recorder.service.clone(),
+                recorder.path.clone(),
+            );
+            self.vendor(req, &sandbox, &service, &rest, &mut recorder)
+                .await
+        };
+        recorder.finish(response.status().as_u16());
+        response
+    }
+
+    fn control<B>(
+        &self,
+        req: Request<B>,
+        sandbox: &str,
+        service: &str,
+        rest: &str,
+    ) -> Response<Full<Bytes>> {
+        let detail =
+            |status: StatusCode, d: String| json_response(status, &json!({"detail": d}), None);
+        let endpoint = rest.trim_end_matches('/');
+        if !matches!(endpoint, "/veris/health" | "/veris/requests") {
+            return detail(StatusCode::NOT_FOUND, format!("no control endpoint {rest}"));
+        }
+        if req.method() != Method::GET {
+            let mut resp = detail(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{endpoint} only answers GET"),
+            );
+            resp.headers_mut()
+                .insert(http::header::ALLOW, HeaderValue::from_static("GET"));
+            return resp;
+        }
+        if endpoint == "/veris/health" {
+            return json_response(
+                StatusCode::OK,
+                &json!({"status": "ok", "service": service}),
+                None,
+            );
+        }
+        let query = parse_query(req.uri().query());
+        match log::parse_requests_query(&query) {
+            Ok(q) => {
+                let rows = self.state().log.query(sandbox, service, &q);
+                json_response(StatusCode::OK, &json!({"requests": rows}), None)
+            }
+            Err(d) => detail(StatusCode::UNPROCESSABLE_ENTITY, d),
+        }
+    }
+
+    async fn vendor<B>(
+        &self,
+        req: Request<B>,
+        sandbox: &str,
+        service: &str,
+        rest: &str,
+        recorder: &mut Recorder,
+    ) -> Response<Full<Bytes>>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let style = self.fixtures.error_style(service);
+        let method = req.method().as_str().to_string();
+        let error = |status: StatusCode, body: Value| json_response(status, &body, None);
+        let Some((fx, params)) = self.fixtures.find(service, &method, rest) else {
+            return error(
+                StatusCode::NOT_FOUND,
+                fixtures::unknown_route(style, &method, rest),
+            );
+        };
+        if fx.fault.is_some() {
+            recorder.tier = Tier::Fault;
+        }
+
+        let (parts, body) = req.into_parts();
+        let too_large = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .is_some_and(|n| n > MAX_BODY as u64);
+        let bytes = if too_large {
+            None
+        } else {
+            match Limited::new(body, MAX_BODY).collect().await {
+                Ok(c) => Some(c.to_bytes()),
+                Err(e)
+                    if e.downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some() =>
+                {
+                    None
+                }
+                Err(_) => {
+                    let msg = "the request body could not be read";
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        fixtures::vendor_error(style, 400, msg, None, None),
+                    );
+                }
+            }
+        };
+        let Some(bytes) = bytes else {
+            let msg = format!("request body larger than {MAX_BODY} bytes");
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                fixtures::vendor_error(style, 413, &msg, None, None),
+            );
+        };
+        let body = match parse_body(&parts.headers, &bytes) {
+            Ok(v) => v,
+            Err(msg) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    fixtures::vendor_error(style, 400, &msg, None, None),
+                )
+            }
+        };
+        let query = parse_query(parts.uri.query());
+        let cx = Context {
+            params: &params,
+            body: &body,
+            query: &query,
+            headers: &parts.headers,
+            method: &method,
+            path: rest,
+            service,
+            sandbox,
+            list: None,
+            ids: &self.ids,
+        };
+        // The fixture's body, or `{}` (the list itself for a list fixture without a body).
+        let render_body = |cx: &Context<'_>| -> Value {
+            match (&fx.body, cx.list) {
+                (Some(node), _) => node.render(cx),
+                (None, Some(list)) => Value::Array(list.to_vec()),
+                (None, None) => json!({}),
+            }
+        };
+        let render_str = |t: &crate::template::StrTemplate| t.render_string(&cx);
+        let headers: Vec<(http::HeaderName, HeaderValue)> = fx
+            .headers
+            .iter()
+            .filter_map(|(name, t)| {
+                Some((name.clone(), HeaderValue::from_str(&render_str(t)).ok()?))
+            })
+            .collect();
+        let respond = |status: u16, body: &Value| {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            json_response(status, body, Some(&headers))
+        };
+
+        if let Some(fault) = fx.fault {
+            if let Some(ms) = fault.hang_ms {
+                // Dropping this future (client gone, shutdown) ends the hang; the recorder
+                // still writes the row.
+                tokio::time::sleep(Duration::from_millis(ms.min(MAX_HANG_MS))).await;
+            }
+            if let Some(status) = fault.status {
+                let body = if fx.body.is_some() {
+                    render_body(&cx)
+                } else {
+                    fixtures::fault_error(style, status)
+                };
+                return respond(status, &body);
+            }
+        }
+
+        if let Some(field) = fx.required.iter().find(|f| {
+            let path: Vec<&str> = f.split('.').collect();
+            matches!(lookup_path(&body, &path), None | Some(Value::Null))
+                || lookup_path(&body, &path) == Some(&json!(""))
+        }) {
+            let msg = match style {
+                ErrorStyle::Stripe => format!("Missing required param: {field}."),
+                _ => format!("Missing required field: {field}."),
+            };
+            return error(
+                StatusCode::BAD_REQUEST,
+                fixtures::vendor_error(style, 400, &msg, Some("parameter_missing"), Some(field)),
+            );
+        }
+
+        match &fx.action {
+            Action::Respond => respond(fx.status, &render_body(&cx)),
+            Action::Store(collection) => {
+                let object = render_body(&cx);
+                let name = render_str(collection);
+                match object.get("id").and_then(Value::as_str) {
+                    Some(id) => {
+                        let mut state = self.state();
+                        let coll = state
+                            .store
+                            .entry((sandbox.to_string(), service.to_string(), name))
+                            .or_default();
+                        if coll
+                            .objects
+                            .insert(id.to_string(), object.clone())
+                            .is_none()
+                        {
+                            coll.order.push(id.to_string());
+                        }
+                    }
+                    None => tracing::warn!(
+                        service,
+                        path = rest,
+                        "store fixture rendered an object without a string id; not stored"
+                    ),
+                }
+                respond(fx.status, &object)
+            }
+            Action::Lookup {
+                collection,
+                key,
+                missing,
+            } => {
+                let name = render_str(collection);
+                let id = params.get(key).cloned().unwrap_or_default();
+                let found = self
+                    .state()
+                    .store
+                    .get(&(sandbox.to_string(), service.to_string(), name))
+                    .and_then(|c| c.objects.get(&id).cloned());
+                match found {
+                    Some(object) => respond(fx.status, &object),
+                    None => {
+                        let body = match missing {
+                            Some(node) => node.render(&cx),
+                            None => fixtures::vendor_error(
+                                style,
+                                404,
+                                &format!("No such object: '{id}'"),
+                                Some("resource_missing"),
+                                Some(key),
+                            ),
+                        };
+                        error(StatusCode::NOT_FOUND, body)
+                    }
+                }
+            }
+            Action::List { collection, order } => {
+                let name = render_str(collection);
+                let mut items: Vec<Value> = {
+                    let state = self.state();
+                    state
+                        .store
+                        .get(&(sandbox.to_string(), service.to_string(), name))
+                        .map(|c| {
+                            c.order
+                                .iter()
+                                .filter_map(|id| c.objects.get(id).cloned())
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                };
+                if *order == ListOrder::Desc {
+                    items.reverse();
+                }
+                respond(
+                    fx.status,
+                    &render_body(&Context {
+                        list: Some(&items),
+                        ..cx
+                    }),
+                )
+            }
+        }
+    }
+}
+
+/// Records exactly one row per request, even when the request future is dropped.
+struct Recorder {
+    twin: Arc<Twin>,
+    sandbox: String,
+    service: String,
+    method: String,
+    path: String,
+    tier: Tier,
+    start: Instant,
+    done: bool,
+}
+
+impl Recorder {
+    fn finish(&mut self, status: u16) {
+        self.write(Some(status));
+    }
+
+    fn write(&mut self, status: Option<u16>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let duration_ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let row = NewRow {
+            method: std::mem::take(&mut self.method),
+            path: std::mem::take(&mut self.path),
+            status,
+            tier: self.tier,
+            duration_ms,
+        };
+        self.twin
+            .state()
+            .log
+            .record(&self.sandbox, &self.service, row);
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.write(None);
+    }
+}
+
+/// Splits `/s/{sandbox}/{service}/{rest}` into its parts; `rest` keeps its leading `/`.
+fn split_service_path(path: &str) -> Option<(&str, &str, &str)> {
+    let tail = path.strip_prefix("/s/")?;
+    let (sandbox, tail) = tail.split_once('/')?;
+    let (service, rest) = match tail.find('/') {
+        Some(i) => (&tail[..i], &tail[i..]),
+        None => (tail, "/"),
+    };
+    (!sandbox.is_empty() && !service.is_empty()).then_some((sandbox, service, rest))
+}
+
+fn json_response(
+    status: StatusCode,
+    body: &Value,
+    headers: Option<&[(http::HeaderName, HeaderValue)]>,
+) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for (name, value) in headers.unwrap_or_default() {
+        resp.headers_mut().insert(name.clone(), value.clone());
+    }
+    resp
+}
+
+/// Parses a query string into a map (the last value of a repeated key wins).
+fn parse_query(query: Option<&str>) -> BTreeMap<String, String> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (form_decode(k), form_decode(v))
+        })
+        .collect()
+}
+
+fn form_decode(s: &str) -> String {
+    fixtures::percent_decode(&s.replace('+', " "))
+}
+
+/// Parses a request body: JSON when it says or looks so, else a (Stripe-style) form.
+fn parse_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, String> {
+    let ctype = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let text = String::from_utf8_lossy(bytes);
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Ok(Value::Object(Map::new()));
+    }
+    let looks_json = trimmed.starts_with('{') || trimmed.starts_with('[');
+    if ctype.contains("json") || (looks_json && !ctype.contains("x-www-form-urlencoded")) {
+        return serde_json::from_str(trimmed).map_err(|e| format!("invalid JSON body: {e}"));
+    }
+    if ctype.is_empty() || ctype.contains("x-www-form-urlencoded") {
+        let mut root = Value::Object(Map::new());
+        for pair in trimmed.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            insert_form(&mut root, &form_decode(k), form_decode(v));
+        }
+        return Ok(root);
+    }
+    // Other bodies (multipart, binary uploads) are accepted but not parsed.
+    Ok(Value::Object(Map::new()))
+}
+
+/// Inserts `a[b][c]=v` as nested objects and `a[]=v` as an array push (Stripe's encoding).
+fn insert_form(root: &mut Value, key: &str, value: String) {
+    let mut parts: Vec<&str> = Vec::new();
+    match key.find('[') {
+        Some(i) if i > 0 && key.ends_with(']') => {
+            parts.push(&key[..i]);
+            parts.extend(key[i + 1..key.len() - 1].split("]["));
+        }
+        _ => parts.push(key),
+    }
+    let mut cur = root;
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        let next_is_array = parts.get(i + 1).is_some_and(|p| p.is_empty());
+        let fresh = || {
+            if last {
+                Value::Null
+            } else if next_is_array {
+                Value::Array(Vec::new())
+            } else {
+                Value::Object(Map::new())
+            }
+        };
+        let slot = if part.is_empty() {
+            // `[]` appends to the array the previous step made sure exists.
+            let Value::Array(items) = cur else { return };
+            items.push(fresh());
+            let Some(slot) = items.last_mut() else { return };
+            slot
+        } else {
+            let Value::Object(map) = cur else { return };
+            let slot = map.entry(part.to_string()).or_insert_with(fresh);
+            let fits = last
+                || if next_is_array {
+                    slot.is_array()
+                } else {
+                    slot.is_object()
+                };
+            if !fits {
+                *slot = fresh();
+            }
+            slot
+        };
+        if last {
+            *slot = Value::String(value);
+            return;
+        }
+        cur = slot;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dropped_hang_still_records_its_row() {
+        let fixtures = Fixtures::from_json(
+            r#"[{"service":"acme","method":"GET","path":"/hang","fault":{"hang_ms":60000}}]"#,
+        )
+        .expect("fixtures load");
+        let twin = Twin::new(TwinOptions {
+            fixtures,
+            sandbox: None,
+            log: None,
+        })
+        .expect("twin builds");
+        let req = Request::get("/s/sbx/acme/hang")
+            .body(Full::new(Bytes::new()))
+            .expect("request builds");
+        // A zero timeout polls the request once (it parks in the hang) and then drops it,
+        // exactly what hyper does when the client goes away.
+        let outcome = tokio::time::timeout(Duration::ZERO, Arc::clone(&twin).handle(req)).await;
+        assert!(outcome.is_err(), "the hang must not answer at once");
+        let rows = twin.requests("sbx", "acme");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].status, rows[0].tier, rows[0].path.as_str()),
+            (None, Tier::Fault, "/hang")
+        );
+    }
+
+    #[test]
+    fn service_paths_split() {
+        assert_eq!(
+            split_service_path("/s/sbx/stripe/v1/charges"),
+            Some(("sbx", "stripe", "/v1/charges"))
+        );
+        assert_eq!(
+            split_service_path("/s/sbx/stripe"),
+            Some(("sbx", "stripe", "/"))
+        );
+        assert_eq!(split_service_path("/s/sbx"), None);
+        assert_eq!(split_service_path("/x/sbx/stripe"), None);
+    }
+
+    #[test]
+    fn stripe_form_bodies_nest() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
+        let body = b"amount=2000&currency=usd&metadata[order_id]=6735&expand[]=customer&expand[]=invoice&description=a+b%21";
+        let v = parse_body(&headers, body).expect("parses");
+        assert_eq!(
+            v,
+            json!({"amount": "2000", "currency": "usd", "metadata": {"order_id": "6735"},
+                   "expand": ["customer", "invoice"], "description": "a b!"})
+        );
+    }
+
+    #[test]
+    fn json_bodies_parse_and_bad_json_is_an_error() {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        assert_eq!(
+            parse_body(&headers, br#"{"a":{"b":1}}"#),
+            Ok(json!({"a": {"b": 1}}))
+        );
+        assert!(parse_body(&headers, b"{nope").is_err());
+        assert_eq!(
+            parse_body(&HeaderMap::new(), br#"{"x":1}"#),
+            Ok(json!({"x": 1}))
+        );
+    }
+}
