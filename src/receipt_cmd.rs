@@ -81,9 +81,11 @@ pub fn report(
         if !text.ends_with('\n') {
             text.push('\n');
         }
-        text.push('\n');
         for line in &verdict.lines {
-            text.push_str(&format!("FAIL: {line}\n"));
+            // The empty sentence is already the receipt's own count line.
+            if line != receipt::EMPTY_SENTENCE || !text.contains(receipt::EMPTY_SENTENCE) {
+                text.push_str(&format!("FAIL: {line}\n"));
+            }
         }
     }
     Report {

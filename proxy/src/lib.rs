@@ -509,7 +509,7 @@ impl Proxy {
             path,
             query: query.map(|q| redact::query(&q)),
             status: resp.status().as_u16(),
-            http: format!("{:?}", parts.version),
+            http: http_version(parts.version).to_string(),
             tier: leg.tier,
             bytes_in: tally.bytes(),
             bytes_out: content_length(resp.headers()),
@@ -653,6 +653,16 @@ impl Proxy {
                 "tier": self.identity.tier,
             }),
         )
+    }
+}
+
+fn http_version(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2",
+        Version::HTTP_3 => "HTTP/3",
+        _ => "HTTP/1.1",
     }
 }
 

@@ -29,9 +29,23 @@ impl Recorder for Ledger {
 pub struct MemoryRecorder {
     entries: Mutex<Vec<Entry>>,
     failing: AtomicBool,
+    changed: tokio::sync::Notify,
 }
 
 impl MemoryRecorder {
+    /// Waits until at least `n` entries were recorded (entries written by
+    /// background tasks, such as a tunnel closing, arrive asynchronously).
+    pub async fn wait_for(&self, n: usize) -> Vec<Entry> {
+        loop {
+            let changed = self.changed.notified();
+            let entries = self.entries();
+            if entries.len() >= n {
+                return entries;
+            }
+            changed.await;
+        }
+    }
+
     pub fn entries(&self) -> Vec<Entry> {
         self.entries.lock().map(|e| e.clone()).unwrap_or_default()
     }
@@ -50,6 +64,9 @@ impl Recorder for MemoryRecorder {
             .lock()
             .map_err(|_| RecordError("memory recorder poisoned".into()))?;
         entries.push(entry);
-        Ok(entries.len() as u64)
+        let seq = entries.len() as u64;
+        drop(entries);
+        self.changed.notify_waiters();
+        Ok(seq)
     }
 }

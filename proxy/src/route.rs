@@ -173,7 +173,7 @@ impl Router {
                 }
                 entry.prefixes.push((prefix, idx));
             }
-            entry.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+            entry.prefixes.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
         }
         let mut wildcard: Vec<(String, HostClaims)> = wildcard.into_iter().collect();
         wildcard.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));

@@ -164,6 +164,49 @@ pub enum Entry {
         tier: ListenerTier,
         duration_ms: u64,
     },
+    /// A client aborted the TLS handshake after the proxy offered its minted
+    /// leaf: the client does not trust the veris CA for this host.
+    TrustFailure {
+        host: String,
+        port: u16,
+        tier: ListenerTier,
+        /// The service the host is routed to, when it is a vendor host.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service: Option<String>,
+        /// `unknown_ca`, `bad_certificate`, `certificate_unknown`,
+        /// `certificate_expired`, `unsupported_certificate`, `other:<alert>`
+        /// or `no_alert` (the client closed right after the server flight).
+        alert: String,
+    },
+    /// A signature over the chain head: `sealed_seq` is the seq of the line
+    /// this seal's `prev` hashes; the Ed25519 signature covers
+    /// `veris-seal-v1 {sealed_seq} {prev}` and verifies with `ledger.pub`.
+    Seal {
+        sealed_seq: u64,
+        /// Lower-case hex of the 64-byte signature.
+        signature: String,
+        /// Lower-case hex SHA-256 of the public key that signed.
+        key_id: String,
+        /// `interval`, `shutdown` or `demand`.
+        reason: String,
+    },
+    /// QUIC (UDP 443) attempts caught by the proxy's silent UDP sink, so the
+    /// client fell back to TCP.
+    Quic {
+        /// SNI decrypted from the QUIC Initial, when it could be read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<String>,
+        /// Original destination address.
+        dst: String,
+        attempts: u64,
+    },
+    /// A passthrough ClientHello carried the Encrypted Client Hello extension
+    /// (0xfe0d): its real destination may be hidden behind `host`.
+    Ech {
+        host: String,
+        port: u16,
+        tier: ListenerTier,
+    },
 }
 
 impl Entry {
@@ -175,6 +218,10 @@ impl Entry {
             Entry::Passthrough { .. } => "passthrough",
             Entry::Blocked { .. } => "blocked",
             Entry::UpstreamError { .. } => "upstream_error",
+            Entry::TrustFailure { .. } => "trust_failure",
+            Entry::Seal { .. } => "seal",
+            Entry::Quic { .. } => "quic",
+            Entry::Ech { .. } => "ech",
         }
     }
 }

@@ -251,6 +251,10 @@ pub fn read_bytes(bytes: &[u8]) -> LedgerRead {
                         "passthrough",
                         "blocked",
                         "upstream_error",
+                        "trust_failure",
+                        "seal",
+                        "quic",
+                        "ech",
                     ];
                     let what = match obj.and_then(|o| o.get("kind")).and_then(|k| k.as_str()) {
                         None if obj.is_none() => "not a JSON object".to_string(),
@@ -965,7 +969,7 @@ mod tests {
 
     #[test]
     fn unknown_kind_is_a_problem_but_chain_continues() {
-        let l1 = r#"{"v":1,"seq":1,"ts":"t","kind":"seal","sig":"x","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#;
+        let l1 = r#"{"v":1,"seq":1,"ts":"t","kind":"teleport","sig":"x","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#;
         let l2 = format!(
             r#"{{"v":1,"seq":2,"ts":"t","kind":"blocked","host":"x.test","port":443,"tier":"explicit","reason":"strict","prev":"{}"}}"#,
             line_hash(l1.as_bytes())
@@ -973,7 +977,7 @@ mod tests {
         let read = read_bytes(format!("{l1}\n{l2}\n").as_bytes());
         assert_eq!(read.problems.len(), 1, "{:?}", read.problems);
         assert_eq!(read.problems[0].line, 1);
-        assert_eq!(read.problems[0].what, "unknown kind `seal`");
+        assert_eq!(read.problems[0].what, "unknown kind `teleport`");
         assert_eq!(read.lines.len(), 1);
         assert_eq!(read.head.0, 2);
     }

@@ -395,6 +395,36 @@ pub fn entry(entry: Entry) -> Entry {
             tier,
             duration_ms,
         },
+        Entry::TrustFailure {
+            host,
+            port,
+            tier,
+            service,
+            alert,
+        } => Entry::TrustFailure {
+            host: text(&host),
+            port,
+            tier,
+            service: service.map(|s| text(&s)),
+            alert: text(&alert),
+        },
+        Entry::Quic {
+            host,
+            dst,
+            attempts,
+        } => Entry::Quic {
+            host: host.map(|h| text(&h)),
+            dst: text(&dst),
+            attempts,
+        },
+        Entry::Ech { host, port, tier } => Entry::Ech {
+            host: text(&host),
+            port,
+            tier,
+        },
+        // Hex digests and a fixed vocabulary: nothing to redact, and
+        // rewriting a signature would break it.
+        seal @ Entry::Seal { .. } => seal,
     }
 }
 

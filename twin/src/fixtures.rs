@@ -269,7 +269,7 @@ impl Fixtures {
         path: &str,
     ) -> Option<(&Fixture, BTreeMap<String, String>)> {
         let segs = split_path(path);
-        let mut best: Option<((bool, usize, bool), &Fixture, BTreeMap<String, String>)> = None;
+        let mut best: Option<(Specificity, &Fixture, Params)> = None;
         for fx in &self.fixtures {
             let service_exact = fx.service == service;
             if !(service_exact || fx.service == "*") {
@@ -299,6 +299,12 @@ impl Fixtures {
         best.map(|(_, fx, params)| (fx, params))
     }
 }
+
+/// Bound path parameters of a match.
+pub(crate) type Params = BTreeMap<String, String>;
+
+/// How specific a match is: exact service, literal segments, exact method (greater wins).
+type Specificity = (bool, usize, bool);
 
 fn compile(spec: FixtureSpec) -> Result<Fixture, String> {
     let method = spec.method.trim().to_string();
@@ -585,6 +591,29 @@ mod tests {
                 "{bad} should be rejected"
             );
         }
+    }
+
+    #[test]
+    fn load_names_the_missing_file() {
+        let path = Path::new("/nonexistent/veris-fixtures.json");
+        let err = Fixtures::load(path).expect_err("missing file");
+        assert!(matches!(&err, TwinError::ReadFixtures { path: p, .. } if p == path));
+        assert!(err.to_string().contains("/nonexistent/veris-fixtures.json"));
+    }
+
+    #[test]
+    fn extended_fixtures_win_ties() {
+        let mut base =
+            Fixtures::from_json(r#"[{"service":"s","method":"GET","path":"/x","status":200}]"#)
+                .expect("loads");
+        let extra = Fixtures::from_json(r#"{"services":{"s":{"errors":"stripe"}},"fixtures":[{"service":"s","method":"GET","path":"/x","status":204}]}"#)
+            .expect("loads");
+        base.extend(extra);
+        assert_eq!(
+            base.find("s", "GET", "/x").map(|(f, _)| f.status),
+            Some(204)
+        );
+        assert_eq!(base.error_style("s"), ErrorStyle::Stripe);
     }
 
     #[test]
