@@ -1,0 +1,2 @@
+//! veris-tui renders the live view of twin traffic.
+#![forbid(unsafe_code)]
