@@ -1,0 +1,162 @@
+//! End-to-end tests of the smaller commands of the `veris` binary: `demo`,
+//! `twin`, `ca init|show|path|env`, and the answers to bad input (exit 1 with
+//! a "Next:" line).
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use support::{command, output, text, veris, Guard, TempDir, DEADLINE};
+
+#[test]
+fn demo_makes_four_calls_and_prints_the_receipt() {
+    let dir = TempDir::new("demo");
+    let mut cmd = veris(["demo", "--state-dir"]);
+    cmd.arg(dir.join("state"));
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("POST https://api.stripe.com/v1/customers -> 200"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("POST https://api.stripe.com/v1/charges -> 200"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("GET  https://api.stripe.com/v1/charges/ch_"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("GET  https://www.googleapis.com/calendar/v3/"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("4 request(s) reached the twin"), "{stdout}");
+    assert!(stdout.contains("POST /v1/customers -> 200"), "{stdout}");
+    assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+    assert!(!stdout.contains("FAIL:"), "{stdout}");
+}
+
+#[test]
+fn twin_prints_its_url_answers_health_and_stops_on_sigterm() {
+    if let Err(why) = support::curl() {
+        return support::skip(&why);
+    }
+    let mut twin = Guard::spawn(
+        veris(["twin", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    );
+    let stdout = twin.child().stdout.take().unwrap();
+    // The first line comes once the listener is bound; read it on a thread so
+    // the wait is bounded.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(DEADLINE)
+        .expect("the twin's first stdout line");
+    let url = line.trim().to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "first line: {line:?}");
+    let health = format!("{url}/s/sbx_test/stripe/veris/health");
+    let out = output(command("curl").args(["-sS", "--max-time", "10", &health]));
+    assert!(out.status.success(), "{:?}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("health JSON");
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["service"], "stripe");
+    twin.signal("TERM");
+    assert_eq!(twin.wait().code(), Some(0));
+}
+
+#[test]
+fn ca_init_show_path_env() {
+    let dir = TempDir::new("ca");
+    let state = dir.join("state");
+    let ca = |args: &[&str]| {
+        let mut cmd = veris(["ca"]);
+        cmd.args(args).arg("--state-dir").arg(&state);
+        let out = output(&mut cmd);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "ca {args:?}: {stdout}{stderr}");
+        stdout
+    };
+    let init = ca(&["init"]);
+    let path = ca(&["path"]);
+    assert_eq!(init, path, "init and path name the same certificate");
+    let path = std::path::PathBuf::from(path.trim());
+    let pem = std::fs::read_to_string(&path).expect("path prints an existing file");
+    assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"), "{pem}");
+
+    let show = ca(&["show"]);
+    let fp = show
+        .lines()
+        .find_map(|l| l.strip_prefix("sha256:"))
+        .unwrap_or_else(|| panic!("no fingerprint: {show}"))
+        .trim()
+        .to_string();
+    assert_eq!(fp.split(':').count(), 32, "{fp}");
+    assert!(fp
+        .split(':')
+        .all(|b| b.len() == 2 && b.chars().all(|c| c.is_ascii_hexdigit())));
+    assert_eq!(ca(&["show"]), show, "the CA is reused, not regenerated");
+
+    let docker = ca(&["env", "--format", "docker"]);
+    assert!(
+        docker.lines().any(|l| l.starts_with("HTTPS_PROXY=")),
+        "{docker}"
+    );
+    assert!(!docker.contains("export "), "{docker}");
+    let trust_only = ca(&["env", "--trust-only"]);
+    assert!(trust_only.contains("SSL_CERT_FILE="), "{trust_only}");
+    for line in trust_only.lines().filter(|l| !l.starts_with('#')) {
+        let name = line
+            .trim_start_matches("export ")
+            .split('=')
+            .next()
+            .unwrap();
+        assert!(
+            !name.to_ascii_uppercase().ends_with("_PROXY"),
+            "routing variable in --trust-only: {line}"
+        );
+    }
+}
+
+#[test]
+fn config_with_an_unknown_field_is_a_usage_error() {
+    let dir = TempDir::new("badcfg");
+    let cfg = dir.join("veris-bad.json");
+    std::fs::write(
+        &cfg,
+        r#"{"version": 1, "sandbox_id": "sbx_x", "bogus_field": true}"#,
+    )
+    .unwrap();
+    let mut cmd = veris(["serve", "--listen", "127.0.0.1:0", "--config"]);
+    cmd.arg(&cfg).arg("--state-dir").arg(dir.join("state"));
+    let out = support::output_within(&mut cmd, DEADLINE);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("veris-bad.json"),
+        "names the file: {stderr}"
+    );
+    assert!(stderr.contains("bogus_field"), "names the field: {stderr}");
+    assert!(stderr.contains("Next:"), "{stderr}");
+}
+
+#[test]
+fn unknown_service_is_a_usage_error() {
+    let dir = TempDir::new("badsvc");
+    let mut cmd = veris(["serve", "--listen", "127.0.0.1:0", "--services", "nope"]);
+    cmd.arg("--state-dir").arg(dir.join("state"));
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("nope"), "{stderr}");
+    assert!(stderr.contains("Next:"), "{stderr}");
+}

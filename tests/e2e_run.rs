@@ -1,0 +1,190 @@
+//! End-to-end tests of `veris run` (M1.4): the child gets the proxy and the
+//! CA from the environment `veris run` sets (curl and Python `requests` are
+//! given no proxy or CA flags), the receipt goes to stderr, and the exit code
+//! is the receipt's verdict or else the child's. The ambient CA variables of
+//! the machine are cleared before `veris run` starts.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+
+use serde_json::Value;
+use support::{output, skip, text, veris, wait_for, Guard, TempDir, DEADLINE};
+
+const CHARGE: &str =
+    "curl -sS --max-time 20 https://api.stripe.com/v1/charges -d amount=100 -d currency=usd";
+
+fn run(dir: &TempDir, extra: &[&str], child: &[&str]) -> std::process::Output {
+    let mut cmd = veris(["run", "--state-dir"]);
+    cmd.arg(dir.join("state")).args(extra).arg("--").args(child);
+    output(&mut cmd)
+}
+
+#[test]
+fn run_curl_gets_proxy_and_ca_from_the_env() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("run-curl");
+    let out = run(
+        &dir,
+        &[],
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "20",
+            "https://api.stripe.com/v1/charges",
+            "-d",
+            "amount=100",
+            "-d",
+            "currency=usd",
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let charge: Value = serde_json::from_str(&stdout).expect("curl printed the twin's JSON");
+    assert_eq!(charge["object"], "charge");
+    assert!(
+        stderr.contains("Veris receipt — twin sbx_local"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("1 request(s) reached the twin:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
+}
+
+#[test]
+fn run_true_is_an_empty_receipt() {
+    let dir = TempDir::new("run-true");
+    let out = run(&dir, &[], &["true"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("0 requests reached the twin: the code never reached its dependency"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_unmet_require_says_what_was_wanted_and_seen() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("run-require");
+    let out = run(&dir, &["--require", "stripe:2"], &["sh", "-c", CHARGE]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    let fail = stderr
+        .lines()
+        .find(|l| l.starts_with("FAIL: "))
+        .unwrap_or_else(|| panic!("no FAIL line: {stderr}"));
+    assert!(fail.contains("stripe"), "{fail}");
+    assert!(fail.contains("at least 2"), "names what was wanted: {fail}");
+    assert!(fail.contains("saw 1"), "names what was seen: {fail}");
+}
+
+#[test]
+fn run_returns_the_childs_code_when_the_receipt_is_satisfied() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("run-code");
+    let script = format!("{CHARGE} >/dev/null; exit 7");
+    let out = run(
+        &dir,
+        &["--require", "stripe:1"],
+        &["sh", "-c", script.as_str()],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(7), "{stdout}\n{stderr}");
+    assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
+}
+
+#[test]
+fn run_writes_a_private_json_receipt() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("run-receipt");
+    let file = dir.join("receipt.json");
+    let file_arg = file.to_str().unwrap().to_string();
+    let out = run(
+        &dir,
+        &["--receipt", &file_arg],
+        &["sh", "-c", &format!("{CHARGE} >/dev/null")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
+    let mode = std::fs::metadata(&file)
+        .expect("receipt file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "receipt mode {mode:o}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).expect("receipt JSON");
+    assert!(json["version"].is_u64(), "{json}");
+    assert_eq!(json["services"]["stripe"]["requests"], 1, "{json}");
+    let entries = json["services"]["stripe"]["entries"].as_array().unwrap();
+    assert_eq!(entries[0]["method"], "POST");
+    assert_eq!(entries[0]["path"], "/v1/charges");
+    assert_eq!(entries[0]["status"], 200);
+}
+
+#[test]
+fn run_python_requests_uses_the_env_alone() {
+    if let Err(why) = support::python_requests() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("run-python");
+    let script = r#"
+import requests
+r = requests.post("https://api.stripe.com/v1/charges", data={"amount": "300", "currency": "usd"}, timeout=20)
+r.raise_for_status()
+print(r.json()["object"], r.json()["amount"])
+"#;
+    let out = run(&dir, &[], &["python3", "-c", script]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "charge 300");
+    assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
+}
+
+#[test]
+fn sigterm_to_run_reaches_the_child_and_the_receipt_is_printed() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("run-term");
+    let started = dir.join("started");
+    let marker = dir.join("got-term");
+    let stderr_file = dir.join("run.stderr");
+    // The child makes its call, says so, then waits (bounded) for TERM.
+    let script = format!(
+        "trap 'echo term > \"{marker}\"; exit 5' TERM; {CHARGE} >/dev/null; echo up > \"{started}\"; sleep 30 & wait",
+        marker = marker.display(),
+        started = started.display()
+    );
+    let mut cmd = veris(["run", "--state-dir"]);
+    cmd.arg(dir.join("state"))
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_file).unwrap());
+    let mut run = Guard::spawn(&mut cmd);
+    wait_for("the child to make its call", DEADLINE, || {
+        started.exists().then_some(())
+    });
+    run.signal("TERM");
+    let status = run.wait();
+    let stderr = std::fs::read_to_string(&stderr_file).unwrap();
+    assert_eq!(status.code(), Some(5), "the child's code: {stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&marker).expect("the child got TERM"),
+        "term\n"
+    );
+    assert!(stderr.contains("Veris receipt"), "{stderr}");
+    assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
+}

@@ -1,0 +1,403 @@
+//! Shared helpers for end-to-end tests of the `veris` binary: temp dirs that
+//! clean up after themselves, child processes that are killed when a test
+//! fails, bounded polling, a cleared client environment (the machine sets CA
+//! variables that would otherwise leak into every client), `veris serve`
+//! started on port 0 with its ready file read back, and the SKIP rule
+//! (`SKIP: <why>` and pass, unless `VERIS_REQUIRE_ALL=1`, where it fails).
+//!
+//! Include it with `mod support;` from any file in `tests/`.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Default deadline for anything a test waits on.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// The binary under test (the release binary under `cargo test --release`).
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_veris"))
+}
+
+/// True when CI asked for every test to really run.
+pub fn require_all() -> bool {
+    std::env::var("VERIS_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// Prints `SKIP: <why>` so the caller can return; panics instead under
+/// `VERIS_REQUIRE_ALL=1`. Use as `if cond { return skip("..."); }`.
+pub fn skip(why: &str) {
+    if require_all() {
+        panic!("VERIS_REQUIRE_ALL=1 and this test would skip: {why}");
+    }
+    println!("SKIP: {why}");
+    eprintln!("SKIP: {why}");
+}
+
+/// A unique directory under the system temp dir, removed on drop.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "veris-e2e-{label}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).expect("creating a temp dir");
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+        self.path.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("VERIS_KEEP_TEMP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Clears the environment down to PATH, HOME and a locale, so no ambient
+/// proxy or CA variable (SSL_CERT_FILE, CURL_CA_BUNDLE, NO_PROXY, ...)
+/// reaches the child. Add what the test means to set afterwards.
+pub fn client_env(cmd: &mut Command) -> &mut Command {
+    cmd.env_clear();
+    for var in ["PATH", "HOME", "PYENV_ROOT", "PYENV_VERSION"] {
+        if let Some(v) = std::env::var_os(var) {
+            cmd.env(var, v);
+        }
+    }
+    cmd.env("LANG", "C.UTF-8")
+}
+
+/// `veris ARGS` with a cleared environment.
+pub fn veris<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = Command::new(bin());
+    client_env(&mut cmd);
+    cmd.args(args);
+    cmd
+}
+
+/// A command with a cleared environment.
+pub fn command(program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    client_env(&mut cmd);
+    cmd
+}
+
+/// Whether `program args` runs and exits 0 (with a cleared environment).
+pub fn tool_works(program: &str, args: &[&str]) -> bool {
+    let mut cmd = command(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    match cmd.spawn() {
+        Ok(child) => {
+            let mut child = Guard::new(child);
+            matches!(child.wait_timeout(DEADLINE), Some(s) if s.success())
+        }
+        Err(_) => false,
+    }
+}
+
+/// `python3` with `requests` importable, or a skip reason.
+pub fn python_requests() -> Result<(), String> {
+    if tool_works("python3", &["-c", "import requests"]) {
+        Ok(())
+    } else {
+        Err("python3 with `requests` not available (apt install python3-requests)".into())
+    }
+}
+
+/// `curl` present, or a skip reason.
+pub fn curl() -> Result<(), String> {
+    if tool_works("curl", &["--version"]) {
+        Ok(())
+    } else {
+        Err("curl not installed".into())
+    }
+}
+
+/// Polls `f` until it returns `Some`, every 20 ms, up to `timeout`; panics
+/// naming `what` when the deadline passes.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process that is killed (SIGKILL) and reaped when dropped, so a
+/// failing test leaves nothing running.
+pub struct Guard {
+    child: Option<Child>,
+}
+
+impl Guard {
+    pub fn new(child: Child) -> Guard {
+        Guard { child: Some(child) }
+    }
+
+    pub fn spawn(cmd: &mut Command) -> Guard {
+        Guard::new(
+            cmd.spawn()
+                .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}")),
+        )
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("child already reaped")
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `KILL`) with kill(1).
+    pub fn signal(&self, sig: &str) {
+        signal(self.id(), sig);
+    }
+
+    /// Waits up to `timeout`; `None` when the child is still running.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            match self.child().try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => {}
+                Err(e) => panic!("waiting for a child: {e}"),
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for exit within the default deadline, or panics.
+    pub fn wait(&mut self) -> ExitStatus {
+        self.wait_timeout(DEADLINE)
+            .unwrap_or_else(|| panic!("child {} did not exit within {DEADLINE:?}", self.id()))
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Sends a signal by name to a pid with kill(1).
+pub fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{sig} {pid} failed");
+}
+
+/// Runs a command to completion within `timeout`, capturing stdout and stderr
+/// (read on threads so a chatty child cannot block on a full pipe).
+pub fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut guard = Guard::spawn(cmd);
+    let mut out = guard.child().stdout.take().expect("piped stdout");
+    let mut err = guard.child().stderr.take().expect("piped stderr");
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = match guard.wait_timeout(timeout) {
+        Some(s) => s,
+        None => {
+            drop(guard);
+            let stderr = err_t.join().unwrap_or_default();
+            panic!(
+                "{cmd:?} did not finish within {timeout:?}; stderr:\n{}",
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+    };
+    Output {
+        status,
+        stdout: out_t.join().unwrap_or_default(),
+        stderr: err_t.join().unwrap_or_default(),
+    }
+}
+
+/// `output_within` with the default deadline.
+pub fn output(cmd: &mut Command) -> Output {
+    output_within(cmd, DEADLINE)
+}
+
+/// Stdout and stderr as text, for assertion messages.
+pub fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A value in kB from `/proc/<pid>/status` (`VmRSS`, `VmHWM`).
+pub fn proc_status_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Reads a JSON file once it exists and parses (writers rename it into place).
+pub fn wait_json_file(path: &Path, timeout: Duration) -> serde_json::Value {
+    wait_for(&format!("{}", path.display()), timeout, || {
+        let text = std::fs::read_to_string(path).ok()?;
+        serde_json::from_str(&text).ok()
+    })
+}
+
+/// A `veris serve` on port 0 with its own state dir, killed on drop.
+pub struct Serve {
+    pub dir: TempDir,
+    pub state: PathBuf,
+    pub ready: serde_json::Value,
+    pub proxy_url: String,
+    pub twin: String,
+    pub ca: PathBuf,
+    pub env_file: PathBuf,
+    pub stderr_file: PathBuf,
+    pub process: Guard,
+}
+
+impl Serve {
+    /// Starts `veris serve` with `extra` flags and waits for its ready file.
+    pub fn start(label: &str, extra: &[&str]) -> Serve {
+        let dir = TempDir::new(label);
+        let state = dir.join("state");
+        let ready_file = dir.join("ready.json");
+        let env_file = dir.join("client.env");
+        let stderr_file = dir.join("serve.stderr");
+        let mut cmd = veris(["serve", "--listen", "127.0.0.1:0", "--state-dir"]);
+        cmd.arg(&state)
+            .arg("--ready-file")
+            .arg(&ready_file)
+            .arg("--write-env")
+            .arg(&env_file)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join("serve.stdout")).expect("stdout file"))
+            .stderr(std::fs::File::create(&stderr_file).expect("stderr file"));
+        let mut process = Guard::spawn(&mut cmd);
+        let ready = wait_for("the serve ready file", DEADLINE, || {
+            if let Ok(Some(status)) = process.child().try_wait() {
+                panic!(
+                    "veris serve exited early ({status}): {}",
+                    std::fs::read_to_string(&stderr_file).unwrap_or_default()
+                );
+            }
+            let text = std::fs::read_to_string(&ready_file).ok()?;
+            serde_json::from_str::<serde_json::Value>(&text).ok()
+        });
+        let proxy_url = ready["proxy_url"].as_str().expect("proxy_url").to_string();
+        let twin = ready["twin"].as_str().expect("twin").to_string();
+        let ca = state.join("trust").join("ca.pem");
+        assert!(ca.is_file(), "no CA at {}", ca.display());
+        assert!(env_file.is_file(), "the env file is written before ready");
+        Serve {
+            dir,
+            state,
+            ready,
+            proxy_url,
+            twin,
+            ca,
+            env_file,
+            stderr_file,
+            process,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    pub fn ledger(&self) -> PathBuf {
+        self.state.join("ledger.jsonl")
+    }
+
+    /// Ledger lines parsed.
+    pub fn ledger_lines(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.ledger())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("ledger line is JSON"))
+            .collect()
+    }
+
+    /// `curl -x proxy --cacert ca` with a cleared env plus `args`.
+    pub fn curl(&self) -> Command {
+        let mut cmd = command("curl");
+        cmd.args(["-sS", "--max-time", "20", "-x", &self.proxy_url, "--cacert"])
+            .arg(&self.ca);
+        cmd
+    }
+
+    /// The twin's `/veris/requests` for a service (sandbox from the ready file).
+    pub fn twin_requests(&self, service: &str) -> serde_json::Value {
+        let sandbox = self.ready["sandbox_id"].as_str().unwrap_or("sbx_local");
+        let url = format!(
+            "{}/s/{sandbox}/{service}/veris/requests?limit=1000",
+            self.twin
+        );
+        let out = output(command("curl").args(["-sS", "--max-time", "10", &url]));
+        assert!(out.status.success(), "GET {url}: {:?}", text(&out));
+        serde_json::from_slice(&out.stdout).expect("twin requests JSON")
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_file).unwrap_or_default()
+    }
+}
