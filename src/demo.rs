@@ -15,8 +15,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use veris_receipt::ledger;
-use veris_receipt::receipt::{Options, Requirement};
+use veris_receipt::receipt::Requirement;
 
 use crate::receipt_cmd::report;
 use crate::stack::{ServeArgs, Stack};
@@ -58,22 +57,15 @@ async fn demo_in(serve: &ServeArgs) -> Result<u8> {
         ca: stack.ca.cert_der().clone(),
     };
     let outcome = calls(&client).await;
-    let since = stack.session_seq.saturating_sub(1);
-    let ledger_path = stack.ledger.path().to_path_buf();
-    stack.stop().await?;
+    let (read, options) = crate::run::live_receipt(stack).await?;
     outcome?;
 
-    let read = ledger::read(&ledger_path)?;
     let reqs = vec![
         Requirement::parse_request("stripe POST /v1/customers")?,
         Requirement::parse_request("stripe POST /v1/charges")?,
         Requirement::parse_service("stripe:3")?,
         Requirement::parse_service("google-calendar:1")?,
     ];
-    let options = Options {
-        since: Some(since),
-        ..Options::default()
-    };
     let report = report(&read, &options, &reqs, false);
     println!();
     print!("{}", report.text);

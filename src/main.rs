@@ -2,12 +2,17 @@
 //! and wires the library crates together. It is the only place that does so.
 #![deny(unsafe_code)]
 
+mod baseline;
 mod ca_cmd;
+mod check;
 mod demo;
+mod live;
 mod receipt_cmd;
 mod run;
 mod stack;
 mod sys;
+mod transparent;
+mod tui_cmd;
 mod twin_cmd;
 
 use std::path::PathBuf;
@@ -40,12 +45,17 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the interception proxy (explicit tier) until SIGINT/SIGTERM.
+    /// Run the interception proxy (explicit tier; with --transparent also the
+    /// redirected one) until SIGINT/SIGTERM.
     Serve(stack::ServeArgs),
     /// Run a command behind the proxy, then print this run's receipt to stderr.
     Run(run::RunArgs),
     /// Summarize what reached the twin, from a state dir or a ledger file.
     Receipt(receipt_cmd::ReceiptArgs),
+    /// Check that this run's proxy answers the canary on the interception path (exit 2 if not).
+    Check(check::CheckArgs),
+    /// Print a token marking now, for `veris receipt --since TOKEN`.
+    Baseline(baseline::BaselineArgs),
     /// Run the built-in twin.
     Twin(twin_cmd::TwinArgs),
     /// Manage the interception CA and its trust material.
@@ -53,6 +63,8 @@ enum Command {
     Ca(ca_cmd::CaCommand),
     /// Offline demo: built-in twin, proxy, real HTTPS requests, receipt.
     Demo(demo::DemoArgs),
+    /// Watch twin traffic live (admin API, state dir or ledger file).
+    Tui(tui_cmd::TuiArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,7 +80,11 @@ fn main() -> ExitCode {
         Command::Serve(_) | Command::Twin(_) => "info",
         _ => "warn",
     };
-    init_logging(cli.log_format, default_level);
+    match &cli.command {
+        // The TUI owns the terminal: its logs go to a file.
+        Command::Tui(args) => tui_cmd::init_logging(args),
+        _ => init_logging(cli.log_format, default_level),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -82,11 +98,21 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => stack::serve(args).await,
+            // After the privilege drop the child would run as the exempt proxy uid.
+            Command::Run(args) if args.serve.transparent.transparent => {
+                Err(transparent::only_for_serve("run"))
+            }
+            Command::Demo(args) if args.serve.transparent.transparent => {
+                Err(transparent::only_for_serve("demo"))
+            }
             Command::Run(args) => run::run(args).await,
             Command::Receipt(args) => receipt_cmd::receipt(args).await,
+            Command::Check(args) => check::check(args).await,
+            Command::Baseline(args) => baseline::baseline(args).await,
             Command::Twin(args) => twin_cmd::twin(args).await,
             Command::Ca(cmd) => ca_cmd::ca(cmd),
             Command::Demo(args) => demo::demo(args).await,
+            Command::Tui(args) => tui_cmd::tui(args).await,
         }
     });
     // Do not wait for lingering tasks (tunnels, idle pools) at exit.

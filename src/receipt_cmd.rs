@@ -1,11 +1,16 @@
 //! `veris receipt`, and the requirement flags `run` shares with it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use veris_receipt::ledger::{self, LedgerRead};
-use veris_receipt::receipt::{self, Options, Receipt, Requirement};
+use veris_receipt::receipt::{self, Check, CheckStatus, Options, Receipt, Requirement};
+use veris_receipt::seal::PublicKeys;
+use veris_receipt::ListenerTier;
+
+use crate::baseline::Baseline;
+use crate::live::Discovery;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct RequireArgs {
@@ -47,9 +52,9 @@ pub struct ReceiptArgs {
     /// Ledger file to read.
     #[arg(long, value_name = "FILE")]
     pub ledger: Option<PathBuf>,
-    /// Only lines after this seq.
-    #[arg(long, value_name = "SEQ")]
-    pub since: Option<u64>,
+    /// Only what happened after this baseline (printed by `veris baseline`) or ledger seq.
+    #[arg(long, value_name = "TOKEN")]
+    pub since: Option<String>,
     /// Only this service.
     #[arg(long, value_name = "NAME")]
     pub service: Option<String>,
@@ -97,21 +102,87 @@ pub fn report(
 
 pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
     let reqs = args.require.parse()?;
+    let baseline = match &args.since {
+        Some(t) => Some(Baseline::parse(t)?),
+        None => None,
+    };
+    let state_dir = crate::state_dir(args.state_dir.clone());
     let path = match &args.ledger {
         Some(p) => p.clone(),
-        None => crate::state_dir(args.state_dir.clone()).join("ledger.jsonl"),
+        None => state_dir.join("ledger.jsonl"),
     };
-    if !path.exists() {
+    // A live proxy for this state dir makes the full set of checks possible.
+    let mut unusable = None;
+    let live = match &args.ledger {
+        Some(_) => None,
+        None => match crate::live::discover(&state_dir).await {
+            Discovery::Live(l) => Some(l),
+            Discovery::NotLive => None,
+            Discovery::Unusable(why) => {
+                unusable = Some(why);
+                None
+            }
+        },
+    };
+    if live.is_none() && !path.exists() {
         bail!(
             "no ledger at {}. Next: run the proxy (`veris serve` or `veris run -- CMD`) with this state dir, or pass --ledger FILE",
             path.display()
         );
     }
-    let read = ledger::read(&path).with_context(|| format!("reading ledger {}", path.display()))?;
-    let options = Options {
-        since: args.since,
+    let mut options = Options {
+        since: baseline.as_ref().map(|b| b.seq),
         service: args.service.clone(),
-        proxy_live: false,
+        seal_keys: seal_keys_beside(&path),
+        ..Options::default()
+    };
+    if let Some(why) = unusable {
+        // Say why the live checks did not run, instead of "proxy not live".
+        options.external_checks = ["canary", "twin_cross_check"]
+            .into_iter()
+            .map(|name| Check {
+                name: name.into(),
+                status: CheckStatus::Unverified,
+                detail: why.clone(),
+            })
+            .collect();
+    }
+    let read = match &live {
+        Some(live) => {
+            let status = live
+                .status()
+                .await
+                .context("asking the live proxy for its status")?;
+            // The fresh seal is appended before the file is read: a file cut
+            // after an older seal cannot then pass for complete.
+            let fresh = live
+                .seal()
+                .await
+                .context("asking the live proxy for a fresh seal")?;
+            let read = ledger::read(&path)
+                .with_context(|| format!("reading ledger {}", path.display()))?;
+            options.proxy_live = true;
+            options.until = Some(fresh.seq);
+            options.fresh_seal = Some(fresh.seq);
+            options.external_checks = live_checks(
+                &read,
+                &LiveRun {
+                    tier: status.tier,
+                    proxy_url: &status.proxy_url,
+                    canary: &status.canary,
+                    run_id: &status.run_id,
+                    env_canary: true,
+                },
+                options.since.unwrap_or(0),
+                fresh.seq,
+                baseline.as_ref(),
+            )
+            .await;
+            read
+        }
+        None => {
+            ledger::read(&path).with_context(|| format!("reading ledger {}", path.display()))?
+        }
     };
     let report = report(&read, &options, &reqs, args.require.allow_empty);
     if args.json {
@@ -125,3 +196,57 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
     }
     Ok(report.exit_code)
 }
+
+/// The public keys in `ledger.pub` beside a ledger file, if there is one.
+pub fn seal_keys_beside(ledger: &Path) -> Option<PublicKeys> {
+    let dir = ledger
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let path = dir.join(veris_receipt::seal::PUB_FILE);
+    if !path.exists() {
+        return None;
+    }
+    PublicKeys::load(&path).ok()
+}
+
+/// Who the live run is, for its canary check.
+pub struct LiveRun<'a> {
+    pub tier: ListenerTier,
+    pub proxy_url: &'a str,
+    pub canary: &'a str,
+    pub run_id: &'a str,
+    /// Also hold the proxy to `VERIS_CANARY` from the environment: true for a
+    /// reader in the workload's environment (`veris receipt`), false for
+    /// `veris run`, which started this proxy itself.
+    pub env_canary: bool,
+}
+
+/// The checks that need the network: the canary along the run's
+/// interception path, and the twin cross-check of the window.
+pub async fn live_checks(
+    read: &LedgerRead,
+    run: &LiveRun<'_>,
+    since: u64,
+    until: u64,
+    baseline: Option<&Baseline>,
+) -> Vec<Check> {
+    let path = crate::live::probe_path(run.tier, run.proxy_url);
+    // Inside the sandbox the env file names the run the workload belongs to.
+    let expected = std::env::var("VERIS_CANARY")
+        .ok()
+        .filter(|c| run.env_canary && !c.is_empty())
+        .unwrap_or_else(|| run.canary.to_string());
+    let mut canary =
+        crate::check::canary_check(&path, run.canary, run.run_id, CANARY_TIMEOUT).await;
+    if expected != run.canary && canary.status == CheckStatus::Ok {
+        canary.status = CheckStatus::Failed;
+        canary.detail = "the live proxy's canary is not the one in VERIS_CANARY: this environment belongs to another run".into();
+    }
+    let twin_since = baseline.map(|b| b.twin.clone()).unwrap_or_default();
+    let twin = crate::live::twin_cross_check(read, since, until, &twin_since).await;
+    vec![canary, twin]
+}
+
+/// How long the canary probe of a receipt may take.
+const CANARY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

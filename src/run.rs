@@ -6,10 +6,10 @@ use std::process::Stdio;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tracing::warn;
-use veris_receipt::ledger;
+use veris_receipt::ledger::{self, LedgerRead};
 use veris_receipt::receipt::Options;
 
-use crate::receipt_cmd::{report, RequireArgs};
+use crate::receipt_cmd::{live_checks, report, seal_keys_beside, LiveRun, RequireArgs};
 use crate::stack::{no_proxy, ServeArgs, Stack};
 
 #[derive(Args, Debug)]
@@ -74,16 +74,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         }
     };
 
-    let since = stack.session_seq.saturating_sub(1);
-    let ledger_path = stack.ledger.path().to_path_buf();
-    stack.stop().await?;
-    let read = ledger::read(&ledger_path)
-        .with_context(|| format!("reading ledger {}", ledger_path.display()))?;
-    let options = Options {
-        since: Some(since),
-        service: None,
-        proxy_live: false,
-    };
+    let (read, options) = live_receipt(stack).await?;
     let report = report(&read, &options, &reqs, args.require.allow_empty);
     eprint!("{}", report.text);
     if let Some(path) = &args.receipt {
@@ -95,6 +86,39 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     } else {
         child_code
     })
+}
+
+/// Stops the stack and reads this run's ledger window with every integrity
+/// check: the canary through the interception path and the twin cross-check
+/// while the proxy is still live, then the proxy's own shutdown seal as the
+/// fresh seal over everything it wrote.
+pub async fn live_receipt(stack: Stack) -> Result<(LedgerRead, Options)> {
+    let since = stack.session_seq.saturating_sub(1);
+    let ledger_path = stack.ledger.path().to_path_buf();
+    let run = LiveRun {
+        tier: stack.identity.tier,
+        proxy_url: &stack.proxy_url,
+        canary: &stack.identity.canary,
+        run_id: &stack.identity.run_id,
+        env_canary: false,
+    };
+    let head = stack.ledger.head().0;
+    let read = ledger::read(&ledger_path)
+        .with_context(|| format!("reading ledger {}", ledger_path.display()))?;
+    let external_checks = live_checks(&read, &run, since, head, None).await;
+    let seal = stack.stop_sealed().await?;
+    let read = ledger::read(&ledger_path)
+        .with_context(|| format!("reading ledger {}", ledger_path.display()))?;
+    let options = Options {
+        since: Some(since),
+        proxy_live: true,
+        until: seal.as_ref().map(|s| s.seq),
+        seal_keys: seal_keys_beside(&ledger_path),
+        fresh_seal: seal.as_ref().map(|s| s.seq),
+        external_checks,
+        ..Options::default()
+    };
+    Ok((read, options))
 }
 
 fn forward(pgid: Option<u32>, signal: i32) {

@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// Seconds to wait for the twin's response head before answering 504.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub upstream_timeout: u64,
+    #[command(flatten)]
+    pub transparent: crate::transparent::TransparentArgs,
+    /// Admin API listen address (address written to <state>/admin.addr and the ready file).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub admin: String,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -113,12 +118,19 @@ pub struct Stack {
     pub ca: Arc<CertificateAuthority>,
     shutdown: watch::Sender<bool>,
     proxy_task: JoinHandle<std::io::Result<()>>,
+    /// Transparent tier: the (TLS, plain HTTP) listener addresses.
+    pub transparent_addrs: Option<(SocketAddr, SocketAddr)>,
+    transparent_task: Option<JoinHandle<std::io::Result<()>>>,
+    redirect: Option<crate::transparent::Redirect>,
     twin_task: Option<JoinHandle<()>>,
+    /// Admin API, seal timer and the files that announce them.
+    pub admin: crate::live::AdminHandle,
 }
 
 impl Stack {
     /// Starts everything; `default_listen` applies when `--listen` is absent.
     pub async fn start(args: &ServeArgs, default_listen: &str) -> Result<Stack> {
+        crate::transparent::preflight(&args.transparent)?;
         let state_dir = crate::state_dir(args.state_dir.clone());
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating state dir {}", state_dir.display()))?;
@@ -223,11 +235,28 @@ impl Stack {
             warn!(line = torn.line, bytes = torn.bytes, saved = ?report.torn_saved_to, "the ledger ended in a torn line (a crash mid-write); it was moved aside and is recorded in the session line");
         }
         let ledger = Arc::new(ledger);
+        let sealer = Arc::new(
+            veris_receipt::seal::Sealer::load_or_create(&state_dir).with_context(|| {
+                format!("loading the ledger seal key in {}", state_dir.display())
+            })?,
+        );
 
         let listener = TcpListener::bind(&settings.listen)
             .await
             .with_context(|| format!("binding the proxy to {}. Next: pick a free address with --listen (port 0 picks one)", settings.listen))?;
         let proxy_addr = listener.local_addr()?;
+        let transparent_listeners = if args.transparent.transparent {
+            let t = &args.transparent;
+            let https = TcpListener::bind(&t.https_listen).await.with_context(|| {
+                format!("binding the transparent TLS listener to {}. Next: pick a free address with --https-listen", t.https_listen)
+            })?;
+            let http = TcpListener::bind(&t.http_listen).await.with_context(|| {
+                format!("binding the transparent HTTP listener to {}. Next: pick a free address with --http-listen", t.http_listen)
+            })?;
+            Some((https, http))
+        } else {
+            None
+        };
         let proxy_url = format!("http://{proxy_addr}");
 
         let identity = Identity {
@@ -238,7 +267,11 @@ impl Stack {
                 None => format!("cnry_{}", crate::random_hex(16)?),
             },
             mode: settings.mode,
-            tier: ListenerTier::Explicit,
+            tier: if transparent_listeners.is_some() {
+                ListenerTier::Transparent
+            } else {
+                ListenerTier::Explicit
+            },
         };
         let session_seq = ledger
             .append(Entry::Session {
@@ -275,6 +308,43 @@ impl Stack {
         let h2c = proxy.probe_twin().await;
         info!(twin = %twin_base, h2c, "twin upstream");
 
+        // Transparent tier: rules in and root gone before any client byte is read.
+        let (mut transparent_addrs, mut transparent_task, mut redirect) = (None, None, None);
+        if let Some((https, http)) = transparent_listeners {
+            let addrs = (https.local_addr()?, http.local_addr()?);
+            redirect = crate::transparent::engage(
+                &args.transparent,
+                addrs.0,
+                addrs.1,
+                &[&state_dir, &ca_dir],
+            )?;
+            let mut rx = shutdown_rx.clone();
+            let stop = async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            };
+            transparent_task = Some(tokio::spawn(veris_proxy::transparent::serve(
+                Some(https),
+                Some(http),
+                proxy.clone(),
+                stop,
+            )));
+            transparent_addrs = Some(addrs);
+            info!(https = %addrs.0, http = %addrs.1, "transparent listeners");
+        }
+
+        let admin = crate::live::start_admin(crate::live::AdminStart {
+            listen: &args.admin,
+            state_dir: &state_dir,
+            proxy: &proxy,
+            proxy_url: &proxy_url,
+            twin: &twin_base,
+            session_seq,
+            ledger: ledger.clone(),
+            sealer,
+            shutdown: shutdown_rx.clone(),
+        })
+        .await?;
+
         let mut rx = shutdown_rx.clone();
         let proxy_task = tokio::spawn(veris_proxy::serve(listener, proxy, async move {
             let _ = rx.wait_for(|stop| *stop).await;
@@ -292,7 +362,11 @@ impl Stack {
             ca,
             shutdown,
             proxy_task,
+            transparent_addrs,
+            transparent_task,
+            redirect,
             twin_task,
+            admin,
         };
         if let Some(path) = &args.write_env {
             let no_proxy = no_proxy();
@@ -308,6 +382,9 @@ impl Stack {
                 "twin": stack.twin_base,
                 "state_dir": stack.state_dir,
                 "ca": stack.trust.ca_pem,
+                "admin": format!("http://{}", stack.admin.addr),
+                "https_listen": stack.transparent_addrs.map(|a| a.0.to_string()),
+                "http_listen": stack.transparent_addrs.map(|a| a.1.to_string()),
             });
             write_atomic(path, format!("{ready}\n").as_bytes())
                 .with_context(|| format!("writing ready file {}", path.display()))?;
@@ -336,6 +413,12 @@ impl Stack {
     /// Stops accepting, lets in-flight requests finish (bounded), stops the
     /// built-in twin and syncs the ledger.
     pub async fn stop(self) -> Result<()> {
+        self.stop_sealed().await.map(|_| ())
+    }
+
+    /// [`Stack::stop`], returning the shutdown seal the proxy appended (a
+    /// fresh seal over everything this run wrote).
+    pub async fn stop_sealed(self) -> Result<Option<veris_receipt::ledger::SealInfo>> {
         let _ = self.shutdown.send(true);
         match self.proxy_task.await {
             Ok(Ok(())) => {}
@@ -345,8 +428,20 @@ impl Stack {
         if let Some(t) = self.twin_task {
             let _ = t.await;
         }
+        if let Some(t) = self.transparent_task {
+            match t.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "transparent listeners ended with an error"),
+                Err(e) => warn!(error = %e, "transparent listener task failed"),
+            }
+        }
+        let seal = self.admin.stop(&self.ledger).await;
         self.ledger.sync().context("syncing the ledger")?;
-        Ok(())
+        if let Some(redirect) = self.redirect {
+            // Waits (bounded) for the root helper to delete the table.
+            let _ = tokio::task::spawn_blocking(move || redirect.remove()).await;
+        }
+        Ok(seal)
     }
 }
 

@@ -4,6 +4,9 @@
 //! in this file):
 //!
 //! 1. **accept** ([`serve`]): one task per client connection, HTTP/1.1 with upgrades.
+//!    The transparent tier accepts kernel-redirected connections instead
+//!    ([`transparent::serve`]): original destination, ClientHello and SNI are
+//!    read there, then the connection joins phase 4 with `tier: transparent`.
 //! 2. **peek** ([`Proxy::on_proxy_request`]): a `CONNECT host:port`, an absolute-form
 //!    plain-HTTP request, or a request for the proxy itself (canary).
 //! 3. **route** ([`route::Router`]): a vendor service, the canary, loopback, an
@@ -17,14 +20,20 @@
 //! 6. **record** (inside 5, and at tunnel close): one ledger [`Entry`] per decision,
 //!    written before the response head reaches the client; if it cannot be written
 //!    the client gets `503 veris_ledger_unavailable` instead of an unrecorded answer.
-#![forbid(unsafe_code)]
+// `deny`, not `forbid`: the `sys` module alone allows the syscalls it needs.
+#![deny(unsafe_code)]
 
+pub mod admin;
 pub mod body;
 pub mod catalog;
+pub mod clienthello;
 pub mod config;
 pub mod recorder;
 pub mod respond;
 pub mod route;
+mod sys;
+pub mod transparent;
+pub mod trust;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -114,6 +123,10 @@ struct Leg {
     port: u16,
     tls: bool,
     tier: ListenerTier,
+    /// Transparent tier: the address the client dialed (`SO_ORIGINAL_DST`).
+    origin: Option<SocketAddr>,
+    /// Transparent tier: `host` is the TLS SNI, and each request's Host must agree.
+    sni_host: bool,
 }
 
 impl Proxy {
@@ -173,6 +186,8 @@ impl Proxy {
                 port: authority.port_u16().unwrap_or(80),
                 tls: false,
                 tier: ListenerTier::Explicit,
+                origin: None,
+                sni_host: false,
             };
             return self.handle(req, Arc::new(leg)).await;
         }
@@ -207,6 +222,8 @@ impl Proxy {
             port: authority.port_u16().unwrap_or(443),
             tls: true,
             tier: ListenerTier::Explicit,
+            origin: None,
+            sni_host: false,
         };
         let route = self.router.route_connection(&leg.host);
         let passthrough_reason = match route {
@@ -266,6 +283,10 @@ impl Proxy {
             Ok(tls) => tls,
             Err(e) => {
                 info!(error = %e, host = %name, "TLS handshake with the client failed");
+                // Our leaf was on its way: an alert or a hang-up now is a refusal of it.
+                if let Some(alert) = trust::classify(&e) {
+                    self.record_trust_failure(&name, &leg, alert);
+                }
                 return;
             }
         };
@@ -377,6 +398,11 @@ impl Proxy {
     /// Phase 3 again, per request: a terminated connection or plain HTTP may
     /// carry requests for several services (path prefixes on a shared host).
     async fn handle(self: Arc<Self>, req: Request<Incoming>, leg: Arc<Leg>) -> Response<ProxyBody> {
+        if leg.sni_host {
+            if let Some(refusal) = self.sni_host_mismatch(&req, &leg) {
+                return refusal;
+            }
+        }
         let path = req.uri().path().to_string();
         match self.router.route(&leg.host, &path) {
             Route::Canary => self.canary(),
@@ -571,12 +597,18 @@ impl Proxy {
             .path_and_query()
             .map(|p| p.as_str())
             .unwrap_or("/");
-        let host = if leg.host.contains(':') {
-            format!("[{}]", leg.host)
-        } else {
-            leg.host.clone()
+        // Redirected plain HTTP goes back to the address the client dialed
+        // (the Host header travels unchanged); TLS keeps the name for SNI.
+        let (host, port) = match leg.origin {
+            Some(origin) if !leg.tls => (origin.ip().to_string(), origin.port()),
+            _ => (leg.host.clone(), leg.port),
         };
-        let Ok(uri) = format!("{scheme}://{host}:{}{pq}", leg.port).parse::<Uri>() else {
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let Ok(uri) = format!("{scheme}://{host}:{port}{pq}").parse::<Uri>() else {
             return respond::error(
                 StatusCode::BAD_REQUEST,
                 "veris_bad_request",

@@ -16,6 +16,11 @@
 //!
 //! The reader checks every line (JSON, `v`, gapless `seq`, `prev` hash) and
 //! reports problems by 1-based line number; it never panics on bad input.
+//!
+//! Seals ([`Ledger::seal`]) are appended under the same lock as every other
+//! line, so the head they sign is the line right before them. Readers that
+//! follow the ledger live ([`Ledger::subscribe`]) get every committed line,
+//! in seq order, after it reached the kernel.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -26,11 +31,37 @@ use std::time::Duration;
 
 use crate::entry::{Entry, Line, GENESIS_PREV, LEDGER_VERSION};
 use crate::redact;
+use crate::seal::Sealer;
 
 pub use crate::entry::TornTail;
 
 /// How long the sync thread waits between two fsyncs while writes continue.
 const SYNC_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Lines a slow live reader may fall behind before it is told it lagged
+/// (it then re-reads the file from its last seq, so nothing is lost).
+const SUBSCRIBER_BUFFER: usize = 4096;
+
+/// A line as committed: its seq and its exact text (without `\n`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub seq: u64,
+    pub text: Arc<str>,
+}
+
+/// A seal line as appended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SealInfo {
+    /// Seq of the seal line itself.
+    pub seq: u64,
+    /// Seq of the line it seals (`seq - 1`).
+    pub sealed_seq: u64,
+    /// Hash of the sealed line (the seal line's `prev`).
+    pub head: String,
+    pub signature: String,
+    pub key_id: String,
+    pub reason: String,
+}
 
 /// What can go wrong with the ledger file.
 #[derive(Debug, thiserror::Error)]
@@ -130,7 +161,8 @@ pub fn line_hash(bytes: &[u8]) -> String {
     hex(digest.as_ref())
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex of bytes.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -377,6 +409,8 @@ struct Writer {
     head_hash: String,
     /// Length of the file up to the last complete line we know of.
     good_len: u64,
+    /// The newest seal line written by this writer.
+    last_seal: Option<SealInfo>,
     /// A failed append may have left bytes past `good_len` that could not
     /// be truncated yet; the next append truncates first.
     needs_truncate: bool,
@@ -397,6 +431,8 @@ struct Shared {
     /// A second handle to the same file, so fsync never holds the append lock.
     sync_file: File,
     path: PathBuf,
+    /// Every committed line, for live readers (admin `/events`).
+    committed: tokio::sync::broadcast::Sender<Committed>,
 }
 
 impl Shared {
@@ -487,6 +523,7 @@ impl Ledger {
                 next_seq,
                 head_hash: read.head.1.clone(),
                 good_len: read.good_len,
+                last_seal: None,
                 needs_truncate: false,
                 #[cfg(test)]
                 fail_next_write: false,
@@ -495,6 +532,7 @@ impl Ledger {
             wake: Condvar::new(),
             sync_file,
             path: path.to_path_buf(),
+            committed: tokio::sync::broadcast::channel(SUBSCRIBER_BUFFER).0,
         });
         let bg = Arc::clone(&shared);
         let syncer = std::thread::Builder::new()
@@ -525,6 +563,82 @@ impl Ledger {
         // that file order, seq order and time order agree.
         let entry = redact::entry(entry);
         let mut w = self.shared.writer();
+        self.append_locked(&mut w, entry)
+    }
+
+    /// Appends a seal over the current head (whatever line is last, a seal
+    /// included) and returns it. `reason`: `interval`, `shutdown`, `demand`.
+    pub fn seal(&self, sealer: &Sealer, reason: &str) -> Result<SealInfo, LedgerError> {
+        let w = self.shared.writer();
+        self.seal_locked(w, sealer, reason)
+    }
+
+    /// Appends a seal only when lines were written since this writer's last
+    /// seal (or it never sealed and the ledger is not empty): the interval
+    /// timer's call, so an idle proxy writes nothing.
+    pub fn seal_if_unsealed(
+        &self,
+        sealer: &Sealer,
+        reason: &str,
+    ) -> Result<Option<SealInfo>, LedgerError> {
+        let w = self.shared.writer();
+        let head = w.next_seq - 1;
+        if head == 0 || w.last_seal.as_ref().is_some_and(|s| s.seq == head) {
+            return Ok(None);
+        }
+        self.seal_locked(w, sealer, reason).map(Some)
+    }
+
+    fn seal_locked(
+        &self,
+        mut w: MutexGuard<'_, Writer>,
+        sealer: &Sealer,
+        reason: &str,
+    ) -> Result<SealInfo, LedgerError> {
+        let sealed_seq = w.next_seq - 1;
+        let head = w.head_hash.clone();
+        let signature = sealer.sign(sealed_seq, &head);
+        let entry = Entry::Seal {
+            sealed_seq,
+            signature: signature.clone(),
+            key_id: sealer.key_id().to_string(),
+            reason: reason.to_string(),
+        };
+        let seq = self.append_locked(&mut w, entry)?;
+        let info = SealInfo {
+            seq,
+            sealed_seq,
+            head,
+            signature,
+            key_id: sealer.key_id().to_string(),
+            reason: reason.to_string(),
+        };
+        w.last_seal = Some(info.clone());
+        Ok(info)
+    }
+
+    /// A seal over the current head: the last one this writer appended when
+    /// nothing was written since, else a new one. As strong as a new seal
+    /// for a reader (the file must still hold a valid seal at `seq`, and a
+    /// file cut before it fails), without growing an idle ledger each time a
+    /// dashboard polls.
+    pub fn seal_head(&self, sealer: &Sealer, reason: &str) -> Result<SealInfo, LedgerError> {
+        let w = self.shared.writer();
+        let head = w.next_seq - 1;
+        if let Some(last) = w.last_seal.as_ref().filter(|s| s.seq == head) {
+            return Ok(last.clone());
+        }
+        self.seal_locked(w, sealer, reason)
+    }
+
+    /// Every line committed from now on, in seq order. A receiver that falls
+    /// more than a few thousand lines behind gets `Lagged` and should re-read
+    /// the file from the last seq it saw.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Committed> {
+        self.shared.committed.subscribe()
+    }
+
+    fn append_locked(&self, w: &mut Writer, entry: Entry) -> Result<u64, LedgerError> {
         let write_err = |source| LedgerError::Write {
             path: self.shared.path.clone(),
             source,
@@ -558,7 +672,12 @@ impl Ledger {
         w.good_len += buf.len() as u64;
         w.head_hash = line_hash(text.as_bytes());
         w.next_seq = w.next_seq.saturating_add(1);
-        drop(w);
+        // Sent under the lock so live readers see lines in seq order; no
+        // receiver is not an error.
+        let _ = self.shared.committed.send(Committed {
+            seq: line.seq,
+            text: Arc::from(text.as_str()),
+        });
         self.shared.sync_state().dirty = true;
         self.shared.wake.notify_all();
         Ok(line.seq)
@@ -578,6 +697,17 @@ impl Ledger {
     pub fn head(&self) -> (u64, String) {
         let w = self.shared.writer();
         (w.next_seq - 1, w.head_hash.clone())
+    }
+
+    /// The hash of line `seq` as read back from the file.
+    #[cfg(test)]
+    fn read_head_hash_of(&self, seq: u64) -> String {
+        let bytes = std::fs::read(&self.shared.path).unwrap_or_default();
+        let line = bytes
+            .split(|&b| b == b'\n')
+            .nth(seq as usize - 1)
+            .unwrap_or(&[]);
+        line_hash(line)
     }
 
     /// Makes the next write fail after writing half its bytes.
@@ -956,6 +1086,34 @@ mod tests {
         assert!(read.problems.is_empty(), "{:?}", read.problems);
         assert_eq!(read.lines.len(), 100);
         assert_eq!(read.head.0, 100);
+    }
+
+    #[test]
+    fn subscribers_get_every_committed_line_in_order() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        let mut sub = ledger.subscribe();
+        ledger.append(session()).unwrap();
+        ledger.append(request("/v1/charges")).unwrap();
+        let sealer = Sealer::ephemeral().unwrap();
+        let seal = ledger.seal(&sealer, "demand").unwrap();
+        assert_eq!((seal.seq, seal.sealed_seq), (3, 2));
+        assert_eq!(seal.head, ledger.read_head_hash_of(2));
+        // Nothing new since: the head's seal is reused, not appended again.
+        assert_eq!(ledger.seal_head(&sealer, "demand").unwrap(), seal);
+        assert_eq!(ledger.seal_if_unsealed(&sealer, "interval").unwrap(), None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let c = sub.try_recv().unwrap();
+            assert_eq!(c.seq, i as u64 + 1);
+            assert_eq!(&*c.text, line);
+        }
+        assert!(sub.try_recv().is_err());
+        // A failed write is never announced.
+        ledger.fail_next_write();
+        assert!(ledger.append(request("/v1/x")).is_err());
+        assert!(sub.try_recv().is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod entry;
 pub mod ledger;
 pub mod receipt;
 pub mod redact;
+pub mod seal;
 
 pub use entry::{Entry, Line, ListenerTier, Mode, TornTail, GENESIS_PREV, LEDGER_VERSION};
 pub use ledger::{Ledger, LedgerError, LedgerRead, OpenReport, Problem};

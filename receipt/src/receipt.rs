@@ -5,9 +5,12 @@
 //! ([`render_text`]) or JSON (serde, versioned by [`RECEIPT_VERSION`]), and
 //! asserted by requirements ([`evaluate`]) with exit codes.
 //!
-//! Integrity is never reported `verified` here until every DESIGN §8 check
-//! exists: today only the chain is checked, so a clean ledger is
-//! `unverified (chain ok …; seals, canary and twin cross-check not implemented)`.
+//! Integrity is `verified` only when every DESIGN §8 check ran and passed:
+//! the chain, every seal (and a fresh seal the live proxy appended for this
+//! read), the canary and the twin cross-check. The last two need the network,
+//! so the binary runs them and hands their results in ([`Options::external_checks`]);
+//! without a live proxy they cannot run and the receipt says
+//! `unverified (proxy not live)`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -16,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::entry::{Entry, ListenerTier, Mode, TornTail};
 use crate::ledger::LedgerRead;
+use crate::seal::{self, PublicKeys};
 
 /// Version of the receipt JSON, written in its `version` field.
 pub const RECEIPT_VERSION: u32 = 1;
@@ -132,13 +136,30 @@ pub struct HostCounts {
     pub hosts: BTreeMap<String, u64>,
 }
 
-/// A mapped host whose clients refused our certificate (M3 fills these in).
+/// A host whose clients refused our certificate in the window (ledger
+/// `trust_failure` lines), with the requests that did complete to it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TrustFailure {
     pub host: String,
     pub refusals: u64,
+    /// Requests to this host that reached the twin in the window.
     pub completed: u64,
+    /// The alerts seen and the next step, in words.
     pub detail: String,
+    /// The vendor service the host is routed to; absent for unmapped hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// Refusals per alert (`unknown_ca`, `no_alert`, ...).
+    #[serde(default)]
+    pub alerts: BTreeMap<String, u64>,
+}
+
+impl TrustFailure {
+    /// A vendor host whose every client refused us: the code under test
+    /// never reached its dependency, and the receipt fails.
+    pub fn is_fatal(&self) -> bool {
+        self.service.is_some() && self.refusals > 0 && self.completed == 0
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,10 +181,23 @@ pub struct Options {
     pub since: Option<u64>,
     /// Only this service's requests and upstream errors.
     pub service: Option<String>,
-    /// The receipt is read while the proxy is live (for the seal and canary
-    /// checks of M3; informational today).
+    /// The receipt is read while the proxy is live: the canary and twin
+    /// checks are expected in `external_checks` and a fresh seal in `fresh_seal`.
     pub proxy_live: bool,
+    /// Window end (inclusive); default: the last line read. A live read ends
+    /// the window at its fresh seal, so every line reported is sealed.
+    pub until: Option<u64>,
+    /// Keys from `ledger.pub`; `None` when there is no such file to read.
+    pub seal_keys: Option<PublicKeys>,
+    /// Seq of the seal the live proxy appended for this read.
+    pub fresh_seal: Option<u64>,
+    /// Results of checks run outside this crate (`canary`,
+    /// `twin_cross_check`); a check named here replaces the default one.
+    pub external_checks: Vec<Check>,
 }
+
+/// The detail of a check that needs the live proxy when there is none.
+pub const PROXY_NOT_LIVE: &str = "proxy not live";
 
 impl Receipt {
     /// Requests that reached the twin in the window, over all services.
@@ -195,7 +229,8 @@ fn strip_query(path: &str) -> &str {
 /// come from the newest session line at or before the window end.
 pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
     let since = options.since.unwrap_or(0);
-    let until = read.lines.iter().map(|l| l.seq).max().unwrap_or(0);
+    let last = read.lines.iter().map(|l| l.seq).max().unwrap_or(0);
+    let until = options.until.map_or(last, |u| u.min(last));
     let wanted = |service: &str| options.service.as_deref().is_none_or(|s| s == service);
 
     let mut receipt = Receipt {
@@ -207,7 +242,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
         },
         mode: None,
         tier: None,
-        integrity: integrity(read),
+        integrity: integrity(read, options, until),
         leaks: Vec::new(),
         services: BTreeMap::new(),
         trust_failures: Vec::new(),
@@ -297,16 +332,64 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
         }
     }
 
-    if receipt.tier == Some(ListenerTier::Explicit) {
-        receipt.leaks.push("direct-egress-possible".to_string());
-    }
+    receipt.leaks = leaks(read, since, until, receipt.tier);
+    receipt.trust_failures = trust_failures(read, since, until, &receipt.services);
     receipt
 }
 
-/// The checks that exist today: the chain (and a torn tail) from the read;
-/// seals, canary and the twin cross-check are named as not implemented so
-/// the receipt never claims more than was checked.
-fn integrity(read: &LedgerRead) -> Integrity {
+/// Evidence-based leak notes (DESIGN §8), in a fixed order. Nothing is
+/// claimed without a session line: the tier is unknown then.
+fn leaks(read: &LedgerRead, since: u64, until: u64, tier: Option<ListenerTier>) -> Vec<String> {
+    let mut out = Vec::new();
+    if tier == Some(ListenerTier::Explicit) {
+        // Clients that ignore the proxy variables go straight out, and
+        // nothing redirects UDP in this tier.
+        out.push("direct-egress-possible".to_string());
+        out.push("udp-quic-possible".to_string());
+    }
+    // Open egress, evidenced by tunnels in the window: an ECH client shows
+    // only its public front name, so a tunnel may hide its real destination.
+    // (The transparent tier's kernel rules drop UDP 443 by default, DESIGN
+    // §4; the proxy cannot read them, so it claims nothing either way.)
+    let tunnels = read
+        .lines
+        .iter()
+        .any(|l| l.seq > since && l.seq <= until && matches!(l.entry, Entry::Passthrough { .. }));
+    if tunnels {
+        out.push("ech-possible".to_string());
+    }
+    let mut ech_hosts: Vec<String> = Vec::new();
+    let mut quic_attempts: u64 = 0;
+    for line in read
+        .lines
+        .iter()
+        .filter(|l| l.seq > since && l.seq <= until)
+    {
+        match &line.entry {
+            Entry::Ech { host, .. } => {
+                let host = normalize_host(host);
+                if !ech_hosts.contains(&host) {
+                    ech_hosts.push(host);
+                }
+            }
+            Entry::Quic { attempts, .. } => quic_attempts = quic_attempts.saturating_add(*attempts),
+            _ => {}
+        }
+    }
+    if !ech_hosts.is_empty() {
+        ech_hosts.sort();
+        out.push(format!("ech-observed {}", ech_hosts.join(",")));
+    }
+    if quic_attempts > 0 {
+        out.push(format!("quic-attempts {quic_attempts}"));
+    }
+    out
+}
+
+/// Every integrity check: the chain and a torn tail from the read, the seals
+/// against `ledger.pub` (and the fresh seal of a live read), and the canary
+/// and twin cross-check handed in by the caller.
+fn integrity(read: &LedgerRead, options: &Options, until: u64) -> Integrity {
     let mut checks = Vec::new();
     let head_seq = read.head.0;
     let chain = match read.first_problem() {
@@ -355,12 +438,21 @@ fn integrity(read: &LedgerRead) -> Integrity {
             detail: recovered.join("; "),
         });
     }
-    for name in ["seals", "canary", "twin_cross_check"] {
-        checks.push(Check {
-            name: name.into(),
-            status: CheckStatus::NotImplemented,
-            detail: "not implemented".into(),
-        });
+    checks.push(seals_check(read, options, until));
+    for name in ["canary", "twin_cross_check"] {
+        let check = match options.external_checks.iter().find(|c| c.name == name) {
+            Some(c) => c.clone(),
+            None => Check {
+                name: name.into(),
+                status: CheckStatus::Unverified,
+                detail: if options.proxy_live {
+                    format!("{} not run", name.replace('_', " "))
+                } else {
+                    PROXY_NOT_LIVE.into()
+                },
+            },
+        };
+        checks.push(check);
     }
 
     if let Some(failed) = checks.iter().find(|c| c.status == CheckStatus::Failed) {
@@ -370,17 +462,93 @@ fn integrity(read: &LedgerRead) -> Integrity {
             checks,
         };
     }
-    let mut reason: Vec<String> = checks
-        .iter()
-        .filter(|c| matches!(c.status, CheckStatus::Ok | CheckStatus::Unverified))
-        .filter(|c| c.name != "recovered_tail")
-        .map(|c| c.detail.clone())
-        .collect();
-    reason.push("seals, canary and twin cross-check not implemented".into());
+    let mut reason: Vec<&str> = Vec::new();
+    for c in &checks {
+        if matches!(
+            c.status,
+            CheckStatus::Unverified | CheckStatus::NotImplemented
+        ) && !reason.contains(&c.detail.as_str())
+        {
+            reason.push(&c.detail);
+        }
+    }
+    if reason.is_empty() {
+        return Integrity {
+            status: IntegrityStatus::Verified,
+            reason: None,
+            checks,
+        };
+    }
+    let reason = reason.join("; ");
     Integrity {
         status: IntegrityStatus::Unverified,
-        reason: Some(reason.join("; ")),
+        reason: Some(reason),
         checks,
+    }
+}
+
+/// Every seal line must verify; the lines up to the window end must be
+/// covered by a seal. A live read demands a fresh seal: if the file was cut
+/// after an older seal, the fresh one is missing or follows a seq gap.
+fn seals_check(read: &LedgerRead, options: &Options, until: u64) -> Check {
+    let check = |status, detail: String| Check {
+        name: "seals".into(),
+        status,
+        detail,
+    };
+    let has_seals = read
+        .lines
+        .iter()
+        .any(|l| matches!(l.entry, Entry::Seal { .. }));
+    let keys = match &options.seal_keys {
+        Some(keys) if !keys.is_empty() => keys,
+        _ if !has_seals && options.fresh_seal.is_none() => {
+            return check(CheckStatus::Unverified, "ledger has no seals".into())
+        }
+        _ => {
+            return check(
+                CheckStatus::Unverified,
+                "no public key (ledger.pub) to check the seals with".into(),
+            )
+        }
+    };
+    let report = seal::verify_lines(&read.lines, keys);
+    if let Some((seq, fault)) = report.faults.first() {
+        return check(
+            CheckStatus::Failed,
+            format!(
+                "seal at seq {seq} {fault}: the ledger was altered at or before seq {}",
+                seq.saturating_sub(1)
+            ),
+        );
+    }
+    if let Some(fresh) = options.fresh_seal {
+        let found = read.lines.iter().any(|l| {
+            l.seq == fresh
+                && matches!(l.entry, Entry::Seal { .. })
+                && report.last_valid.is_some_and(|v| v >= fresh)
+        });
+        if !found {
+            return check(
+                CheckStatus::Failed,
+                format!("the fresh seal (seq {fresh}) from the live proxy is not in the ledger file: the file was cut or replaced"),
+            );
+        }
+        return check(
+            CheckStatus::Ok,
+            format!("{} seal(s) valid; fresh seal at seq {fresh}", report.valid),
+        );
+    }
+    match report.last_valid {
+        None => check(CheckStatus::Unverified, "ledger has no seals".into()),
+        Some(last) if last < until => check(
+            CheckStatus::Unverified,
+            format!("{} line(s) after the last seal (seq {last})", until - last),
+        ),
+        Some(last) => check(
+            CheckStatus::Ok,
+            format!("{} seal(s) valid through seq {last}", report.valid),
+        ),
     }
 }
 
@@ -618,6 +786,12 @@ pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict
     if r.total_requests() == 0 && !allow_empty {
         lines.push(EMPTY_SENTENCE.to_string());
     }
+    for f in r.trust_failures.iter().filter(|f| f.is_fatal()) {
+        lines.push(format!(
+            "vendor host {} refused the veris certificate {} time(s) and completed no request. Next: fix the client's trust as the trust failure line says",
+            f.host, f.refusals
+        ));
+    }
     for req in reqs {
         match req {
             Requirement::Service { name, min } => {
@@ -683,6 +857,77 @@ pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict
     }
 }
 
+/// Trust failures per host in the window, with the requests that completed
+/// to the same host, each with its prescription.
+fn trust_failures(
+    read: &LedgerRead,
+    since: u64,
+    until: u64,
+    services: &BTreeMap<String, ServiceSummary>,
+) -> Vec<TrustFailure> {
+    let mut by_host: BTreeMap<String, TrustFailure> = BTreeMap::new();
+    for line in read
+        .lines
+        .iter()
+        .filter(|l| l.seq > since && l.seq <= until)
+    {
+        if let Entry::TrustFailure {
+            host,
+            service,
+            alert,
+            ..
+        } = &line.entry
+        {
+            let host = normalize_host(host);
+            let f = by_host.entry(host.clone()).or_insert_with(|| TrustFailure {
+                host,
+                refusals: 0,
+                completed: 0,
+                detail: String::new(),
+                service: None,
+                alerts: BTreeMap::new(),
+            });
+            f.refusals += 1;
+            if f.service.is_none() {
+                f.service = service.clone();
+            }
+            *f.alerts.entry(alert.clone()).or_default() += 1;
+        }
+    }
+    for f in by_host.values_mut() {
+        f.completed = services.values().filter_map(|s| s.hosts.get(&f.host)).sum();
+        let alerts: Vec<String> = f.alerts.iter().map(|(a, n)| format!("{a} ({n})")).collect();
+        f.detail = format!(
+            "alerts {}. Next: {}",
+            alerts.join(", "),
+            trust_next_step(&f.alerts)
+        );
+    }
+    by_host.into_values().collect()
+}
+
+/// What to do about refusals, judged by the most frequent alert.
+fn trust_next_step(alerts: &BTreeMap<String, u64>) -> &'static str {
+    let top = alerts
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map_or("", |(a, _)| a.as_str());
+    match top {
+        "certificate_expired" => {
+            "the client thinks the veris leaf is expired: check the sandbox clock, or delete the CA dir so a fresh CA is minted"
+        }
+        "unsupported_certificate" => {
+            "the client rejects the veris leaf's key or usage (ECDSA P-256, serverAuth): configure it to accept ECDSA certificates"
+        }
+        _ => {
+            "the client does not trust the veris CA: point its CA setting at the veris bundle \
+             (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS: see the env file \
+             written by --write-env) or install the CA into the system store; SDKs that bundle their \
+             own CA (stripe-python, certifi copies) need their own setting; real certificate pinning cannot be fixed"
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -744,12 +989,72 @@ mod tests {
     }
 
     #[test]
-    fn integrity_is_never_verified_by_build() {
+    fn a_file_alone_is_never_verified() {
         let r = build(&LedgerRead::default(), &Options::default());
         assert_eq!(r.integrity.status, IntegrityStatus::Unverified);
         assert_eq!(
             r.integrity.reason.as_deref(),
-            Some("chain empty; seals, canary and twin cross-check not implemented")
+            Some("ledger has no seals; proxy not live")
         );
+    }
+
+    fn trust(seq: u64, host: &str, service: Option<&str>, alert: &str) -> Line {
+        Line {
+            v: 1,
+            seq,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry: Entry::TrustFailure {
+                host: host.into(),
+                port: 443,
+                tier: ListenerTier::Transparent,
+                service: service.map(str::to_string),
+                alert: alert.into(),
+            },
+            prev: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_vendor_host_that_only_refused_fails_the_receipt() {
+        let read = LedgerRead {
+            lines: vec![
+                req(1, "/v1/customers"),
+                trust(2, "api.stripe.com", Some("stripe"), "unknown_ca"),
+                trust(3, "api.github.com", Some("github"), "unknown_ca"),
+                trust(4, "api.github.com", Some("github"), "no_alert"),
+                trust(5, "example.org", None, "unknown_ca"),
+            ],
+            head: (5, String::new()),
+            ..LedgerRead::default()
+        };
+        let r = build(&read, &Options::default());
+        let by_host: BTreeMap<&str, &TrustFailure> = r
+            .trust_failures
+            .iter()
+            .map(|f| (f.host.as_str(), f))
+            .collect();
+        // Stripe also completed a request: listed, not fatal.
+        assert_eq!(by_host["api.stripe.com"].completed, 1);
+        assert!(!by_host["api.stripe.com"].is_fatal());
+        let github = by_host["api.github.com"];
+        assert_eq!((github.refusals, github.completed), (2, 0));
+        assert_eq!(github.alerts["no_alert"], 1);
+        assert!(github.is_fatal());
+        assert!(github
+            .detail
+            .starts_with("alerts no_alert (1), unknown_ca (1). Next: "));
+        // An unmapped host is not a vendor: never fatal.
+        assert!(!by_host["example.org"].is_fatal());
+        let text = render_text(&r);
+        assert!(text.contains("trust failure: api.github.com: 2 refusal(s), 0 completed: alerts"));
+        let verdict = evaluate(&r, &[], false);
+        assert_eq!(verdict.exit_code, EXIT_UNMET);
+        let fatal: Vec<&String> = verdict
+            .lines
+            .iter()
+            .filter(|l| l.contains("refused the veris certificate"))
+            .collect();
+        assert_eq!(fatal.len(), 1, "{:?}", verdict.lines);
+        assert!(fatal[0].contains("api.github.com") && fatal[0].contains("Next:"));
     }
 }

@@ -227,8 +227,9 @@ fn json(r: &receipt::Receipt) -> String {
 
 #[test]
 fn design_example_renders_exactly() {
-    // DESIGN §8, verbatim. Integrity cannot be `verified` from a ledger yet,
-    // so the model is filled in by hand where build() would say unverified.
+    // DESIGN §8, verbatim. Integrity cannot be `verified` from a ledger file
+    // alone, so the model is filled in by hand where build() would say
+    // unverified (proxy not live).
     let bytes = ledger_file("basic.jsonl", basic_ledger());
     let mut r = receipt_of(&bytes, &Options::default());
     r.integrity.status = IntegrityStatus::Verified;
@@ -266,7 +267,10 @@ fn rich_receipt_is_golden() {
     let r = receipt_of(&bytes, &Options::default());
     assert_eq!(r.total_requests(), 25);
     assert_eq!(r.services["stripe"].requests, 24);
-    assert_eq!(r.leaks, ["direct-egress-possible"]);
+    assert_eq!(
+        r.leaks,
+        ["direct-egress-possible", "udp-quic-possible", "ech-possible"]
+    );
     assert_eq!(r.upstream_errors.len(), 1);
     golden("rich.txt", &render_text(&r));
     golden("rich.json", &json(&r));
@@ -554,7 +558,8 @@ fn truncation_mid_line_is_a_torn_tail() {
 #[test]
 fn a_truncated_file_that_ends_on_a_line_boundary_still_verifies() {
     // Cutting whole lines off the end is not detectable by the chain alone;
-    // seals (M3) close that gap. The receipt must not claim `verified`.
+    // a fresh seal from the live proxy closes that gap. From the file alone
+    // the receipt must not claim `verified`.
     let bytes = ledger_file("rich.jsonl", rich_ledger());
     let lines = lines_of(&bytes);
     let r = receipt_of(&join(&lines[..10]), &Options::default());
@@ -563,7 +568,7 @@ fn a_truncated_file_that_ends_on_a_line_boundary_still_verifies() {
         .integrity
         .reason
         .unwrap()
-        .contains("seals, canary and twin cross-check not implemented"));
+        .contains("proxy not live"));
 }
 
 #[test]

@@ -1,0 +1,503 @@
+//! The admin API: a small HTTP/1.1 server on its own listener (never the
+//! proxy port) through which the receipt reader, the TUI and CI talk to a
+//! live proxy. It owns authentication (a bearer token generated per start)
+//! and the endpoints; it reads the ledger file and follows the ledger's
+//! commit stream, and appends seals on demand. It binds nothing, reads no
+//! env and installs no signal handler: [`serve_admin`] takes a bound listener.
+//!
+//! - `GET /healthz`: open; `{"status":"ok"}`.
+//! - `GET /status`: run id, canary, sandbox, twin, mode, tier, proxy URL,
+//!   uptime, head seq and per-kind line counters since this run's session.
+//! - `GET /ledger?since=SEQ`: the ledger lines with `seq > SEQ`, as JSONL.
+//! - `GET /events`: server-sent events, one per ledger line as it is
+//!   committed (`id:` = seq, `event: line`, `data:` = the line), starting
+//!   after `Last-Event-ID` (or `?since=`) when given, else with new lines.
+//! - `POST /seal`: appends a seal (`reason: demand`) and returns it.
+//! - `GET /receipt?since=SEQ`: seals the head (reusing the head seal when
+//!   nothing was written since), then returns the receipt JSON for the
+//!   window `(SEQ, seal]` (default: this run's lines).
+//!
+//! Everything but `/healthz` needs `Authorization: Bearer <token>` and
+//! answers 401 otherwise. The token never reaches a log.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
+use veris_receipt::ledger::{Committed, Ledger, SealInfo};
+use veris_receipt::receipt::{self, Check, Options};
+use veris_receipt::seal::{PublicKeys, Sealer};
+
+use crate::body::{self, ProxyBody};
+use crate::respond;
+use crate::Identity;
+
+/// How often an idle event stream gets a comment line, so intermediaries and
+/// clients can tell a quiet ledger from a dead connection.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// The window a `/receipt` request asks about, handed to [`ReceiptChecks`].
+#[derive(Debug, Clone)]
+pub struct ReceiptWindow {
+    pub since: u64,
+    pub until: u64,
+}
+
+/// Checks the binary runs for `/receipt` beyond what the ledger proves
+/// (the twin cross-check); their results join the receipt's integrity.
+pub type ReceiptChecks = Arc<dyn Fn(ReceiptWindow) -> BoxFuture<'static, Vec<Check>> + Send + Sync>;
+
+/// What the admin API serves.
+pub struct Admin {
+    /// The bearer token (32 random bytes, hex) every endpoint but `/healthz` needs.
+    pub token: String,
+    pub identity: Identity,
+    /// The proxy listener's URL (explicit tier).
+    pub proxy_url: String,
+    /// Twin base URL (no credentials).
+    pub twin: String,
+    /// Routed services: `(name, upstream base URL)`.
+    pub services: Vec<(String, String)>,
+    /// Seq of this run's session line.
+    pub session_seq: u64,
+    pub ledger: Arc<Ledger>,
+    pub sealer: Arc<Sealer>,
+    /// `ledger.pub`, read for every receipt (a key added by a restart counts).
+    pub public_keys: PathBuf,
+    pub started: Instant,
+    pub receipt_checks: Option<ReceiptChecks>,
+}
+
+/// Serves the admin API until `shutdown` resolves; open event streams end then.
+pub async fn serve_admin(
+    listener: TcpListener,
+    admin: Arc<Admin>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let cancel = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let admin = admin.clone();
+                    let cancel = cancel.clone();
+                    tasks.spawn(async move {
+                        let conn_cancel = cancel.clone();
+                        let service = service_fn(move |req: Request<Incoming>| {
+                            let admin = admin.clone();
+                            let cancel = cancel.clone();
+                            async move { Ok::<_, Infallible>(route(admin, req, cancel).await) }
+                        });
+                        let conn = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service);
+                        tokio::pin!(conn);
+                        let result = tokio::select! {
+                            r = conn.as_mut() => r,
+                            _ = conn_cancel.cancelled() => {
+                                conn.as_mut().graceful_shutdown();
+                                conn.await
+                            }
+                        };
+                        if let Err(e) = result {
+                            debug!(error = %e, %peer, "admin connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    drop(listener);
+    cancel.cancel();
+    tasks.close();
+    // Streams stop at the cancel; a stuck client must not hold shutdown.
+    let _ = tokio::time::timeout(Duration::from_secs(2), tasks.wait()).await;
+    Ok(())
+}
+
+async fn route(
+    admin: Arc<Admin>,
+    req: Request<Incoming>,
+    cancel: CancellationToken,
+) -> Response<ProxyBody> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    if path == "/healthz" && method == Method::GET {
+        return respond::json(StatusCode::OK, json!({"status": "ok"}));
+    }
+    if !authorized(req.headers(), &admin.token) {
+        let mut resp = respond::error(
+            StatusCode::UNAUTHORIZED,
+            "veris_unauthorized",
+            "this endpoint needs `Authorization: Bearer <token>`. Next: read the token from <state>/admin.token".into(),
+            json!({}),
+        );
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"veris\""),
+        );
+        return resp;
+    }
+    let since = query_u64(req.uri().query(), "since");
+    match (method, path.as_str()) {
+        (Method::GET, "/status") => status(&admin).await,
+        (Method::GET, "/ledger") => ledger_lines(&admin, since.unwrap_or(0)).await,
+        (Method::GET, "/events") => {
+            let last = last_event_id(req.headers()).or(since);
+            events(admin, last, cancel)
+        }
+        (Method::POST, "/seal") => match seal(&admin, false).await {
+            Ok(info) => respond::json(StatusCode::OK, json!(info)),
+            Err(resp) => resp,
+        },
+        (Method::GET, "/receipt") => receipt_json(&admin, since).await,
+        (_, "/status" | "/ledger" | "/events" | "/seal" | "/receipt") => respond::error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "veris_method_not_allowed",
+            format!("{} does not take this method", path),
+            json!({}),
+        ),
+        _ => respond::error(
+            StatusCode::NOT_FOUND,
+            "veris_not_found",
+            format!("no admin endpoint {path}; see /status, /ledger, /events, /seal, /receipt"),
+            json!({}),
+        ),
+    }
+}
+
+/// Constant-time comparison of the presented bearer token with ours.
+fn authorized(headers: &HeaderMap, token: &str) -> bool {
+    let Some(presented) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (presented.trim().as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn query_u64(query: Option<&str>, name: &str) -> Option<u64> {
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+fn last_event_id(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Complete lines of the ledger file with `seq > since`, with their seq.
+async fn read_lines(admin: &Admin, since: u64) -> std::io::Result<Vec<(u64, String)>> {
+    let bytes = match tokio::fs::read(admin.ledger.path()).await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    #[derive(serde::Deserialize)]
+    struct SeqOnly {
+        seq: u64,
+    }
+    let complete = match bytes.iter().rposition(|&b| b == b'\n') {
+        Some(i) => &bytes[..i],
+        None => return Ok(Vec::new()),
+    };
+    Ok(complete
+        .split(|&b| b == b'\n')
+        .filter_map(|raw| {
+            let seq = serde_json::from_slice::<SeqOnly>(raw).ok()?.seq;
+            (seq > since).then(|| (seq, String::from_utf8_lossy(raw).into_owned()))
+        })
+        .collect())
+}
+
+fn unreadable(e: std::io::Error) -> Response<ProxyBody> {
+    respond::error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "veris_ledger_unavailable",
+        format!("cannot read the ledger file ({e}). Next: check the state dir's permissions and free space"),
+        json!({}),
+    )
+}
+
+async fn status(admin: &Admin) -> Response<ProxyBody> {
+    let lines = match read_lines(admin, admin.session_seq.saturating_sub(1)).await {
+        Ok(l) => l,
+        Err(e) => return unreadable(e),
+    };
+    let mut counters = std::collections::BTreeMap::<String, u64>::new();
+    for (_, text) in &lines {
+        #[derive(serde::Deserialize)]
+        struct KindOnly {
+            kind: String,
+        }
+        if let Ok(k) = serde_json::from_str::<KindOnly>(text) {
+            *counters.entry(k.kind).or_default() += 1;
+        }
+    }
+    let id = &admin.identity;
+    respond::json(
+        StatusCode::OK,
+        json!({
+            "veris_proxy": true,
+            "run_id": id.run_id,
+            "canary": id.canary,
+            "sandbox_id": id.sandbox_id,
+            "twin": admin.twin,
+            "mode": id.mode,
+            "tier": id.tier,
+            "proxy_url": admin.proxy_url,
+            "pid": std::process::id(),
+            "uptime_s": admin.started.elapsed().as_secs(),
+            "session_seq": admin.session_seq,
+            "head_seq": admin.ledger.head().0,
+            "key_id": admin.sealer.key_id(),
+            "services": admin.services.iter().map(|(name, upstream)| json!({"name": name, "upstream": upstream})).collect::<Vec<_>>(),
+            "counters": counters,
+        }),
+    )
+}
+
+async fn ledger_lines(admin: &Admin, since: u64) -> Response<ProxyBody> {
+    let lines = match read_lines(admin, since).await {
+        Ok(l) => l,
+        Err(e) => return unreadable(e),
+    };
+    let mut out = String::new();
+    for (_, text) in lines {
+        out.push_str(&text);
+        out.push('\n');
+    }
+    let mut resp = Response::new(body::full(out));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// Appends a seal (`reuse`: unless the head is already this proxy's seal)
+/// off the async threads, since the append waits on the ledger's lock.
+async fn seal(admin: &Admin, reuse: bool) -> Result<SealInfo, Response<ProxyBody>> {
+    let ledger = admin.ledger.clone();
+    let sealer = admin.sealer.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        if reuse {
+            ledger.seal_head(&sealer, "demand")
+        } else {
+            ledger.seal(&sealer, "demand")
+        }
+    })
+    .await;
+    match result {
+        Ok(Ok(info)) => Ok(info),
+        Ok(Err(e)) => Err(respond::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "veris_ledger_unavailable",
+            format!("cannot append a seal ({e}). Next: check the state dir's free space and permissions"),
+            json!({}),
+        )),
+        Err(e) => Err(respond::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "veris_internal",
+            format!("seal task failed: {e}"),
+            json!({}),
+        )),
+    }
+}
+
+async fn receipt_json(admin: &Admin, since: Option<u64>) -> Response<ProxyBody> {
+    // A dashboard polls this: an idle ledger keeps its one head seal.
+    let fresh = match seal(admin, true).await {
+        Ok(info) => info,
+        Err(resp) => return resp,
+    };
+    let since = since.unwrap_or(admin.session_seq.saturating_sub(1));
+    let path = admin.ledger.path().to_path_buf();
+    let keys_path = admin.public_keys.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let read = veris_receipt::ledger::read(&path)?;
+        let keys = PublicKeys::load(&keys_path).ok();
+        Ok::<_, veris_receipt::LedgerError>((read, keys))
+    })
+    .await;
+    let (read, keys) = match read {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return unreadable(std::io::Error::other(e.to_string())),
+        Err(e) => return unreadable(std::io::Error::other(e.to_string())),
+    };
+    let external_checks = match &admin.receipt_checks {
+        Some(hook) => {
+            hook(ReceiptWindow {
+                since,
+                until: fresh.seq,
+            })
+            .await
+        }
+        None => Vec::new(),
+    };
+    let options = Options {
+        since: Some(since),
+        service: None,
+        proxy_live: true,
+        until: Some(fresh.seq),
+        seal_keys: keys,
+        fresh_seal: Some(fresh.seq),
+        external_checks,
+    };
+    let r = receipt::build(&read, &options);
+    respond::json(StatusCode::OK, json!(r))
+}
+
+/// One SSE event for a ledger line.
+fn event(seq: u64, text: &str) -> Bytes {
+    Bytes::from(format!("id: {seq}\nevent: line\ndata: {text}\n\n"))
+}
+
+fn events(
+    admin: Arc<Admin>,
+    last_id: Option<u64>,
+    cancel: CancellationToken,
+) -> Response<ProxyBody> {
+    // Subscribe before reading the file: a line committed in between is then
+    // in the subscription, and the seq filter drops what the file already gave.
+    let mut sub = admin.ledger.subscribe();
+    let (tx, rx) = mpsc::channel::<Bytes>(256);
+    tokio::spawn(async move {
+        let mut last = match last_id {
+            Some(id) => id,
+            None => admin.ledger.head().0,
+        };
+        if last_id.is_some() && !backlog(&admin, &mut last, &tx).await {
+            return;
+        }
+        let mut keepalive = tokio::time::interval(KEEPALIVE);
+        keepalive.tick().await;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tx.closed() => return,
+                _ = keepalive.tick() => {
+                    if tx.send(Bytes::from_static(b": keepalive\n\n")).await.is_err() {
+                        return;
+                    }
+                }
+                msg = sub.recv() => match msg {
+                    Ok(Committed { seq, text }) => {
+                        if seq > last {
+                            if tx.send(event(seq, &text)).await.is_err() {
+                                return;
+                            }
+                            last = seq;
+                        }
+                    }
+                    // Fell behind the buffer: the file has every line.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        if !backlog(&admin, &mut last, &tx).await {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, body::BoxError>(Frame::data(b)), rx))
+    });
+    let mut resp = Response::new(http_body_util::StreamBody::new(stream).boxed());
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// Sends the file's lines after `last`; false when the client is gone or the
+/// file cannot be read (the stream then ends; the client resumes).
+async fn backlog(admin: &Admin, last: &mut u64, tx: &mpsc::Sender<Bytes>) -> bool {
+    let lines = match read_lines(admin, *last).await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %e, "event stream cannot read the ledger");
+            return false;
+        }
+    };
+    for (seq, text) in lines {
+        if seq <= *last {
+            continue;
+        }
+        if tx.send(event(seq, &text)).await.is_err() {
+            return false;
+        }
+        *last = seq;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_token_must_match_exactly() {
+        let mut h = HeaderMap::new();
+        assert!(!authorized(&h, "abc"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer abd"),
+        );
+        assert!(!authorized(&h, "abc"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer ab"));
+        assert!(!authorized(&h, "abc"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert!(!authorized(&h, "abc"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer abc"),
+        );
+        assert!(authorized(&h, "abc"));
+    }
+
+    #[test]
+    fn since_is_read_from_the_query() {
+        assert_eq!(query_u64(Some("since=12&x=1"), "since"), Some(12));
+        assert_eq!(query_u64(Some("x=1"), "since"), None);
+        assert_eq!(query_u64(None, "since"), None);
+        assert_eq!(query_u64(Some("since=abc"), "since"), None);
+    }
+}

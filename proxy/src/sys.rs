@@ -1,0 +1,105 @@
+//! The one module of this crate that calls the kernel directly: asking a
+//! redirected socket where it was really going (`SO_ORIGINAL_DST` for IPv4,
+//! `IP6T_SO_ORIGINAL_DST` for IPv6), which conntrack remembers after an
+//! nftables `redirect` rewrote the destination to our listener.
+#![allow(unsafe_code)]
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::AsRawFd;
+
+/// The destination `stream`'s client dialed before the redirect. IPv4 peers
+/// of a dual-stack listener (`::ffff:a.b.c.d`) are asked over IPv4, where
+/// conntrack keeps them.
+pub fn original_dst(stream: &tokio::net::TcpStream) -> std::io::Result<SocketAddr> {
+    let peer = stream.peer_addr()?;
+    let ipv4 = match peer {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+    };
+    let fd = stream.as_raw_fd();
+    if ipv4 {
+        let mut addr: libc::sockaddr_in = zeroed_in();
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: `addr` is a properly aligned sockaddr_in that lives across
+        // the call, `len` holds its exact size, and the kernel writes at most
+        // `len` bytes; `fd` is an open socket borrowed from `stream`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_IP,
+                libc::SO_ORIGINAL_DST,
+                (&mut addr as *mut libc::sockaddr_in).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ip = Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
+        Ok(SocketAddr::V4(SocketAddrV4::new(
+            ip,
+            u16::from_be(addr.sin_port),
+        )))
+    } else {
+        let mut addr: libc::sockaddr_in6 = zeroed_in6();
+        let mut len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+        // SAFETY: as above, with a sockaddr_in6 and its exact size.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_IPV6,
+                libc::IP6T_SO_ORIGINAL_DST,
+                (&mut addr as *mut libc::sockaddr_in6).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ip = Ipv6Addr::from(addr.sin6_addr.s6_addr);
+        Ok(SocketAddr::V6(SocketAddrV6::new(
+            ip,
+            u16::from_be(addr.sin6_port),
+            addr.sin6_flowinfo,
+            addr.sin6_scope_id,
+        )))
+    }
+}
+
+fn zeroed_in() -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: 0,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: 0 },
+        sin_zero: [0; 8],
+    }
+}
+
+fn zeroed_in6() -> libc::sockaddr_in6 {
+    libc::sockaddr_in6 {
+        sin6_family: 0,
+        sin6_port: 0,
+        sin6_flowinfo: 0,
+        sin6_addr: libc::in6_addr { s6_addr: [0; 16] },
+        sin6_scope_id: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_that_was_not_redirected_has_no_original_dst_or_its_own() {
+        // Without a redirect, conntrack (when loaded) reports the address that
+        // was dialed, which is the listener; without conntrack the call fails.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        match original_dst(&server) {
+            Ok(dst) => assert_eq!(dst, addr),
+            Err(e) => assert!(e.raw_os_error().is_some(), "{e}"),
+        }
+    }
+}

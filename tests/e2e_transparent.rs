@@ -1,0 +1,465 @@
+//! End-to-end tests of the transparent tier (M2): inside a network namespace
+//! the test creates, `veris serve --transparent --install-redirect` installs
+//! the nftables redirect and drops to the proxy uid; clients with no proxy
+//! variables (curl, Python `requests`, a hand-rolled TLS client sending its
+//! ClientHello one byte per segment) reach the twin through the redirect over
+//! IPv4 and IPv6; unmapped hosts pass through to a local origin (or are
+//! refused in strict mode); a Host that disagrees with the SNI is refused;
+//! QUIC is dropped and counted; a client without the CA leaves a
+//! `trust_failure` that fails the receipt; the rules go when veris exits.
+//! Plus the explicit tier's trust-failure record and the uid preflight, which
+//! need no namespace.
+
+mod transparent_support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use transparent_support::*;
+
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn kinds<'a>(ledger: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    ledger.iter().filter(|l| l["kind"] == kind).collect()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `curl -sS` inside the namespace with a cleared environment; returns
+/// (http code, body, stderr).
+fn curl(ns: &Netns, args: &[&str]) -> (String, String, String) {
+    let mut cmd = ns.command("curl");
+    cmd.args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args);
+    let out = ns.output(&mut cmd, CLIENT_TIMEOUT);
+    let stdout = text(&out.stdout);
+    let (body, code) = stdout.rsplit_once('\n').unwrap_or(("", &stdout));
+    (code.to_string(), body.to_string(), text(&out.stderr))
+}
+
+fn python_origin() -> std::path::PathBuf {
+    python_with_requests()
+        .or_else(|| which("python3"))
+        .expect("python3 is installed")
+}
+
+#[test]
+fn transparent_tier_intercepts_clients_without_proxy_variables() {
+    if let Some(why) = unavailable() {
+        return skip(&why);
+    }
+    let python = python_with_requests();
+    if python.is_none() && require_all() {
+        panic!("VERIS_REQUIRE_ALL=1 and Python `requests` is not installed (pip install requests)");
+    }
+    let dir = TempDir::new("open");
+    let ns = Netns::create("open");
+    let origin = Origin::start(&ns, &dir, &python_origin());
+    let veris = Veris::start(&ns, &dir, &["--mode", "passthrough"]);
+    let ca = veris.ca();
+    let ca = ca.to_str().unwrap();
+    let stripe4 = format!("api.stripe.com:443:{VENDOR_V4}");
+    let stripe6 = format!("api.stripe.com:443:[{VENDOR_V6}]");
+
+    // curl, IPv4 and IPv6, HTTPS through the redirect to the twin.
+    for resolve in [&stripe4, &stripe6] {
+        let (code, body, err) = curl(
+            &ns,
+            &[
+                "--cacert",
+                ca,
+                "--resolve",
+                resolve,
+                "https://api.stripe.com/v1/customers",
+            ],
+        );
+        assert_eq!(code, "200", "curl via {resolve}: {err}");
+        let v: Value = serde_json::from_str(&body).expect("twin JSON");
+        assert_eq!(v["object"], "list");
+    }
+    // Plain HTTP on port 80, routed by its Host header.
+    let (code, _, err) = curl(
+        &ns,
+        &[
+            "--resolve",
+            &format!("api.stripe.com:80:{VENDOR_V4}"),
+            "http://api.stripe.com/v1/customers",
+        ],
+    );
+    assert_eq!(code, "200", "plain HTTP: {err}");
+
+    // Python requests, no proxy variables, IPv6 HTTPS and IPv4 plain HTTP.
+    if let Some(python) = &python {
+        let script = dir.join("requests_get.py");
+        std::fs::write(&script, REQUESTS_PY).unwrap();
+        for (addr, url) in [
+            (VENDOR_V6, "https://api.stripe.com/v1/customers"),
+            (VENDOR_V4, "http://api.stripe.com/v1/customers"),
+        ] {
+            let mut cmd = ns.command(python);
+            cmd.arg(&script).args(["api.stripe.com", addr, url, ca]);
+            let out = ns.output(&mut cmd, CLIENT_TIMEOUT);
+            assert_eq!(
+                text(&out.stdout).trim(),
+                "200 list",
+                "requests {url} via {addr}: {}",
+                text(&out.stderr)
+            );
+        }
+        // A ClientHello split into one-byte TCP segments.
+        let script = dir.join("split_hello.py");
+        std::fs::write(&script, SPLIT_HELLO_PY).unwrap();
+        let mut cmd = ns.command(python);
+        cmd.arg(&script)
+            .args(["api.stripe.com", VENDOR_V4, ca, "/v1/customers"]);
+        let out = ns.output(&mut cmd, CLIENT_TIMEOUT);
+        let line = text(&out.stdout);
+        let mut words = line.split_whitespace();
+        assert_eq!(
+            words.next(),
+            Some("HTTP/1.1"),
+            "split hello: {line} {}",
+            text(&out.stderr)
+        );
+        assert_eq!(words.next(), Some("200"), "split hello: {line}");
+        let segments: usize = words.last().and_then(|n| n.parse().ok()).unwrap_or(0);
+        assert!(
+            segments > 200,
+            "the hello went out in {segments} one-byte sends"
+        );
+    }
+
+    // The Host header must agree with the SNI.
+    let (code, body, _) = curl(
+        &ns,
+        &[
+            "--cacert",
+            ca,
+            "--resolve",
+            &stripe4,
+            "-H",
+            "Host: api.github.com",
+            "https://api.stripe.com/v1/customers",
+        ],
+    );
+    assert_eq!(code, "502");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"], "veris_sni_host_mismatch");
+    // Case does not matter.
+    let (code, _, _) = curl(
+        &ns,
+        &[
+            "--cacert",
+            ca,
+            "--resolve",
+            &stripe4,
+            "-H",
+            "Host: API.Stripe.COM",
+            "https://api.stripe.com/v1/customers",
+        ],
+    );
+    assert_eq!(code, "200");
+
+    // Unmapped hosts pass through to the real (local) origin, TLS untouched:
+    // the client verifies the origin's own certificate, not ours.
+    let origin_cert = origin.cert.to_str().unwrap();
+    let (code, body, err) = curl(
+        &ns,
+        &[
+            "--cacert",
+            origin_cert,
+            "--resolve",
+            &format!("origin.test:443:{LOCAL_V4}"),
+            "https://origin.test/",
+        ],
+    );
+    assert_eq!(
+        (code.as_str(), body.as_str()),
+        ("200", "origin ok"),
+        "{err}"
+    );
+    let (code, body, err) = curl(
+        &ns,
+        &[
+            "--resolve",
+            &format!("origin.test:80:{LOCAL_V4}"),
+            "http://origin.test/",
+        ],
+    );
+    assert_eq!(
+        (code.as_str(), body.as_str()),
+        ("200", "origin ok"),
+        "{err}"
+    );
+    // No SNI (an IP literal): no route names the address, so it passes through.
+    let (code, body, err) = curl(&ns, &["-k", &format!("https://{LOCAL_V4}/")]);
+    assert_eq!(
+        (code.as_str(), body.as_str()),
+        ("200", "origin ok"),
+        "{err}"
+    );
+
+    // A passthrough ClientHello with the ECH extension is noted in the ledger.
+    let script = dir.join("ech.py");
+    std::fs::write(&script, ECH_HELLO_PY).unwrap();
+    let mut cmd = ns.command(python_origin());
+    cmd.arg(&script).arg(LOCAL_V4);
+    let out = ns.output(&mut cmd, CLIENT_TIMEOUT);
+    assert!(out.status.success(), "ech client: {}", text(&out.stderr));
+
+    // QUIC: UDP 443 is dropped in the kernel and counted.
+    let before = ns.quic_dropped().expect("the quic_dropped counter exists");
+    let script = dir.join("quic.py");
+    std::fs::write(&script, QUIC_PY).unwrap();
+    let mut cmd = ns.command(python_origin());
+    cmd.arg(&script).args([VENDOR_V4, VENDOR_V6]);
+    let out = ns.output(&mut cmd, CLIENT_TIMEOUT);
+    assert_eq!(text(&out.stdout).trim(), "2", "both datagrams refused");
+    assert_eq!(ns.quic_dropped(), Some(before + 2));
+
+    // A client without the veris CA: a trust failure for a vendor host.
+    let (code, _, err) = curl(
+        &ns,
+        &[
+            "--cacert",
+            origin_cert,
+            "--resolve",
+            &format!("api.github.com:443:{VENDOR_V4}"),
+            "https://api.github.com/user",
+        ],
+    );
+    assert_eq!(code, "000", "curl must refuse our leaf: {err}");
+
+    let stderr_path = veris.stderr_path.clone();
+    let state = veris.state.clone();
+    let status = veris.stop();
+    assert!(
+        status.success(),
+        "veris exit: {status}; {}",
+        std::fs::read_to_string(&stderr_path).unwrap_or_default()
+    );
+    assert!(!ns.has_veris_table(), "the rules are removed on exit");
+
+    let ledger = ledger(&state);
+    let session = kinds(&ledger, "session");
+    assert_eq!(session[0]["tier"], "transparent");
+    let requests = kinds(&ledger, "request");
+    // curl v4, v6, plain HTTP, the case-insensitive Host; requests twice and
+    // the split hello when Python has `requests`.
+    let expected = if python.is_some() { 7 } else { 4 };
+    assert_eq!(requests.len(), expected, "{requests:?}");
+    assert!(requests
+        .iter()
+        .all(|r| r["tier"] == "transparent" && r["service"] == "stripe"));
+    let blocked = kinds(&ledger, "blocked");
+    assert!(blocked
+        .iter()
+        .any(|b| b["reason"].as_str().unwrap_or("").contains("SNI")));
+    let pass = kinds(&ledger, "passthrough");
+    assert!(pass
+        .iter()
+        .any(|p| p["host"] == "origin.test" && p["port"] == 443 && p["reason"] == "mode"));
+    assert!(pass
+        .iter()
+        .any(|p| p["host"] == "origin.test" && p["port"] == 80));
+    assert!(pass
+        .iter()
+        .any(|p| p["host"] == LOCAL_V4 && p["reason"] == "no_sni"));
+    let ech = kinds(&ledger, "ech");
+    assert_eq!(ech.len(), 1, "{ech:?}");
+    assert_eq!(ech[0]["host"], "origin.test");
+    assert_eq!(ech[0]["tier"], "transparent");
+    let trust = kinds(&ledger, "trust_failure");
+    assert_eq!(trust.len(), 1, "{trust:?}");
+    assert_eq!(trust[0]["host"], "api.github.com");
+    assert_eq!(trust[0]["service"], "github");
+    assert_eq!(trust[0]["alert"], "unknown_ca");
+    assert_eq!(trust[0]["tier"], "transparent");
+
+    // The receipt names the refusal with a next step and fails (exit 3).
+    let out = Command::new(bin())
+        .arg("receipt")
+        .arg("--state-dir")
+        .arg(&state)
+        .env_clear()
+        .output()
+        .unwrap();
+    let receipt = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{receipt}");
+    assert!(
+        receipt.contains("interception: proxy (transparent)"),
+        "{receipt}"
+    );
+    assert!(
+        receipt.contains("trust failure: api.github.com: 1 refusal(s), 0 completed: alerts unknown_ca (1). Next:"),
+        "{receipt}"
+    );
+    assert!(
+        receipt.contains("FAIL: vendor host api.github.com refused the veris certificate"),
+        "{receipt}"
+    );
+}
+
+#[test]
+fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
+    if let Some(why) = unavailable() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("strict");
+    let ns = Netns::create("strict");
+    let _origin = Origin::start(&ns, &dir, &python_origin());
+    let veris = Veris::start(&ns, &dir, &["--mode", "strict", "--allow-quic"]);
+
+    // With SNI: terminated with our leaf (-k) and refused in words.
+    let (code, body, err) = curl(
+        &ns,
+        &[
+            "-k",
+            "--resolve",
+            &format!("origin.test:443:{LOCAL_V4}"),
+            "https://origin.test/",
+        ],
+    );
+    assert_eq!(code, "421", "{err}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"], "veris_unmapped_host");
+    // Without SNI and without a route for the address: the connection is closed.
+    let (code, body, _) = curl(&ns, &["-k", &format!("https://{LOCAL_V4}/")]);
+    assert_eq!(code, "000");
+    assert_ne!(body, "origin ok");
+    // --allow-quic: no QUIC rule, no counter use.
+    assert_eq!(ns.quic_dropped(), Some(0));
+
+    let state = veris.state.clone();
+    assert!(veris.stop().success());
+    assert!(!ns.has_veris_table(), "the rules are removed on exit");
+    let ledger = ledger(&state);
+    let blocked = kinds(&ledger, "blocked");
+    assert!(blocked
+        .iter()
+        .any(|b| b["host"] == "origin.test" && b["tier"] == "transparent"));
+    assert!(blocked.iter().any(
+        |b| b["host"] == LOCAL_V4 && b["reason"].as_str().unwrap_or("").contains("without SNI")
+    ));
+    assert!(kinds(&ledger, "passthrough").is_empty());
+}
+
+#[test]
+fn a_proxy_uid_the_workload_could_share_is_refused() {
+    for args in [
+        &["--proxy-uid", "0"][..],
+        &["--proxy-uid", "14741", "--workload-uid", "14741"][..],
+    ] {
+        let dir = TempDir::new("uid");
+        let out = Command::new(bin())
+            .args(["serve", "--transparent", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("Next:"), "{err}");
+        assert!(
+            !dir.join("state").join("ledger.jsonl").exists(),
+            "refused before starting"
+        );
+    }
+}
+
+#[test]
+fn explicit_tier_records_a_client_that_refuses_the_ca() {
+    if which("curl").is_none() {
+        return skip("curl is not installed");
+    }
+    let dir = TempDir::new("explicit");
+    let state = dir.join("state");
+    let ready = dir.join("ready.json");
+    let mut child = Command::new(bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--grace", "1"])
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--ready-file")
+        .arg(&ready)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let proxy = loop {
+        if let Some(v) = std::fs::read_to_string(&ready)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        {
+            break v["proxy_url"].as_str().unwrap().to_string();
+        }
+        assert!(child.try_wait().unwrap().is_none(), "veris exited early");
+        assert!(std::time::Instant::now() < deadline, "veris not ready");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // A bundle that does not hold the veris CA (an unrelated self-signed cert).
+    let other = dir.join("other.pem");
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=other",
+        ])
+        .arg("-keyout")
+        .arg(dir.join("other.key"))
+        .arg("-out")
+        .arg(&other)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut curl = Command::new("curl");
+    curl.args([
+        "-sS",
+        "--max-time",
+        "10",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-x",
+        &proxy,
+    ]);
+    if made {
+        curl.arg("--cacert").arg(&other);
+    }
+    let out = curl
+        .arg("https://api.stripe.com/v1/customers")
+        .env_clear()
+        .env("PATH", PATH)
+        .output()
+        .unwrap();
+    assert_eq!(text(&out.stdout), "000", "{}", text(&out.stderr));
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let status = wait_output(child, DEADLINE).status;
+    assert!(status.success(), "{status}");
+    let ledger = ledger(&state);
+    let trust = kinds(&ledger, "trust_failure");
+    assert_eq!(trust.len(), 1, "{ledger:?}");
+    assert_eq!(trust[0]["host"], "api.stripe.com");
+    assert_eq!(trust[0]["service"], "stripe");
+    assert_eq!(trust[0]["alert"], "unknown_ca");
+    assert_eq!(trust[0]["tier"], "explicit");
+}

@@ -1,0 +1,610 @@
+//! Helpers for the transparent-tier end-to-end tests: a network namespace
+//! with a sink (a veth pair whose peer sits in a second, empty namespace, with
+//! the TEST-NET prefixes 203.0.113.0/24 and 2001:db8::/32 routed into it, so
+//! nothing can leave the machine), commands run inside it with a cleared
+//! environment, `veris serve --transparent --install-redirect` started in it,
+//! a small local origin (TLS 443 and plain 80) on the namespace's own address,
+//! and the SKIP rule (`SKIP: <why>`, or a failure under `VERIS_REQUIRE_ALL=1`).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Deadline for anything a test waits on.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+/// The namespace's own (non-loopback) address, where the local origin listens.
+pub const LOCAL_V4: &str = "10.200.0.1";
+/// A vendor address: TEST-NET-3, reachable only through the redirect.
+pub const VENDOR_V4: &str = "203.0.113.10";
+/// A vendor address: IPv6 documentation prefix, reachable only through the redirect.
+pub const VENDOR_V6: &str = "2001:db8::10";
+/// PATH inside the namespace.
+pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_veris"))
+}
+
+pub fn require_all() -> bool {
+    std::env::var("VERIS_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// Prints `SKIP: <why>`; panics instead under `VERIS_REQUIRE_ALL=1`.
+pub fn skip(why: &str) {
+    if require_all() {
+        panic!("VERIS_REQUIRE_ALL=1 and this test would skip: {why}");
+    }
+    println!("SKIP: {why}");
+    eprintln!("SKIP: {why}");
+}
+
+/// Effective uid, from /proc (no libc in tests).
+pub fn euid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// A program on PATH or in the sbin dirs.
+pub fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .chain(PATH.split(':'))
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file())
+}
+
+/// Why the namespace tests cannot run here, if they cannot.
+pub fn unavailable() -> Option<String> {
+    if euid() != Some(0) {
+        return Some("the transparent-tier tests need root (ip netns, nftables in the namespace); rootless unshare is not supported by this test yet".into());
+    }
+    for tool in ["ip", "nft", "curl", "openssl"] {
+        if which(tool).is_none() {
+            return Some(format!(
+                "`{tool}` is not installed (nftables / iproute2 / curl / openssl)"
+            ));
+        }
+    }
+    None
+}
+
+/// The Python interpreter that has `requests`, resolved with the caller's
+/// environment (pyenv shims need it) so it can then run with a cleared one.
+pub fn python_with_requests() -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-c", "import sys, requests; print(sys.executable)"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let exe = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!exe.is_empty()).then(|| PathBuf::from(exe))
+}
+
+/// A unique temp dir (mode 0755, so the proxy uid can reach it), removed on drop.
+pub struct TempDir {
+    pub path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "veris-tp-{label}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("creating a temp dir");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        TempDir { path }
+    }
+    pub fn join(&self, p: &str) -> PathBuf {
+        self.path.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().expect("running a setup command");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A workload namespace with loopback, an address of its own and a sink for
+/// TEST-NET traffic; both namespaces are deleted on drop.
+pub struct Netns {
+    pub name: String,
+    sink: String,
+}
+
+impl Netns {
+    pub fn create(tag: &str) -> Netns {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let id = format!(
+            "{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let ns = Netns {
+            name: format!("veris-{tag}-{id}"),
+            sink: format!("veris-sink-{id}"),
+        };
+        let (w, s) = (ns.name.as_str(), ns.sink.as_str());
+        run_ok(Command::new("ip").args(["netns", "add", w]));
+        run_ok(Command::new("ip").args(["netns", "add", s]));
+        // Created inside the namespace, so the names never clash with the host's.
+        run_ok(Command::new("ip").args([
+            "-n", w, "link", "add", "vw0", "type", "veth", "peer", "name", "vs0", "netns", s,
+        ]));
+        for (n, dev) in [(w, "lo"), (w, "vw0"), (s, "lo"), (s, "vs0")] {
+            run_ok(Command::new("ip").args(["-n", n, "link", "set", dev, "up"]));
+        }
+        run_ok(Command::new("ip").args(["-n", w, "addr", "add", "10.200.0.1/24", "dev", "vw0"]));
+        run_ok(Command::new("ip").args(["-n", s, "addr", "add", "10.200.0.2/24", "dev", "vs0"]));
+        run_ok(Command::new("ip").args([
+            "-n",
+            w,
+            "addr",
+            "add",
+            "fd00:200::1/64",
+            "dev",
+            "vw0",
+            "nodad",
+        ]));
+        run_ok(Command::new("ip").args([
+            "-n",
+            s,
+            "addr",
+            "add",
+            "fd00:200::2/64",
+            "dev",
+            "vs0",
+            "nodad",
+        ]));
+        run_ok(Command::new("ip").args([
+            "-n",
+            w,
+            "route",
+            "add",
+            "203.0.113.0/24",
+            "via",
+            "10.200.0.2",
+        ]));
+        run_ok(Command::new("ip").args([
+            "-n",
+            w,
+            "-6",
+            "route",
+            "add",
+            "2001:db8::/32",
+            "via",
+            "fd00:200::2",
+        ]));
+        ns
+    }
+
+    /// `program args…` inside the namespace, environment cleared but for PATH
+    /// and HOME (the machine's CA variables must not reach clients).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name])
+            .arg(program)
+            .env_clear()
+            .env("PATH", PATH)
+            .env("HOME", "/root")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs a command to completion, bounded by `timeout` (killed after it).
+    pub fn output(&self, cmd: &mut Command, timeout: Duration) -> Output {
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning a command in the namespace");
+        wait_output(child, timeout)
+    }
+
+    /// The packet count of the `quic_dropped` counter, if the table exists.
+    pub fn quic_dropped(&self) -> Option<u64> {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.name,
+                "nft",
+                "list",
+                "counter",
+                "inet",
+                "veris",
+                "quic_dropped",
+            ])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut words = text.split_whitespace();
+        words.find(|w| *w == "packets")?;
+        words.next()?.parse().ok()
+    }
+
+    /// Whether `table inet veris` exists in the namespace.
+    pub fn has_veris_table(&self) -> bool {
+        Command::new("ip")
+            .args([
+                "netns", "exec", &self.name, "nft", "list", "table", "inet", "veris",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in [&self.name, &self.sink] {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// Waits for a child with a deadline, killing it when the deadline passes.
+pub fn wait_output(mut child: Child, timeout: Duration) -> Output {
+    let deadline = Instant::now() + timeout;
+    // Readers on threads so a chatty child cannot block on a full pipe.
+    let out = child.stdout.take().map(|mut s| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut v);
+            v
+        })
+    });
+    let err = child.stderr.take().map(|mut s| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut s, &mut v);
+            v
+        })
+    });
+    let status = loop {
+        match child.try_wait().expect("waiting for a child") {
+            Some(status) => break status,
+            None if Instant::now() >= deadline => {
+                let _ = child.kill();
+                break child.wait().expect("reaping a killed child");
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    Output {
+        status,
+        stdout: out.and_then(|t| t.join().ok()).unwrap_or_default(),
+        stderr: err.and_then(|t| t.join().ok()).unwrap_or_default(),
+    }
+}
+
+/// `veris serve --transparent --install-redirect` inside a namespace.
+pub struct Veris {
+    child: Option<Child>,
+    pub state: PathBuf,
+    pub ready: serde_json::Value,
+    pub stderr_path: PathBuf,
+}
+
+impl Veris {
+    pub fn start(ns: &Netns, dir: &TempDir, extra: &[&str]) -> Veris {
+        let state = dir.join("state");
+        let ready_file = state.join("ready.json");
+        std::fs::create_dir_all(&state).unwrap();
+        let stderr_path = dir.join("veris.stderr");
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut cmd = ns.command(bin());
+        cmd.args([
+            "serve",
+            "--transparent",
+            "--install-redirect",
+            "--listen",
+            "127.0.0.1:0",
+            "--https-listen",
+            "[::]:0",
+            "--http-listen",
+            "[::]:0",
+            "--grace",
+            "1",
+        ])
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--ready-file")
+        .arg(&ready_file)
+        .args(extra)
+        .env("VERIS_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(stderr);
+        let mut child = cmd.spawn().expect("starting veris");
+        let deadline = Instant::now() + DEADLINE;
+        let ready = loop {
+            if let Ok(text) = std::fs::read_to_string(&ready_file) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+                    break v;
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "veris exited ({status}) before it was ready: {}",
+                    std::fs::read_to_string(&stderr_path).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "veris not ready within {DEADLINE:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Veris {
+            child: Some(child),
+            state,
+            ready,
+            stderr_path,
+        }
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        PathBuf::from(self.ready["ca"].as_str().expect("ready file names the CA"))
+    }
+
+    pub fn ledger(&self) -> Vec<serde_json::Value> {
+        ledger(&self.state)
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit.
+    pub fn stop(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = child.try_wait().expect("waiting for veris") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("veris did not exit within {DEADLINE:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Veris {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn ledger(state: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(state.join("ledger.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// A local origin in the namespace: TLS on `LOCAL_V4:443` (self-signed for
+/// `origin.test`) and plain HTTP on `LOCAL_V4:80`, both answering `origin ok`.
+pub struct Origin {
+    child: Child,
+    _stdout: BufReader<ChildStdout>,
+    pub cert: PathBuf,
+}
+
+const ORIGIN_PY: &str = r#"
+import http.server, socketserver, ssl, sys, threading
+cert, key, addr = sys.argv[1], sys.argv[2], sys.argv[3]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"origin ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+tls = S((addr, 443), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+tls.socket = ctx.wrap_socket(tls.socket, server_side=True)
+plain = S((addr, 80), H)
+threading.Thread(target=plain.serve_forever, daemon=True).start()
+print("ready", flush=True)
+tls.serve_forever()
+"#;
+
+impl Origin {
+    pub fn start(ns: &Netns, dir: &TempDir, python: &Path) -> Origin {
+        let cert = dir.join("origin.crt");
+        let key = dir.join("origin.key");
+        run_ok(
+            Command::new("openssl")
+                .args([
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                    "-nodes",
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=origin.test",
+                    "-addext",
+                    "subjectAltName=DNS:origin.test",
+                ])
+                .arg("-keyout")
+                .arg(&key)
+                .arg("-out")
+                .arg(&cert)
+                .stderr(Stdio::null()),
+        );
+        let script = dir.join("origin.py");
+        std::fs::write(&script, ORIGIN_PY).unwrap();
+        let mut child = ns
+            .command(python)
+            .arg(&script)
+            .arg(&cert)
+            .arg(&key)
+            .arg(LOCAL_V4)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the origin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        // Blocks until the origin printed `ready` (bound both ports) or died.
+        let _ = stdout.read_line(&mut line);
+        assert_eq!(line.trim(), "ready", "the local origin did not start");
+        Origin {
+            child,
+            _stdout: stdout,
+            cert,
+        }
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TLS client that sends its ClientHello one byte per TCP segment, then a
+/// GET over HTTP/1.1; prints the status line and the number of segments.
+pub const SPLIT_HELLO_PY: &str = r#"
+import socket, ssl, sys
+host, addr, ca, path = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+ctx = ssl.create_default_context(cafile=ca)
+ctx.set_alpn_protocols(["http/1.1"])
+inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+tls = ctx.wrap_bio(inc, out, server_hostname=host)
+fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+s = socket.socket(fam, socket.SOCK_STREAM)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+s.settimeout(10)
+s.connect((addr, 443))
+segments = 0
+for _ in range(100):
+    try:
+        tls.do_handshake()
+        break
+    except ssl.SSLWantReadError:
+        data = out.read()
+        if segments == 0:
+            for b in data:
+                s.send(bytes([b]))
+                segments += 1
+        else:
+            s.sendall(data)
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit("closed during the handshake")
+        inc.write(chunk)
+s.sendall(out.read())
+tls.write(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\nConnection: close\r\n\r\n")
+s.sendall(out.read())
+resp = b""
+for _ in range(10000):
+    try:
+        piece = tls.read(65536)
+        if not piece:
+            break
+        resp += piece
+        continue
+    except ssl.SSLWantReadError:
+        pass
+    except ssl.SSLZeroReturnError:
+        break
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    inc.write(chunk)
+print(resp.split(b"\r\n")[0].decode(), segments)
+"#;
+
+/// Python `requests` with no proxy variables: the vendor name resolves to a
+/// TEST-NET address (getaddrinfo patched), so only the redirect reaches it.
+pub const REQUESTS_PY: &str = r#"
+import socket, sys
+import requests
+name, addr, url, ca = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+real = socket.getaddrinfo
+def resolve(host, *args, **kwargs):
+    return real(addr if host == name else host, *args, **kwargs)
+socket.getaddrinfo = resolve
+r = requests.get(url, verify=ca, timeout=10)
+print(r.status_code, r.json().get("object"))
+"#;
+
+/// UDP 443 datagrams (QUIC-shaped) to both TEST-NET vendors; prints how many
+/// the kernel refused.
+pub const QUIC_PY: &str = r#"
+import socket, sys
+refused = 0
+for fam, addr in ((socket.AF_INET, sys.argv[1]), (socket.AF_INET6, sys.argv[2])):
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    try:
+        s.sendto(b"\xc0" + b"\x00" * 1199, (addr, 443))
+    except OSError:
+        refused += 1
+print(refused)
+"#;
+
+/// Sends a hand-built ClientHello for `origin.test` carrying the Encrypted
+/// Client Hello extension (0xfe0d) to `addr:443` and reads until the peer
+/// closes; prints the bytes received (the origin answers with an alert).
+pub const ECH_HELLO_PY: &str = r#"
+import os, socket, struct, sys
+addr = sys.argv[1]
+def ext(kind, data):
+    return struct.pack("!HH", kind, len(data)) + data
+name = b"origin.test"
+sni = ext(0, struct.pack("!HBH", len(name) + 3, 0, len(name)) + name)
+versions = ext(0x002B, b"\x02\x03\x04")
+ech = ext(0xFE0D, b"\x00" + os.urandom(40))
+exts = sni + versions + ech
+body = b"\x03\x03" + os.urandom(32) + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+body += struct.pack("!H", len(exts)) + exts
+hs = b"\x01" + struct.pack("!I", len(body))[1:] + body
+record = b"\x16\x03\x01" + struct.pack("!H", len(hs)) + hs
+s = socket.create_connection((addr, 443), timeout=10)
+s.sendall(record)
+got = 0
+for _ in range(1000):
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    got += len(chunk)
+print(got)
+"#;

@@ -1,0 +1,386 @@
+//! A client for the proxy's admin API, written against its contract (no
+//! dependency on the proxy crate): `GET /events` is a server-sent event
+//! stream with one event per ledger line (`id: <seq>`, `data: <line JSON>`),
+//! resumable with `Last-Event-ID`; `GET /receipt` is the receipt JSON. Every
+//! call carries `Authorization: Bearer <token>`. Plain HTTP only: the admin
+//! listener is on loopback or reached through a forwarded port.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use veris_receipt::receipt::Receipt;
+use veris_receipt::Line;
+
+/// Time allowed to connect and to receive a response head.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An event stream silent this long is presumed dead (a dropped network
+/// sends no FIN); the client reconnects and resumes from the last seq.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// Largest receipt body accepted.
+const MAX_RECEIPT: usize = 32 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("bad admin URL {url:?}: {why}")]
+    Url { url: String, why: String },
+    #[error("cannot connect to {addr}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("timed out talking to {addr}")]
+    Timeout { addr: String },
+    #[error("http error")]
+    Http(#[from] hyper::Error),
+    #[error("building the request")]
+    Request(#[from] http::Error),
+    #[error("the admin API rejected the token (HTTP {0})")]
+    Unauthorized(u16),
+    #[error("the admin API answered HTTP {0}")]
+    Status(u16),
+    #[error("reading the response body: {0}")]
+    Body(String),
+    #[error("the receipt is not valid JSON")]
+    Json(#[source] serde_json::Error),
+    #[error("the event stream was silent for {}s", IDLE_TIMEOUT.as_secs())]
+    Idle,
+    #[error("the event stream ended")]
+    Ended,
+}
+
+impl AdminError {
+    /// Short words for the header's connection state.
+    pub fn short(&self) -> String {
+        match self {
+            AdminError::Connect { source, .. } => source.to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Where the admin API is and how to authenticate.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `http://host:port` plus an optional path prefix, no trailing `/`.
+    pub base: String,
+    pub token: String,
+}
+
+impl std::fmt::Debug for Target {
+    // The token is a credential: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// `url` may be `host:port` (http assumed) or `http://host:port[/prefix]`.
+    pub fn new(url: &str, token: &str) -> Result<Target, AdminError> {
+        let url = url.trim().trim_end_matches('/');
+        let base = if url.contains("://") {
+            url.to_string()
+        } else {
+            format!("http://{url}")
+        };
+        let uri: Uri = base
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| AdminError::Url {
+                url: url.to_string(),
+                why: e.to_string(),
+            })?;
+        if uri.scheme_str() != Some("http") {
+            return Err(AdminError::Url {
+                url: url.to_string(),
+                why: "only http:// is supported; reach the admin port over a forwarded or loopback port".into(),
+            });
+        }
+        if uri.host().is_none() {
+            return Err(AdminError::Url {
+                url: url.to_string(),
+                why: "no host".into(),
+            });
+        }
+        Ok(Target {
+            base,
+            token: token.trim().to_string(),
+        })
+    }
+
+    /// `host:port` for display and for connecting.
+    pub fn authority(&self) -> String {
+        self.base
+            .parse::<Uri>()
+            .ok()
+            .and_then(|u| {
+                let host = u.host()?.to_string();
+                Some(format!("{host}:{}", u.port_u16().unwrap_or(80)))
+            })
+            .unwrap_or_else(|| self.base.clone())
+    }
+
+    async fn send(
+        &self,
+        path_and_query: &str,
+        last_event_id: Option<u64>,
+    ) -> Result<hyper::Response<Incoming>, AdminError> {
+        let addr = self.authority();
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr))
+            .await
+            .map_err(|_| AdminError::Timeout { addr: addr.clone() })?
+            .map_err(|source| AdminError::Connect {
+                addr: addr.clone(),
+                source,
+            })?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "admin connection ended");
+            }
+        });
+        let prefix = self
+            .base
+            .parse::<Uri>()
+            .ok()
+            .map(|u| u.path().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        let mut req = Request::get(format!("{prefix}{path_and_query}"))
+            .header(http::header::HOST, &addr)
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.token),
+            );
+        if let Some(id) = last_event_id {
+            req = req
+                .header(http::header::ACCEPT, "text/event-stream")
+                .header("last-event-id", id.to_string());
+        }
+        let req = req.body(Empty::<Bytes>::new())?;
+        let resp = tokio::time::timeout(CONNECT_TIMEOUT, sender.send_request(req))
+            .await
+            .map_err(|_| AdminError::Timeout { addr })??;
+        match resp.status() {
+            StatusCode::OK => Ok(resp),
+            s @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
+                Err(AdminError::Unauthorized(s.as_u16()))
+            }
+            s => Err(AdminError::Status(s.as_u16())),
+        }
+    }
+
+    /// `GET /receipt`.
+    pub async fn receipt(&self) -> Result<Receipt, AdminError> {
+        let resp = self.send("/receipt", None).await?;
+        let body = tokio::time::timeout(
+            Duration::from_secs(30),
+            Limited::new(resp.into_body(), MAX_RECEIPT).collect(),
+        )
+        .await
+        .map_err(|_| AdminError::Timeout {
+            addr: self.authority(),
+        })?
+        .map_err(|e| AdminError::Body(e.to_string()))?
+        .to_bytes();
+        serde_json::from_slice(&body).map_err(AdminError::Json)
+    }
+
+    /// Opens `GET /events` resuming after `last_seq` (0: from the first line).
+    pub async fn events(&self, last_seq: u64) -> Result<Events, AdminError> {
+        let resp = self.send("/events", Some(last_seq)).await?;
+        Ok(Events {
+            body: resp.into_body(),
+            parser: SseParser::default(),
+        })
+    }
+}
+
+/// An open event stream.
+pub struct Events {
+    body: Incoming,
+    parser: SseParser,
+}
+
+impl Events {
+    /// The next ledger lines: waits for at least one event, returns every
+    /// event that arrived with it. Events whose data is not a ledger line
+    /// (other event types, a future format) are skipped and counted in `bad`.
+    pub async fn next_batch(&mut self) -> Result<(Vec<Line>, usize), AdminError> {
+        loop {
+            let frame = match tokio::time::timeout(IDLE_TIMEOUT, self.body.frame()).await {
+                Err(_) => return Err(AdminError::Idle),
+                Ok(None) => return Err(AdminError::Ended),
+                Ok(Some(f)) => f?,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let events = self.parser.feed(&data);
+            if events.is_empty() {
+                continue;
+            }
+            let mut lines = Vec::with_capacity(events.len());
+            let mut bad = 0;
+            for ev in events {
+                match serde_json::from_str::<Line>(&ev.data) {
+                    Ok(line) => lines.push(line),
+                    Err(_) => bad += 1,
+                }
+            }
+            return Ok((lines, bad));
+        }
+    }
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+}
+
+/// The text/event-stream framing (WHATWG HTML §9.2): fields per line,
+/// `data` lines joined by `\n`, an empty line dispatches, `:` lines are
+/// comments (keep-alives), `\r\n`, `\r` and `\n` all end a line.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    buf: Vec<u8>,
+    id: Option<String>,
+    event: Option<String>,
+    data: Option<String>,
+    /// A `\r` ended the previous chunk: a `\n` opening this one belongs to it.
+    after_cr: bool,
+}
+
+impl SseParser {
+    /// Feeds bytes; returns the events they completed.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        let mut chunk = chunk;
+        if self.after_cr && chunk.first() == Some(&b'\n') {
+            chunk = &chunk[1..];
+        }
+        self.after_cr = false;
+        let mut start = 0;
+        let mut i = 0;
+        while i < chunk.len() {
+            let b = chunk[i];
+            if b == b'\n' || b == b'\r' {
+                let mut line = std::mem::take(&mut self.buf);
+                line.extend_from_slice(&chunk[start..i]);
+                self.line(&line, &mut out);
+                if b == b'\r' {
+                    if i + 1 < chunk.len() {
+                        if chunk[i + 1] == b'\n' {
+                            i += 1;
+                        }
+                    } else {
+                        self.after_cr = true;
+                    }
+                }
+                start = i + 1;
+            }
+            i += 1;
+        }
+        self.buf.extend_from_slice(&chunk[start..]);
+        out
+    }
+
+    fn line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
+        if line.is_empty() {
+            if let Some(data) = self.data.take() {
+                out.push(SseEvent {
+                    id: self.id.clone(),
+                    event: self.event.take(),
+                    data,
+                });
+            }
+            self.event = None;
+            return;
+        }
+        if line[0] == b':' {
+            return;
+        }
+        let line = String::from_utf8_lossy(line);
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line.as_ref(), ""),
+        };
+        match field {
+            "data" => match &mut self.data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => self.data = Some(value.to_string()),
+            },
+            "id" if !value.contains('\0') => self.id = Some(value.to_string()),
+            "event" => self.event = Some(value.to_string()),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_events_split_anywhere() {
+        let stream = b": keep-alive\r\nid: 1\r\ndata: {\"a\":1}\r\n\r\nid: 2\nevent: ledger\ndata: x\ndata: y\n\n";
+        for split in 0..stream.len() {
+            let mut p = SseParser::default();
+            let mut got = p.feed(&stream[..split]);
+            got.extend(p.feed(&stream[split..]));
+            assert_eq!(
+                got,
+                vec![
+                    SseEvent {
+                        id: Some("1".into()),
+                        event: None,
+                        data: "{\"a\":1}".into()
+                    },
+                    SseEvent {
+                        id: Some("2".into()),
+                        event: Some("ledger".into()),
+                        data: "x\ny".into()
+                    },
+                ],
+                "split at {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn bare_cr_ends_lines_and_no_data_dispatches_nothing() {
+        let mut p = SseParser::default();
+        assert_eq!(p.feed(b"id: 5\r\r"), vec![]);
+        let got = p.feed(b"data:z\r\r");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].id.as_deref(), Some("5"));
+        assert_eq!(got[0].data, "z");
+    }
+
+    #[test]
+    fn targets() {
+        let t = Target::new("127.0.0.1:4567", "tok\n").unwrap();
+        assert_eq!(t.base, "http://127.0.0.1:4567");
+        assert_eq!(t.token, "tok");
+        assert_eq!(t.authority(), "127.0.0.1:4567");
+        assert!(!format!("{t:?}").contains("tok"));
+        let t = Target::new("http://localhost/admin/", "t").unwrap();
+        assert_eq!(t.authority(), "localhost:80");
+        assert!(Target::new("https://x:1", "t").is_err());
+    }
+}

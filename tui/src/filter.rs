@@ -1,0 +1,188 @@
+//! The `/` filter: space-separated terms that must all match a row.
+//!
+//! - `2xx` … `5xx`: the status class the client got (blocked counts as 4xx);
+//! - `service:NAME` (or `s:NAME`): the service column, exactly;
+//! - `kind:KIND` (or `k:KIND`): `request`, `passthrough`, `blocked`,
+//!   `upstream_error`, `trust_failure`, `session`, `quic`, `ech`;
+//! - anything else: case-insensitive text in the service, host, method,
+//!   path, query or status.
+
+use veris_receipt::Entry;
+
+use crate::app::Row;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Term {
+    Class(u16),
+    Service(String),
+    Kind(String),
+    Text(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    text: String,
+    terms: Vec<Term>,
+}
+
+impl Filter {
+    pub fn parse(text: &str) -> Filter {
+        let terms = text
+            .split_whitespace()
+            .map(|t| {
+                let lower = t.to_ascii_lowercase();
+                let b = lower.as_bytes();
+                if b.len() == 3 && (b'1'..=b'5').contains(&b[0]) && &lower[1..] == "xx" {
+                    return Term::Class(u16::from(b[0] - b'0'));
+                }
+                if let Some(v) = lower
+                    .strip_prefix("service:")
+                    .or_else(|| lower.strip_prefix("s:"))
+                {
+                    return Term::Service(v.to_string());
+                }
+                if let Some(v) = lower
+                    .strip_prefix("kind:")
+                    .or_else(|| lower.strip_prefix("k:"))
+                {
+                    return Term::Kind(v.replace('-', "_"));
+                }
+                Term::Text(lower)
+            })
+            .collect();
+        Filter {
+            text: text.to_string(),
+            terms,
+        }
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.terms.is_empty()
+    }
+
+    pub fn matches(&self, row: &Row) -> bool {
+        self.terms.iter().all(|t| match t {
+            Term::Class(c) => row.status().is_some_and(|s| s / 100 == *c),
+            Term::Service(s) => row.label().eq_ignore_ascii_case(s),
+            Term::Kind(k) => row.entry.kind() == k,
+            Term::Text(x) => haystack(row).contains(x.as_str()),
+        })
+    }
+}
+
+/// The text a free-text term searches, lower-cased.
+fn haystack(row: &Row) -> String {
+    let mut s = String::with_capacity(96);
+    s.push_str(row.label());
+    s.push(' ');
+    if let Some(h) = row.host() {
+        s.push_str(h);
+        s.push(' ');
+    }
+    match &row.entry {
+        Entry::Request {
+            method,
+            path,
+            query,
+            status,
+            ..
+        } => {
+            s.push_str(&format!("{method} {path}"));
+            if let Some(q) = query {
+                s.push('?');
+                s.push_str(q);
+            }
+            s.push_str(&format!(" {status}"));
+        }
+        Entry::UpstreamError {
+            method,
+            path,
+            status,
+            error,
+            ..
+        } => s.push_str(&format!("{method} {path} {status} {error}")),
+        Entry::Blocked {
+            method,
+            path,
+            reason,
+            ..
+        } => s.push_str(&format!(
+            "{} {} 421 {reason}",
+            method.as_deref().unwrap_or(""),
+            path.as_deref().unwrap_or("")
+        )),
+        Entry::Passthrough { reason, .. } => s.push_str(reason),
+        Entry::TrustFailure { alert, .. } => s.push_str(alert),
+        Entry::Quic { dst, .. } => s.push_str(dst),
+        _ => {}
+    }
+    s.make_ascii_lowercase();
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veris_receipt::ListenerTier;
+
+    fn request(service: &str, path: &str, status: u16) -> Row {
+        Row {
+            seq: 1,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry: Entry::Request {
+                service: service.into(),
+                host: "api.stripe.com".into(),
+                method: "POST".into(),
+                path: path.into(),
+                query: Some("limit=3".into()),
+                status,
+                http: "HTTP/1.1".into(),
+                tier: ListenerTier::Explicit,
+                bytes_in: 0,
+                bytes_out: None,
+                duration_ms: 3,
+                upstream: "http://127.0.0.1:1/s/x/stripe/v1/charges".into(),
+                headers: vec![],
+                websocket: false,
+            },
+        }
+    }
+
+    #[test]
+    fn terms_combine() {
+        let row = request("stripe", "/v1/Charges", 402);
+        assert!(Filter::parse("").matches(&row));
+        assert!(Filter::parse("4xx").matches(&row));
+        assert!(!Filter::parse("2xx").matches(&row));
+        assert!(Filter::parse("service:stripe 4xx charges").matches(&row));
+        assert!(Filter::parse("s:Stripe limit=3").matches(&row));
+        assert!(!Filter::parse("service:stripe-x").matches(&row));
+        assert!(Filter::parse("kind:request").matches(&row));
+        assert!(!Filter::parse("kind:blocked").matches(&row));
+        assert!(Filter::parse("API.STRIPE").matches(&row));
+    }
+
+    #[test]
+    fn blocked_is_a_4xx_and_a_kind() {
+        let row = Row {
+            seq: 2,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry: Entry::Blocked {
+                host: "evil.example".into(),
+                port: 443,
+                tier: ListenerTier::Explicit,
+                method: None,
+                path: None,
+                reason: "strict".into(),
+            },
+        };
+        assert!(Filter::parse("4xx").matches(&row));
+        assert!(Filter::parse("kind:blocked evil").matches(&row));
+        assert!(Filter::parse("blocked").matches(&row));
+        assert!(!Filter::parse("kind:passthrough").matches(&row));
+    }
+}

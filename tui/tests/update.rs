@@ -1,0 +1,227 @@
+//! Event sequences through `App::update`: following the tail, scrolling,
+//! pausing, filtering, the ring buffer, and resuming after a reconnect.
+
+mod common;
+
+use common::*;
+use crossterm::event::KeyCode;
+use veris_tui::app::{Action, App, ConnState, Connection, Event};
+
+fn lines(n: usize) -> Vec<veris_receipt::Line> {
+    let mut entries = vec![(120_000, session())];
+    for i in 0..n as i64 {
+        entries.push((
+            60_000 - i * 10,
+            request("stripe", "GET", "/v1/charges", 200, 5),
+        ));
+    }
+    chain(entries)
+}
+
+fn seqs(app: &App) -> Vec<u64> {
+    (0..app.visible_len())
+        .map(|i| app.visible_row(i).unwrap().seq)
+        .collect()
+}
+
+#[test]
+fn follows_the_tail_until_the_user_scrolls() {
+    let all = lines(60);
+    let mut app = app_with(all[..30].to_vec(), (80, 24));
+    assert!(app.following());
+    assert_eq!(app.selected_row().unwrap().seq, 30);
+    let h = veris_tui::layout::table_rows(&app);
+    assert_eq!(app.window_start(h), 30 - h);
+
+    app.update(Event::Lines(all[30..40].to_vec()));
+    assert_eq!(
+        app.selected_row().unwrap().seq,
+        40,
+        "following moves with the tail"
+    );
+
+    // One step up: the selection stays put while lines keep arriving.
+    app.update(key('k'));
+    assert!(!app.following());
+    assert_eq!(app.selected_row().unwrap().seq, 39);
+    app.update(Event::Lines(all[40..50].to_vec()));
+    assert_eq!(app.selected_row().unwrap().seq, 39);
+    let start = app.window_start(h);
+    assert!(
+        start <= 38 && 38 < start + h,
+        "selection stays in the window"
+    );
+
+    // g goes to the top, j moves down, G follows again.
+    app.update(key('g'));
+    assert_eq!(app.selected_row().unwrap().seq, 1);
+    assert_eq!(app.window_start(h), 0);
+    app.update(code(KeyCode::Down));
+    app.update(key('j'));
+    assert_eq!(app.selected_row().unwrap().seq, 3);
+    app.update(code(KeyCode::PageDown));
+    assert_eq!(app.selected_row().unwrap().seq, 3 + h as u64);
+    app.update(key('G'));
+    assert!(app.following());
+    app.update(Event::Lines(all[50..].to_vec()));
+    assert_eq!(app.selected_row().unwrap().seq, 61);
+}
+
+#[test]
+fn reconnect_resumes_from_the_last_seq_without_loss_or_duplicates() {
+    let all = lines(20);
+    let mut app = app_with(all[..8].to_vec(), (80, 24));
+    assert_eq!(app.last_seq(), 8);
+    app.update(Event::Connection(Connection {
+        state: ConnState::Reconnecting {
+            attempt: 1,
+            error: "connection reset".into(),
+        },
+        via: "admin 127.0.0.1:1".into(),
+    }));
+    // The stream a resumed connection sends may overlap what was seen.
+    app.update(live("admin 127.0.0.1:2"));
+    app.update(Event::Lines(all[5..14].to_vec()));
+    app.update(Event::Lines(all[14..].to_vec()));
+    assert_eq!(seqs(&app), (1..=21).collect::<Vec<_>>());
+    assert_eq!(app.duplicates, 3);
+    assert_eq!(app.gaps, 0);
+    assert_eq!(app.last_seq(), 21);
+    assert_eq!(app.conn.state, ConnState::Live);
+
+    // A gap (lines the source could not replay) is counted, not hidden.
+    let more = lines(30);
+    app.update(Event::Lines(more[25..].to_vec()));
+    assert_eq!(app.gaps, 4);
+}
+
+#[test]
+fn ring_buffer_keeps_memory_bounded_and_counts_older_rows() {
+    let all = lines(100);
+    let mut app = App::new("x", 25, now_ms(), (80, 24));
+    app.update(key('k'));
+    for chunk in all.chunks(7) {
+        app.update(Event::Lines(chunk.to_vec()));
+    }
+    assert_eq!(app.rows_len(), 25);
+    assert_eq!(app.dropped, 76);
+    assert_eq!(seqs(&app), (77..=101).collect::<Vec<_>>());
+    assert_eq!(
+        app.services()["stripe"].requests,
+        100,
+        "counters stay exact"
+    );
+    // A scrolled selection that was evicted moves to the oldest row kept.
+    app.update(key('g'));
+    app.update(Event::Lines(lines(110)[101..].to_vec()));
+    assert_eq!(app.selected_row().unwrap().seq, 87);
+}
+
+#[test]
+fn pause_holds_rows_back_without_losing_them() {
+    let all = lines(30);
+    let mut app = app_with(all[..10].to_vec(), (80, 24));
+    app.update(key('p'));
+    assert!(app.paused());
+    app.update(Event::Lines(all[10..].to_vec()));
+    assert_eq!(app.visible_len(), 10);
+    assert_eq!(app.held_back(), 21);
+    assert_eq!(app.selected_row().unwrap().seq, 10);
+    app.update(key('p'));
+    assert_eq!(app.visible_len(), 31);
+    assert_eq!(app.selected_row().unwrap().seq, 31);
+}
+
+#[test]
+fn filter_by_service_status_class_and_kind() {
+    let mut app = app_with(busy(), (80, 24));
+    app.update(key('/'));
+    assert!(app.filter_input().is_some());
+    for c in "5xx".chars() {
+        app.update(key(c));
+    }
+    app.update(code(KeyCode::Enter));
+    assert!(app.filter_input().is_none());
+    assert_eq!(app.filter().text(), "5xx");
+    assert!(app.visible_len() > 0);
+    for i in 0..app.visible_len() {
+        assert_eq!(app.visible_row(i).unwrap().status(), Some(500));
+    }
+    // New lines are filtered as they arrive.
+    let before = app.visible_len();
+    let more = chain(vec![(1, session()); 60]);
+    app.update(Event::Lines(more[48..].to_vec()));
+    assert_eq!(app.visible_len(), before);
+
+    for (text, kind) in [
+        ("kind:passthrough", "passthrough"),
+        ("kind:blocked", "blocked"),
+        ("k:trust-failure", "trust_failure"),
+    ] {
+        app.update(key('/'));
+        app.update(code(KeyCode::Esc));
+        assert!(app.filter().is_empty());
+        app.update(key('/'));
+        for c in text.chars() {
+            app.update(key(c));
+        }
+        app.update(code(KeyCode::Enter));
+        assert_eq!(app.visible_len(), 1, "{text}");
+        assert_eq!(app.visible_row(0).unwrap().entry.kind(), kind);
+    }
+    app.update(code(KeyCode::Esc));
+    assert!(app.filter().is_empty());
+}
+
+#[test]
+fn keys_ask_the_loop_for_quit_and_receipt_refresh() {
+    let mut app = app_with(vec![], (80, 24));
+    assert_eq!(app.update(key('r')), Some(Action::RefreshReceipt));
+    assert_eq!(app.update(key('q')), Some(Action::Quit));
+    // While typing a filter, q and r are text.
+    app.update(key('/'));
+    assert_eq!(app.update(key('q')), None);
+    assert_eq!(app.update(key('r')), None);
+    assert_eq!(app.filter_input(), Some("qr"));
+    assert_eq!(
+        app.update(Event::Key(crossterm::event::KeyEvent::new(
+            KeyCode::Char('c'),
+            crossterm::event::KeyModifiers::CONTROL
+        ))),
+        Some(Action::Quit)
+    );
+}
+
+#[test]
+fn reset_forgets_rows_and_seqs_start_again() {
+    let mut app = app_with(lines(10), (80, 24));
+    app.update(Event::Reset("the ledger file was replaced".into()));
+    assert_eq!(app.rows_len(), 0);
+    assert_eq!(app.last_seq(), 0);
+    assert!(screen(&app).contains("the ledger file was replaced"));
+    app.update(Event::Lines(lines(3)));
+    assert_eq!(seqs(&app), vec![1, 2, 3, 4]);
+    assert_eq!(app.duplicates, 0);
+}
+
+#[test]
+fn seals_are_counted_not_listed_and_sparkline_counts_the_last_minute() {
+    let mut app = app_with(busy(), (80, 24));
+    assert_eq!(app.counts.sealed_seq, Some(38));
+    assert!((0..app.visible_len()).all(|i| app.visible_row(i).unwrap().entry.kind() != "seal"));
+    let stripe = &app.services()["stripe"];
+    let rate = stripe.rate(now_ms() / 1000);
+    assert_eq!(
+        rate.iter().sum::<u32>() as u64,
+        stripe.requests,
+        "every call is in the last minute"
+    );
+    assert_eq!(stripe.errors, 12);
+    // A minute later the sparkline is empty; the counters are not.
+    app.update(Event::Tick {
+        now_ms: now_ms() + 120_000,
+    });
+    let stripe = &app.services()["stripe"];
+    assert_eq!(stripe.rate(app.now_ms / 1000).iter().sum::<u32>(), 0);
+    assert_eq!(stripe.requests, 24);
+}
