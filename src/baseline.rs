@@ -111,7 +111,7 @@ pub async fn baseline(args: BaselineArgs) -> Result<u8> {
             }
         }
     };
-    println!("{}", baseline.token());
+    crate::outln!("{}", baseline.token());
     Ok(0)
 }
 

@@ -77,19 +77,19 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
     match cmd {
         CaCommand::Init(dirs) => {
             let l = load(&dirs)?;
-            println!("{}", l.ca.cert_path().display());
+            crate::outln!("{}", l.ca.cert_path().display());
         }
         CaCommand::Show(dirs) => {
             let l = load(&dirs)?;
-            println!("subject:     {}", l.ca.subject());
-            println!("sha256:      {}", l.ca.fingerprint_sha256());
-            println!("not before:  {}", l.ca.not_before());
-            println!("not after:   {}", l.ca.not_after());
-            println!("certificate: {}", l.ca.cert_path().display());
-            println!("key:         {}", l.ca.key_path().display());
-            println!("trust dir:   {}", l.trust.dir.display());
-            println!("bundle:      {}", l.trust.bundle.display());
-            println!(
+            crate::outln!("subject:     {}", l.ca.subject());
+            crate::outln!("sha256:      {}", l.ca.fingerprint_sha256());
+            crate::outln!("not before:  {}", l.ca.not_before());
+            crate::outln!("not after:   {}", l.ca.not_after());
+            crate::outln!("certificate: {}", l.ca.cert_path().display());
+            crate::outln!("key:         {}", l.ca.key_path().display());
+            crate::outln!("trust dir:   {}", l.trust.dir.display());
+            crate::outln!("bundle:      {}", l.trust.bundle.display());
+            crate::outln!(
                 "truststore:  {} ({})",
                 l.trust.truststore.display(),
                 l.trust.truststore_type
@@ -97,7 +97,7 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
         }
         CaCommand::Path(dirs) => {
             let l = load(&dirs)?;
-            println!("{}", l.ca.cert_path().display());
+            crate::outln!("{}", l.ca.cert_path().display());
         }
         CaCommand::Env(args) => {
             let l = load(&args.dirs)?;
@@ -112,7 +112,7 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
                 trust_only: args.trust_only,
                 java_tool_options_base: java_base.as_deref(),
             };
-            print!("{}", env::render(&env::vars(&spec), args.format.into()));
+            crate::out!("{}", env::render(&env::vars(&spec), args.format.into()));
         }
     }
     Ok(0)

@@ -292,7 +292,7 @@ pub async fn check(args: CheckArgs) -> Result<u8> {
             }
             _ => {
                 let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
-                println!(
+                crate::outln!(
                     "veris check: ok: run {} (sandbox {}, {} tier, {} mode) answered {}",
                     a.run_id,
                     a.sandbox_id,

@@ -44,11 +44,13 @@ pub async fn demo(mut args: DemoArgs) -> Result<u8> {
 
 async fn demo_in(serve: &ServeArgs) -> Result<u8> {
     let stack = Stack::start(serve, "127.0.0.1:0").await?;
-    println!(
+    crate::outln!(
         "veris demo: twin {} (sandbox {}), proxy {}",
-        stack.twin_base, stack.identity.sandbox_id, stack.proxy_url
+        stack.twin_base,
+        stack.identity.sandbox_id,
+        stack.proxy_url
     );
-    println!(
+    crate::outln!(
         "client: rustls trusting only the veris CA ({})\n",
         stack.trust.ca_pem.display()
     );
@@ -67,8 +69,8 @@ async fn demo_in(serve: &ServeArgs) -> Result<u8> {
         Requirement::parse_service("google-calendar:1")?,
     ];
     let report = report(&read, &options, &reqs, false);
-    println!();
-    print!("{}", report.text);
+    crate::outln!();
+    crate::out!("{}", report.text);
     Ok(report.exit_code)
 }
 
@@ -82,13 +84,13 @@ async fn calls(client: &Client) -> Result<()> {
         )
         .await?;
     let customer_id = id_of(&customer)?;
-    println!("  POST https://api.stripe.com/v1/customers -> {status} ({customer_id})");
+    crate::outln!("  POST https://api.stripe.com/v1/customers -> {status} ({customer_id})");
     let form = format!("amount=2000&currency=usd&customer={customer_id}");
     let (status, charge) = client
         .call("api.stripe.com", "POST", "/v1/charges", Some(&form))
         .await?;
     let charge_id = id_of(&charge)?;
-    println!(
+    crate::outln!(
         "  POST https://api.stripe.com/v1/charges -> {status} ({charge_id}, amount {})",
         charge["amount"]
     );
@@ -100,11 +102,11 @@ async fn calls(client: &Client) -> Result<()> {
             read_back["id"]
         );
     }
-    println!("  GET  https://api.stripe.com{path} -> {status} (same charge)");
+    crate::outln!("  GET  https://api.stripe.com{path} -> {status} (same charge)");
     let path = "/calendar/v3/calendars/primary/events";
     let (status, events) = client.call("www.googleapis.com", "GET", path, None).await?;
     let n = events["items"].as_array().map(|a| a.len()).unwrap_or(0);
-    println!("  GET  https://www.googleapis.com{path} -> {status} ({n} events)");
+    crate::outln!("  GET  https://www.googleapis.com{path} -> {status} ({n} events)");
     Ok(())
 }
 

@@ -152,6 +152,31 @@ pub fn state_dir(flag: Option<PathBuf>) -> PathBuf {
         })
 }
 
+/// `println!` for command output: a reader that closed the pipe early
+/// (`veris receipt | head -1`) ends the output quietly instead of panicking.
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::emit(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::emit(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` with the same treatment of a closed pipe as [`outln!`].
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::emit(format_args!($($arg)*)) };
+}
+
+/// Writes to stdout; a broken pipe is not an error, anything else is reported on stderr.
+pub fn emit(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("veris: writing to stdout: {e}");
+        }
+    }
+}
+
 /// Random lower-case hex from the kernel's CSPRNG.
 pub fn random_hex(bytes: usize) -> anyhow::Result<String> {
     use std::io::Read;

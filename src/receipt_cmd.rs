@@ -186,13 +186,13 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
     };
     let report = report(&read, &options, &reqs, args.require.allow_empty);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report.receipt)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&report.receipt)?);
         // Verdict lines still reach a person, on stderr.
         for line in report.text.lines().filter(|l| l.starts_with("FAIL: ")) {
             eprintln!("{line}");
         }
     } else {
-        print!("{}", report.text);
+        crate::out!("{}", report.text);
     }
     Ok(report.exit_code)
 }

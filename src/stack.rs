@@ -503,7 +503,7 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
         stack.twin_base,
         stack.trust.ca_pem.display()
     );
-    println!("{}", stack.proxy_url);
+    crate::outln!("{}", stack.proxy_url);
     wait_for_signal().await?;
     info!("shutting down");
     stack.stop().await?;

@@ -99,6 +99,10 @@ pub enum LedgerError {
     },
     #[error("encoding ledger line")]
     Encode(#[source] serde_json::Error),
+    /// Another process (a second proxy on the same state dir) holds the ledger:
+    /// two writers would fork the chain.
+    #[error("ledger {path} is in use by another veris proxy; two writers would break its chain. Next: stop the other proxy or give this one its own --state-dir")]
+    Busy { path: PathBuf },
 }
 
 /// A defect found while reading a ledger.
@@ -488,6 +492,17 @@ impl Ledger {
         }
         let existed = path.exists();
         let mut file = opts.open(path).map_err(open_err)?;
+        // One writer per ledger: an advisory lock held for the writer's lifetime
+        // (released by the kernel if the process dies).
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(LedgerError::Busy {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(open_err(e)),
+        }
         if !existed {
             sync_parent(path);
         }
@@ -941,6 +956,21 @@ mod tests {
         assert!(text.contains("api_key=[redacted]&limit=1"), "{text}");
         assert!(text.contains(r#"["authorization","[redacted]"]"#), "{text}");
         assert!(text.contains(r#"["idempotency-key","k1"]"#), "{text}");
+    }
+
+    #[test]
+    fn a_second_writer_is_refused_until_the_first_is_gone() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (first, _) = Ledger::open(&path).unwrap();
+        first.append(session()).unwrap();
+        let err = Ledger::open(&path).err().expect("second writer refused");
+        assert!(matches!(err, LedgerError::Busy { .. }), "{err}");
+        assert!(err.to_string().contains("--state-dir"), "{err}");
+        drop(first);
+        let (second, report) = Ledger::open(&path).unwrap();
+        assert_eq!(report.next_seq, 2);
+        drop(second);
     }
 
     #[test]
