@@ -964,7 +964,9 @@ mod tests {
         let path = dir.0.join("ledger.jsonl");
         let (first, _) = Ledger::open(&path).unwrap();
         first.append(session()).unwrap();
-        let err = Ledger::open(&path).err().expect("second writer refused");
+        let Err(err) = Ledger::open(&path) else {
+            panic!("a second writer must be refused")
+        };
         assert!(matches!(err, LedgerError::Busy { .. }), "{err}");
         assert!(err.to_string().contains("--state-dir"), "{err}");
         drop(first);
