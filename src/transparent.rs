@@ -144,6 +144,10 @@ pub fn preflight(args: &TransparentArgs) -> Result<()> {
     if args.install_redirect && euid != 0 {
         bail!("--install-redirect needs root to install nftables rules (running as uid {euid}). Next: start veris as root (it drops to --proxy-uid {}) or install deploy/veris.nft yourself and pass --redirect-external", args.proxy_uid);
     }
+    if args.install_redirect {
+        // Checked again when installing; here so nothing is started in vain.
+        refuse_existing_table()?;
+    }
     if args.redirect_external && euid != 0 && euid != args.proxy_uid {
         bail!("with --redirect-external veris must run as the exempt proxy uid {} (running as uid {euid}), or its own passthrough dials are redirected back to it. Next: start it as uid {} (or as root, and it drops privileges)", args.proxy_uid, args.proxy_uid);
     }
@@ -181,15 +185,7 @@ pub fn engage(
 }
 
 fn install(args: &TransparentArgs, https_port: u16, http_port: u16) -> Result<Redirect> {
-    let exists = Command::new("nft")
-        .args(["list", "table", "inet", TABLE])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .context("running `nft`. Next: install nftables (apt-get install nftables)")?;
-    if exists.success() {
-        bail!("nftables table inet {TABLE} already exists: someone else installed a redirect. Next: pass --redirect-external to use it, or remove it with `nft delete table inet {TABLE}`");
-    }
+    refuse_existing_table()?;
     let rules = ruleset(args.proxy_uid, https_port, http_port, args.allow_quic);
     let mut nft = Command::new("nft")
         .args(["-f", "-"])
@@ -242,6 +238,20 @@ fn install(args: &TransparentArgs, https_port: u16, http_port: u16) -> Result<Re
         "installed the nftables redirect (table inet {TABLE})"
     );
     Ok(Redirect { stdin, helper })
+}
+
+/// Rules this process did not install are never taken over (nor removed later).
+fn refuse_existing_table() -> Result<()> {
+    let exists = Command::new("nft")
+        .args(["list", "table", "inet", TABLE])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("running `nft`. Next: install nftables (apt-get install nftables)")?;
+    if exists.success() {
+        bail!("nftables table inet {TABLE} already exists: someone else installed a redirect. Next: pass --redirect-external to use it, or remove it with `nft delete table inet {TABLE}`");
+    }
+    Ok(())
 }
 
 /// The uid's primary group from /etc/passwd; the uid itself when it has no entry.

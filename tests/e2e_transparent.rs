@@ -311,7 +311,44 @@ fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
     let dir = TempDir::new("strict");
     let ns = Netns::create("strict");
     let _origin = Origin::start(&ns, &dir, &python_origin());
-    let veris = Veris::start(&ns, &dir, &["--mode", "strict", "--allow-quic"]);
+    // A table someone else installed is not taken over (nor removed).
+    let mut add = ns.command("nft");
+    add.args(["add", "table", "inet", "veris"]);
+    assert!(ns.output(&mut add, CLIENT_TIMEOUT).status.success());
+    let mut refused = ns.command(bin());
+    refused
+        .args([
+            "serve",
+            "--transparent",
+            "--install-redirect",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--https-listen", "[::]:0", "--http-listen", "[::]:0"])
+        .arg("--state-dir")
+        .arg(dir.join("refused"));
+    let out = ns.output(&mut refused, CLIENT_TIMEOUT);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("already exists"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(ns.has_veris_table(), "the foreign table is left alone");
+    assert!(
+        !dir.join("refused").join("ledger.jsonl").exists(),
+        "refused before starting"
+    );
+    let mut del = ns.command("nft");
+    del.args(["delete", "table", "inet", "veris"]);
+    assert!(ns.output(&mut del, CLIENT_TIMEOUT).status.success());
+
+    let route = format!("stripe={VENDOR_V4}");
+    let veris = Veris::start(
+        &ns,
+        &dir,
+        &["--mode", "strict", "--allow-quic", "--route", &route],
+    );
 
     // With SNI: terminated with our leaf (-k) and refused in words.
     let (code, body, err) = curl(
@@ -330,6 +367,19 @@ fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
     let (code, body, _) = curl(&ns, &["-k", &format!("https://{LOCAL_V4}/")]);
     assert_eq!(code, "000");
     assert_ne!(body, "origin ok");
+    // Without SNI, but a route names the original address: terminated with a
+    // leaf for the IP (which curl verifies) and forwarded to the twin.
+    let ca = veris.ca();
+    let (code, body, err) = curl(
+        &ns,
+        &[
+            "--cacert",
+            ca.to_str().unwrap(),
+            &format!("https://{VENDOR_V4}/v1/customers"),
+        ],
+    );
+    assert_eq!(code, "200", "{err}");
+    assert!(body.contains("\"list\""), "{body}");
     // --allow-quic: no QUIC rule, no counter use.
     assert_eq!(ns.quic_dropped(), Some(0));
 
@@ -345,6 +395,10 @@ fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
         |b| b["host"] == LOCAL_V4 && b["reason"].as_str().unwrap_or("").contains("without SNI")
     ));
     assert!(kinds(&ledger, "passthrough").is_empty());
+    let requests = kinds(&ledger, "request");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0]["host"], VENDOR_V4);
+    assert_eq!(requests[0]["service"], "stripe");
 }
 
 #[test]

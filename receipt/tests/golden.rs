@@ -269,7 +269,11 @@ fn rich_receipt_is_golden() {
     assert_eq!(r.services["stripe"].requests, 24);
     assert_eq!(
         r.leaks,
-        ["direct-egress-possible", "udp-quic-possible", "ech-possible"]
+        [
+            "direct-egress-possible",
+            "udp-quic-possible",
+            "ech-possible"
+        ]
     );
     assert_eq!(r.upstream_errors.len(), 1);
     golden("rich.txt", &render_text(&r));
@@ -564,11 +568,7 @@ fn a_truncated_file_that_ends_on_a_line_boundary_still_verifies() {
     let lines = lines_of(&bytes);
     let r = receipt_of(&join(&lines[..10]), &Options::default());
     assert_eq!(r.integrity.status, IntegrityStatus::Unverified);
-    assert!(r
-        .integrity
-        .reason
-        .unwrap()
-        .contains("proxy not live"));
+    assert!(r.integrity.reason.unwrap().contains("proxy not live"));
 }
 
 #[test]

@@ -39,7 +39,10 @@ fn line(seq: u64) -> Line {
             method: "POST".into(),
             path: format!("/v1/things/{seq}"),
             query: Some("limit=3".into()),
-            status: if seq % 17 == 0 { 500 } else { 200 },
+            status: match seq % 17 {
+                0 => 500,
+                _ => 200,
+            },
             http: "HTTP/1.1".into(),
             tier: ListenerTier::Explicit,
             bytes_in: 120,

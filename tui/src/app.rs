@@ -28,6 +28,10 @@ pub const SPARK_SECONDS: usize = 60;
 /// Latencies kept per service for the p50 (the most recent ones).
 const LATENCY_WINDOW: usize = 1024;
 
+/// Clock differences below this between the proxy and this terminal are
+/// taken as none (they are mostly delivery latency).
+pub const SKEW_DEADBAND_MS: i64 = 2_000;
+
 /// Everything that can change the state.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -228,6 +232,10 @@ pub struct App {
     pub conn: Connection,
     /// Wall clock of the last tick (ms since the epoch); render reads only this.
     pub now_ms: i64,
+    /// How far the proxy's clock is ahead of ours, estimated as the largest
+    /// `ts - now` seen (a line cannot be written after it arrives, so the
+    /// newest lines bound the difference from below and come closest).
+    skew_ms: Option<i64>,
     /// Terminal size, for page moves.
     pub size: (u16, u16),
     capacity: usize,
@@ -272,6 +280,7 @@ impl App {
                 via: via.into(),
             },
             now_ms,
+            skew_ms: None,
             size,
             capacity: capacity.max(1),
             rows: VecDeque::new(),
@@ -317,6 +326,16 @@ impl App {
             Event::Reset(why) => self.reset(why),
         }
         None
+    }
+
+    /// "Now" on the proxy's clock: the sparkline and uptime are measured
+    /// against it, so a sandbox whose clock is off (a restored VM snapshot)
+    /// still shows its last minute.
+    pub fn ledger_now_ms(&self) -> i64 {
+        match self.skew_ms {
+            Some(s) if s.abs() >= SKEW_DEADBAND_MS => self.now_ms.saturating_add(s),
+            _ => self.now_ms,
+        }
     }
 
     /// The seq a resumed stream must continue after.
@@ -429,6 +448,10 @@ impl App {
         self.last_seq = line.seq;
         self.notice = None;
         let ts_ms = parse_ts_ms(&line.ts);
+        if let Some(t) = ts_ms {
+            let candidate = t - self.now_ms;
+            self.skew_ms = Some(self.skew_ms.map_or(candidate, |s| s.max(candidate)));
+        }
         match &line.entry {
             Entry::Session {
                 sandbox_id,
@@ -504,6 +527,7 @@ impl App {
         self.receipt = None;
         self.last_seq = 0;
         self.activity_seq = 0;
+        self.skew_ms = None;
         self.dropped = 0;
         self.selected = None;
         self.top = None;

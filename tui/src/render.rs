@@ -126,7 +126,7 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
         .session
         .as_ref()
         .and_then(|s| s.started_ms)
-        .map(|t| format!("up {}", duration_words(app.now_ms - t)))
+        .map(|t| format!("up {}", duration_words(app.ledger_now_ms() - t)))
         .unwrap_or_else(|| "up ?".into());
     let conn = match &app.conn.state {
         ConnState::Connecting => Span::raw("○ connecting").yellow(),
@@ -253,7 +253,7 @@ fn render_services(app: &App, frame: &mut Frame, area: Rect) {
         frame.render_widget(Paragraph::new("no vendor traffic yet").dark_gray(), inner);
         return;
     }
-    let now_s = app.now_ms.div_euclid(1000);
+    let now_s = app.ledger_now_ms().div_euclid(1000);
     let name_w = services
         .keys()
         .map(|k| k.len())

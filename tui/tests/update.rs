@@ -225,3 +225,18 @@ fn seals_are_counted_not_listed_and_sparkline_counts_the_last_minute() {
     assert_eq!(stripe.rate(app.now_ms / 1000).iter().sum::<u32>(), 0);
     assert_eq!(stripe.requests, 24);
 }
+
+#[test]
+fn a_proxy_clock_that_is_off_still_shows_its_last_minute() {
+    // The sandbox's clock is 10 minutes behind ours (a restored VM snapshot).
+    let lines = busy();
+    let mut app = App::new("admin", 1000, now_ms() + 600_000, (80, 24));
+    app.update(Event::Lines(lines));
+    let stripe = &app.services()["stripe"];
+    let rate = stripe.rate(app.ledger_now_ms() / 1000);
+    assert_eq!(rate.iter().sum::<u32>() as u64, stripe.requests);
+    assert!(screen(&app).contains("up 4m58s"), "{}", screen(&app));
+    // Clocks that agree are left alone.
+    let app = app_with(busy(), (80, 24));
+    assert_eq!(app.ledger_now_ms(), app.now_ms);
+}
