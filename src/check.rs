@@ -48,6 +48,7 @@ pub struct CheckArgs {
         long,
         value_name = "TOKEN",
         env = "VERIS_CANARY",
+        hide_env_values = true,
         conflicts_with = "any_run"
     )]
     pub expect_canary: Option<String>,

@@ -21,6 +21,7 @@ pub struct TuiArgs {
         long,
         env = "VERIS_ADMIN_TOKEN",
         hide_env_values = true,
+        hide_env_values = true,
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
