@@ -5,7 +5,8 @@
 #   2. the CA and trust material (`veris ca init`), and the CA published into
 #      the system trust store, so clients that use the system store trust it;
 #   3. the nftables redirect (deploy/veris.nft, templated by uid and ports):
-#      the workload's TCP 80/443 go to veris, UDP 443 (QUIC) is dropped;
+#      the workload's TCP 80/443 go to veris, UDP 443 (QUIC) to its silent
+#      sink, which records each attempt;
 #   4. veris started as the proxy uid (`--redirect-external`: these rules are
 #      the boot script's), writing the trust-only env file once it accepts
 #      connections. No proxy variables: the redirect is the enforcement, and
@@ -20,7 +21,7 @@
 #   VERIS_BIN [/usr/local/bin/veris]   VERIS_STATE_DIR [/veris]
 #   VERIS_PROXY_UID [14741]            VERIS_HTTPS_PORT [8443]   VERIS_HTTP_PORT [8081]
 #   VERIS_RULES [/etc/veris/veris.nft] VERIS_ENV_FILE [$VERIS_STATE_DIR/env]
-#   VERIS_ALLOW_QUIC [unset: drop UDP 443]  VERIS_SYSTEM_TRUST [1: update the system store]
+#   VERIS_QUIC_PORT [8443, UDP]        VERIS_ALLOW_QUIC [unset: UDP 443 to the sink]  VERIS_SYSTEM_TRUST [1: update the system store]
 #   VERIS_SERVE_ARGS [empty: extra `veris serve` flags, e.g. "--twin URL --sandbox ID"]
 set -eu
 
@@ -29,6 +30,7 @@ STATE=${VERIS_STATE_DIR:-/veris}
 PROXY_UID=${VERIS_PROXY_UID:-14741}
 HTTPS_PORT=${VERIS_HTTPS_PORT:-8443}
 HTTP_PORT=${VERIS_HTTP_PORT:-8081}
+QUIC_PORT=${VERIS_QUIC_PORT:-8443}
 RULES=${VERIS_RULES:-/etc/veris/veris.nft}
 ENV_FILE=${VERIS_ENV_FILE:-$STATE/env}
 READY=$STATE/ready.json
@@ -74,7 +76,7 @@ prepare() {
         nft delete table inet veris
     fi
     sed -e "s/@PROXY_UID@/$PROXY_UID/g" -e "s/@HTTPS_PORT@/$HTTPS_PORT/g" \
-        -e "s/@HTTP_PORT@/$HTTP_PORT/g" "$RULES" |
+        -e "s/@HTTP_PORT@/$HTTP_PORT/g" -e "s/@QUIC_PORT@/$QUIC_PORT/g" "$RULES" |
         if [ -n "${VERIS_ALLOW_QUIC:-}" ]; then grep -v '# quic$'; else cat; fi |
         nft -f -
     say "redirect installed: TCP 443 -> :$HTTPS_PORT, TCP 80 -> :$HTTP_PORT, uid $PROXY_UID exempt"
@@ -87,6 +89,7 @@ start() {
     setpriv --reuid="$PROXY_UID" --regid="$PROXY_GID" --clear-groups -- \
         "$BIN" serve --transparent --redirect-external --proxy-uid "$PROXY_UID" \
         --https-listen "[::]:$HTTPS_PORT" --http-listen "[::]:$HTTP_PORT" \
+        --quic-listen "[::]:$QUIC_PORT" \
         --state-dir "$STATE" --ready-file "$READY" \
         --write-env "$ENV_FILE" --env-trust-only ${VERIS_SERVE_ARGS:-} \
         </dev/null >>"$STATE/veris.log" 2>&1 &

@@ -253,7 +253,15 @@ impl Stack {
             let http = TcpListener::bind(&t.http_listen).await.with_context(|| {
                 format!("binding the transparent HTTP listener to {}. Next: pick a free address with --http-listen", t.http_listen)
             })?;
-            Some((https, http))
+            // The QUIC sink, unless UDP 443 is let through.
+            let quic = if t.allow_quic {
+                None
+            } else {
+                Some(tokio::net::UdpSocket::bind(&t.quic_listen).await.with_context(|| {
+                    format!("binding the QUIC sink (UDP) to {}. Next: pick a free address with --quic-listen, or pass --allow-quic", t.quic_listen)
+                })?)
+            };
+            Some((https, http, quic))
         } else {
             None
         };
@@ -310,26 +318,42 @@ impl Stack {
 
         // Transparent tier: rules in and root gone before any client byte is read.
         let (mut transparent_addrs, mut transparent_task, mut redirect) = (None, None, None);
-        if let Some((https, http)) = transparent_listeners {
+        if let Some((https, http, quic)) = transparent_listeners {
             let addrs = (https.local_addr()?, http.local_addr()?);
+            let quic_addr = quic.as_ref().map(|q| q.local_addr()).transpose()?;
             redirect = crate::transparent::engage(
                 &args.transparent,
                 addrs.0,
                 addrs.1,
+                quic_addr,
                 &[&state_dir, &ca_dir],
             )?;
             let mut rx = shutdown_rx.clone();
             let stop = async move {
                 let _ = rx.wait_for(|stop| *stop).await;
             };
-            transparent_task = Some(tokio::spawn(veris_proxy::transparent::serve(
-                Some(https),
-                Some(http),
-                proxy.clone(),
-                stop,
-            )));
+            let tcp = veris_proxy::transparent::serve(Some(https), Some(http), proxy.clone(), stop);
+            // The sink shares the listeners' task: stopping them also writes
+            // its pending attempts, before the shutdown seal.
+            let mut rx = shutdown_rx.clone();
+            let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger.clone();
+            let sink = async move {
+                match quic {
+                    Some(socket) => {
+                        let stop = async move {
+                            let _ = rx.wait_for(|stop| *stop).await;
+                        };
+                        veris_proxy::quic::serve(socket, recorder, stop).await
+                    }
+                    None => Ok(()),
+                }
+            };
+            transparent_task = Some(tokio::spawn(async move {
+                let (tcp, sink) = tokio::join!(tcp, sink);
+                tcp.and(sink)
+            }));
             transparent_addrs = Some(addrs);
-            info!(https = %addrs.0, http = %addrs.1, "transparent listeners");
+            info!(https = %addrs.0, http = %addrs.1, quic = ?quic_addr, "transparent listeners");
         }
 
         let admin = crate::live::start_admin(crate::live::AdminStart {

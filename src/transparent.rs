@@ -15,8 +15,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tracing::{info, warn};
 
-/// The ruleset, templated by `@PROXY_UID@`, `@HTTPS_PORT@`, `@HTTP_PORT@`;
-/// lines ending in `# quic` are left out with `--allow-quic`.
+/// The ruleset, templated by `@PROXY_UID@`, `@HTTPS_PORT@`, `@HTTP_PORT@`,
+/// `@QUIC_PORT@`; lines ending in `# quic` are left out with `--allow-quic`.
 pub const RULESET_TEMPLATE: &str = include_str!("../deploy/veris.nft");
 
 /// Name of the nftables table (family inet) the rules live in.
@@ -48,13 +48,23 @@ pub struct TransparentArgs {
     /// The redirect was installed by someone else (boot script, image).
     #[arg(long, requires = "transparent")]
     pub redirect_external: bool,
-    /// Do not drop UDP 443 (QUIC) in the installed rules.
+    /// Do not redirect UDP 443 (QUIC) to the sink in the installed rules
+    /// (nor start the sink).
     #[arg(long)]
     pub allow_quic: bool,
+    /// Sink for redirected UDP 443 (QUIC): never answers, records each attempt.
+    #[arg(long, value_name = "ADDR", default_value = veris_proxy::quic::DEFAULT_QUIC_LISTEN)]
+    pub quic_listen: String,
 }
 
-/// The ruleset for a proxy uid and the listener ports.
-pub fn ruleset(proxy_uid: u32, https_port: u16, http_port: u16, allow_quic: bool) -> String {
+/// The ruleset for a proxy uid and the listener ports (`quic_port`: the UDP sink's).
+pub fn ruleset(
+    proxy_uid: u32,
+    https_port: u16,
+    http_port: u16,
+    quic_port: u16,
+    allow_quic: bool,
+) -> String {
     let mut out = String::new();
     for line in RULESET_TEMPLATE.lines() {
         if allow_quic && line.trim_end().ends_with("# quic") {
@@ -64,7 +74,8 @@ pub fn ruleset(proxy_uid: u32, https_port: u16, http_port: u16, allow_quic: bool
             &line
                 .replace("@PROXY_UID@", &proxy_uid.to_string())
                 .replace("@HTTPS_PORT@", &https_port.to_string())
-                .replace("@HTTP_PORT@", &http_port.to_string()),
+                .replace("@HTTP_PORT@", &http_port.to_string())
+                .replace("@QUIC_PORT@", &quic_port.to_string()),
         );
         out.push('\n');
     }
@@ -156,14 +167,17 @@ pub fn preflight(args: &TransparentArgs) -> Result<()> {
 
 /// After the listeners are bound and before any is served: installs the
 /// redirect when asked, hands the state to the proxy uid and drops root.
+/// `quic` is the UDP sink (none with `--allow-quic`).
 pub fn engage(
     args: &TransparentArgs,
     https: SocketAddr,
     http: SocketAddr,
+    quic: Option<SocketAddr>,
     owned_dirs: &[&Path],
 ) -> Result<Option<Redirect>> {
     let redirect = if args.install_redirect {
-        Some(install(args, https.port(), http.port())?)
+        let quic_port = quic.map_or(0, |q| q.port());
+        Some(install(args, https.port(), http.port(), quic_port)?)
     } else {
         None
     };
@@ -184,9 +198,20 @@ pub fn engage(
     Ok(redirect)
 }
 
-fn install(args: &TransparentArgs, https_port: u16, http_port: u16) -> Result<Redirect> {
+fn install(
+    args: &TransparentArgs,
+    https_port: u16,
+    http_port: u16,
+    quic_port: u16,
+) -> Result<Redirect> {
     refuse_existing_table()?;
-    let rules = ruleset(args.proxy_uid, https_port, http_port, args.allow_quic);
+    let rules = ruleset(
+        args.proxy_uid,
+        https_port,
+        http_port,
+        quic_port,
+        args.allow_quic,
+    );
     let mut nft = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
@@ -234,7 +259,8 @@ fn install(args: &TransparentArgs, https_port: u16, http_port: u16) -> Result<Re
         proxy_uid = args.proxy_uid,
         https_port,
         http_port,
-        quic_dropped = !args.allow_quic,
+        quic_port,
+        quic_redirected = !args.allow_quic,
         "installed the nftables redirect (table inet {TABLE})"
     );
     Ok(Redirect { stdin, helper })
@@ -333,14 +359,17 @@ mod tests {
 
     #[test]
     fn ruleset_is_templated_and_quic_can_be_left_out() {
-        let r = ruleset(14741, 8443, 8081, false);
+        let r = ruleset(14741, 8443, 8081, 8444, false);
         assert!(r.contains("table inet veris"));
         assert!(r.contains("meta skuid 14741 return"));
         assert!(r.contains("tcp dport 443 redirect to :8443"));
         assert!(r.contains("tcp dport 80 redirect to :8081"));
         assert!(r.contains("quic_dropped"));
+        assert!(r.contains("udp dport 443 redirect to :8444"));
+        assert!(r.contains("udp dport 8444 ct original proto-dst 443"));
         assert!(!r.contains('@'), "every placeholder is filled: {r}");
-        let r = ruleset(14741, 8443, 8081, true);
+        let r = ruleset(14741, 8443, 8081, 8444, true);
         assert!(!r.contains("udp dport 443"));
+        assert!(!r.contains("udp dport 8444"));
     }
 }

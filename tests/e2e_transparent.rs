@@ -5,7 +5,8 @@
 //! ClientHello one byte per segment) reach the twin through the redirect over
 //! IPv4 and IPv6; unmapped hosts pass through to a local origin (or are
 //! refused in strict mode); a Host that disagrees with the SNI is refused;
-//! QUIC is dropped and counted; a client without the CA leaves a
+//! QUIC goes to the silent sink and is recorded (a real aioquic client's
+//! attempt with its SNI); a client without the CA leaves a
 //! `trust_failure` that fails the receipt; the rules go when veris exits.
 //! Plus the explicit tier's trust-failure record and the uid preflight, which
 //! need no namespace.
@@ -210,15 +211,21 @@ fn transparent_tier_intercepts_clients_without_proxy_variables() {
     let out = ns.output(&mut cmd, CLIENT_TIMEOUT);
     assert!(out.status.success(), "ech client: {}", text(&out.stderr));
 
-    // QUIC: UDP 443 is dropped in the kernel and counted.
-    let before = ns.quic_dropped().expect("the quic_dropped counter exists");
+    // QUIC: UDP 443 goes to the silent sink, counted in the kernel too.
+    let before = ns
+        .nft_counter("quic_redirected")
+        .expect("the quic_redirected counter exists");
     let script = dir.join("quic.py");
     std::fs::write(&script, QUIC_PY).unwrap();
     let mut cmd = ns.command(python_origin());
     cmd.arg(&script).args([VENDOR_V4, VENDOR_V6]);
     let out = ns.output(&mut cmd, CLIENT_TIMEOUT);
-    assert_eq!(text(&out.stdout).trim(), "2", "both datagrams refused");
-    assert_eq!(ns.quic_dropped(), Some(before + 2));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "0",
+        "both datagrams sent (to the sink)"
+    );
+    assert_eq!(ns.nft_counter("quic_redirected"), Some(before + 2));
 
     // A client without the veris CA: a trust failure for a vendor host.
     let (code, _, err) = curl(
@@ -268,6 +275,20 @@ fn transparent_tier_intercepts_clients_without_proxy_variables() {
     assert!(pass
         .iter()
         .any(|p| p["host"] == LOCAL_V4 && p["reason"] == "no_sni"));
+    // Not QUIC Initials (no SNI), but attempts all the same, each with the
+    // destination the client dialed, IPv4 and IPv6.
+    let mut quic: Vec<String> = kinds(&ledger, "quic")
+        .iter()
+        .map(|q| format!("{} {} {}", q["dst"], q["attempts"], q["host"]))
+        .collect();
+    quic.sort();
+    assert_eq!(
+        quic,
+        [
+            "\"203.0.113.10:443\" 1 null",
+            "\"[2001:db8::10]:443\" 1 null"
+        ]
+    );
     let ech = kinds(&ledger, "ech");
     assert_eq!(ech.len(), 1, "{ech:?}");
     assert_eq!(ech[0]["host"], "origin.test");
@@ -301,6 +322,79 @@ fn transparent_tier_intercepts_clients_without_proxy_variables() {
         receipt.contains("FAIL: vendor host api.github.com refused the veris certificate"),
         "{receipt}"
     );
+}
+
+#[test]
+fn a_real_quic_attempt_is_recorded_with_its_sni_and_never_answered() {
+    if let Some(why) = unavailable() {
+        return skip(&why);
+    }
+    let Some(python) = python_with_module("aioquic") else {
+        return skip("Python `aioquic` is not installed (pip install aioquic)");
+    };
+    let dir = TempDir::new("quic");
+    let ns = Netns::create("quic");
+    let veris = Veris::start(&ns, &dir, &["--mode", "passthrough"]);
+
+    // aioquic retransmits its Initial while nothing answers, then gives up.
+    // Not `aioquic.py`: the script would shadow the package.
+    let script = dir.join("quic_client.py");
+    std::fs::write(&script, AIOQUIC_PY).unwrap();
+    let mut cmd = ns.command(&python);
+    cmd.arg(&script).args([VENDOR_V4, "api.stripe.com", "3"]);
+    let out = ns.output(&mut cmd, CLIENT_TIMEOUT);
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "no answer",
+        "the sink must never answer: {}",
+        text(&out.stderr)
+    );
+    let sent = ns.nft_counter("quic_redirected").unwrap_or(0);
+    assert!(sent >= 1, "the Initial went to the sink");
+
+    // The attempt is written once it goes quiet: poll, bounded.
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let quic = loop {
+        let quic: Vec<Value> = kinds(&veris.ledger(), "quic")
+            .into_iter()
+            .cloned()
+            .collect();
+        if !quic.is_empty() || std::time::Instant::now() >= deadline {
+            break quic;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(quic.len(), 1, "one entry for the attempt: {quic:?}");
+    assert_eq!(quic[0]["host"], "api.stripe.com");
+    assert_eq!(quic[0]["dst"], format!("{VENDOR_V4}:443"));
+    let attempts = quic[0]["attempts"].as_u64().unwrap();
+    assert!(
+        attempts >= 1 && attempts <= sent,
+        "retransmits are counted into one entry: {attempts} of {sent} datagrams"
+    );
+
+    let out = Command::new(bin())
+        .args(["receipt", "--json", "--state-dir"])
+        .arg(&veris.state)
+        .env_clear()
+        .output()
+        .unwrap();
+    let receipt: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("receipt JSON: {e}: {}", text(&out.stdout)));
+    let leaks: Vec<&str> = receipt["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert!(
+        leaks.contains(&format!("quic-attempts {attempts}").as_str()),
+        "{leaks:?}"
+    );
+
+    let status = veris.stop();
+    assert!(status.success(), "veris exit: {status}");
+    assert!(!ns.has_veris_table(), "the rules are removed on exit");
 }
 
 #[test]

@@ -32,7 +32,6 @@ use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
@@ -106,17 +105,7 @@ pub async fn serve_admin(
                             let cancel = cancel.clone();
                             async move { Ok::<_, Infallible>(route(admin, req, cancel).await) }
                         });
-                        let conn = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service);
-                        tokio::pin!(conn);
-                        let result = tokio::select! {
-                            r = conn.as_mut() => r,
-                            _ = conn_cancel.cancelled() => {
-                                conn.as_mut().graceful_shutdown();
-                                conn.await
-                            }
-                        };
-                        if let Err(e) = result {
+                        if let Err(e) = crate::serve_http1(stream, service, &conn_cancel).await {
                             debug!(error = %e, %peer, "admin connection ended with an error");
                         }
                     });

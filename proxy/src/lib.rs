@@ -28,6 +28,7 @@ pub mod body;
 pub mod catalog;
 pub mod clienthello;
 pub mod config;
+pub mod quic;
 pub mod recorder;
 pub mod respond;
 pub mod route;
@@ -780,18 +781,34 @@ async fn client_connection(proxy: Arc<Proxy>, stream: TcpStream, peer: SocketAdd
         let proxy = proxy.clone();
         async move { Ok::<_, Infallible>(proxy.on_proxy_request(req, peer).await) }
     });
+    if let Err(e) = serve_http1(stream, service, &cancel).await {
+        debug!(error = %e, %peer, "client connection ended with an error");
+    }
+}
+
+/// Serves one HTTP/1.1 connection (upgrades allowed) until it ends; once
+/// `cancel` fires, in-flight requests finish and the connection closes.
+pub(crate) async fn serve_http1<S, B>(
+    stream: TcpStream,
+    service: S,
+    cancel: &CancellationToken,
+) -> Result<(), hyper::Error>
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Future: 'static,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let conn = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);
-    let result = tokio::select! {
+    tokio::select! {
         r = conn.as_mut() => r,
         _ = cancel.cancelled() => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
-    };
-    if let Err(e) = result {
-        debug!(error = %e, %peer, "client connection ended with an error");
     }
 }

@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use http::{header, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -294,18 +293,7 @@ impl Transparent {
                 Ok::<_, Infallible>(proxy.handle(req, Arc::new(leg)).await)
             }
         });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service)
-            .with_upgrades();
-        tokio::pin!(conn);
-        let result = tokio::select! {
-            r = conn.as_mut() => r,
-            _ = cancel.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        };
-        if let Err(e) = result {
+        if let Err(e) = crate::serve_http1(stream, service, &cancel).await {
             debug!(error = %e, "redirected HTTP connection ended with an error");
         }
     }

@@ -82,11 +82,7 @@ impl Upstream {
         let tls = if options.insecure_skip_verify {
             rustls::ClientConfig::builder()
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoVerify(
-                    rustls::crypto::CryptoProvider::get_default()
-                        .cloned()
-                        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider())),
-                )))
+                .with_custom_certificate_verifier(AcceptAnyCert::new())
                 .with_no_client_auth()
         } else {
             rustls::ClientConfig::builder()
@@ -238,12 +234,23 @@ pub fn is_websocket(headers: &HeaderMap) -> bool {
     upgrade && connection
 }
 
-/// Accepts any certificate but still checks handshake signatures; only for
-/// `insecure_skip_verify` twins.
+/// Accepts any certificate but still checks handshake signatures: for
+/// `insecure_skip_verify` twins, and for probes whose answer authenticates
+/// itself (the canary token).
 #[derive(Debug)]
-struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+pub struct AcceptAnyCert(Arc<rustls::crypto::CryptoProvider>);
 
-impl ServerCertVerifier for NoVerify {
+impl AcceptAnyCert {
+    pub fn new() -> Arc<AcceptAnyCert> {
+        Arc::new(AcceptAnyCert(
+            rustls::crypto::CryptoProvider::get_default()
+                .cloned()
+                .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider())),
+        ))
+    }
+}
+
+impl ServerCertVerifier for AcceptAnyCert {
     fn verify_server_cert(
         &self,
         _end_entity: &CertificateDer<'_>,

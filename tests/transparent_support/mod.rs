@@ -86,6 +86,22 @@ pub fn python_with_requests() -> Option<PathBuf> {
     (!exe.is_empty()).then(|| PathBuf::from(exe))
 }
 
+/// The Python interpreter that can import `module` (see [`python_with_requests`]).
+pub fn python_with_module(module: &str) -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            &format!("import sys, {module}; print(sys.executable)"),
+        ])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let exe = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!exe.is_empty()).then(|| PathBuf::from(exe))
+}
+
 /// A unique temp dir (mode 0755, so the proxy uid can reach it), removed on drop.
 pub struct TempDir {
     pub path: PathBuf,
@@ -223,17 +239,14 @@ impl Netns {
 
     /// The packet count of the `quic_dropped` counter, if the table exists.
     pub fn quic_dropped(&self) -> Option<u64> {
+        self.nft_counter("quic_dropped")
+    }
+
+    /// The packet count of a named counter of `table inet veris`, if it exists.
+    pub fn nft_counter(&self, name: &str) -> Option<u64> {
         let out = Command::new("ip")
             .args([
-                "netns",
-                "exec",
-                &self.name,
-                "nft",
-                "list",
-                "counter",
-                "inet",
-                "veris",
-                "quic_dropped",
+                "netns", "exec", &self.name, "nft", "list", "counter", "inet", "veris", name,
             ])
             .output()
             .ok()?;
@@ -324,6 +337,8 @@ impl Veris {
             "--https-listen",
             "[::]:0",
             "--http-listen",
+            "[::]:0",
+            "--quic-listen",
             "[::]:0",
             "--grace",
             "1",
@@ -579,6 +594,27 @@ for fam, addr in ((socket.AF_INET, sys.argv[1]), (socket.AF_INET6, sys.argv[2]))
     except OSError:
         refused += 1
 print(refused)
+"#;
+
+/// A real QUIC client (aioquic): connects to `argv[1]:443` with server name
+/// `argv[2]`, giving up after `argv[3]` seconds; prints `connected` or
+/// `no answer`. Certificate checks are off: nothing should ever answer.
+pub const AIOQUIC_PY: &str = r#"
+import asyncio, ssl, sys
+from aioquic.asyncio.client import connect
+from aioquic.quic.configuration import QuicConfiguration
+
+async def attempt():
+    config = QuicConfiguration(is_client=True, alpn_protocols=["h3"], server_name=sys.argv[2])
+    config.verify_mode = ssl.CERT_NONE
+    config.idle_timeout = float(sys.argv[3])
+    async with connect(sys.argv[1], 443, configuration=config):
+        return "connected"
+
+try:
+    print(asyncio.run(asyncio.wait_for(attempt(), float(sys.argv[3]))))
+except (asyncio.TimeoutError, ConnectionError):
+    print("no answer")
 "#;
 
 /// Sends a hand-built ClientHello for `origin.test` carrying the Encrypted
