@@ -349,8 +349,8 @@ fn leaks(read: &LedgerRead, since: u64, until: u64, tier: Option<ListenerTier>) 
     }
     // Open egress, evidenced by tunnels in the window: an ECH client shows
     // only its public front name, so a tunnel may hide its real destination.
-    // (The transparent tier's kernel rules drop UDP 443 by default, DESIGN
-    // §4; the proxy cannot read them, so it claims nothing either way.)
+    // (The transparent tier's kernel rules send UDP 443 to the proxy's silent
+    // QUIC sink, which records each attempt as a `quic` line: see below.)
     let tunnels = read
         .lines
         .iter()
@@ -360,6 +360,7 @@ fn leaks(read: &LedgerRead, since: u64, until: u64, tier: Option<ListenerTier>) 
     }
     let mut ech_hosts: Vec<String> = Vec::new();
     let mut quic_attempts: u64 = 0;
+    let mut quic_hosts: Vec<String> = Vec::new();
     for line in read
         .lines
         .iter()
@@ -372,7 +373,14 @@ fn leaks(read: &LedgerRead, since: u64, until: u64, tier: Option<ListenerTier>) 
                     ech_hosts.push(host);
                 }
             }
-            Entry::Quic { attempts, .. } => quic_attempts = quic_attempts.saturating_add(*attempts),
+            Entry::Quic { attempts, host, .. } => {
+                quic_attempts = quic_attempts.saturating_add(*attempts);
+                if let Some(host) = host.as_deref().map(normalize_host) {
+                    if !quic_hosts.contains(&host) {
+                        quic_hosts.push(host);
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -381,7 +389,13 @@ fn leaks(read: &LedgerRead, since: u64, until: u64, tier: Option<ListenerTier>) 
         out.push(format!("ech-observed {}", ech_hosts.join(",")));
     }
     if quic_attempts > 0 {
-        out.push(format!("quic-attempts {quic_attempts}"));
+        // The SNI read from the decrypted Initial, when the sink could read it.
+        quic_hosts.sort();
+        out.push(if quic_hosts.is_empty() {
+            format!("quic-attempts {quic_attempts}")
+        } else {
+            format!("quic-attempts {quic_attempts} ({})", quic_hosts.join(","))
+        });
     }
     out
 }
