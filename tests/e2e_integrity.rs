@@ -3,12 +3,16 @@
 //! cross-check, and a full run that reports `integrity: verified`.
 
 mod integrity_support;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use integrity_support::*;
+use integrity_support::FakeTwin;
+use support::{
+    bin, command, http, output, skip, text, tool_works, veris, Serve, TempDir, DEADLINE,
+};
 use veris_receipt::ledger::line_hash;
 
 fn json(s: &str) -> serde_json::Value {
@@ -28,7 +32,7 @@ fn rechain(lines: &mut [String], from: usize) {
 #[test]
 fn admin_api_needs_its_token_and_announces_itself() {
     let mut serve = Serve::start("admin", &[]);
-    let state = serve.state();
+    let state = serve.state.clone();
     let token = serve.token();
     assert_eq!(token.len(), 64);
     assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
@@ -56,9 +60,9 @@ fn admin_api_needs_its_token_and_announces_itself() {
         assert_eq!(http(admin, "GET", path, "x", &wrong, "").0, 401, "{path}");
     }
     assert_eq!(http(admin, "POST", "/seal", "x", "", "").0, 401);
-    let lines_before = serve.lines().len();
+    let lines_before = serve.ledger_lines().len();
     assert_eq!(
-        serve.lines().len(),
+        serve.ledger_lines().len(),
         lines_before,
         "a refused seal wrote nothing"
     );
@@ -76,7 +80,7 @@ fn admin_api_needs_its_token_and_announces_itself() {
     assert_eq!(status, 200, "{body}");
     let seal = json(&body);
     let seq = seal["seq"].as_u64().unwrap();
-    let line = serve.lines()[seq as usize - 1].clone();
+    let line = serve.ledger_lines()[seq as usize - 1].clone();
     assert_eq!(line["kind"], "seal");
     assert_eq!(line["reason"], "demand");
     assert_eq!(line["sealed_seq"].as_u64(), Some(seq - 1));
@@ -101,16 +105,16 @@ fn admin_api_needs_its_token_and_announces_itself() {
     assert_eq!(r["services"]["stripe"]["requests"], 1);
     assert_eq!(r["integrity"]["status"], "verified", "{body}");
     // Polling the receipt of an idle proxy reuses the head seal.
-    let lines = serve.lines().len();
+    let lines = serve.ledger_lines().len();
     for _ in 0..3 {
         assert_eq!(serve.admin_call("GET", "/receipt").0, 200);
     }
-    assert_eq!(serve.lines().len(), lines, "an idle ledger grew");
+    assert_eq!(serve.ledger_lines().len(), lines, "an idle ledger grew");
 
     serve.stop();
     assert!(!state.join("admin.addr").exists());
     assert!(!state.join("admin.token").exists());
-    let last = serve.lines().pop().unwrap();
+    let last = serve.ledger_lines().pop().unwrap();
     assert_eq!(
         (last["kind"].as_str(), last["reason"].as_str()),
         (Some("seal"), Some("shutdown"))
@@ -123,7 +127,7 @@ fn a_sealed_line_edited_and_rechained_fails_the_receipt() {
     assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
     assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
     serve.stop();
-    let state = serve.state();
+    let state = serve.state.clone();
     let receipt = |dir: &std::path::Path| output(veris(["receipt", "--state-dir"]).arg(dir));
 
     // Untouched, read without the proxy: sealed, but not verifiable live.
@@ -190,7 +194,7 @@ fn cutting_the_tail_after_a_seal_is_caught_by_the_live_proxy_fresh_seal() {
     assert!(!stdout.contains("/v1/charges"), "{stdout}");
 
     // The live proxy appends a fresh seal after its real head: a gap.
-    let out = output(veris(["receipt", "--state-dir"]).arg(serve.state()));
+    let out = output(veris(["receipt", "--state-dir"]).arg(&serve.state));
     let (stdout, _) = text(&out);
     assert!(stdout.contains("integrity: failed ("), "{stdout}");
     assert!(stdout.contains("seq gap"), "{stdout}");
@@ -329,7 +333,7 @@ fn check_exit_codes() {
     assert!(out.contains("not a veris canary"), "{out}");
 
     let serve = Serve::start("check", &[]);
-    let proxy = format!("http://{}", serve.proxy());
+    let proxy = serve.proxy_url.clone();
     let (_, body) = serve.admin_call("GET", "/status");
     let canary = json(&body)["canary"].as_str().unwrap().to_string();
     // Another run's proxy.
@@ -353,7 +357,7 @@ fn check_exit_codes() {
     // A receipt read in another run's environment fails its canary check.
     let out = output(
         veris(["receipt", "--allow-empty", "--state-dir"])
-            .arg(serve.state())
+            .arg(&serve.state)
             .env("VERIS_CANARY", "cnry_0000"),
     );
     let (stdout, _) = text(&out);
@@ -364,7 +368,7 @@ fn check_exit_codes() {
     assert_eq!(out.status.code(), Some(3));
     let out = output(
         veris(["receipt", "--allow-empty", "--state-dir"])
-            .arg(serve.state())
+            .arg(&serve.state)
             .env("VERIS_CANARY", &canary),
     );
     assert!(
@@ -386,7 +390,7 @@ fn baseline_then_since_reports_exactly_the_window_after_it() {
         serve.vendor("GET", "api.stripe.com", "/v1/customers/cus_before2"),
         404
     );
-    let out = output(veris(["baseline", "--state-dir"]).arg(serve.state()));
+    let out = output(veris(["baseline", "--state-dir"]).arg(&serve.state));
     assert_eq!(out.status.code(), Some(0));
     let token = text(&out).0.trim().to_string();
     assert!(token.starts_with("vb1:"), "{token}");
@@ -411,7 +415,7 @@ fn baseline_then_since_reports_exactly_the_window_after_it() {
         (r, paths)
     };
     let out =
-        output(veris(["receipt", "--json", "--since", &token, "--state-dir"]).arg(serve.state()));
+        output(veris(["receipt", "--json", "--since", &token, "--state-dir"]).arg(&serve.state));
     let (r, got) = paths(&out);
     assert_eq!(got, after);
     assert_eq!(r["services"]["stripe"]["requests"], 3);
@@ -421,9 +425,9 @@ fn baseline_then_since_reports_exactly_the_window_after_it() {
 
     serve.stop();
     let out =
-        output(veris(["receipt", "--json", "--since", &token, "--state-dir"]).arg(serve.state()));
+        output(veris(["receipt", "--json", "--since", &token, "--state-dir"]).arg(&serve.state));
     assert_eq!(paths(&out).1, after, "the same window from the file alone");
-    let out = output(veris(["receipt", "--since", "vb1:x", "--state-dir"]).arg(serve.state()));
+    let out = output(veris(["receipt", "--since", "vb1:x", "--state-dir"]).arg(&serve.state));
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -448,7 +452,7 @@ fn twin_cross_check_fails_when_the_twin_never_saw_a_forwarded_request() {
         );
         assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
         assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/charges"), 200);
-        let out = output(veris(["receipt", "--state-dir"]).arg(serve.state()));
+        let out = output(veris(["receipt", "--state-dir"]).arg(&serve.state));
         let (stdout, _) = text(&out);
         assert!(stdout.contains(expect), "hide {hide}: {stdout}");
         assert_eq!(
@@ -461,11 +465,7 @@ fn twin_cross_check_fails_when_the_twin_never_saw_a_forwarded_request() {
 
 #[test]
 fn a_full_run_with_curl_is_verified() {
-    if output(std::process::Command::new("curl").arg("--version"))
-        .status
-        .code()
-        != Some(0)
-    {
+    if !tool_works("curl", &["--version"]) {
         return skip("curl is not installed");
     }
     let dir = TempDir::new("run");
@@ -533,7 +533,7 @@ set +e
 fn the_transparent_canary_answers_only_through_the_redirect() {
     let tools = ["unshare", "nft", "ip", "curl"];
     for tool in tools {
-        let found = std::process::Command::new("sh")
+        let found = command("sh")
             .args(["-c", &format!("command -v {tool}")])
             .output()
             .is_ok_and(|o| o.status.success());
@@ -541,15 +541,13 @@ fn the_transparent_canary_answers_only_through_the_redirect() {
             return skip(&format!("{tool} is not installed"));
         }
     }
-    let probe = output(std::process::Command::new("unshare").args(["-rn", "true"]));
+    let probe = output(command("unshare").args(["-rn", "true"]));
     if !probe.status.success() {
         return skip("cannot create a network namespace (unshare -rn)");
     }
     let dir = TempDir::new("transparent");
-    let mut cmd = std::process::Command::new("unshare");
-    cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", dir.path())
+    let mut cmd = command("unshare");
+    cmd.env("HOME", dir.path())
         .args(["-rn", "sh", "-c", NAMESPACE_SCRIPT, "sh"])
         .arg(bin())
         .arg(dir.path());

@@ -3,11 +3,13 @@
 //! the built-in twin; the request must appear on the screen, its detail must
 //! open, and `q` must quit with status 0 and give the terminal back.
 
+mod support;
 mod tui_support;
 
 use std::time::Duration;
 
-use tui_support::{bin, clean, sh_quote, skip, tool_works, TempDir, Tmux, DEADLINE};
+use support::{bin, output, output_within, skip, tool_works, veris, TempDir};
+use tui_support::{sh_quote, Tmux, TUI_DEADLINE};
 
 #[test]
 fn tui_shows_a_request_made_through_veris_run() {
@@ -31,15 +33,12 @@ fn tui_shows_a_request_made_through_veris_run() {
         sh_quote(&log.display().to_string()),
         sh_quote(&status_file.display().to_string()),
     ));
-    tmux.wait_screen("the TUI to start", DEADLINE, |s| {
+    tmux.wait_screen("the TUI to start", TUI_DEADLINE, |s| {
         s.contains("veris") && s.contains("waiting for traffic")
     });
 
-    let out = clean(bin())
-        .arg("run")
-        .arg("--state-dir")
-        .arg(&state)
-        .args([
+    let out = output_within(
+        veris(["run", "--state-dir"]).arg(&state).args([
             "--",
             "curl",
             "-sS",
@@ -48,9 +47,9 @@ fn tui_shows_a_request_made_through_veris_run() {
             "https://api.stripe.com/v1/charges?expand=customer",
             "-d",
             "amount=100",
-        ])
-        .output()
-        .expect("running veris run");
+        ]),
+        TUI_DEADLINE,
+    );
     assert!(
         out.status.success(),
         "veris run failed: {}\n{}",
@@ -60,7 +59,7 @@ fn tui_shows_a_request_made_through_veris_run() {
 
     tmux.wait_screen(
         "the request row, with its host, under the twin's header",
-        DEADLINE,
+        TUI_DEADLINE,
         |s| {
             s.contains("twin sbx_local")
                 && s.lines().any(|l| {
@@ -72,7 +71,7 @@ fn tui_shows_a_request_made_through_veris_run() {
                 })
         },
     );
-    tmux.wait_screen("the services panel to count the call", DEADLINE, |s| {
+    tmux.wait_screen("the services panel to count the call", TUI_DEADLINE, |s| {
         s.lines()
             .any(|l| l.contains("stripe") && l.contains("1 req"))
     });
@@ -82,12 +81,16 @@ fn tui_shows_a_request_made_through_veris_run() {
         "/", "s", "e", "r", "v", "i", "c", "e", ":", "s", "t", "r", "i", "p", "e", "Enter", "Enter",
     ]);
     // Polled as a whole: a capture can land between two draws.
-    tmux.wait_screen("the detail pane of the filtered request", DEADLINE, |s| {
-        s.contains("detail · seq")
-            && s.contains("POST /v1/charges?expand=customer")
-            && s.contains("host     api.stripe.com")
-            && s.contains("filter: service:stripe")
-    });
+    tmux.wait_screen(
+        "the detail pane of the filtered request",
+        TUI_DEADLINE,
+        |s| {
+            s.contains("detail · seq")
+                && s.contains("POST /v1/charges?expand=customer")
+                && s.contains("host     api.stripe.com")
+                && s.contains("filter: service:stripe")
+        },
+    );
 
     tmux.keys(&["q"]);
     let start = std::time::Instant::now();
@@ -99,7 +102,7 @@ fn tui_shows_a_request_made_through_veris_run() {
             break code.trim().to_string();
         }
         assert!(
-            start.elapsed() < DEADLINE,
+            start.elapsed() < TUI_DEADLINE,
             "the TUI did not quit on q:\n{}\nlog:\n{}",
             tmux.capture(),
             std::fs::read_to_string(&log).unwrap_or_default()
@@ -127,10 +130,7 @@ fn tui_shows_a_request_made_through_veris_run() {
 
 #[test]
 fn tui_refuses_without_a_terminal_or_a_token() {
-    let out = clean(bin())
-        .args(["tui", "--ledger", "/nonexistent/ledger.jsonl"])
-        .output()
-        .expect("running veris tui");
+    let out = output(&mut veris(["tui", "--ledger", "/nonexistent/ledger.jsonl"]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -138,18 +138,18 @@ fn tui_refuses_without_a_terminal_or_a_token() {
         "{stderr}"
     );
 
-    let out = clean(bin())
-        .args(["tui", "--admin", "http://127.0.0.1:9"])
-        .output()
-        .expect("running veris tui");
+    let out = output(&mut veris(["tui", "--admin", "http://127.0.0.1:9"]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--admin needs a token. Next:"), "{stderr}");
 
-    let out = clean(bin())
-        .args(["tui", "--admin", "https://127.0.0.1:9", "--token", "t"])
-        .output()
-        .expect("running veris tui");
+    let out = output(&mut veris([
+        "tui",
+        "--admin",
+        "https://127.0.0.1:9",
+        "--token",
+        "t",
+    ]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("only http:// is supported"), "{stderr}");

@@ -560,7 +560,10 @@ mod tests {
                 "{:?}",
                 receipt.integrity
             );
-            assert_eq!(receipt.leaks, ["ech-observed b.test", "quic-attempts 5 (a.test)"]);
+            assert_eq!(
+                receipt.leaks,
+                ["ech-observed b.test", "quic-attempts 5 (a.test)"]
+            );
 
             // A canary that did not answer leaves it unverified, with why.
             let mut unanswered = live.clone();

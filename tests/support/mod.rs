@@ -2,13 +2,15 @@
 //! clean up after themselves, child processes that are killed when a test
 //! fails, bounded polling, a cleared client environment (the machine sets CA
 //! variables that would otherwise leak into every client), `veris serve`
-//! started on port 0 with its ready file read back, and the SKIP rule
-//! (`SKIP: <why>` and pass, unless `VERIS_REQUIRE_ALL=1`, where it fails).
+//! started on port 0 with its ready file read back (and its admin API
+//! called with the token it wrote), raw HTTP/1.1 over loopback, and the SKIP
+//! rule (`SKIP: <why>` and pass, unless `VERIS_REQUIRE_ALL=1`, where it fails).
 //!
 //! Include it with `mod support;` from any file in `tests/`.
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -300,6 +302,65 @@ pub fn wait_json_file(path: &Path, timeout: Duration) -> serde_json::Value {
     })
 }
 
+/// One HTTP/1.1 request with `Connection: close` (`extra_headers` are whole
+/// `Name: value\r\n` lines); (status, body), the body de-chunked. Status 0
+/// when no status line came back.
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    host: &str,
+    extra_headers: &str,
+    body: &str,
+) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    s.set_read_timeout(Some(DEADLINE))
+        .expect("setting a read timeout");
+    let req = format!(
+        "{method} {target} HTTP/1.1\r\nHost: {host}\r\n{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())
+        .unwrap_or_else(|e| panic!("writing to {addr}: {e}"));
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = match text.split_once("\r\n\r\n") {
+        Some((head, rest))
+            if head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked") =>
+        {
+            dechunk(rest)
+        }
+        Some((_, rest)) => rest.to_string(),
+        None => String::new(),
+    };
+    (status, body)
+}
+
+/// The data of a chunked body, up to its last chunk (bounded in chunks).
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    for _ in 0..100_000 {
+        let Some((size, rest)) = s.split_once("\r\n") else {
+            break;
+        };
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
 /// A `veris serve` on port 0 with its own state dir, killed on drop.
 pub struct Serve {
     pub dir: TempDir,
@@ -364,6 +425,55 @@ impl Serve {
         self.process.id()
     }
 
+    /// The proxy's listen address (from `proxy_url`).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        addr_of(&self.proxy_url)
+    }
+
+    /// The admin API's address (from the ready file).
+    pub fn admin(&self) -> SocketAddr {
+        addr_of(
+            self.ready["admin"]
+                .as_str()
+                .expect("admin in the ready file"),
+        )
+    }
+
+    /// The admin token the proxy wrote to its state dir.
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.state.join("admin.token"))
+            .expect("reading admin.token")
+            .trim()
+            .to_string()
+    }
+
+    /// An admin call with the right token; (status, body).
+    pub fn admin_call(&self, method: &str, path: &str) -> (u16, String) {
+        let auth = format!("Authorization: Bearer {}\r\n", self.token());
+        http(self.admin(), method, path, "127.0.0.1", &auth, "")
+    }
+
+    /// A vendor request through the proxy as absolute-form plain HTTP; the status.
+    pub fn vendor(&self, method: &str, host: &str, path: &str) -> u16 {
+        let target = format!("http://{host}{path}");
+        http(self.proxy_addr(), method, &target, host, "", "").0
+    }
+
+    /// SIGTERM and wait within the deadline: the proxy writes its shutdown
+    /// seal and removes its admin files. A second call does nothing.
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.process.child().try_wait() {
+            return;
+        }
+        self.process.signal("TERM");
+        if self.process.wait_timeout(DEADLINE).is_none() {
+            panic!(
+                "veris serve did not stop on SIGTERM within {DEADLINE:?}; stderr:\n{}",
+                self.stderr()
+            );
+        }
+    }
+
     pub fn ledger(&self) -> PathBuf {
         self.state.join("ledger.jsonl")
     }
@@ -400,4 +510,11 @@ impl Serve {
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_file).unwrap_or_default()
     }
+}
+
+/// `127.0.0.1:port` out of `http://127.0.0.1:port`.
+fn addr_of(url: &str) -> SocketAddr {
+    url.trim_start_matches("http://")
+        .parse()
+        .unwrap_or_else(|e| panic!("{url} is not http://<addr>: {e}"))
 }

@@ -1,80 +1,17 @@
 //! Helpers for the TUI end-to-end test: a private tmux server (its own
 //! socket in the test's temp dir, killed on drop) whose pane runs the veris
-//! binary, read back with `capture-pane`.
-#![allow(dead_code)]
+//! binary, read back with `capture-pane`. Everything generic (commands with
+//! a cleared environment, temp dirs, SKIP) is in `tests/support`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-/// Bound on every wait in these tests.
-pub const DEADLINE: Duration = Duration::from_secs(60);
+use crate::support::command;
 
-pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_veris"))
-}
-
-/// Prints `SKIP: why`, or fails under `VERIS_REQUIRE_ALL=1`.
-pub fn skip(why: &str) {
-    if std::env::var("VERIS_REQUIRE_ALL").as_deref() == Ok("1") {
-        panic!("required test cannot run: {why}");
-    }
-    println!("SKIP: {why}");
-}
-
-/// A command with a clean environment: PATH and HOME only, so the
-/// machine's CA and proxy variables never reach what the test runs.
-pub fn clean(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.env_clear()
-        .env(
-            "PATH",
-            std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
-        )
-        .env(
-            "HOME",
-            std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()),
-        )
-        .stdin(Stdio::null());
-    cmd
-}
-
-pub fn tool_works(program: &str, args: &[&str]) -> bool {
-    clean(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// A temp dir removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(label: &str) -> TempDir {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "veris-e2e-{label}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating the test dir");
-        TempDir(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+/// Bound on every wait for the screen, and for `veris run` and the TUI's
+/// exit, in these tests (longer than `support::DEADLINE`).
+pub const TUI_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A tmux server of our own, with one session; killed on drop.
 pub struct Tmux {
@@ -117,13 +54,13 @@ impl Tmux {
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
-        clean("tmux")
-            .env("TERM", "xterm-256color")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .expect("running tmux")
+        crate::support::output(
+            command("tmux")
+                .env("TERM", "xterm-256color")
+                .arg("-S")
+                .arg(&self.socket)
+                .args(args),
+        )
     }
 
     /// Replaces the pane's program with `command` (a shell command line).
