@@ -19,6 +19,7 @@
 //! Vendor names are never resolved by real DNS here: neither namespace has a
 //! route off the machine, so a lookup or a direct connection simply fails.
 
+mod support;
 mod transparent_support;
 
 use std::path::{Path, PathBuf};

@@ -11,6 +11,7 @@
 //! Plus the explicit tier's trust-failure record and the uid preflight, which
 //! need no namespace.
 
+mod support;
 mod transparent_support;
 
 use std::process::{Command, Stdio};

@@ -24,22 +24,10 @@ pub const VENDOR_V6: &str = "2001:db8::10";
 /// PATH inside the namespace.
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_veris"))
-}
-
-pub fn require_all() -> bool {
-    std::env::var("VERIS_REQUIRE_ALL").is_ok_and(|v| v == "1")
-}
-
-/// Prints `SKIP: <why>`; panics instead under `VERIS_REQUIRE_ALL=1`.
-pub fn skip(why: &str) {
-    if require_all() {
-        panic!("VERIS_REQUIRE_ALL=1 and this test would skip: {why}");
-    }
-    println!("SKIP: {why}");
-    eprintln!("SKIP: {why}");
-}
+// The binary, the skip rule and VERIS_REQUIRE_ALL are shared with every
+// end-to-end test.
+#[allow(unused_imports)]
+pub use crate::support::{bin, require_all, skip};
 
 /// Effective uid, from /proc (no libc in tests).
 pub fn euid() -> Option<u32> {
@@ -72,21 +60,14 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
-/// The Python interpreter that has `requests`, resolved with the caller's
-/// environment (pyenv shims need it) so it can then run with a cleared one.
+/// The Python interpreter that has `requests` (see [`python_with_module`]).
 pub fn python_with_requests() -> Option<PathBuf> {
-    let out = Command::new("python3")
-        .args(["-c", "import sys, requests; print(sys.executable)"])
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    let exe = String::from_utf8(out.stdout).ok()?.trim().to_string();
-    (!exe.is_empty()).then(|| PathBuf::from(exe))
+    python_with_module("requests")
 }
 
-/// The Python interpreter that can import `module` (see [`python_with_requests`]).
+/// The Python interpreter that can import `module`, resolved with the
+/// caller's environment (pyenv shims need it) so it can then run with a
+/// cleared one.
 pub fn python_with_module(module: &str) -> Option<PathBuf> {
     let out = Command::new("python3")
         .args([
