@@ -377,7 +377,12 @@ pub struct Serve {
 impl Serve {
     /// Starts `veris serve` with `extra` flags and waits for its ready file.
     pub fn start(label: &str, extra: &[&str]) -> Serve {
-        let dir = TempDir::new(label);
+        Serve::start_in(TempDir::new(label), extra)
+    }
+
+    /// Like [`Serve::start`], in a dir the caller prepared (its `state`
+    /// subdir may already exist, e.g. as a small mount).
+    pub fn start_in(dir: TempDir, extra: &[&str]) -> Serve {
         let state = dir.join("state");
         let ready_file = dir.join("ready.json");
         let env_file = dir.join("client.env");

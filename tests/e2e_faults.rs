@@ -1,0 +1,135 @@
+//! Faults injected under the real binary: a full disk under the ledger.
+//! DESIGN §7: records are never dropped — when the ledger cannot be written,
+//! vendor requests are refused with 503 rather than served unrecorded, and
+//! the proxy recovers once space is back, with the chain intact.
+
+mod support;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use support::*;
+
+/// A small tmpfs mounted for the test, unmounted (and its dir removed) on drop.
+struct Tmpfs {
+    mount_point: PathBuf,
+    parent: PathBuf,
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = command("umount").arg(&self.mount_point).status();
+        let _ = std::fs::remove_dir_all(&self.parent);
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_full_disk_refuses_vendor_traffic_with_503_and_recovers_without_a_gap() {
+    if !is_root() {
+        return skip("mounting a small tmpfs for the state dir needs root");
+    }
+    let dir = TempDir::new("fulldisk");
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let mounted = command("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs"])
+        .arg(&state)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !mounted {
+        return skip("cannot mount a tmpfs here (mount -t tmpfs failed)");
+    }
+    let _tmpfs = Tmpfs {
+        mount_point: state.clone(),
+        parent: dir.path().to_path_buf(),
+    };
+    let mut serve = Serve::start_in(dir, &[]);
+
+    assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/customers"), 200);
+
+    // Fill the disk (bounded: the tmpfs is 4 MiB).
+    let filler = serve.state.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    let mut full = false;
+    for _ in 0..200 {
+        if let Err(e) = f.write_all(&chunk).and_then(|()| f.sync_all()) {
+            assert_eq!(e.raw_os_error(), Some(28), "expected ENOSPC, got {e}");
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "the 4 MiB tmpfs never filled");
+    drop(f);
+
+    // The ledger's last page may still have room (file systems allocate in
+    // pages), so requests are served until a line no longer fits; from then
+    // on every vendor request is refused, never served unrecorded.
+    let mut served = 1;
+    let mut refusal = None;
+    for _ in 0..100 {
+        let (status, body) = http(
+            serve.proxy_addr(),
+            "POST",
+            "http://api.stripe.com/v1/customers",
+            "api.stripe.com",
+            "",
+            "",
+        );
+        match status {
+            200 => served += 1,
+            503 => {
+                refusal = Some(body);
+                break;
+            }
+            other => panic!("unexpected status {other}: {body}"),
+        }
+    }
+    let body = refusal.expect("a full disk must turn vendor requests into 503");
+    eprintln!("{served} request(s) served before the full disk refused one");
+    assert!(body.contains("veris_ledger_unavailable"), "{body}");
+    assert!(body.contains("Next:"), "{body}");
+    let (status, _) = http(
+        serve.proxy_addr(),
+        "POST",
+        "http://api.stripe.com/v1/customers",
+        "api.stripe.com",
+        "",
+        "",
+    );
+    assert_eq!(status, 503, "still refused while the disk is full");
+
+    // Space is back: the very next request is served and recorded.
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/customers"), 200);
+    served += 1;
+    serve.stop();
+
+    let out =
+        output(veris(["receipt", "--json", "--ledger"]).arg(serve.state.join("ledger.jsonl")));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let receipt: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_ne!(receipt["integrity"]["status"], "failed", "{stdout}");
+    assert_eq!(
+        receipt["services"]["stripe"]["requests"], served,
+        "every served request is in the ledger and no refused one is: {stdout}"
+    );
+    assert!(
+        serve.stderr().contains("ledger"),
+        "the refusal is said in the log: {}",
+        serve.stderr()
+    );
+}
