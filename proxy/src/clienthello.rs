@@ -200,6 +200,13 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// The SNI of a bare ClientHello body (after the 4-byte handshake header),
+/// for callers that reassembled the message themselves (the QUIC sink reads
+/// it from CRYPTO frames); `None` when absent or malformed.
+pub fn sni_of_body(body: &[u8]) -> Option<String> {
+    parse_body(body).ok().and_then(|fields| fields.sni)
+}
+
 fn parse_body(body: &[u8]) -> Result<Fields, ClientHelloError> {
     let mut c = Cursor(body);
     c.take(2)?; // legacy_version

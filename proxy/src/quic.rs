@@ -559,47 +559,9 @@ fn skip_ack(c: &mut Cursor<'_>, ecn: bool) -> Option<()> {
 /// Handshake message type `client_hello`.
 const HANDSHAKE_CLIENT_HELLO: u8 = 1;
 
-/// The SNI of a ClientHello body (after the 4-byte handshake header),
-/// lower-cased, without a trailing dot; `None` when absent or malformed.
+/// The SNI of a ClientHello body (after the 4-byte handshake header).
 fn client_hello_sni(body: &[u8]) -> Option<String> {
-    let mut c = Cursor { buf: body, pos: 0 };
-    c.take(2 + 32)?; // legacy_version, random
-    c.vec8()?; // legacy_session_id
-    c.vec16()?; // cipher_suites
-    c.vec8()?; // legacy_compression_methods
-    let mut exts = Cursor {
-        buf: c.vec16()?,
-        pos: 0,
-    };
-    while exts.pos < exts.buf.len() {
-        let kind = exts.u16()?;
-        let data = exts.vec16()?;
-        if kind != 0 {
-            continue;
-        }
-        let mut list = Cursor {
-            buf: Cursor { buf: data, pos: 0 }.vec16()?,
-            pos: 0,
-        };
-        while list.pos < list.buf.len() {
-            let name_type = list.u8()?;
-            let name = list.vec16()?;
-            if name_type != 0 {
-                continue;
-            }
-            let valid = !name.is_empty()
-                && name
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-            if !valid {
-                return None;
-            }
-            let name = String::from_utf8_lossy(name).to_ascii_lowercase();
-            return Some(name.strip_suffix('.').unwrap_or(&name).to_string());
-        }
-        return None;
-    }
-    None
+    crate::clienthello::sni_of_body(body)
 }
 
 /// Bounds-checked reads; every method returns `None` past the end.
@@ -617,18 +579,6 @@ impl<'a> Cursor<'a> {
     }
     fn u8(&mut self) -> Option<u8> {
         Some(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Option<u16> {
-        let b = self.take(2)?;
-        Some(u16::from_be_bytes([b[0], b[1]]))
-    }
-    fn vec8(&mut self) -> Option<&'a [u8]> {
-        let n = usize::from(self.u8()?);
-        self.take(n)
-    }
-    fn vec16(&mut self) -> Option<&'a [u8]> {
-        let n = usize::from(self.u16()?);
-        self.take(n)
     }
     /// A QUIC variable-length integer (RFC 9000 §16).
     fn varint(&mut self) -> Option<u64> {
