@@ -4,6 +4,14 @@
 //! for the proxy uid before any client byte is read. The rules are removed
 //! at exit only when this process installed them; a small root helper that
 //! waits on a pipe does it, so the rules go even if we die without cleanup.
+//!
+//! Rootless mode: as uid 0 of a user namespace that maps no other uid (what
+//! `unshare -rn` gives an unprivileged user), there is no proxy uid to drop
+//! to and the workload is uid 0 as well, so the uid exemption cannot tell
+//! them apart. There veris keeps its (namespace-only) privileges, checks
+//! that it can mark its own dials (`SO_MARK`, exempted by the ruleset's
+//! `meta mark` rule) and relies on that mark instead. Detected from
+//! /proc/self/uid_map; the real-root path is unchanged.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -152,6 +160,11 @@ pub fn preflight(args: &TransparentArgs) -> Result<()> {
         bail!("the workload uid equals --proxy-uid {}: its traffic would be exempt from the redirect. Next: run the workload as another uid or pick another --proxy-uid", args.proxy_uid);
     }
     let euid = privileges::euid();
+    if (args.install_redirect || args.redirect_external) && rootless_namespace() {
+        // Nothing else would exempt our passthrough dials: without the mark
+        // they would loop back to our own listeners.
+        veris_proxy::dial::check_mark().context("rootless namespace (uid 0 is the only uid mapped): veris cannot mark its own dials (SO_MARK), and the uid exemption cannot tell it from the workload. Next: run it in a network namespace owned by its user namespace (`unshare -rn`), or as real root")?;
+    }
     if args.install_redirect && euid != 0 {
         bail!("--install-redirect needs root to install nftables rules (running as uid {euid}). Next: start veris as root (it drops to --proxy-uid {}) or install deploy/veris.nft yourself and pass --redirect-external", args.proxy_uid);
     }
@@ -181,7 +194,12 @@ pub fn engage(
     } else {
         None
     };
-    if privileges::euid() == 0 && (args.install_redirect || args.redirect_external) {
+    if (args.install_redirect || args.redirect_external) && rootless_namespace() {
+        info!(
+            mark = %format_args!("{:#x}", veris_proxy::dial::EXEMPT_MARK),
+            "rootless namespace: keeping uid 0 (the only uid mapped); own dials are exempt by mark"
+        );
+    } else if privileges::euid() == 0 && (args.install_redirect || args.redirect_external) {
         let gid = primary_gid(args.proxy_uid);
         for dir in owned_dirs {
             chown_tree(dir, args.proxy_uid, gid)
@@ -280,6 +298,23 @@ fn refuse_existing_table() -> Result<()> {
     Ok(())
 }
 
+/// True as uid 0 of a user namespace mapping no other uid (`unshare -r`):
+/// see the module comment. The initial namespace maps every uid.
+fn rootless_namespace() -> bool {
+    privileges::euid() == 0
+        && std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| maps_only_root(&m))
+}
+
+/// A uid_map whose one line maps uid 0 and nothing else.
+fn maps_only_root(uid_map: &str) -> bool {
+    let lines: Vec<Vec<&str>> = uid_map
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| !f.is_empty())
+        .collect();
+    matches!(lines.as_slice(), [l] if l.len() == 3 && l[0] == "0" && l[2] == "1")
+}
+
 /// The uid's primary group from /etc/passwd; the uid itself when it has no entry.
 fn primary_gid(uid: u32) -> u32 {
     std::fs::read_to_string("/etc/passwd")
@@ -362,6 +397,8 @@ mod tests {
         let r = ruleset(14741, 8443, 8081, 8444, false);
         assert!(r.contains("table inet veris"));
         assert!(r.contains("meta skuid 14741 return"));
+        let mark = format!("meta mark {:#x} return", veris_proxy::dial::EXEMPT_MARK);
+        assert!(r.contains(&mark), "the ruleset exempts the dial mark: {r}");
         assert!(r.contains("tcp dport 443 redirect to :8443"));
         assert!(r.contains("tcp dport 80 redirect to :8081"));
         assert!(r.contains("quic_dropped"));
@@ -371,5 +408,15 @@ mod tests {
         let r = ruleset(14741, 8443, 8081, 8444, true);
         assert!(!r.contains("udp dport 443"));
         assert!(!r.contains("udp dport 8444"));
+    }
+
+    #[test]
+    fn only_a_lone_root_mapping_is_a_rootless_namespace() {
+        assert!(maps_only_root("         0      65534          1\n"));
+        assert!(maps_only_root("0 1000 1"));
+        assert!(!maps_only_root("         0          0 4294967295\n"));
+        assert!(!maps_only_root("0 100000 65536\n"));
+        assert!(!maps_only_root("0 1000 1\n1 100000 65535\n"));
+        assert!(!maps_only_root(""));
     }
 }

@@ -446,15 +446,26 @@ function post(family) {
 
 #[test]
 fn node_reaches_the_twin_through_the_transparent_redirect() {
-    if let Some(why) = unavailable("node").or_else(transparent_support::unavailable) {
+    // Root or a rootless namespace (transparent_support decides which).
+    let no_node = which("node").map_or(Some("`node` is not installed".to_string()), |_| None);
+    if let Some(why) = no_node.or_else(transparent_support::unavailable) {
         return skip(&why);
     }
     let dir = TempDir::new("node");
     let ns = Netns::create("node");
-    let _hosts = NetnsHosts::write(
-        &ns.name,
-        &format!("{VENDOR_V4} api.stripe.com\n{VENDOR_V6} api.stripe.com\n"),
-    );
+    let entries = format!("{VENDOR_V4} api.stripe.com\n{VENDOR_V6} api.stripe.com\n");
+    let _hosts = if ns.rootless() {
+        let file = dir.join("hosts");
+        std::fs::write(
+            &file,
+            format!("127.0.0.1 localhost\n::1 localhost\n{entries}"),
+        )
+        .unwrap();
+        ns.bind_hosts(&file);
+        None
+    } else {
+        Some(NetnsHosts::write(&ns.name, &entries))
+    };
     // Strict: anything but a vendor host would be refused, not passed on.
     let veris = Veris::start(&ns, &dir, &["--mode", "strict"]);
     let ca = veris.state.join("trust").join("ca.pem");

@@ -10,10 +10,16 @@
 //! `trust_failure` that fails the receipt; the rules go when veris exits.
 //! Plus the explicit tier's trust-failure record and the uid preflight, which
 //! need no namespace.
+//!
+//! As root these run in `ip netns` namespaces (veris's root path); otherwise
+//! in rootless `unshare -rnm` ones, where veris exempts its own dials by mark
+//! instead of by uid. One test runs the rootless path even as root, as an
+//! unprivileged uid, so CI (root) covers both.
 
 mod support;
 mod transparent_support;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -494,6 +500,122 @@ fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
     assert_eq!(requests.len(), 1, "{requests:?}");
     assert_eq!(requests[0]["host"], VENDOR_V4);
     assert_eq!(requests[0]["service"], "stripe");
+}
+
+/// The uid the rootless test runs as when the test itself runs as root.
+const UNPRIVILEGED_UID: u32 = 65534;
+
+#[test]
+fn the_rootless_path_intercepts_and_passes_through_by_mark() {
+    if let Some(why) = unavailable() {
+        return skip(&why);
+    }
+    // As root: an unprivileged uid's own `unshare -rnm`; otherwise ours.
+    let as_uid = (euid() == Some(0)).then_some(UNPRIVILEGED_UID);
+    if as_uid.is_some() && which("setpriv").is_none() {
+        return skip("`setpriv` (util-linux) is not installed");
+    }
+    if !rootless_works(as_uid) {
+        return skip(&format!(
+            "`unshare -rn` as uid {UNPRIVILEGED_UID} fails here (unprivileged user namespaces disabled)"
+        ));
+    }
+    let dir = TempDir::new("rootless");
+    let ns = Netns::create_rootless("rootless", as_uid);
+    // The build's binary may sit where that uid cannot reach (under /root):
+    // then a copy in the test's own directory.
+    let reachable = ns
+        .command("test")
+        .arg("-x")
+        .arg(bin())
+        .status()
+        .is_ok_and(|s| s.success());
+    let program = if reachable {
+        bin()
+    } else {
+        let copy = dir.join("veris");
+        std::fs::copy(bin(), &copy).expect("copying the veris binary");
+        copy
+    };
+    // The system python (stdlib only): pyenv's may be out of reach too.
+    let origin = Origin::start(&ns, &dir, Path::new("python3"));
+    let veris = Veris::start_bin(&ns, &dir, &["--mode", "passthrough"], &program);
+    let ca = veris.ca();
+    let ca = ca.to_str().unwrap();
+
+    // No proxy variables: TEST-NET vendors reach the twin only by the redirect.
+    for resolve in [
+        format!("api.stripe.com:443:{VENDOR_V4}"),
+        format!("api.stripe.com:443:[{VENDOR_V6}]"),
+    ] {
+        let (code, body, err) = curl(
+            &ns,
+            &[
+                "--cacert",
+                ca,
+                "--resolve",
+                &resolve,
+                "https://api.stripe.com/v1/customers",
+            ],
+        );
+        assert_eq!(code, "200", "curl via {resolve}: {err}");
+        let v: Value = serde_json::from_str(&body).expect("twin JSON");
+        assert_eq!(v["object"], "list");
+    }
+    // Passthrough to the local origin: veris's own dials to port 443 (TLS
+    // re-dial) and 80 (re-originated request) are redirected like anyone's
+    // but for the mark; the origin answering proves they left.
+    let origin_cert = origin.cert.to_str().unwrap();
+    let (code, body, err) = curl(
+        &ns,
+        &[
+            "--cacert",
+            origin_cert,
+            "--resolve",
+            &format!("origin.test:443:{LOCAL_V4}"),
+            "https://origin.test/",
+        ],
+    );
+    assert_eq!(
+        (code.as_str(), body.as_str()),
+        ("200", "origin ok"),
+        "{err}"
+    );
+    let (code, body, err) = curl(
+        &ns,
+        &[
+            "--resolve",
+            &format!("origin.test:80:{LOCAL_V4}"),
+            "http://origin.test/",
+        ],
+    );
+    assert_eq!(
+        (code.as_str(), body.as_str()),
+        ("200", "origin ok"),
+        "{err}"
+    );
+
+    let stderr_path = veris.stderr_path.clone();
+    let state = veris.state.clone();
+    assert!(veris.stop().success());
+    let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert!(
+        log.contains("own dials are exempt by mark"),
+        "veris took the rootless path: {log}"
+    );
+    assert!(!ns.has_veris_table(), "the rules are removed on exit");
+    let ledger = ledger(&state);
+    let requests = kinds(&ledger, "request");
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert!(requests.iter().all(|r| r["tier"] == "transparent"));
+    let pass = kinds(&ledger, "passthrough");
+    for port in [443, 80] {
+        assert!(
+            pass.iter()
+                .any(|p| p["host"] == "origin.test" && p["port"] == port),
+            "passthrough to origin.test:{port}: {pass:?}"
+        );
+    }
 }
 
 #[test]

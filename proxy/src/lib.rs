@@ -28,6 +28,7 @@ pub mod body;
 pub mod catalog;
 pub mod clienthello;
 pub mod config;
+pub mod dial;
 pub mod quic;
 pub mod recorder;
 pub mod respond;
@@ -323,7 +324,7 @@ impl Proxy {
         let started = Instant::now();
         let dial = tokio::time::timeout(
             self.connect_timeout,
-            TcpStream::connect((leg.host.as_str(), leg.port)),
+            dial::connect_host(&leg.host, leg.port),
         )
         .await;
         let mut origin = match dial {

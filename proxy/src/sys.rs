@@ -1,7 +1,8 @@
 //! The one module of this crate that calls the kernel directly: asking a
 //! redirected socket where it was really going (`SO_ORIGINAL_DST` for IPv4,
 //! `IP6T_SO_ORIGINAL_DST` for IPv6), which conntrack remembers after an
-//! nftables `redirect` rewrote the destination to our listener.
+//! nftables `redirect` rewrote the destination to our listener; and marking
+//! our own outbound sockets (`SO_MARK`) so that redirect lets them leave.
 #![allow(unsafe_code)]
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -64,6 +65,28 @@ pub fn original_dst(stream: &tokio::net::TcpStream) -> std::io::Result<SocketAdd
             addr.sin6_scope_id,
         )))
     }
+}
+
+/// Sets `SO_MARK` on a socket. Needs CAP_NET_ADMIN in the user namespace
+/// that owns the socket's network namespace; without it the kernel answers
+/// `EPERM`, which the caller decides about.
+pub fn set_mark(socket: &impl AsRawFd, mark: u32) -> std::io::Result<()> {
+    let value: libc::c_uint = mark;
+    // SAFETY: the pointer and length describe `value`, alive for the call;
+    // the kernel only reads it. The fd is an open socket borrowed from `socket`.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            (&value as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn zeroed_in() -> libc::sockaddr_in {

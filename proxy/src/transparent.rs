@@ -9,8 +9,8 @@
 //! buffered hello is replayed into rustls through [`Rewind`] and the
 //! connection joins the explicit tier's request lifecycle with
 //! `tier: transparent` — or pass through by dialing the original destination
-//! ourselves (the proxy uid is exempt from the redirect) and replaying the
-//! exact hello bytes. Plain HTTP is routed per request by its Host header.
+//! ourselves (the proxy uid, and our dials' mark, are exempt from the
+//! redirect: [`crate::dial`]) and replaying the exact hello bytes. Plain HTTP is routed per request by its Host header.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -34,7 +34,7 @@ use veris_receipt::{Entry, ListenerTier, Mode};
 use crate::body::ProxyBody;
 use crate::clienthello::{self, ClientHello, MAX_CLIENT_HELLO};
 use crate::route::{normalize_host, Route};
-use crate::{respond, sys, Leg, Proxy};
+use crate::{dial, respond, sys, Leg, Proxy};
 
 /// How long a redirected client may take to send its ClientHello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,6 +60,9 @@ pub async fn serve(
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    // Our passthrough dials must leave although they target 80/443 like the
+    // workload's: marked, they match the ruleset's `meta mark` exemption.
+    dial::mark_own_dials();
     let listeners = [&https, &http]
         .into_iter()
         .flatten()
@@ -149,7 +152,7 @@ impl Transparent {
     fn looped(&self, peer: SocketAddr) -> bool {
         let looped = self.own_dials.lock().is_ok_and(|d| d.contains(&peer));
         if looped {
-            warn!(%peer, "the proxy's own passthrough dial was redirected back to it; closing it. Next: exempt the proxy uid in the nftables rules (`meta skuid <proxy uid> return`) and run veris as that uid");
+            warn!(%peer, "the proxy's own passthrough dial was redirected back to it; closing it. Next: exempt the proxy uid in the nftables rules (`meta skuid <proxy uid> return`) and run veris as that uid, or exempt its mark (`meta mark 0x76657269 return`, deploy/veris.nft)");
         }
         looped
     }
@@ -229,7 +232,7 @@ impl Transparent {
         let Some(dst) = leg.origin else {
             return;
         };
-        let dial = tokio::time::timeout(proxy.connect_timeout, TcpStream::connect(dst)).await;
+        let dial = tokio::time::timeout(proxy.connect_timeout, dial::connect(dst)).await;
         let mut origin = match dial {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => {

@@ -13,7 +13,6 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -21,6 +20,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::body::{empty, ProxyBody};
+use crate::dial::Connector;
 
 /// How the upstream failed, which decides the client's status.
 #[derive(Debug, thiserror::Error)]
@@ -66,8 +66,8 @@ impl Default for UpstreamOptions {
 
 /// The pooled client pair.
 pub struct Upstream {
-    auto: Client<HttpsConnector<HttpConnector>, ProxyBody>,
-    h2c: Client<HttpConnector, ProxyBody>,
+    auto: Client<HttpsConnector<Connector>, ProxyBody>,
+    h2c: Client<Connector, ProxyBody>,
     /// Plain-HTTP authorities that answered HTTP/2 with prior knowledge.
     h2c_origins: RwLock<HashSet<String>>,
     response_timeout: Duration,
@@ -75,10 +75,11 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn new(options: UpstreamOptions) -> Upstream {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(options.connect_timeout));
-        http.set_nodelay(true);
+        // Our own connector, not hyper's: in the transparent tier these dials
+        // carry the redirect's exemption mark (crate::dial).
+        let http = Connector {
+            timeout: options.connect_timeout,
+        };
         let tls = if options.insecure_skip_verify {
             rustls::ClientConfig::builder()
                 .dangerous()

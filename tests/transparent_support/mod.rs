@@ -5,6 +5,16 @@
 //! environment, `veris serve --transparent --install-redirect` started in it,
 //! a small local origin (TLS 443 and plain 80) on the namespace's own address,
 //! and the SKIP rule (`SKIP: <why>`, or a failure under `VERIS_REQUIRE_ALL=1`).
+//!
+//! As root the namespaces are `ip netns` ones (veris then takes the root
+//! path: it drops to the proxy uid, exempt by uid). Otherwise they are
+//! rootless: `unshare -rnm` (a user namespace mapping only uid 0, to us,
+//! with its own network and mount namespaces) held open by a `cat`, entered
+//! with `nsenter`; veris then exempts its dials by mark. There the sink is a
+//! veth pair inside the one namespace, TEST-NET routed via a gateway whose
+//! neighbour entry names a MAC nobody has, so those frames are dropped just
+//! as the sink drops them. [`Netns::create_rootless`] as root builds the same
+//! for an unprivileged uid, so CI (root) runs the rootless path too.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -45,19 +55,56 @@ pub fn which(tool: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Why the namespace tests cannot run here, if they cannot.
+/// Why the namespace tests cannot run here, if they cannot: neither root
+/// nor a working `unshare -rn`, or a tool missing.
 pub fn unavailable() -> Option<String> {
-    if euid() != Some(0) {
-        return Some("the transparent-tier tests need root (ip netns, nftables in the namespace); rootless unshare is not supported by this test yet".into());
+    let root = euid() == Some(0);
+    let mut tools = vec!["ip", "nft", "curl", "openssl"];
+    if !root {
+        tools.extend(["unshare", "nsenter"]);
     }
-    for tool in ["ip", "nft", "curl", "openssl"] {
+    for tool in tools {
         if which(tool).is_none() {
             return Some(format!(
-                "`{tool}` is not installed (nftables / iproute2 / curl / openssl)"
+                "`{tool}` is not installed (nftables / iproute2 / curl / openssl / util-linux)"
             ));
         }
     }
+    if !root && !rootless_works(None) {
+        return Some("the transparent-tier tests need root or a working `unshare -rn` (unprivileged user namespaces are disabled here)".into());
+    }
     None
+}
+
+/// `setpriv` arguments that run a command as `uid` (group `uid`, no others).
+fn as_uid_args(uid: u32) -> Vec<String> {
+    vec![
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".into(),
+    ]
+}
+
+/// A command run as `as_uid` (through `setpriv`, which needs root) or as we are.
+fn command_as(as_uid: Option<u32>, program: &str) -> Command {
+    match as_uid {
+        Some(uid) => {
+            let mut cmd = Command::new("setpriv");
+            cmd.args(as_uid_args(uid)).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Whether `unshare -rnm` works (for `as_uid`, when given).
+pub fn rootless_works(as_uid: Option<u32>) -> bool {
+    command_as(as_uid, "unshare")
+        .args(["-rnm", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// The Python interpreter that has `requests` (see [`python_with_module`]).
@@ -123,25 +170,45 @@ fn run_ok(cmd: &mut Command) {
 }
 
 /// A workload namespace with loopback, an address of its own and a sink for
-/// TEST-NET traffic; both namespaces are deleted on drop.
+/// TEST-NET traffic; deleted on drop.
 pub struct Netns {
+    /// The `ip netns` name (root mode; a label when rootless).
     pub name: String,
-    sink: String,
+    kind: Kind,
 }
 
+enum Kind {
+    /// `ip netns` namespaces: the workload's and the sink's.
+    Root { sink: String },
+    /// A `unshare -rnm` namespace held by `holder`, owned by `as_uid` (set
+    /// up through `setpriv` by root) or by us.
+    Rootless { holder: Child, as_uid: Option<u32> },
+}
+
+static NS_COUNTER: AtomicU64 = AtomicU64::new(0);
+
 impl Netns {
+    /// Root mode as root, rootless otherwise (see the module comment).
     pub fn create(tag: &str) -> Netns {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        if euid() != Some(0) {
+            return Netns::create_rootless(tag, None);
+        }
         let id = format!(
             "{}-{}",
             std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
+            NS_COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         let ns = Netns {
             name: format!("veris-{tag}-{id}"),
-            sink: format!("veris-sink-{id}"),
+            kind: Kind::Root {
+                sink: format!("veris-sink-{id}"),
+            },
         };
-        let (w, s) = (ns.name.as_str(), ns.sink.as_str());
+        let w = ns.name.as_str();
+        let Kind::Root { sink } = &ns.kind else {
+            unreachable!("built as root above")
+        };
+        let s = sink.as_str();
         run_ok(Command::new("ip").args(["netns", "add", w]));
         run_ok(Command::new("ip").args(["netns", "add", s]));
         // Created inside the namespace, so the names never clash with the host's.
@@ -195,12 +262,109 @@ impl Netns {
         ns
     }
 
+    /// A rootless namespace (`unshare -rnm`) owned by `as_uid` (root only:
+    /// entered through `setpriv`) or by us, with the addresses and routes of
+    /// [`Netns::create`]; the sink is a veth pair in the same namespace and a
+    /// gateway neighbour with a MAC nobody has.
+    pub fn create_rootless(tag: &str, as_uid: Option<u32>) -> Netns {
+        let name = format!(
+            "veris-{tag}-{}-{}",
+            std::process::id(),
+            NS_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        // `cat` on a pipe: the namespace lives until we close it or die.
+        let holder = command_as(as_uid, "unshare")
+            .args(["-rnm", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting `unshare -rnm cat`");
+        // setpriv and unshare exec in place: the pid becomes `cat` once the
+        // namespaces exist and the uid map is written.
+        let comm = format!("/proc/{}/comm", holder.id());
+        let deadline = Instant::now() + DEADLINE;
+        while std::fs::read_to_string(&comm).map_or(true, |c| c.trim() != "cat") {
+            assert!(
+                Instant::now() < deadline,
+                "`unshare -rnm` did not start within {DEADLINE:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let ns = Netns {
+            name,
+            kind: Kind::Rootless { holder, as_uid },
+        };
+        for args in [
+            "link set lo up",
+            "link add vw0 type veth peer name vs0",
+            "link set vw0 up",
+            "link set vs0 up",
+            "addr add 10.200.0.1/24 dev vw0",
+            "addr add fd00:200::1/64 dev vw0 nodad",
+            "neigh add 10.200.0.2 lladdr 02:00:00:00:00:02 dev vw0 nud permanent",
+            "-6 neigh add fd00:200::2 lladdr 02:00:00:00:00:02 dev vw0 nud permanent",
+            "route add 203.0.113.0/24 via 10.200.0.2",
+            "-6 route add 2001:db8::/32 via fd00:200::2",
+        ] {
+            run_ok(ns.command("ip").args(args.split_whitespace()));
+        }
+        ns
+    }
+
+    /// Rootless only: bind-mounts `hosts` over /etc/hosts in the namespace's
+    /// own mount namespace, for every later command (what
+    /// `/etc/netns/<name>/hosts` does for `ip netns exec`).
+    pub fn bind_hosts(&self, hosts: &Path) {
+        assert!(
+            self.rootless(),
+            "ip netns namespaces use /etc/netns/<name>/hosts"
+        );
+        self.own(hosts);
+        run_ok(
+            self.command("mount")
+                .arg("--bind")
+                .arg(hosts)
+                .arg("/etc/hosts"),
+        );
+    }
+
+    /// True for a rootless namespace (veris exempts its dials by mark there).
+    pub fn rootless(&self) -> bool {
+        matches!(self.kind, Kind::Rootless { .. })
+    }
+
+    /// Hands `path` (recursively) to the uid owning a rootless namespace
+    /// made by root for another uid; nothing otherwise.
+    pub fn own(&self, path: &Path) {
+        if let Kind::Rootless {
+            as_uid: Some(uid), ..
+        } = self.kind
+        {
+            chown_tree(path, uid).expect("handing a test file to the namespace's uid");
+        }
+    }
+
     /// `program args…` inside the namespace, environment cleared but for PATH
     /// and HOME (the machine's CA variables must not reach clients).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name])
-            .arg(program)
+        let mut cmd = match &self.kind {
+            Kind::Root { .. } => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", &self.name]);
+                cmd
+            }
+            Kind::Rootless { holder, as_uid } => {
+                // As uid 0 of the namespace (our uid, mapped), with its
+                // capabilities: what `unshare -rn` itself gives a command.
+                let mut cmd = command_as(*as_uid, "nsenter");
+                let target = holder.id().to_string();
+                cmd.args(["-t", &target, "-U", "-n", "-m"])
+                    .args(["--preserve-credentials", "--"]);
+                cmd
+            }
+        };
+        cmd.arg(program)
             .env_clear()
             .env("PATH", PATH)
             .env("HOME", "/root")
@@ -225,10 +389,9 @@ impl Netns {
 
     /// The packet count of a named counter of `table inet veris`, if it exists.
     pub fn nft_counter(&self, name: &str) -> Option<u64> {
-        let out = Command::new("ip")
-            .args([
-                "netns", "exec", &self.name, "nft", "list", "counter", "inet", "veris", name,
-            ])
+        let out = self
+            .command("nft")
+            .args(["list", "counter", "inet", "veris", name])
             .output()
             .ok()?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -239,10 +402,8 @@ impl Netns {
 
     /// Whether `table inet veris` exists in the namespace.
     pub fn has_veris_table(&self) -> bool {
-        Command::new("ip")
-            .args([
-                "netns", "exec", &self.name, "nft", "list", "table", "inet", "veris",
-            ])
+        self.command("nft")
+            .args(["list", "table", "inet", "veris"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -252,10 +413,30 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        for n in [&self.name, &self.sink] {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        match &mut self.kind {
+            Kind::Root { sink } => {
+                for n in [&self.name, &*sink] {
+                    let _ = Command::new("ip").args(["netns", "del", n]).status();
+                }
+            }
+            Kind::Rootless { holder, .. } => {
+                // The namespace goes with its last process.
+                let _ = holder.kill();
+                let _ = holder.wait();
+            }
         }
     }
+}
+
+/// `chown -R uid:uid` without following symlinks.
+fn chown_tree(path: &Path, uid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid))?;
+    if std::fs::symlink_metadata(path)?.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            chown_tree(&entry?.path(), uid)?;
+        }
+    }
+    Ok(())
 }
 
 /// Waits for a child with a deadline, killing it when the deadline passes.
@@ -303,12 +484,18 @@ pub struct Veris {
 
 impl Veris {
     pub fn start(ns: &Netns, dir: &TempDir, extra: &[&str]) -> Veris {
+        Veris::start_bin(ns, dir, extra, &bin())
+    }
+
+    /// [`Veris::start`] with the binary at `program`.
+    pub fn start_bin(ns: &Netns, dir: &TempDir, extra: &[&str], program: &Path) -> Veris {
         let state = dir.join("state");
         let ready_file = state.join("ready.json");
         std::fs::create_dir_all(&state).unwrap();
         let stderr_path = dir.join("veris.stderr");
         let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let mut cmd = ns.command(bin());
+        ns.own(&dir.path);
+        let mut cmd = ns.command(program);
         cmd.args([
             "serve",
             "--transparent",
@@ -466,6 +653,7 @@ impl Origin {
         );
         let script = dir.join("origin.py");
         std::fs::write(&script, ORIGIN_PY).unwrap();
+        ns.own(&dir.path);
         let mut child = ns
             .command(python)
             .arg(&script)

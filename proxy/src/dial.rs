@@ -1,0 +1,177 @@
+//! The proxy's own outbound TCP dials (passthrough re-dials, CONNECT tunnels,
+//! the upstream client's connections), and the mark that exempts them from the
+//! transparent tier's redirect.
+//!
+//! The redirect (deploy/veris.nft) lets a socket leave when its owner is the
+//! proxy uid (`meta skuid`) or when it carries [`EXEMPT_MARK`] (`meta mark`).
+//! The uid rule is the root path: veris installs the rules, then drops to the
+//! proxy uid. In a rootless network namespace (`unshare -rn`) only uid 0 is
+//! mapped, so proxy and workload share a uid and only the mark tells them
+//! apart; there veris keeps CAP_NET_ADMIN of the namespace, which `SO_MARK`
+//! needs. After the root path's privilege drop the mark is refused (`EPERM`),
+//! which is fine: the uid rule covers it, so the refusal is logged at debug
+//! once and marking stops.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpSocket, TcpStream};
+use tracing::debug;
+
+use crate::sys;
+
+/// The packet mark of the proxy's own dials in the transparent tier: "veri",
+/// the first four bytes of "veris" in ASCII (a mark is 32 bits). The ruleset
+/// returns on it (`meta mark 0x76657269 return`).
+pub const EXEMPT_MARK: u32 = 0x7665_7269;
+
+/// Whether dials are marked: set once a transparent listener serves.
+static MARKING: AtomicBool = AtomicBool::new(false);
+/// Set when the kernel refused the mark (no CAP_NET_ADMIN): stop asking.
+static MARK_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// From now on this process's dials carry [`EXEMPT_MARK`] (when the kernel
+/// lets us set it). One proxy runs per process, and the redirect exempts the
+/// process's dials as a whole, so this is process-wide.
+pub fn mark_own_dials() {
+    MARKING.store(true, Ordering::Relaxed);
+}
+
+/// Whether this process may mark its dials: `SO_MARK` on a fresh socket
+/// (CAP_NET_ADMIN in the user namespace owning our network namespace).
+pub fn check_mark() -> io::Result<()> {
+    let socket = TcpSocket::new_v4()?;
+    sys::set_mark(&socket, EXEMPT_MARK)
+}
+
+/// Connects to `addr`, marked when marking is on.
+pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    if MARKING.load(Ordering::Relaxed) && !MARK_REFUSED.load(Ordering::Relaxed) {
+        if let Err(e) = sys::set_mark(&socket, EXEMPT_MARK) {
+            if e.raw_os_error() == Some(libc::EPERM) {
+                // The root path: the privilege drop took CAP_NET_ADMIN, and the
+                // proxy uid's own rule exempts this dial instead.
+                if !MARK_REFUSED.swap(true, Ordering::Relaxed) {
+                    debug!(error = %e, "cannot mark own dials (SO_MARK); relying on the proxy uid's exemption");
+                }
+            } else {
+                return Err(e);
+            }
+        }
+    }
+    socket.connect(addr).await
+}
+
+/// Resolves `host` and connects to each address in turn until one answers;
+/// the last error otherwise.
+pub async fn connect_host(host: &str, port: u16) -> io::Result<TcpStream> {
+    // A URI's IPv6 literal comes bracketed.
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        match connect(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{host} resolved to no address"),
+        )
+    }))
+}
+
+/// The upstream client's connector: [`connect_host`] with a timeout and
+/// TCP_NODELAY, for `http` and `https` URIs alike (TLS is layered on top).
+#[derive(Clone, Debug)]
+pub struct Connector {
+    pub timeout: Duration,
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<TcpStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<TokioIo<TcpStream>>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let host = uri.host().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}"))
+            })?;
+            let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+                Some("https") => 443,
+                _ => 80,
+            });
+            let stream = tokio::time::timeout(timeout, connect_host(host, port))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+            stream.set_nodelay(true)?;
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn dials_connect_marked_or_not_and_resolve_hosts() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let plain = connect(addr).await.unwrap();
+        assert_eq!(plain.peer_addr().unwrap(), addr);
+        // Marking on: as an unprivileged user the mark is refused and the dial
+        // still goes out; with CAP_NET_ADMIN it is set.
+        mark_own_dials();
+        let marked = connect(addr).await.unwrap();
+        assert_eq!(marked.peer_addr().unwrap(), addr);
+        let by_name = connect_host("localhost", addr.port()).await;
+        // localhost may resolve to ::1 first, where nothing listens; the
+        // IPv4 address is tried next.
+        assert_eq!(by_name.unwrap().peer_addr().unwrap(), addr);
+        let bracketed = connect_host("[127.0.0.1]", addr.port()).await.unwrap();
+        assert_eq!(bracketed.peer_addr().unwrap(), addr);
+    }
+
+    #[tokio::test]
+    async fn the_connector_dials_the_uri_authority_and_needs_a_host() {
+        use tower_service::Service as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut c = Connector {
+            timeout: Duration::from_secs(5),
+        };
+        let io = c
+            .call(
+                format!("http://127.0.0.1:{}/x", addr.port())
+                    .parse()
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(io.inner().peer_addr().unwrap(), addr);
+        let err = c.call("/relative".parse().unwrap()).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+}
