@@ -48,6 +48,34 @@ fn curl(ns: &Netns, args: &[&str]) -> (String, String, String) {
     (code.to_string(), body.to_string(), text(&out.stderr))
 }
 
+/// An unmapped host reaches the local origin on 443 (TLS untouched: the
+/// client verifies the origin's own certificate, not ours) and on 80.
+fn assert_origin_passes_through(ns: &Netns, origin: &Origin) {
+    let origin_cert = origin.cert.to_str().unwrap();
+    for args in [
+        vec![
+            "--cacert".to_string(),
+            origin_cert.to_string(),
+            "--resolve".to_string(),
+            format!("origin.test:443:{LOCAL_V4}"),
+            "https://origin.test/".to_string(),
+        ],
+        vec![
+            "--resolve".to_string(),
+            format!("origin.test:80:{LOCAL_V4}"),
+            "http://origin.test/".to_string(),
+        ],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, body, err) = curl(ns, &args);
+        assert_eq!(
+            (code.as_str(), body.as_str()),
+            ("200", "origin ok"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 fn python_origin() -> std::path::PathBuf {
     python_with_requests()
         .or_else(|| which("python3"))
@@ -173,35 +201,7 @@ fn transparent_tier_intercepts_clients_without_proxy_variables() {
 
     // Unmapped hosts pass through to the real (local) origin, TLS untouched:
     // the client verifies the origin's own certificate, not ours.
-    let origin_cert = origin.cert.to_str().unwrap();
-    let (code, body, err) = curl(
-        &ns,
-        &[
-            "--cacert",
-            origin_cert,
-            "--resolve",
-            &format!("origin.test:443:{LOCAL_V4}"),
-            "https://origin.test/",
-        ],
-    );
-    assert_eq!(
-        (code.as_str(), body.as_str()),
-        ("200", "origin ok"),
-        "{err}"
-    );
-    let (code, body, err) = curl(
-        &ns,
-        &[
-            "--resolve",
-            &format!("origin.test:80:{LOCAL_V4}"),
-            "http://origin.test/",
-        ],
-    );
-    assert_eq!(
-        (code.as_str(), body.as_str()),
-        ("200", "origin ok"),
-        "{err}"
-    );
+    assert_origin_passes_through(&ns, &origin);
     // No SNI (an IP literal): no route names the address, so it passes through.
     let (code, body, err) = curl(&ns, &["-k", &format!("https://{LOCAL_V4}/")]);
     assert_eq!(
@@ -235,6 +235,7 @@ fn transparent_tier_intercepts_clients_without_proxy_variables() {
     assert_eq!(ns.nft_counter("quic_redirected"), Some(before + 2));
 
     // A client without the veris CA: a trust failure for a vendor host.
+    let origin_cert = origin.cert.to_str().unwrap();
     let (code, _, err) = curl(
         &ns,
         &[
@@ -565,35 +566,7 @@ fn the_rootless_path_intercepts_and_passes_through_by_mark() {
     // Passthrough to the local origin: veris's own dials to port 443 (TLS
     // re-dial) and 80 (re-originated request) are redirected like anyone's
     // but for the mark; the origin answering proves they left.
-    let origin_cert = origin.cert.to_str().unwrap();
-    let (code, body, err) = curl(
-        &ns,
-        &[
-            "--cacert",
-            origin_cert,
-            "--resolve",
-            &format!("origin.test:443:{LOCAL_V4}"),
-            "https://origin.test/",
-        ],
-    );
-    assert_eq!(
-        (code.as_str(), body.as_str()),
-        ("200", "origin ok"),
-        "{err}"
-    );
-    let (code, body, err) = curl(
-        &ns,
-        &[
-            "--resolve",
-            &format!("origin.test:80:{LOCAL_V4}"),
-            "http://origin.test/",
-        ],
-    );
-    assert_eq!(
-        (code.as_str(), body.as_str()),
-        ("200", "origin ok"),
-        "{err}"
-    );
+    assert_origin_passes_through(&ns, &origin);
 
     let stderr_path = veris.stderr_path.clone();
     let state = veris.state.clone();
