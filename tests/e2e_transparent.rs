@@ -651,25 +651,7 @@ fn explicit_tier_records_a_client_that_refuses_the_ca() {
     };
     // A bundle that does not hold the veris CA (an unrelated self-signed cert).
     let other = dir.join("other.pem");
-    let made = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=other",
-        ])
-        .arg("-keyout")
-        .arg(dir.join("other.key"))
-        .arg("-out")
-        .arg(&other)
-        .stderr(Stdio::null())
+    let made = self_signed(&other, &dir.join("other.key"), "/CN=other", None)
         .status()
         .is_ok_and(|s| s.success());
     let mut curl = Command::new("curl");

@@ -160,6 +160,33 @@ impl Drop for TempDir {
     }
 }
 
+/// `openssl req` making a throwaway self-signed P-256 certificate (1 day).
+pub fn self_signed(cert: &Path, key: &Path, subject: &str, ext: Option<&str>) -> Command {
+    let mut cmd = Command::new("openssl");
+    cmd.args([
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        subject,
+    ]);
+    if let Some(ext) = ext {
+        cmd.args(["-addext", ext]);
+    }
+    cmd.arg("-keyout")
+        .arg(key)
+        .arg("-out")
+        .arg(cert)
+        .stderr(Stdio::null());
+    cmd
+}
+
 fn run_ok(cmd: &mut Command) {
     let out = cmd.output().expect("running a setup command");
     assert!(
@@ -628,29 +655,12 @@ impl Origin {
     pub fn start(ns: &Netns, dir: &TempDir, python: &Path) -> Origin {
         let cert = dir.join("origin.crt");
         let key = dir.join("origin.key");
-        run_ok(
-            Command::new("openssl")
-                .args([
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:P-256",
-                    "-nodes",
-                    "-days",
-                    "1",
-                    "-subj",
-                    "/CN=origin.test",
-                    "-addext",
-                    "subjectAltName=DNS:origin.test",
-                ])
-                .arg("-keyout")
-                .arg(&key)
-                .arg("-out")
-                .arg(&cert)
-                .stderr(Stdio::null()),
-        );
+        run_ok(&mut self_signed(
+            &cert,
+            &key,
+            "/CN=origin.test",
+            Some("subjectAltName=DNS:origin.test"),
+        ));
         let script = dir.join("origin.py");
         std::fs::write(&script, ORIGIN_PY).unwrap();
         ns.own(&dir.path);
