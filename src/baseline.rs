@@ -2,9 +2,13 @@
 //! twin log, so `veris receipt --since TOKEN` reports exactly what happened
 //! after it (one test of many against a long-running proxy).
 //!
-//! Token format: `vb1:<seq>` followed by `:<service>=<twin request id>` per
-//! service whose twin log could be read, e.g. `vb1:42:stripe=17`. A bare
-//! number is accepted as a ledger seq.
+//! Token format: `vb2:<ledger id>:<seq>` followed by
+//! `:<service>=<twin request id>` per service whose twin log could be read,
+//! e.g. `vb2:3f9a0c1d2e4b5a69:42:stripe=17`. The ledger id is the first 16
+//! hex digits of the hash of the ledger's first line: a token is bound to
+//! its ledger, and one from another ledger (another state dir, or a ledger
+//! a restart moved aside) is refused rather than silently applied. A bare
+//! number is accepted as a ledger seq of whatever ledger is read.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,11 +16,15 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+use veris_receipt::ledger::LedgerRead;
+
 use crate::live;
 
 /// A parsed baseline.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Baseline {
+    /// The ledger the token was taken on; `None` for a bare seq.
+    pub ledger: Option<String>,
     /// Ledger seq at the baseline: the window is `seq > this`.
     pub seq: u64,
     /// Newest twin request id per service at the baseline.
@@ -25,7 +33,7 @@ pub struct Baseline {
 
 impl Baseline {
     pub fn token(&self) -> String {
-        let mut t = format!("vb1:{}", self.seq);
+        let mut t = format!("vb2:{}:{}", self.ledger.as_deref().unwrap_or(""), self.seq);
         for (service, id) in &self.twin {
             t.push_str(&format!(":{service}={id}"));
         }
@@ -36,19 +44,27 @@ impl Baseline {
         let s = s.trim();
         if let Ok(seq) = s.parse::<u64>() {
             return Ok(Baseline {
+                ledger: None,
                 seq,
                 twin: BTreeMap::new(),
             });
         }
         let bad = || {
             anyhow::anyhow!(
-                "bad baseline {s:?}. Next: pass what `veris baseline` printed (vb1:SEQ[:SERVICE=ID…]) or a ledger seq"
+                "bad baseline {s:?}. Next: pass what `veris baseline` printed (vb2:LEDGER:SEQ[:SERVICE=ID…]) or a ledger seq"
             )
         };
         let mut parts = s.split(':');
-        if parts.next() != Some("vb1") {
-            return Err(bad());
+        match parts.next() {
+            Some("vb2") => {}
+            Some("vb1") => bail!("baseline {s:?} comes from an older veris and names no ledger, so it cannot be checked against this one. Next: take a new one with `veris baseline`"),
+            _ => return Err(bad()),
         }
+        let ledger = parts
+            .next()
+            .filter(|id| id.len() == LEDGER_ID_LEN && id.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(bad)?
+            .to_ascii_lowercase();
         let seq = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let mut twin = BTreeMap::new();
         for p in parts {
@@ -58,8 +74,40 @@ impl Baseline {
             }
             twin.insert(service.to_string(), id.parse().map_err(|_| bad())?);
         }
-        Ok(Baseline { seq, twin })
+        Ok(Baseline {
+            ledger: Some(ledger),
+            seq,
+            twin,
+        })
     }
+
+    /// Refuses a token taken on another ledger.
+    pub fn check_ledger(&self, read: &LedgerRead) -> Result<()> {
+        let Some(expected) = &self.ledger else {
+            return Ok(());
+        };
+        match ledger_id(read) {
+            Some(id) if id == *expected => Ok(()),
+            found => bail!(
+                "baseline {} was taken on another ledger (its ledger id is {expected}, this ledger's is {}). Next: take a baseline against this state dir with `veris baseline`, or read the ledger it was taken on",
+                self.token(),
+                found.as_deref().unwrap_or("none: it is empty")
+            ),
+        }
+    }
+}
+
+/// Hex digits of a ledger id.
+const LEDGER_ID_LEN: usize = 16;
+
+/// The first 16 hex digits of the hash of the ledger's first line.
+pub fn ledger_id(read: &LedgerRead) -> Option<String> {
+    let hash = match read.lines.len() {
+        0 => return None,
+        1 => read.head.1.as_str(),
+        _ => read.lines[1].prev.as_str(),
+    };
+    Some(hash.get(..LEDGER_ID_LEN)?.to_string())
 }
 
 #[derive(Args, Debug)]
@@ -90,7 +138,14 @@ pub async fn baseline(args: BaselineArgs) -> Result<u8> {
             // then in the window of both (it is counted, never lost).
             let seq = status.head_seq;
             let twin = live::twin_newest_ids(&status.services).await;
-            Baseline { seq, twin }
+            let path = state_dir.join("ledger.jsonl");
+            let read = veris_receipt::ledger::read(&path)
+                .with_context(|| format!("reading ledger {}", path.display()))?;
+            Baseline {
+                ledger: ledger_id(&read),
+                seq,
+                twin,
+            }
         }
         None => {
             let path = args
@@ -106,6 +161,7 @@ pub async fn baseline(args: BaselineArgs) -> Result<u8> {
             let read = veris_receipt::ledger::read(&path)
                 .with_context(|| format!("reading ledger {}", path.display()))?;
             Baseline {
+                ledger: ledger_id(&read),
                 seq: read.head.0,
                 twin: BTreeMap::new(),
             }
@@ -122,6 +178,7 @@ mod tests {
     #[test]
     fn tokens_round_trip() {
         let b = Baseline {
+            ledger: Some("0123456789abcdef".into()),
             seq: 42,
             twin: [
                 ("stripe".to_string(), 17),
@@ -130,17 +187,23 @@ mod tests {
             .into_iter()
             .collect(),
         };
-        assert_eq!(b.token(), "vb1:42:google-calendar=0:stripe=17");
+        assert_eq!(
+            b.token(),
+            "vb2:0123456789abcdef:42:google-calendar=0:stripe=17"
+        );
         assert_eq!(Baseline::parse(&b.token()).unwrap(), b);
         assert_eq!(Baseline::parse("7").unwrap().seq, 7);
         for bad in [
             "",
             "vb2:1",
-            "vb1",
-            "vb1:x",
-            "vb1:1:stripe",
-            "vb1:1:=3",
-            "vb1:1:s=x",
+            "vb1:1",
+            "vb2",
+            "vb2:1",
+            "vb2:0123456789abcdef:x",
+            "vb2:0123456789abcdeg:1",
+            "vb2:0123456789abcdef:1:stripe",
+            "vb2:0123456789abcdef:1:=3",
+            "vb2:0123456789abcdef:1:s=x",
         ] {
             assert!(Baseline::parse(bad).is_err(), "{bad}");
         }

@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use veris_receipt::receipt::Requirement;
 
 use crate::receipt_cmd::report;
-use crate::stack::{ServeArgs, Stack};
+use crate::stack::{Role, ServeArgs, Stack};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -43,7 +43,7 @@ pub async fn demo(mut args: DemoArgs) -> Result<u8> {
 }
 
 async fn demo_in(serve: &ServeArgs) -> Result<u8> {
-    let stack = Stack::start(serve, "127.0.0.1:0").await?;
+    let stack = Stack::start(serve, "127.0.0.1:0", Role::Run).await?;
     crate::outln!(
         "veris demo: twin {} (sandbox {}), proxy {}",
         stack.twin_base,
@@ -59,7 +59,8 @@ async fn demo_in(serve: &ServeArgs) -> Result<u8> {
         ca: stack.ca.cert_der().clone(),
     };
     let outcome = calls(&client).await;
-    let (read, options) = crate::run::live_receipt(stack).await?;
+    let finished = stack.finish().await?;
+    let (read, options) = crate::run::finished_receipt(&finished)?;
     outcome?;
 
     let reqs = vec![

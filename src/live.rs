@@ -41,7 +41,9 @@ const TWIN_MAX_PAGES: usize = 100;
 
 /// What [`start_admin`] needs.
 pub struct AdminStart<'a> {
-    pub listen: &'a str,
+    /// Where the admin API listens; `None` for none (a run: no token exists
+    /// that a same-uid child could read).
+    pub listen: Option<&'a str>,
     pub state_dir: &'a Path,
     pub proxy: &'a Arc<Proxy>,
     pub proxy_url: &'a str,
@@ -54,33 +56,64 @@ pub struct AdminStart<'a> {
 
 /// The running admin API and seal timer.
 pub struct AdminHandle {
-    pub addr: SocketAddr,
+    pub addr: Option<SocketAddr>,
     sealer: Arc<Sealer>,
-    server: JoinHandle<std::io::Result<()>>,
+    server: Option<JoinHandle<std::io::Result<()>>>,
     timer: JoinHandle<()>,
     files: Vec<PathBuf>,
 }
 
-/// Binds the admin listener, starts the API and the seal timer, and writes
-/// `admin.token` (0600, new each start) then `admin.addr`.
+/// Starts the seal timer and, when `listen` is given, binds the admin
+/// listener, starts the API and writes `admin.token` (0600, new each start)
+/// then `admin.addr`.
 pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
-    let listener = TcpListener::bind(a.listen).await.with_context(|| {
+    let (ledger, sealer, mut rx) = (a.ledger.clone(), a.sealer.clone(), a.shutdown.clone());
+    let timer = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SEAL_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = rx.wait_for(|s| *s) => return,
+                _ = tick.tick() => {
+                    if let Err(e) = ledger.seal_if_unsealed(&sealer, "interval") {
+                        warn!(error = %e, "cannot append an interval seal");
+                    }
+                }
+            }
+        }
+    });
+    let Some(listen) = a.listen else {
+        return Ok(AdminHandle {
+            addr: None,
+            sealer: a.sealer,
+            server: None,
+            timer,
+            files: Vec::new(),
+        });
+    };
+    let listener = TcpListener::bind(listen).await.with_context(|| {
         format!(
-            "binding the admin API to {}. Next: pick a free address with --admin (port 0 picks one)",
-            a.listen
+            "binding the admin API to {listen}. Next: pick a free address with --admin (port 0 picks one)"
         )
     })?;
     let addr = listener.local_addr()?;
     let token = crate::random_hex(32)?;
+    let services: Vec<ServiceRef> = a
+        .proxy
+        .router()
+        .services()
+        .iter()
+        .map(|s| ServiceRef {
+            name: s.name.clone(),
+            upstream: s.upstream.clone(),
+        })
+        .collect();
     let admin = Arc::new(Admin {
         token: token.clone(),
         identity: a.proxy.identity().clone(),
         proxy_url: a.proxy_url.to_string(),
         twin: a.twin.to_string(),
-        services: a
-            .proxy
-            .router()
-            .services()
+        services: services
             .iter()
             .map(|s| (s.name.clone(), s.upstream.clone()))
             .collect(),
@@ -97,10 +130,12 @@ pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
             let path = a.ledger.path().to_path_buf();
             let identity = a.proxy.identity().clone();
             let proxy_url = a.proxy_url.to_string();
+            let services = Arc::new(services);
             Arc::new(move |w: ReceiptWindow| {
                 let path = path.clone();
                 let identity = identity.clone();
                 let proxy_url = proxy_url.clone();
+                let services = services.clone();
                 Box::pin(async move {
                     let mut checks = Vec::new();
                     if identity.tier == ListenerTier::Explicit {
@@ -116,8 +151,18 @@ pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
                         );
                     }
                     if let Ok(read) = veris_receipt::ledger::read(&path) {
-                        let none = BTreeMap::new();
-                        checks.push(twin_cross_check(&read, w.since, w.until, &none).await);
+                        let heads = session_twin_heads(&read, w.until);
+                        checks.push(
+                            twin_cross_check(
+                                &read,
+                                w.since,
+                                w.until,
+                                &services,
+                                heads.as_ref(),
+                                Some(&path),
+                            )
+                            .await,
+                        );
                     }
                     checks
                 })
@@ -139,26 +184,11 @@ pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
             let _ = rx.wait_for(|s| *s).await;
         },
     ));
-    let (ledger, sealer, mut rx) = (a.ledger, a.sealer.clone(), a.shutdown);
-    let timer = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SEAL_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = rx.wait_for(|s| *s) => return,
-                _ = tick.tick() => {
-                    if let Err(e) = ledger.seal_if_unsealed(&sealer, "interval") {
-                        warn!(error = %e, "cannot append an interval seal");
-                    }
-                }
-            }
-        }
-    });
     info!(%addr, "admin API listening");
     Ok(AdminHandle {
-        addr,
+        addr: Some(addr),
         sealer: a.sealer,
-        server,
+        server: Some(server),
         timer,
         files: vec![addr_path, token_path],
     })
@@ -169,8 +199,10 @@ impl AdminHandle {
     /// shutdown seal (after the last traffic line) and removes the files
     /// that announce a live proxy.
     pub async fn stop(self, ledger: &Ledger) -> Option<SealInfo> {
-        let _ = self.server.await;
         let _ = self.timer.await;
+        if let Some(server) = self.server {
+            let _ = server.await;
+        }
         let seal = match ledger.seal(&self.sealer, "shutdown") {
             Ok(info) => Some(info),
             Err(e) => {
@@ -217,10 +249,16 @@ pub struct LiveStatus {
     pub proxy_url: String,
     pub head_seq: u64,
     #[serde(default)]
+    pub session_seq: u64,
+    #[serde(default)]
     pub services: Vec<ServiceRef>,
+    /// The raw public key the proxy seals with (hex): with a fresh seal,
+    /// the anchor of a live verdict.
+    #[serde(default)]
+    pub public_key: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
 pub struct ServiceRef {
     pub name: String,
     pub upstream: String,
@@ -352,80 +390,158 @@ pub fn probe_path(tier: ListenerTier, proxy_url: &str) -> ProbePath {
     }
 }
 
-/// Forwarded requests of one twin log in a window: `(method, path)` counts.
-#[derive(Debug, Default)]
-struct Forwarded {
-    service: String,
-    calls: BTreeMap<(String, String), u64>,
-    total: u64,
+/// `(method, path)` → count: a multiset of calls.
+type Calls = BTreeMap<(String, String), u64>;
+
+/// The twin log position recorded in the newest session line at or before
+/// `until`: the twin cross-check counts rows after it.
+pub fn session_twin_heads(read: &LedgerRead, until: u64) -> Option<BTreeMap<String, u64>> {
+    read.lines
+        .iter()
+        .rev()
+        .filter(|l| l.seq <= until)
+        .find_map(|l| match &l.entry {
+            Entry::Session { twin_heads, .. } => Some(twin_heads.clone()),
+            _ => None,
+        })
+        .flatten()
 }
 
-/// Twin cross-check (DESIGN §8): every request the ledger says was forwarded
-/// in `(since, until]` must appear in the twin's own log. Twin rows from
-/// before the window may be there too (counts are compared with ≥); with a
-/// baseline, rows up to its twin ids are skipped. A twin whose log cannot be
-/// read is not a contradiction: the check is skipped and says so.
+/// What the ledger says per service in a window: requests forwarded to the
+/// twin (`sure`), and timeouts the twin may or may not have executed (`maybe`).
+#[derive(Default)]
+struct Expected {
+    sure: BTreeMap<String, Calls>,
+    maybe: BTreeMap<String, Calls>,
+}
+
+impl Expected {
+    fn add(&mut self, line: &veris_receipt::Line) {
+        match &line.entry {
+            Entry::Request {
+                service,
+                method,
+                path,
+                ..
+            } => {
+                *self
+                    .sure
+                    .entry(service.clone())
+                    .or_default()
+                    .entry((method.clone(), path.clone()))
+                    .or_default() += 1;
+            }
+            Entry::UpstreamError {
+                service,
+                method,
+                path,
+                error,
+                ..
+            } if error == "veris_upstream_timeout" => {
+                *self
+                    .maybe
+                    .entry(service.clone())
+                    .or_default()
+                    .entry((method.clone(), path.clone()))
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+
+    fn of(read: &LedgerRead, since: u64, until: u64) -> Expected {
+        let mut e = Expected::default();
+        for line in read.lines.iter().filter(|l| l.seq > since && l.seq <= until) {
+            e.add(line);
+        }
+        e
+    }
+}
+
+/// Takes `n` of `(method, path)` out of `calls`; returns how many were there.
+fn take(calls: &mut Calls, key: &(String, String), n: u64) -> u64 {
+    let have = calls.get(key).copied().unwrap_or(0);
+    let took = have.min(n);
+    if have > took {
+        calls.insert(key.clone(), have - took);
+    } else {
+        calls.remove(key);
+    }
+    took
+}
+
+fn describe(calls: &Calls) -> String {
+    const SHOWN: usize = 5;
+    let mut out: Vec<String> = calls
+        .iter()
+        .take(SHOWN)
+        .map(|((m, p), n)| format!("{m} {p} ({n})"))
+        .collect();
+    if calls.len() > SHOWN {
+        out.push(format!("… and {} more", calls.len() - SHOWN));
+    }
+    out.join(", ")
+}
+
+/// Twin cross-check (DESIGN §7a.6): the twin's own log, after the position
+/// recorded when the session started (`heads`, or a baseline's), must hold
+/// exactly the requests the ledger says were forwarded in `(since, until]`,
+/// by (service, method, path), in both directions:
+/// - a forwarded request the twin lacks → `failed` (the ledger claims a call
+///   the twin never executed);
+/// - a twin row the ledger lacks → `failed` (a call the proxy never saw: the
+///   workload talking to the twin directly), unless it is a request still in
+///   flight at the window's edge, which `ledger` (the file, re-read a few
+///   times) then shows after `until`, or a timeout the twin may have executed.
+///
+/// A twin whose log cannot be read, or a session whose start position is
+/// unknown, makes the check `unverified`, never `ok`.
 pub async fn twin_cross_check(
     read: &LedgerRead,
     since: u64,
     until: u64,
-    twin_since: &BTreeMap<String, u64>,
+    services: &[ServiceRef],
+    heads: Option<&BTreeMap<String, u64>>,
+    ledger: Option<&Path>,
 ) -> Check {
-    let mut logs: BTreeMap<String, Forwarded> = BTreeMap::new();
-    for line in read
-        .lines
-        .iter()
-        .filter(|l| l.seq > since && l.seq <= until)
-    {
-        if let Entry::Request {
-            service,
-            method,
-            path,
-            upstream,
-            ..
-        } = &line.entry
-        {
-            // The service's log lives at the upstream base: the upstream URL
-            // minus the request path the proxy appended.
-            let Some(base) = upstream.strip_suffix(path.as_str()) else {
-                continue;
-            };
-            let f = logs.entry(base.to_string()).or_default();
-            f.service = service.clone();
-            *f.calls.entry((method.clone(), path.clone())).or_default() += 1;
-            f.total += 1;
-        }
-    }
     let check = |status, detail: String| Check {
         name: "twin_cross_check".into(),
         status,
         detail,
     };
-    if logs.is_empty() {
+    let Some(heads) = heads else {
         return check(
-            CheckStatus::Ok,
-            "no forwarded requests in the window to cross-check".into(),
+            CheckStatus::Unverified,
+            "the twin's log position when the session started is unknown, so its rows cannot be matched to this window".into(),
         );
-    }
+    };
+    let expected = Expected::of(read, since, until);
+    let mut unreadable = Vec::new();
     let mut accounted = Vec::new();
-    let mut skipped = Vec::new();
-    for (base, f) in &logs {
-        let after = twin_since.get(&f.service).copied().unwrap_or(0);
-        let rows = match twin_rows(base, after).await {
+    let mut extras: BTreeMap<String, Calls> = BTreeMap::new();
+    for service in services {
+        let mut sure = expected.sure.get(&service.name).cloned().unwrap_or_default();
+        let Some(after) = heads.get(&service.name) else {
+            // A service the twin did not answer for at start: nothing to
+            // compare with unless the ledger says it was called.
+            if !sure.is_empty() {
+                unreadable.push(format!("{}: its log was unreadable when the session started", service.name));
+            }
+            continue;
+        };
+        let mut rows = match twin_rows(&service.upstream, *after).await {
             Ok(rows) => rows,
             Err(e) => {
-                skipped.push(format!("{}: {e:#}", f.service));
+                unreadable.push(format!("{}: {e:#}", service.name));
                 continue;
             }
         };
-        let mut missing = Vec::new();
-        for ((method, path), n) in &f.calls {
-            let seen = rows
-                .get(&(method.clone(), path.clone()))
-                .copied()
-                .unwrap_or(0);
-            if seen < *n {
-                missing.push(format!("{method} {path} (ledger {n}, twin {seen})"));
+        let total: u64 = sure.values().sum();
+        let mut missing = Calls::new();
+        for (key, n) in std::mem::take(&mut sure) {
+            let found = take(&mut rows, &key, n);
+            if found < n {
+                missing.insert(key, n - found);
             }
         }
         if !missing.is_empty() {
@@ -433,30 +549,79 @@ pub async fn twin_cross_check(
                 CheckStatus::Failed,
                 format!(
                     "the twin's log for {} lacks request(s) the ledger says were forwarded: {}",
-                    f.service,
-                    missing.join(", ")
+                    service.name,
+                    describe(&missing)
                 ),
             );
         }
-        accounted.push(format!("{} {}", f.service, f.total));
+        if let Some(maybe) = expected.maybe.get(&service.name) {
+            for (key, n) in maybe {
+                take(&mut rows, key, *n);
+            }
+        }
+        if !rows.is_empty() {
+            extras.insert(service.name.clone(), rows);
+        }
+        accounted.push(format!("{} {total}", service.name));
     }
-    if accounted.is_empty() {
+    // Rows of requests in flight when the window closed: their ledger lines
+    // follow `until` once the twin's answer reaches the proxy.
+    if let Some(path) = ledger {
+        for attempt in 0..5 {
+            if extras.is_empty() {
+                break;
+            }
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            let Ok(later) = veris_receipt::ledger::read(path) else {
+                break;
+            };
+            let after = Expected::of(&later, until, u64::MAX);
+            for (service, rows) in extras.iter_mut() {
+                for calls in [after.sure.get(service), after.maybe.get(service)]
+                    .into_iter()
+                    .flatten()
+                {
+                    for (key, n) in calls {
+                        take(rows, key, *n);
+                    }
+                }
+            }
+            extras.retain(|_, rows| !rows.is_empty());
+        }
+    }
+    if !extras.is_empty() {
+        let n: u64 = extras.values().flat_map(|c| c.values()).sum();
+        let list: Vec<String> = extras
+            .iter()
+            .map(|(s, c)| format!("{s}: {}", describe(c)))
+            .collect();
         return check(
-            CheckStatus::Ok,
+            CheckStatus::Failed,
             format!(
-                "twin log not reachable, cross-check skipped ({})",
-                skipped.join("; ")
+                "the twin's log has {n} request(s) the proxy never forwarded ({}): something called the twin directly",
+                list.join("; ")
             ),
         );
     }
-    let mut detail = format!(
-        "twin log accounts for every forwarded request ({})",
-        accounted.join(", ")
-    );
-    if !skipped.is_empty() {
-        detail.push_str(&format!("; skipped: {}", skipped.join("; ")));
+    if !unreadable.is_empty() {
+        return check(
+            CheckStatus::Unverified,
+            format!("twin log not readable: {}", unreadable.join("; ")),
+        );
     }
-    check(CheckStatus::Ok, detail)
+    check(
+        CheckStatus::Ok,
+        format!(
+            "the twin's log matches the ledger exactly ({})",
+            if accounted.is_empty() {
+                "no services".to_string()
+            } else {
+                accounted.join(", ")
+            }
+        ),
+    )
 }
 
 #[derive(Deserialize)]
@@ -474,7 +639,8 @@ struct TwinRow {
 
 /// Vendor rows (`handler`, `fault`) of one twin log after id `after`,
 /// counted by `(method, redacted path)` the way the ledger records them.
-async fn twin_rows(base: &str, after: u64) -> Result<BTreeMap<(String, String), u64>> {
+/// A log longer than the pages read is an error, not a partial answer.
+async fn twin_rows(base: &str, after: u64) -> Result<Calls> {
     let mut out = BTreeMap::new();
     let mut since_id = after;
     for _ in 0..TWIN_MAX_PAGES {
@@ -487,7 +653,10 @@ async fn twin_rows(base: &str, after: u64) -> Result<BTreeMap<(String, String), 
             serde_json::from_slice(&body).context("reading the twin's /veris/requests")?;
         let n = page.requests.len();
         for row in page.requests {
-            since_id = since_id.max(row.id);
+            if row.id <= since_id {
+                bail!("the twin's /veris/requests ids are not increasing");
+            }
+            since_id = row.id;
             if row.tier == "handler" || row.tier == "fault" {
                 *out.entry((row.method, redact::text(&row.path)))
                     .or_default() += 1;
@@ -497,19 +666,24 @@ async fn twin_rows(base: &str, after: u64) -> Result<BTreeMap<(String, String), 
             return Ok(out);
         }
     }
-    Ok(out)
+    bail!("the twin's log has more than {} rows in the window", TWIN_MAX_PAGES * 1000)
 }
 
-/// The newest request id of each service's twin log (for a baseline).
+/// The newest request id of each service's twin log, asked concurrently;
+/// services whose log cannot be read are left out.
 pub async fn twin_newest_ids(services: &[ServiceRef]) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for s in services {
+    let asks = services.iter().map(|s| async move {
         let url = format!("{}/veris/requests?order=desc&limit=1", s.upstream);
-        if let Ok((200, body)) = http("GET", &url, None).await {
-            if let Ok(page) = serde_json::from_slice::<TwinPage>(&body) {
-                out.insert(s.name.clone(), page.requests.first().map_or(0, |r| r.id));
-            }
+        match http("GET", &url, None).await {
+            Ok((200, body)) => serde_json::from_slice::<TwinPage>(&body)
+                .ok()
+                .map(|page| (s.name.clone(), page.requests.first().map_or(0, |r| r.id))),
+            _ => None,
         }
-    }
-    out
+    });
+    futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
 }

@@ -1,16 +1,19 @@
 //! `veris receipt`, and the requirement flags `run` shares with it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use veris_receipt::ledger::{self, LedgerRead};
-use veris_receipt::receipt::{self, Check, CheckStatus, Options, Receipt, Requirement};
-use veris_receipt::seal::PublicKeys;
+use veris_receipt::receipt::{
+    self, Anchor, Check, CheckStatus, Options, Receipt, Requirement, WindowSpec,
+};
+use veris_receipt::seal::{Pin, PublicKeys};
 use veris_receipt::ListenerTier;
 
 use crate::baseline::Baseline;
-use crate::live::Discovery;
+use crate::live::{Discovery, ServiceRef};
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct RequireArgs {
@@ -26,6 +29,10 @@ pub struct RequireArgs {
     /// Do not fail when no request reached the twin.
     #[arg(long)]
     pub allow_empty: bool,
+    /// Exit 3 unless integrity is `verified`. Use it in CI and agent tools:
+    /// an `unverified` receipt cannot rule out a workload that forged it.
+    #[arg(long)]
+    pub require_verified: bool,
 }
 
 impl RequireArgs {
@@ -40,6 +47,9 @@ impl RequireArgs {
         for s in &self.require_request {
             out.push(Requirement::parse_request(s).context("--require-request")?);
         }
+        if self.require_verified {
+            out.push(Requirement::Verified);
+        }
         Ok(out)
     }
 }
@@ -53,8 +63,16 @@ pub struct ReceiptArgs {
     #[arg(long, value_name = "FILE")]
     pub ledger: Option<PathBuf>,
     /// Only what happened after this baseline (printed by `veris baseline`) or ledger seq.
-    #[arg(long, value_name = "TOKEN")]
+    #[arg(long, value_name = "TOKEN", conflicts_with = "all")]
     pub since: Option<String>,
+    /// The whole ledger, every session [default: the latest session].
+    #[arg(long)]
+    pub all: bool,
+    /// Pin the seal key: its fingerprint (the receipt's `seal key`), or a
+    /// file holding it or `ed25519 <hex>` lines. Needed for `verified`
+    /// offline; `ledger.pub` beside the ledger is never trusted for it.
+    #[arg(long, value_name = "FINGERPRINT|FILE")]
+    pub key: Option<String>,
     /// Only this service.
     #[arg(long, value_name = "NAME")]
     pub service: Option<String>,
@@ -106,6 +124,10 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
         Some(t) => Some(Baseline::parse(t)?),
         None => None,
     };
+    let pin = match &args.key {
+        Some(k) => Some(parse_pin(k)?),
+        None => None,
+    };
     let state_dir = crate::state_dir(args.state_dir.clone());
     let path = match &args.ledger {
         Some(p) => p.clone(),
@@ -131,9 +153,16 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
         );
     }
     let mut options = Options {
-        since: baseline.as_ref().map(|b| b.seq),
+        scope: if args.all {
+            WindowSpec::All
+        } else {
+            match &baseline {
+                Some(b) => WindowSpec::Since(b.seq),
+                None => WindowSpec::LatestSession,
+            }
+        },
         service: args.service.clone(),
-        seal_keys: seal_keys_beside(&path),
+        hint_keys: seal_keys_beside(&path),
         ..Options::default()
     };
     if let Some(why) = unusable {
@@ -154,16 +183,28 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
                 .await
                 .context("asking the live proxy for its status")?;
             // The fresh seal is appended before the file is read: a file cut
-            // after an older seal cannot then pass for complete.
+            // after an older seal cannot then pass for complete, and the
+            // file's line at the seal's seq must be the one the proxy wrote.
             let fresh = live
                 .seal()
                 .await
                 .context("asking the live proxy for a fresh seal")?;
             let read = ledger::read(&path)
                 .with_context(|| format!("reading ledger {}", path.display()))?;
+            if let Some(b) = &baseline {
+                b.check_ledger(&read)?;
+            }
             options.proxy_live = true;
             options.until = Some(fresh.seq);
-            options.fresh_seal = Some(fresh.seq);
+            let since = match options.scope {
+                WindowSpec::Since(s) => s,
+                WindowSpec::All => 0,
+                WindowSpec::LatestSession => status.session_seq.saturating_sub(1),
+            };
+            let heads = match &baseline {
+                Some(b) if b.ledger.is_some() => Some(b.twin.clone()),
+                _ => crate::live::session_twin_heads(&read, fresh.seq),
+            };
             options.external_checks = live_checks(
                 &read,
                 &LiveRun {
@@ -172,16 +213,42 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
                     canary: &status.canary,
                     run_id: &status.run_id,
                     env_canary: true,
+                    services: &status.services,
+                    twin_heads: heads.as_ref(),
+                    ledger: Some(&path),
                 },
-                options.since.unwrap_or(0),
+                since,
                 fresh.seq,
-                baseline.as_ref(),
             )
             .await;
+            if let Some(pin) = &pin {
+                if !pin.fingerprints.iter().any(|f| *f == fresh.key_id) {
+                    options.external_checks.push(Check {
+                        name: "pinned_key".into(),
+                        status: CheckStatus::Failed,
+                        detail: format!(
+                            "the live proxy seals with key {}, not the pinned one",
+                            fresh.key_id
+                        ),
+                    });
+                }
+            }
+            options.anchor = Anchor::Live {
+                seal: fresh,
+                public_key: status.public_key.clone().unwrap_or_default(),
+            };
             read
         }
         None => {
-            ledger::read(&path).with_context(|| format!("reading ledger {}", path.display()))?
+            let read = ledger::read(&path)
+                .with_context(|| format!("reading ledger {}", path.display()))?;
+            if let Some(b) = &baseline {
+                b.check_ledger(&read)?;
+            }
+            if let Some(pin) = &pin {
+                options.anchor = Anchor::Pinned(pinned_keys(pin, &read, options.hint_keys.as_ref()));
+            }
+            read
         }
     };
     let report = report(&read, &options, &reqs, args.require.allow_empty);
@@ -197,6 +264,39 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
     Ok(report.exit_code)
 }
 
+/// `--key`: a fingerprint, or a file holding one (or `ed25519 <hex>` lines).
+fn parse_pin(arg: &str) -> Result<Pin> {
+    if let Ok(pin) = Pin::parse(arg) {
+        return Ok(pin);
+    }
+    let text = std::fs::read_to_string(arg).with_context(|| {
+        format!("--key {arg:?} is neither a 64-digit fingerprint nor a readable file. Next: pass the `seal key` a receipt printed")
+    })?;
+    Pin::parse(&text).with_context(|| format!("reading the key pin in {arg}"))
+}
+
+/// The raw keys the ledger's session lines and `ledger.pub` offer, narrowed
+/// to those the pin names (by their hash, so an offered key cannot lie).
+pub fn pinned_keys(pin: &Pin, read: &LedgerRead, hint: Option<&PublicKeys>) -> PublicKeys {
+    let hint_hex: Vec<String> = hint
+        .map(|h| {
+            h.keys
+                .iter()
+                .map(|k| veris_receipt::hash::hex(&k.raw))
+                .collect()
+        })
+        .unwrap_or_default();
+    let offered = read
+        .lines
+        .iter()
+        .filter_map(|l| match &l.entry {
+            veris_receipt::Entry::Session { public_key, .. } => public_key.as_deref(),
+            _ => None,
+        })
+        .chain(hint_hex.iter().map(String::as_str));
+    pin.select(offered)
+}
+
 /// The public keys in `ledger.pub` beside a ledger file, if there is one.
 pub fn seal_keys_beside(ledger: &Path) -> Option<PublicKeys> {
     let dir = ledger
@@ -210,27 +310,26 @@ pub fn seal_keys_beside(ledger: &Path) -> Option<PublicKeys> {
     PublicKeys::load(&path).ok()
 }
 
-/// Who the live run is, for its canary check.
+/// Who the live run is, for its canary and twin checks.
 pub struct LiveRun<'a> {
     pub tier: ListenerTier,
     pub proxy_url: &'a str,
     pub canary: &'a str,
     pub run_id: &'a str,
     /// Also hold the proxy to `VERIS_CANARY` from the environment: true for a
-    /// reader in the workload's environment (`veris receipt`), false for
-    /// `veris run`, which started this proxy itself.
+    /// reader in the workload's environment (`veris receipt`).
     pub env_canary: bool,
+    /// Routed services and their twin upstreams.
+    pub services: &'a [ServiceRef],
+    /// The twin's log position at the window's start.
+    pub twin_heads: Option<&'a BTreeMap<String, u64>>,
+    /// The ledger file, re-read to explain twin rows of requests in flight.
+    pub ledger: Option<&'a Path>,
 }
 
 /// The checks that need the network: the canary along the run's
 /// interception path, and the twin cross-check of the window.
-pub async fn live_checks(
-    read: &LedgerRead,
-    run: &LiveRun<'_>,
-    since: u64,
-    until: u64,
-    baseline: Option<&Baseline>,
-) -> Vec<Check> {
+pub async fn live_checks(read: &LedgerRead, run: &LiveRun<'_>, since: u64, until: u64) -> Vec<Check> {
     let path = crate::live::probe_path(run.tier, run.proxy_url);
     // Inside the sandbox the env file names the run the workload belongs to.
     let expected = std::env::var("VERIS_CANARY")
@@ -243,8 +342,15 @@ pub async fn live_checks(
         canary.status = CheckStatus::Failed;
         canary.detail = "the live proxy's canary is not the one in VERIS_CANARY: this environment belongs to another run".into();
     }
-    let twin_since = baseline.map(|b| b.twin.clone()).unwrap_or_default();
-    let twin = crate::live::twin_cross_check(read, since, until, &twin_since).await;
+    let twin = crate::live::twin_cross_check(
+        read,
+        since,
+        until,
+        run.services,
+        run.twin_heads,
+        run.ledger,
+    )
+    .await;
     vec![canary, twin]
 }
 

@@ -1,4 +1,11 @@
 //! `veris run`: the proxy in-process, a child behind it, and this run's receipt.
+//!
+//! Each run writes a ledger of its own (`<state>/runs/<run_id>/ledger.jsonl`)
+//! sealed by a key that exists only in this process, which is non-dumpable:
+//! the child, running as the same uid, can read and rewrite every file it
+//! likes but can neither sign a seal nor reach the admin API (there is none).
+//! The receipt is anchored on the proxy's own final seal, so a rewritten or
+//! replaced file fails it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -7,10 +14,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tracing::warn;
 use veris_receipt::ledger::{self, LedgerRead};
-use veris_receipt::receipt::Options;
+use veris_receipt::receipt::{Anchor, Options, WindowSpec};
 
-use crate::receipt_cmd::{live_checks, report, seal_keys_beside, LiveRun, RequireArgs};
-use crate::stack::{no_proxy, ServeArgs, Stack};
+use crate::receipt_cmd::{report, RequireArgs};
+use crate::stack::{no_proxy, Finished, Role, ServeArgs, Stack};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -28,7 +35,7 @@ pub struct RunArgs {
 
 pub async fn run(args: RunArgs) -> Result<u8> {
     let reqs = args.require.parse()?;
-    let stack = Stack::start(&args.serve, "127.0.0.1:0").await?;
+    let stack = Stack::start(&args.serve, "127.0.0.1:0", Role::Run).await?;
 
     let java_base = std::env::var("JAVA_TOOL_OPTIONS").ok();
     let no_proxy = no_proxy();
@@ -38,6 +45,8 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         .envs(vars)
         // Node 22.21+/24.5+ honour HTTPS_PROXY only with this; older versions ignore it.
         .env("NODE_USE_ENV_PROXY", "1")
+        // The child is the workload: it gets no way into the admin API.
+        .env_remove("VERIS_ADMIN_TOKEN")
         .stdin(Stdio::inherit())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
@@ -45,7 +54,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     let mut child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
-            stack.stop().await?;
+            stack.finish().await?;
             bail!(
                 "cannot start {:?}: {e}. Next: check the command name and PATH",
                 args.command[0]
@@ -74,9 +83,16 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         }
     };
 
-    let (read, options) = live_receipt(stack).await?;
+    let finished = stack.finish().await?;
+    let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, &reqs, args.require.allow_empty);
     eprint!("{}", report.text);
+    eprintln!(
+        "\nledger: {} (verify it later: veris receipt --ledger {} --key {})",
+        finished.ledger_path.display(),
+        finished.ledger_path.display(),
+        finished.key_id
+    );
     if let Some(path) = &args.receipt {
         write_private(path, &serde_json::to_vec_pretty(&report.receipt)?)
             .with_context(|| format!("writing receipt {}", path.display()))?;
@@ -88,34 +104,24 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     })
 }
 
-/// Stops the stack and reads this run's ledger window with every integrity
-/// check: the canary through the interception path and the twin cross-check
-/// while the proxy is still live, then the proxy's own shutdown seal as the
-/// fresh seal over everything it wrote.
-pub async fn live_receipt(stack: Stack) -> Result<(LedgerRead, Options)> {
-    let since = stack.session_seq.saturating_sub(1);
-    let ledger_path = stack.ledger.path().to_path_buf();
-    let run = LiveRun {
-        tier: stack.identity.tier,
-        proxy_url: &stack.proxy_url,
-        canary: &stack.identity.canary,
-        run_id: &stack.identity.run_id,
-        env_canary: false,
-    };
-    let head = stack.ledger.head().0;
-    let read = ledger::read(&ledger_path)
-        .with_context(|| format!("reading ledger {}", ledger_path.display()))?;
-    let external_checks = live_checks(&read, &run, since, head, None).await;
-    let seal = stack.stop_sealed().await?;
-    let read = ledger::read(&ledger_path)
-        .with_context(|| format!("reading ledger {}", ledger_path.display()))?;
+/// The receipt of a finished session, anchored on the proxy's own final
+/// seal and key (held in this process, never on disk): the file must hold
+/// exactly the chain the proxy wrote up to that seal.
+pub fn finished_receipt(f: &Finished) -> Result<(LedgerRead, Options)> {
+    let read = ledger::read(&f.ledger_path)
+        .with_context(|| format!("reading ledger {}", f.ledger_path.display()))?;
     let options = Options {
-        since: Some(since),
+        scope: WindowSpec::LatestSession,
         proxy_live: true,
-        until: seal.as_ref().map(|s| s.seq),
-        seal_keys: seal_keys_beside(&ledger_path),
-        fresh_seal: seal.as_ref().map(|s| s.seq),
-        external_checks,
+        until: f.seal.as_ref().map(|s| s.seq),
+        anchor: match &f.seal {
+            Some(seal) => Anchor::Live {
+                seal: seal.clone(),
+                public_key: f.public_key.clone(),
+            },
+            None => Anchor::None,
+        },
+        external_checks: f.checks.clone(),
         ..Options::default()
     };
     Ok((read, options))

@@ -1,7 +1,9 @@
 //! Starting and stopping the proxy stack shared by `serve`, `run` and `demo`:
-//! CA and trust material, the built-in twin when none is given, the ledger and
-//! its session line, the proxy listener, the env and ready files.
+//! CA and trust material, the built-in twin when none is given, the seal key,
+//! the ledger and its session line, the proxy listener, the env and ready
+//! files; and ending a session with its checks recorded and its final seal.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,8 +23,12 @@ use veris_ca::{CertificateAuthority, Issuer, LoadOutcome};
 use veris_proxy::config::{Flags, Settings};
 use veris_proxy::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Proxy, ProxyOptions};
-use veris_receipt::ledger::Ledger;
+use veris_receipt::ledger::{Ledger, SealInfo};
+use veris_receipt::receipt::{Check, CheckStatus};
+use veris_receipt::seal::{PublicKeys, Sealer};
 use veris_receipt::{Entry, ListenerTier, Mode};
+
+use crate::live::ServiceRef;
 
 /// Sandbox id used with the built-in twin when none is given.
 pub const DEFAULT_SANDBOX: &str = "sbx_local";
@@ -104,6 +110,24 @@ impl From<EnvFormatArg> for EnvFormat {
     }
 }
 
+/// Which command the stack serves; it decides where the ledger and the seal
+/// key live and who may talk to the proxy (DESIGN §7a.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `veris serve`: `<state>/ledger.jsonl` continued across restarts when
+    /// it verifies, `<state>/seal.key` on disk (0600), the admin API announced
+    /// in `<state>/admin.addr` and `admin.token`.
+    Serve,
+    /// `veris run` and `veris demo`: a ledger of its own,
+    /// `<state>/runs/<run_id>/ledger.jsonl`, sealed by a key that exists
+    /// only in this process's memory; no admin API, so no token a child of
+    /// the same uid could read.
+    Run,
+}
+
+/// Where the runs of `veris run` keep their ledgers.
+pub const RUNS_DIR: &str = "runs";
+
 /// A running stack.
 pub struct Stack {
     pub proxy_url: String,
@@ -116,6 +140,13 @@ pub struct Stack {
     pub identity: Identity,
     pub trust: TrustFiles,
     pub ca: Arc<CertificateAuthority>,
+    pub sealer: Arc<Sealer>,
+    /// Routed services and their twin upstreams (for the cross-check).
+    pub services: Vec<ServiceRef>,
+    /// Newest twin log id per service when the session started.
+    pub twin_heads: Option<BTreeMap<String, u64>>,
+    /// Stops the listeners (traffic) first, then everything else.
+    stop_traffic: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
     proxy_task: JoinHandle<std::io::Result<()>>,
     /// Transparent tier: the (TLS, plain HTTP) listener addresses.
@@ -123,70 +154,61 @@ pub struct Stack {
     transparent_task: Option<JoinHandle<std::io::Result<()>>>,
     redirect: Option<crate::transparent::Redirect>,
     twin_task: Option<JoinHandle<()>>,
-    /// Admin API, seal timer and the files that announce them.
+    /// Admin API (serve only), seal timer and the files that announce them.
     pub admin: crate::live::AdminHandle,
+}
+
+/// How a session ended: its final seal and the checks recorded before it.
+pub struct Finished {
+    pub ledger_path: PathBuf,
+    /// The final (`shutdown`) seal, as the proxy wrote it.
+    pub seal: Option<SealInfo>,
+    /// The sealing key, raw hex: with `seal`, the anchor of a live verdict.
+    pub public_key: String,
+    pub key_id: String,
+    /// The canary and twin cross-check, as recorded in the ledger.
+    pub checks: Vec<Check>,
+}
+
+/// Routing and the built-in twin, from a config file or flags.
+struct Routing {
+    settings: Settings,
+    twin_task: Option<JoinHandle<()>>,
+    twin_auth: Option<String>,
 }
 
 impl Stack {
     /// Starts everything; `default_listen` applies when `--listen` is absent.
-    pub async fn start(args: &ServeArgs, default_listen: &str) -> Result<Stack> {
+    /// The phases, in order: routing (and the built-in twin), CA and trust,
+    /// seal key and ledger, listeners, session line, proxy, transparent
+    /// redirect, admin API, env and ready files.
+    pub async fn start(args: &ServeArgs, default_listen: &str, role: Role) -> Result<Stack> {
         crate::transparent::preflight(&args.transparent)?;
+        // Before any key exists in this process: a same-uid workload must
+        // not read it (or the admin token) through ptrace or /proc/<pid>/mem.
+        if let Err(e) = crate::sys::set_non_dumpable() {
+            warn!(error = %e, "cannot make the proxy non-dumpable; a same-uid workload could read its memory");
+        }
         let state_dir = crate::state_dir(args.state_dir.clone());
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating state dir {}", state_dir.display()))?;
-
-        let listen = args
-            .listen
-            .clone()
-            .unwrap_or_else(|| default_listen.to_string());
-        let mode = match args.mode {
-            Some(ModeArg::Strict) => Mode::Strict,
-            _ => Mode::Passthrough,
-        };
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let (stop_traffic, traffic_rx) = watch::channel(false);
 
-        // Routing, and the built-in twin when no twin is named.
-        let mut twin_task = None;
-        let settings = if let Some(path) = &args.config {
-            if args.twin.is_some() || !args.services.is_empty() || !args.routes.is_empty() {
-                bail!("--config cannot be combined with --twin, --services or --route. Next: put the routes in the config file");
-            }
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading config {}", path.display()))?;
-            let mut settings = Settings::from_json(&text, &path.display().to_string())?;
-            if let Some(l) = &args.listen {
-                settings.listen = l.clone();
-            }
-            if let Some(m) = args.mode {
-                settings.mode = match m {
-                    ModeArg::Strict => Mode::Strict,
-                    ModeArg::Passthrough => Mode::Passthrough,
-                };
-            }
-            settings
-        } else {
-            let sandbox = args
-                .sandbox
-                .clone()
-                .unwrap_or_else(|| DEFAULT_SANDBOX.to_string());
-            let twin_url = match &args.twin {
-                Some(url) => url.clone(),
-                None => {
-                    let (url, task) = start_builtin_twin(&sandbox, shutdown_rx.clone()).await?;
-                    twin_task = Some(task);
-                    url
-                }
-            };
-            Settings::from_flags(Flags {
-                listen: &listen,
-                twin: &twin_url,
-                sandbox_id: &sandbox,
-                services: &args.services,
-                routes: &args.routes,
-                mode,
-                allow_passthrough: &args.allow_passthrough,
-            })?
-        };
+        let Routing {
+            settings,
+            twin_task,
+            twin_auth,
+        } = routing(args, default_listen, shutdown_rx.clone()).await?;
+        let services: Vec<ServiceRef> = settings
+            .router
+            .services()
+            .iter()
+            .map(|s| ServiceRef {
+                name: s.name.clone(),
+                upstream: s.upstream.clone(),
+            })
+            .collect();
 
         // CA, leaves and published trust material.
         let ca_dir = args
@@ -209,66 +231,22 @@ impl Stack {
             veris_ca::trust::publish(&state_dir.join("trust"), &ca, system_bundle.as_deref())
                 .context("publishing trust material")?;
         let issuer = Arc::new(Issuer::new(ca.clone(), Issuer::DEFAULT_CAPACITY));
+        let roots = upstream_roots(system_bundle.as_deref(), &ca);
 
-        // Upstream roots: the system's plus ours (a TLS twin may use a veris leaf).
-        let mut roots = rustls::RootCertStore::empty();
-        if let Some(bundle) = &system_bundle {
-            if let Ok(iter) = CertificateDer::pem_file_iter(bundle) {
-                let certs: Vec<_> = iter.filter_map(|c| c.ok()).collect();
-                roots.add_parsable_certificates(certs);
-            }
-        }
-        let _ = roots.add(ca.cert_der().clone());
-
-        let twin_auth = match &settings.auth_value_env {
-            Some(var) => Some(std::env::var(var).with_context(|| {
-                format!("upstream.auth_value_env names {var}, which is not set. Next: export {var}=<twin credential>")
-            })?),
-            None => None,
-        };
-
-        // Ledger and this run's session line.
-        let ledger_path = state_dir.join("ledger.jsonl");
-        let (ledger, report) = Ledger::open(&ledger_path)
-            .with_context(|| format!("opening the ledger {}", ledger_path.display()))?;
-        if let Some(torn) = &report.torn_tail {
-            warn!(line = torn.line, bytes = torn.bytes, saved = ?report.torn_saved_to, "the ledger ended in a torn line (a crash mid-write); it was moved aside and is recorded in the session line");
-        }
+        // Seal key and ledger.
+        let run_id = crate::random_hex(8)?;
+        let (sealer, ledger, report) = open_ledger(&state_dir, role, &run_id)?;
         let ledger = Arc::new(ledger);
-        let sealer = Arc::new(
-            veris_receipt::seal::Sealer::load_or_create(&state_dir).with_context(|| {
-                format!("loading the ledger seal key in {}", state_dir.display())
-            })?,
-        );
 
         let listener = TcpListener::bind(&settings.listen)
             .await
             .with_context(|| format!("binding the proxy to {}. Next: pick a free address with --listen (port 0 picks one)", settings.listen))?;
         let proxy_addr = listener.local_addr()?;
-        let transparent_listeners = if args.transparent.transparent {
-            let t = &args.transparent;
-            let https = TcpListener::bind(&t.https_listen).await.with_context(|| {
-                format!("binding the transparent TLS listener to {}. Next: pick a free address with --https-listen", t.https_listen)
-            })?;
-            let http = TcpListener::bind(&t.http_listen).await.with_context(|| {
-                format!("binding the transparent HTTP listener to {}. Next: pick a free address with --http-listen", t.http_listen)
-            })?;
-            // The QUIC sink, unless UDP 443 is let through.
-            let quic = if t.allow_quic {
-                None
-            } else {
-                Some(tokio::net::UdpSocket::bind(&t.quic_listen).await.with_context(|| {
-                    format!("binding the QUIC sink (UDP) to {}. Next: pick a free address with --quic-listen, or pass --allow-quic", t.quic_listen)
-                })?)
-            };
-            Some((https, http, quic))
-        } else {
-            None
-        };
+        let transparent_listeners = bind_transparent(&args.transparent).await?;
         let proxy_url = format!("http://{proxy_addr}");
 
         let identity = Identity {
-            run_id: crate::random_hex(8)?,
+            run_id,
             sandbox_id: settings.sandbox_id.clone(),
             canary: match &settings.canary_token {
                 Some(t) => t.clone(),
@@ -281,6 +259,11 @@ impl Stack {
                 ListenerTier::Explicit
             },
         };
+
+        // The twin's log position now: the cross-check counts rows after it.
+        let twin_heads = crate::live::twin_newest_ids(&services).await;
+        let euid = crate::sys::euid();
+        let t = &args.transparent;
         let session_seq = ledger
             .append(Entry::Session {
                 run_id: identity.run_id.clone(),
@@ -292,6 +275,20 @@ impl Stack {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 listen: proxy_addr.to_string(),
                 recovered_torn_tail: report.torn_tail,
+                key_id: Some(sealer.key_id().to_string()),
+                public_key: Some(sealer.public_key_hex()),
+                key_storage: Some(match role {
+                    Role::Serve => "file".into(),
+                    Role::Run => "memory".into(),
+                }),
+                proxy_uid: Some(if t.install_redirect { t.proxy_uid } else { euid }),
+                workload_uid: match role {
+                    // The child runs as this process's uid, but never sees the key.
+                    Role::Run => Some(euid),
+                    Role::Serve => t.workload_uid,
+                },
+                twin_heads: Some(twin_heads.clone()),
+                moved_aside: report.moved_aside,
             })
             .context("writing the session line to the ledger")?;
 
@@ -318,9 +315,9 @@ impl Stack {
 
         // Transparent tier: rules in and root gone before any client byte is read.
         let (mut transparent_addrs, mut transparent_task, mut redirect) = (None, None, None);
-        if let Some((https, http, quic)) = transparent_listeners {
-            let addrs = (https.local_addr()?, http.local_addr()?);
-            let quic_addr = quic.as_ref().map(|q| q.local_addr()).transpose()?;
+        if let Some(listeners) = transparent_listeners {
+            let addrs = (listeners.https.local_addr()?, listeners.http.local_addr()?);
+            let quic_addr = listeners.quic.as_ref().map(|q| q.local_addr()).transpose()?;
             redirect = crate::transparent::engage(
                 &args.transparent,
                 addrs.0,
@@ -328,51 +325,33 @@ impl Stack {
                 quic_addr,
                 &[&state_dir, &ca_dir],
             )?;
-            let mut rx = shutdown_rx.clone();
-            let stop = async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            };
-            let tcp = veris_proxy::transparent::serve(Some(https), Some(http), proxy.clone(), stop);
-            // The sink shares the listeners' task: stopping them also writes
-            // its pending attempts, before the shutdown seal.
-            let mut rx = shutdown_rx.clone();
-            let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger.clone();
-            let sink = async move {
-                match quic {
-                    Some(socket) => {
-                        let stop = async move {
-                            let _ = rx.wait_for(|stop| *stop).await;
-                        };
-                        veris_proxy::quic::serve(socket, recorder, stop).await
-                    }
-                    None => Ok(()),
-                }
-            };
-            transparent_task = Some(tokio::spawn(async move {
-                let (tcp, sink) = tokio::join!(tcp, sink);
-                tcp.and(sink)
-            }));
+            transparent_task = Some(serve_transparent(
+                listeners,
+                proxy.clone(),
+                ledger.clone(),
+                &traffic_rx,
+            ));
             transparent_addrs = Some(addrs);
             info!(https = %addrs.0, http = %addrs.1, quic = ?quic_addr, "transparent listeners");
         }
 
         let admin = crate::live::start_admin(crate::live::AdminStart {
-            listen: &args.admin,
+            listen: match role {
+                Role::Serve => Some(&args.admin),
+                Role::Run => None,
+            },
             state_dir: &state_dir,
             proxy: &proxy,
             proxy_url: &proxy_url,
             twin: &twin_base,
             session_seq,
             ledger: ledger.clone(),
-            sealer,
+            sealer: sealer.clone(),
             shutdown: shutdown_rx.clone(),
         })
         .await?;
 
-        let mut rx = shutdown_rx.clone();
-        let proxy_task = tokio::spawn(veris_proxy::serve(listener, proxy, async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        }));
+        let proxy_task = tokio::spawn(veris_proxy::serve(listener, proxy, until(&traffic_rx)));
 
         let stack = Stack {
             proxy_url,
@@ -384,6 +363,10 @@ impl Stack {
             identity,
             trust,
             ca,
+            sealer,
+            services,
+            twin_heads: Some(twin_heads),
+            stop_traffic,
             shutdown,
             proxy_task,
             transparent_addrs,
@@ -392,28 +375,36 @@ impl Stack {
             twin_task,
             admin,
         };
+        stack.write_announcements(args)?;
+        Ok(stack)
+    }
+
+    /// `--write-env` and `--ready-file`, the ready file last.
+    fn write_announcements(&self, args: &ServeArgs) -> Result<()> {
         if let Some(path) = &args.write_env {
             let no_proxy = no_proxy();
-            let spec = stack.env_spec(&no_proxy, args.env_trust_only, None);
+            let spec = self.env_spec(&no_proxy, args.env_trust_only, None);
             veris_ca::env::write(path, &spec, args.env_format.into())
                 .with_context(|| format!("writing env file {}", path.display()))?;
         }
         if let Some(path) = &args.ready_file {
             let ready = serde_json::json!({
-                "proxy_url": stack.proxy_url,
+                "proxy_url": self.proxy_url,
                 "pid": std::process::id(),
-                "sandbox_id": stack.identity.sandbox_id,
-                "twin": stack.twin_base,
-                "state_dir": stack.state_dir,
-                "ca": stack.trust.ca_pem,
-                "admin": format!("http://{}", stack.admin.addr),
-                "https_listen": stack.transparent_addrs.map(|a| a.0.to_string()),
-                "http_listen": stack.transparent_addrs.map(|a| a.1.to_string()),
+                "sandbox_id": self.identity.sandbox_id,
+                "twin": self.twin_base,
+                "state_dir": self.state_dir,
+                "ledger": self.ledger.path(),
+                "ca": self.trust.ca_pem,
+                "admin": self.admin.addr.map(|a| format!("http://{a}")),
+                "key_id": self.sealer.key_id(),
+                "https_listen": self.transparent_addrs.map(|a| a.0.to_string()),
+                "http_listen": self.transparent_addrs.map(|a| a.1.to_string()),
             });
             write_atomic(path, format!("{ready}\n").as_bytes())
                 .with_context(|| format!("writing ready file {}", path.display()))?;
         }
-        Ok(stack)
+        Ok(())
     }
 
     /// The env spec for clients of this stack.
@@ -434,23 +425,38 @@ impl Stack {
         }
     }
 
-    /// Stops accepting, lets in-flight requests finish (bounded), stops the
-    /// built-in twin and syncs the ledger.
-    pub async fn stop(self) -> Result<()> {
-        self.stop_sealed().await.map(|_| ())
-    }
+    /// Ends the session (DESIGN §7a.3, §7a.6): probes the canary while the
+    /// proxy still answers, stops accepting and lets in-flight requests
+    /// finish (each is recorded, client gone or not), cross-checks the twin's
+    /// log while the twin still answers, records both checks in the ledger,
+    /// appends the final seal over all of it, then stops the rest.
+    pub async fn finish(self) -> Result<Finished> {
+        let canary = match self.identity.tier {
+            ListenerTier::Explicit => {
+                let probe = crate::check::ProbePath::Explicit(self.proxy_url.clone());
+                crate::check::canary_check(
+                    &probe,
+                    &self.identity.canary,
+                    &self.identity.run_id,
+                    CANARY_TIMEOUT,
+                )
+                .await
+            }
+            // The proxy's own uid is exempt from the redirect: only a reader
+            // in the sandbox can probe the transparent path.
+            ListenerTier::Transparent => Check {
+                name: "canary".into(),
+                status: CheckStatus::Unverified,
+                detail: "the transparent canary is probed by `veris receipt` inside the sandbox"
+                    .into(),
+            },
+        };
 
-    /// [`Stack::stop`], returning the shutdown seal the proxy appended (a
-    /// fresh seal over everything this run wrote).
-    pub async fn stop_sealed(self) -> Result<Option<veris_receipt::ledger::SealInfo>> {
-        let _ = self.shutdown.send(true);
+        let _ = self.stop_traffic.send(true);
         match self.proxy_task.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => warn!(error = %e, "proxy ended with an error"),
             Err(e) => warn!(error = %e, "proxy task failed"),
-        }
-        if let Some(t) = self.twin_task {
-            let _ = t.await;
         }
         if let Some(t) = self.transparent_task {
             match t.await {
@@ -459,14 +465,259 @@ impl Stack {
                 Err(e) => warn!(error = %e, "transparent listener task failed"),
             }
         }
+
+        // No traffic can arrive now: the window is exact.
+        let since = self.session_seq.saturating_sub(1);
+        let head = self.ledger.head().0;
+        let twin = match veris_receipt::ledger::read(self.ledger.path()) {
+            Ok(read) => {
+                crate::live::twin_cross_check(
+                    &read,
+                    since,
+                    head,
+                    &self.services,
+                    self.twin_heads.as_ref(),
+                    None,
+                )
+                .await
+            }
+            Err(e) => Check {
+                name: "twin_cross_check".into(),
+                status: CheckStatus::Unverified,
+                detail: format!("cannot read the ledger to cross-check the twin ({e})"),
+            },
+        };
+        let checks = vec![canary, twin];
+        for c in &checks {
+            let entry = Entry::Check {
+                name: c.name.clone(),
+                status: match c.status {
+                    CheckStatus::Ok => "ok",
+                    CheckStatus::Failed => "failed",
+                    _ => "unverified",
+                }
+                .into(),
+                detail: c.detail.clone(),
+                since_seq: since,
+                until_seq: head,
+            };
+            if let Err(e) = self.ledger.append(entry) {
+                warn!(error = %e, check = %c.name, "cannot record a check in the ledger");
+            }
+        }
+
+        let _ = self.shutdown.send(true);
         let seal = self.admin.stop(&self.ledger).await;
+        if let Some(t) = self.twin_task {
+            let _ = t.await;
+        }
         self.ledger.sync().context("syncing the ledger")?;
         if let Some(redirect) = self.redirect {
             // Waits (bounded) for the root helper to delete the table.
             let _ = tokio::task::spawn_blocking(move || redirect.remove()).await;
         }
-        Ok(seal)
+        Ok(Finished {
+            ledger_path: self.ledger.path().to_path_buf(),
+            seal,
+            public_key: self.sealer.public_key_hex(),
+            key_id: self.sealer.key_id().to_string(),
+            checks,
+        })
     }
+}
+
+/// How long the canary probe at the end of a session may take.
+const CANARY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A future that resolves once `rx` reads true.
+fn until(rx: &watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut rx = rx.clone();
+    async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+/// Routing from `--config` or from flags; starts the built-in twin (with its
+/// per-start credential) when no twin is named.
+async fn routing(
+    args: &ServeArgs,
+    default_listen: &str,
+    shutdown_rx: watch::Receiver<bool>,
+) -> Result<Routing> {
+    let mut twin_task = None;
+    // The built-in twin's per-start credential: only this proxy can make
+    // it execute (and log) a vendor request.
+    let mut builtin_twin_credential = None;
+    let settings = if let Some(path) = &args.config {
+        if args.twin.is_some() || !args.services.is_empty() || !args.routes.is_empty() {
+            bail!("--config cannot be combined with --twin, --services or --route. Next: put the routes in the config file");
+        }
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let mut settings = Settings::from_json(&text, &path.display().to_string())?;
+        if let Some(l) = &args.listen {
+            settings.listen = l.clone();
+        }
+        if let Some(m) = args.mode {
+            settings.mode = match m {
+                ModeArg::Strict => Mode::Strict,
+                ModeArg::Passthrough => Mode::Passthrough,
+            };
+        }
+        settings
+    } else {
+        let listen = args
+            .listen
+            .clone()
+            .unwrap_or_else(|| default_listen.to_string());
+        let sandbox = args
+            .sandbox
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SANDBOX.to_string());
+        let twin_url = match &args.twin {
+            Some(url) => url.clone(),
+            None => {
+                let (url, task, credential) = start_builtin_twin(&sandbox, shutdown_rx).await?;
+                twin_task = Some(task);
+                builtin_twin_credential = Some(credential);
+                url
+            }
+        };
+        Settings::from_flags(Flags {
+            listen: &listen,
+            twin: &twin_url,
+            sandbox_id: &sandbox,
+            services: &args.services,
+            routes: &args.routes,
+            mode: match args.mode {
+                Some(ModeArg::Strict) => Mode::Strict,
+                _ => Mode::Passthrough,
+            },
+            allow_passthrough: &args.allow_passthrough,
+        })?
+    };
+    let twin_auth = match &settings.auth_value_env {
+        Some(var) => Some(std::env::var(var).with_context(|| {
+            format!("upstream.auth_value_env names {var}, which is not set. Next: export {var}=<twin credential>")
+        })?),
+        // A named twin gets nothing it was not configured with.
+        None => builtin_twin_credential,
+    };
+    Ok(Routing {
+        settings,
+        twin_task,
+        twin_auth,
+    })
+}
+
+/// Upstream roots: the system's plus ours (a TLS twin may use a veris leaf).
+fn upstream_roots(system_bundle: Option<&Path>, ca: &CertificateAuthority) -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(bundle) = system_bundle {
+        if let Ok(iter) = CertificateDer::pem_file_iter(bundle) {
+            let certs: Vec<_> = iter.filter_map(|c| c.ok()).collect();
+            roots.add_parsable_certificates(certs);
+        }
+    }
+    let _ = roots.add(ca.cert_der().clone());
+    roots
+}
+
+/// The seal key and the ledger for `role` (see [`Role`]). `serve` continues
+/// `<state>/ledger.jsonl` only when its own key verifies all of it, and
+/// moves anything else aside; a run starts a file of its own.
+fn open_ledger(
+    state_dir: &Path,
+    role: Role,
+    run_id: &str,
+) -> Result<(Arc<Sealer>, Ledger, veris_receipt::OpenReport)> {
+    let (sealer, path) = match role {
+        Role::Serve => (
+            Sealer::load_or_create(state_dir).with_context(|| {
+                format!("loading the ledger seal key in {}", state_dir.display())
+            })?,
+            state_dir.join("ledger.jsonl"),
+        ),
+        Role::Run => {
+            let dir = state_dir.join(RUNS_DIR).join(run_id);
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("creating the run dir {}", dir.display()))?;
+            (
+                Sealer::ephemeral().context("generating this run's seal key")?,
+                dir.join("ledger.jsonl"),
+            )
+        }
+    };
+    let own = PublicKeys {
+        keys: vec![sealer.public_key()],
+    };
+    let (ledger, report) = Ledger::open_sealed_by(&path, &own)
+        .with_context(|| format!("opening the ledger {}", path.display()))?;
+    if let Some(torn) = &report.torn_tail {
+        warn!(line = torn.line, bytes = torn.bytes, saved = ?report.torn_saved_to, "the ledger ended in a torn line (a crash mid-write); it was moved aside and is recorded in the session line");
+    }
+    if let Some(moved) = &report.moved_aside {
+        warn!(to = %moved.file, why = %moved.why, "the existing ledger could not be verified with this proxy's key; it was moved aside and a new chain starts");
+    }
+    Ok((Arc::new(sealer), ledger, report))
+}
+
+/// The transparent tier's listeners, bound before privileges drop.
+struct TransparentListeners {
+    https: TcpListener,
+    http: TcpListener,
+    /// The QUIC sink, unless UDP 443 is let through.
+    quic: Option<tokio::net::UdpSocket>,
+}
+
+async fn bind_transparent(
+    t: &crate::transparent::TransparentArgs,
+) -> Result<Option<TransparentListeners>> {
+    if !t.transparent {
+        return Ok(None);
+    }
+    let https = TcpListener::bind(&t.https_listen).await.with_context(|| {
+        format!("binding the transparent TLS listener to {}. Next: pick a free address with --https-listen", t.https_listen)
+    })?;
+    let http = TcpListener::bind(&t.http_listen).await.with_context(|| {
+        format!("binding the transparent HTTP listener to {}. Next: pick a free address with --http-listen", t.http_listen)
+    })?;
+    let quic = if t.allow_quic {
+        None
+    } else {
+        Some(tokio::net::UdpSocket::bind(&t.quic_listen).await.with_context(|| {
+            format!("binding the QUIC sink (UDP) to {}. Next: pick a free address with --quic-listen, or pass --allow-quic", t.quic_listen)
+        })?)
+    };
+    Ok(Some(TransparentListeners { https, http, quic }))
+}
+
+/// Serves the transparent listeners and the QUIC sink in one task: stopping
+/// them also writes the sink's pending attempts, before the final seal.
+fn serve_transparent(
+    listeners: TransparentListeners,
+    proxy: Arc<Proxy>,
+    ledger: Arc<Ledger>,
+    stop: &watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    let tcp = veris_proxy::transparent::serve(
+        Some(listeners.https),
+        Some(listeners.http),
+        proxy,
+        until(stop),
+    );
+    let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger;
+    let stop_sink = until(stop);
+    let sink = async move {
+        match listeners.quic {
+            Some(socket) => veris_proxy::quic::serve(socket, recorder, stop_sink).await,
+            None => Ok(()),
+        }
+    };
+    tokio::spawn(async move {
+        let (tcp, sink) = tokio::join!(tcp, sink);
+        tcp.and(sink)
+    })
 }
 
 /// Hosts clients must reach directly.
@@ -474,14 +725,21 @@ pub fn no_proxy() -> Vec<String> {
     vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]
 }
 
+/// Starts the built-in twin on loopback with a fresh credential, which the
+/// caller hands the proxy as its `twin_auth`: the twin executes and logs only
+/// vendor requests that carry it, so a workload calling the twin's port
+/// directly can neither fake a call nor add a row to the log the receipt's
+/// cross-check reads. Returns (base URL, task, credential).
 async fn start_builtin_twin(
     sandbox: &str,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<(String, JoinHandle<()>)> {
+) -> Result<(String, JoinHandle<()>, String)> {
+    let credential = crate::random_hex(32).context("minting the built-in twin's credential")?;
     let twin = veris_twin::Twin::new(veris_twin::TwinOptions {
         fixtures: veris_twin::Fixtures::builtin(),
         sandbox: Some(sandbox.to_string()),
         log: None,
+        credential: Some(credential.clone()),
     })?;
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
@@ -496,7 +754,7 @@ async fn start_builtin_twin(
         }
     });
     info!(%url, "built-in twin listening");
-    Ok((url, task))
+    Ok((url, task, credential))
 }
 
 /// Writes via a temp file in the same dir and a rename, so readers never see a partial file.
@@ -519,7 +777,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// `veris serve`: runs until SIGINT or SIGTERM.
 pub async fn serve(args: ServeArgs) -> Result<u8> {
-    let stack = Stack::start(&args, veris_proxy::config::DEFAULT_LISTEN).await?;
+    let stack = Stack::start(&args, veris_proxy::config::DEFAULT_LISTEN, Role::Serve).await?;
     eprintln!(
         "veris: proxy {} (sandbox {}, twin {}); CA {}",
         stack.proxy_url,
@@ -530,7 +788,10 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
     crate::outln!("{}", stack.proxy_url);
     wait_for_signal().await?;
     info!("shutting down");
-    stack.stop().await?;
+    let finished = stack.finish().await?;
+    if let Some(seal) = &finished.seal {
+        info!(seq = seal.seq, key_id = %finished.key_id, "final seal written");
+    }
     Ok(0)
 }
 

@@ -29,6 +29,11 @@ pub struct TwinArgs {
     /// State dir holding the CA (with --tls).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Answer vendor requests only when they carry `Authorization: Bearer
+    /// <value of VAR>` (give the proxy the same VAR as `upstream.auth_value_env`);
+    /// others get 401 and no log row. The value is never printed.
+    #[arg(long, value_name = "VAR")]
+    pub credential_env: Option<String>,
 }
 
 pub async fn twin(args: TwinArgs) -> Result<u8> {
@@ -38,10 +43,16 @@ pub async fn twin(args: TwinArgs) -> Result<u8> {
             Fixtures::load(path).with_context(|| format!("loading fixtures {}", path.display()))?,
         );
     }
+    let credential = args
+        .credential_env
+        .as_deref()
+        .map(credential_from_env)
+        .transpose()?;
     let twin = Twin::new(TwinOptions {
         fixtures,
         sandbox: args.sandbox.clone(),
         log: args.log.clone(),
+        credential,
     })?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -84,4 +95,27 @@ pub async fn twin(args: TwinArgs) -> Result<u8> {
     };
     veris_twin::serve(listener, twin, tls, shutdown).await?;
     Ok(0)
+}
+
+/// The twin credential from `var`. Errors name the variable, never its value.
+fn credential_from_env(var: &str) -> Result<String> {
+    let value = std::env::var(var).map_err(|e| {
+        anyhow::anyhow!(
+            "--credential-env names {var}, which is {}. Next: export {var}=<a long random secret> \
+             and give the proxy the same variable (upstream.auth_value_env)",
+            match e {
+                std::env::VarError::NotPresent => "not set",
+                std::env::VarError::NotUnicode(_) => "not valid UTF-8",
+            }
+        )
+    })?;
+    // The proxy sends the same bytes in a header value (`Bearer <value>`), not
+    // trimmed: visible ASCII only, so both sides agree on what the secret is.
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic()) {
+        anyhow::bail!(
+            "{var} must be a non-empty token of visible ASCII characters (no spaces or newlines). \
+             Next: export {var}=$(openssl rand -hex 32)"
+        );
+    }
+    Ok(value)
 }

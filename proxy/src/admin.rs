@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 use veris_receipt::ledger::{Committed, Ledger, SealInfo};
-use veris_receipt::receipt::{self, Check, Options};
+use veris_receipt::receipt::{self, Anchor, Check, Options, WindowSpec};
 use veris_receipt::seal::{PublicKeys, Sealer};
 
 use crate::body::{self, ProxyBody};
@@ -269,6 +269,8 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             "session_seq": admin.session_seq,
             "head_seq": admin.ledger.head().0,
             "key_id": admin.sealer.key_id(),
+            "public_key": admin.sealer.public_key_hex(),
+            "tampered": admin.ledger.tampered(),
             "services": admin.services.iter().map(|(name, upstream)| json!({"name": name, "upstream": upstream})).collect::<Vec<_>>(),
             "counters": counters,
         }),
@@ -356,12 +358,15 @@ async fn receipt_json(admin: &Admin, since: Option<u64>) -> Response<ProxyBody> 
         None => Vec::new(),
     };
     let options = Options {
-        since: Some(since),
+        scope: WindowSpec::Since(since),
         service: None,
         proxy_live: true,
         until: Some(fresh.seq),
-        seal_keys: keys,
-        fresh_seal: Some(fresh.seq),
+        anchor: Anchor::Live {
+            seal: fresh,
+            public_key: admin.sealer.public_key_hex(),
+        },
+        hint_keys: keys,
         external_checks,
     };
     let r = receipt::build(&read, &options);

@@ -25,6 +25,7 @@ fn request(i: u64) -> Entry {
         upstream: format!("http://127.0.0.1:9/s/sbx/stripe/v1/charges/ch_{i}"),
         headers: Vec::new(),
         websocket: false,
+        client_gone: false,
     }
 }
 

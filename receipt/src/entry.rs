@@ -2,19 +2,22 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 1)
+//! # File format (version 2; version 1 lines are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`1`);
+//! - `v`: the format version, [`LEDGER_VERSION`] (`2`); readers accept every
+//!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
+//!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
+//!   `tamper` and `check`; no version-1 field changed meaning);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
 //! - `ts`: RFC 3339 UTC with milliseconds (`2026-11-29T07:28:19.123Z`);
-//! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`
-//!   (later versions add `trust_failure`, `ech`, `quic`, `seal`), followed by
-//!   that kind's fields (see [`Entry`]);
+//! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`,
+//!   `trust_failure`, `ech`, `quic`, `seal`, `reserved_path`, `tamper`,
+//!   `check`, followed by that kind's fields (see [`Entry`]);
 //! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
 //!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
 //!
@@ -25,7 +28,26 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 1;
+pub const LEDGER_VERSION: u32 = 2;
+
+/// Versions a reader accepts.
+pub const READABLE_VERSIONS: &[u32] = &[1, 2];
+
+/// Every `kind` a reader knows.
+pub const KINDS: &[&str] = &[
+    "session",
+    "request",
+    "passthrough",
+    "blocked",
+    "upstream_error",
+    "trust_failure",
+    "seal",
+    "quic",
+    "ech",
+    "reserved_path",
+    "tamper",
+    "check",
+];
 
 /// `prev` of the first line of a ledger.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -37,6 +59,19 @@ pub struct TornTail {
     pub line: usize,
     /// Its length in bytes (no newline was ever written).
     pub bytes: usize,
+}
+
+/// A ledger file set aside because this proxy could not verify it with its
+/// own key (a chain break, an unsealed tail, no seals, another key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovedAside {
+    /// Where it is now.
+    pub file: String,
+    /// Its last seq and that line's hash.
+    pub head_seq: u64,
+    pub head_hash: String,
+    /// Why it could not be continued.
+    pub why: String,
 }
 
 /// Proxy mode for hosts no service claims.
@@ -97,6 +132,35 @@ pub enum Entry {
         /// this session line continued the chain.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         recovered_torn_tail: Option<TornTail>,
+        /// Fingerprint (`key_id`) of the key that seals this session.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key_id: Option<String>,
+        /// That key's raw Ed25519 public key, lower-case hex: a reader who
+        /// pins the fingerprint (`veris receipt --key`) verifies the seals
+        /// with it. Not a trust anchor by itself: anyone can write a session
+        /// line naming their own key.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        public_key: Option<String>,
+        /// Where the private key lives: `memory` (this process only, as in
+        /// `veris run`) or `file` (`<state>/seal.key`, readable by `proxy_uid`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key_storage: Option<String>,
+        /// The uid the proxy runs as once it serves traffic.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        proxy_uid: Option<u32>,
+        /// The workload's uid when the proxy knows it (`veris run`: its own
+        /// child; `--workload-uid`); absent when unknown.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        workload_uid: Option<u32>,
+        /// Newest request id per service in the twin's own log when this
+        /// session started: the twin cross-check counts rows after it.
+        /// Absent when the twin's log could not be read at start.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        twin_heads: Option<std::collections::BTreeMap<String, u64>>,
+        /// An earlier ledger this proxy could not verify with its own key,
+        /// moved aside before this session started a new chain.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        moved_aside: Option<MovedAside>,
     },
     /// A vendor request forwarded to the twin; written when the twin's
     /// response head arrived, before the client sees it.
@@ -127,6 +191,10 @@ pub enum Entry {
         /// True for a WebSocket upgrade relayed to the twin.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         websocket: bool,
+        /// The client had gone when the twin's answer arrived: the twin
+        /// executed the request, the client never saw the answer.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        client_gone: bool,
     },
     /// A connection to an unmapped host tunneled to its real destination;
     /// written when the tunnel closes.
@@ -200,6 +268,36 @@ pub enum Entry {
         dst: String,
         attempts: u64,
     },
+    /// A request on a vendor host for a path the proxy answers itself and
+    /// never forwards: the twin's control surface (`/veris/…`, 404) or a
+    /// path with dot-segments (raw or percent-encoded, 400). Never counted
+    /// as a vendor call.
+    ReservedPath {
+        service: String,
+        host: String,
+        method: String,
+        path: String,
+        status: u16,
+        /// `veris_reserved_path` or `veris_bad_path`.
+        error: String,
+        tier: ListenerTier,
+    },
+    /// The proxy found its ledger file changed behind its back: `replaced`
+    /// (the path names another inode) or `cut` (shorter than what it wrote).
+    /// Written into the proxy's own chain; a window holding one fails.
+    Tamper { what: String, detail: String },
+    /// The result of an integrity check the proxy ran itself (the canary
+    /// through the interception path, the twin cross-check) before sealing,
+    /// so an offline reader who pins the seal key can rely on it.
+    Check {
+        name: String,
+        /// `ok`, `failed` or `unverified`.
+        status: String,
+        detail: String,
+        /// The window the check covered: `since_seq < seq <= until_seq`.
+        since_seq: u64,
+        until_seq: u64,
+    },
     /// A passthrough ClientHello carried the Encrypted Client Hello extension
     /// (0xfe0d): its real destination may be hidden behind `host`.
     Ech {
@@ -222,6 +320,9 @@ impl Entry {
             Entry::Seal { .. } => "seal",
             Entry::Quic { .. } => "quic",
             Entry::Ech { .. } => "ech",
+            Entry::ReservedPath { .. } => "reserved_path",
+            Entry::Tamper { .. } => "tamper",
+            Entry::Check { .. } => "check",
         }
     }
 }

@@ -29,8 +29,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::entry::{Entry, Line, GENESIS_PREV, LEDGER_VERSION};
+use crate::entry::{Entry, Line, GENESIS_PREV, KINDS, LEDGER_VERSION, READABLE_VERSIONS};
 use crate::redact;
+
+pub use crate::hash::line_hash;
 use crate::seal::Sealer;
 
 pub use crate::entry::TornTail;
@@ -61,6 +63,15 @@ pub struct SealInfo {
     pub signature: String,
     pub key_id: String,
     pub reason: String,
+    /// Hash of the seal line itself: the chain head right after it. A reader
+    /// who finds the line at `seq` of the file with this hash knows every
+    /// line up to it is what this proxy wrote.
+    #[serde(default)]
+    pub line_hash: String,
+    /// Set once the proxy found its file replaced, cut or extended behind its
+    /// back (see [`Ledger::seal`]); sticky for the proxy's lifetime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tampered: Option<String>,
 }
 
 /// What can go wrong with the ledger file.
@@ -94,6 +105,13 @@ pub enum LedgerError {
     #[error("syncing ledger {path}")]
     Sync {
         path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("moving the unverifiable ledger {path} aside to {to}")]
+    MoveAside {
+        path: PathBuf,
+        to: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -157,23 +175,8 @@ pub struct OpenReport {
     /// Chain problems in the existing file (the writer continues after them;
     /// readers will keep reporting them).
     pub problems: Vec<Problem>,
-}
-
-/// Lower-case hex SHA-256 of a line's bytes (without its `\n`).
-pub fn line_hash(bytes: &[u8]) -> String {
-    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes);
-    hex(digest.as_ref())
-}
-
-/// Lower-case hex of bytes.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 0xf) as usize] as char);
-    }
-    s
+    /// An earlier file this writer would not continue ([`Ledger::open_sealed_by`]).
+    pub moved_aside: Option<crate::entry::MovedAside>,
 }
 
 /// The exact bytes of a line (without `\n`), as the writer produces them.
@@ -263,7 +266,7 @@ pub fn read_bytes(bytes: &[u8]) -> LedgerRead {
                 Ok(line) => {
                     link.seq = Some(line.seq);
                     link.prev = Some(line.prev.clone());
-                    if line.v != LEDGER_VERSION {
+                    if !READABLE_VERSIONS.contains(&line.v) {
                         out.problems.push(Problem {
                             line: line_no,
                             seq: Some(line.seq),
@@ -281,20 +284,9 @@ pub fn read_bytes(bytes: &[u8]) -> LedgerRead {
                         .and_then(|o| o.get("prev"))
                         .and_then(|p| p.as_str())
                         .map(str::to_string);
-                    let known = [
-                        "session",
-                        "request",
-                        "passthrough",
-                        "blocked",
-                        "upstream_error",
-                        "trust_failure",
-                        "seal",
-                        "quic",
-                        "ech",
-                    ];
                     let what = match obj.and_then(|o| o.get("kind")).and_then(|k| k.as_str()) {
                         None if obj.is_none() => "not a JSON object".to_string(),
-                        Some(kind) if !known.contains(&kind) => format!("unknown kind `{kind}`"),
+                        Some(kind) if !KINDS.contains(&kind) => format!("unknown kind `{kind}`"),
                         _ => format!("malformed line: {err}"),
                     };
                     out.problems.push(Problem {
@@ -418,6 +410,11 @@ struct Writer {
     /// A failed append may have left bytes past `good_len` that could not
     /// be truncated yet; the next append truncates first.
     needs_truncate: bool,
+    /// Device and inode of the file this writer appends to, to notice the
+    /// path being pointed at another file.
+    identity: Option<(u64, u64)>,
+    /// What the writer found done to its file behind its back (sticky).
+    tampered: Option<String>,
     #[cfg(test)]
     fail_next_write: bool,
 }
@@ -532,6 +529,7 @@ impl Ledger {
             tracing::warn!(ledger = %path.display(), problem = %p, problems = read.problems.len(), "existing ledger does not verify");
         }
         let sync_file = file.try_clone().map_err(open_err)?;
+        let identity = file_identity(&file);
         let shared = Arc::new(Shared {
             writer: Mutex::new(Writer {
                 file,
@@ -540,6 +538,8 @@ impl Ledger {
                 good_len: read.good_len,
                 last_seal: None,
                 needs_truncate: false,
+                identity,
+                tampered: None,
                 #[cfg(test)]
                 fail_next_write: false,
             }),
@@ -559,6 +559,7 @@ impl Ledger {
             torn_tail: read.torn_tail,
             torn_saved_to,
             problems: read.problems,
+            moved_aside: None,
         };
         Ok((
             Ledger {
@@ -567,6 +568,44 @@ impl Ledger {
             },
             report,
         ))
+    }
+
+    /// Opens the ledger like [`Ledger::open`], but continues an existing file
+    /// only when this proxy can vouch for all of it: an intact chain whose
+    /// seals all verify with `own` and whose last line is such a seal.
+    /// Anything else (a chain break, an unsealed tail, no seals, another
+    /// key) is moved aside to `<path>.moved-<n>` (kept, readable) and a new
+    /// chain starts; the report names the moved file and its head, for the
+    /// session line (DESIGN §7a.4). A proxy never seals over history it did
+    /// not write.
+    pub fn open_sealed_by(
+        path: &Path,
+        own: &crate::seal::PublicKeys,
+    ) -> Result<(Ledger, OpenReport), LedgerError> {
+        let (ledger, report) = Ledger::open(path)?;
+        let existing = read(path)?;
+        let Some(why) = unverifiable(&existing, own) else {
+            return Ok((ledger, report));
+        };
+        drop(ledger);
+        let to = aside_path(path);
+        std::fs::rename(path, &to).map_err(|source| LedgerError::MoveAside {
+            path: path.to_path_buf(),
+            to: to.clone(),
+            source,
+        })?;
+        sync_parent(path);
+        tracing::warn!(ledger = %path.display(), moved_to = %to.display(), %why, "existing ledger cannot be verified with this proxy's key; moved it aside and starting a new chain");
+        let (ledger, mut fresh) = Ledger::open(path)?;
+        fresh.torn_tail = report.torn_tail;
+        fresh.torn_saved_to = report.torn_saved_to;
+        fresh.moved_aside = Some(crate::entry::MovedAside {
+            file: to.display().to_string(),
+            head_seq: existing.head.0,
+            head_hash: existing.head.1,
+            why,
+        });
+        Ok((ledger, fresh))
     }
 
     /// Redacts the entry, assigns `seq`, `ts` and `prev`, and writes the line
@@ -610,6 +649,7 @@ impl Ledger {
         sealer: &Sealer,
         reason: &str,
     ) -> Result<SealInfo, LedgerError> {
+        self.check_file(&mut w)?;
         let sealed_seq = w.next_seq - 1;
         let head = w.head_hash.clone();
         let signature = sealer.sign(sealed_seq, &head);
@@ -627,6 +667,8 @@ impl Ledger {
             signature,
             key_id: sealer.key_id().to_string(),
             reason: reason.to_string(),
+            line_hash: w.head_hash.clone(),
+            tampered: w.tampered.clone(),
         };
         w.last_seal = Some(info.clone());
         Ok(info)
@@ -638,12 +680,66 @@ impl Ledger {
     /// file cut before it fails), without growing an idle ledger each time a
     /// dashboard polls.
     pub fn seal_head(&self, sealer: &Sealer, reason: &str) -> Result<SealInfo, LedgerError> {
-        let w = self.shared.writer();
+        let mut w = self.shared.writer();
+        self.check_file(&mut w)?;
         let head = w.next_seq - 1;
         if let Some(last) = w.last_seal.as_ref().filter(|s| s.seq == head) {
             return Ok(last.clone());
         }
         self.seal_locked(w, sealer, reason)
+    }
+
+    /// What this writer found done to its file behind its back, if anything.
+    pub fn tampered(&self) -> Option<String> {
+        self.shared.writer().tampered.clone()
+    }
+
+    /// Looks for the file being replaced, cut or extended by someone else
+    /// (the workload may share the proxy's uid). A finding is recorded once
+    /// as a `tamper` line in this writer's own chain, kept for every later
+    /// seal ([`SealInfo::tampered`]) and logged; the reader of a live proxy
+    /// then fails the receipt even where the file looks whole.
+    fn check_file(&self, w: &mut Writer) -> Result<(), LedgerError> {
+        let path = &self.shared.path;
+        let finding = match std::fs::metadata(path) {
+            Err(e) => Some((
+                "replaced",
+                format!("the ledger path no longer names the proxy's file ({})", e.kind()),
+            )),
+            Ok(meta) if w.identity.is_some() && meta_identity(&meta) != w.identity => Some((
+                "replaced",
+                "another file was put at the ledger path while the proxy wrote to its own".into(),
+            )),
+            Ok(_) => match w.file.metadata().map(|m| m.len()) {
+                Ok(len) if len < w.good_len => Some((
+                    "cut",
+                    format!("the ledger file was cut to {len} bytes; the proxy had written {}", w.good_len),
+                )),
+                Ok(len) if len > w.good_len && !w.needs_truncate => Some((
+                    "extended",
+                    format!("{} byte(s) the proxy did not write were added to the ledger file", len - w.good_len),
+                )),
+                _ => None,
+            },
+        };
+        let Some((what, detail)) = finding else {
+            return Ok(());
+        };
+        if w.tampered.is_some() {
+            return Ok(());
+        }
+        tracing::error!(ledger = %path.display(), what, %detail, "the ledger file was changed behind the proxy's back");
+        w.tampered = Some(format!("{what}: {detail}"));
+        if what != "replaced" {
+            // Appends land at the file's end (O_APPEND): track that end, so
+            // a failed write truncates back to it and nothing else.
+            w.good_len = w.file.metadata().map(|m| m.len()).unwrap_or(w.good_len);
+        }
+        let entry = Entry::Tamper {
+            what: what.to_string(),
+            detail,
+        };
+        self.append_locked(w, entry).map(|_| ())
     }
 
     /// Every line committed from now on, in seq order. A receiver that falls
@@ -783,6 +879,57 @@ fn sync_loop(shared: &Shared) {
     }
 }
 
+/// Why a proxy holding `own` could not vouch for this ledger, if it could not.
+pub fn unverifiable(read: &LedgerRead, own: &crate::seal::PublicKeys) -> Option<String> {
+    if let Some(p) = read.first_problem() {
+        return Some(format!("chain broken at {p}"));
+    }
+    let Some(last) = read.lines.last() else {
+        return None;
+    };
+    let report = crate::seal::verify_lines(&read.lines, own);
+    if let Some((seq, fault)) = report.faults.first() {
+        return Some(format!("seal at seq {seq} {fault}"));
+    }
+    match report.last_valid {
+        None => Some("no seals".into()),
+        Some(v) if v != last.seq => Some(format!(
+            "{} line(s) after the last seal (seq {v})",
+            last.seq - v
+        )),
+        Some(_) => None,
+    }
+}
+
+/// `<path>.moved-<n>` for the first `n` not taken.
+fn aside_path(path: &Path) -> PathBuf {
+    let mut n = 1u32;
+    loop {
+        let candidate = PathBuf::from(format!("{}.moved-{n}", path.display()));
+        if !candidate.exists() || n == u32::MAX {
+            return candidate;
+        }
+        n += 1;
+    }
+}
+
+fn meta_identity(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        None
+    }
+}
+
+fn file_identity(file: &File) -> Option<(u64, u64)> {
+    file.metadata().ok().as_ref().and_then(meta_identity)
+}
+
 /// Makes a newly created file's directory entry durable, so a crash right
 /// after creation cannot lose the whole ledger. Best effort: some
 /// filesystems refuse to fsync a directory, and the data itself is synced.
@@ -875,6 +1022,13 @@ mod tests {
             version: "0.1.0".into(),
             listen: "127.0.0.1:8080".into(),
             recovered_torn_tail: None,
+            key_id: None,
+            public_key: None,
+            key_storage: None,
+            proxy_uid: None,
+            workload_uid: None,
+            twin_heads: None,
+            moved_aside: None,
         }
     }
 
@@ -897,6 +1051,7 @@ mod tests {
                 ("idempotency-key".into(), "k1".into()),
             ],
             websocket: false,
+            client_gone: false,
         }
     }
 

@@ -5,11 +5,15 @@
 #![forbid(unsafe_code)]
 
 pub mod entry;
+pub mod hash;
 pub mod ledger;
 pub mod receipt;
 pub mod redact;
 pub mod seal;
 
-pub use entry::{Entry, Line, ListenerTier, Mode, TornTail, GENESIS_PREV, LEDGER_VERSION};
+pub use entry::{
+    Entry, Line, ListenerTier, Mode, MovedAside, TornTail, GENESIS_PREV, LEDGER_VERSION,
+    READABLE_VERSIONS,
+};
 pub use ledger::{Ledger, LedgerError, LedgerRead, OpenReport, Problem};
 pub use receipt::{Receipt, Requirement, Verdict};

@@ -285,26 +285,45 @@ fn redact_userinfo(s: &str) -> String {
 pub fn entry(entry: Entry) -> Entry {
     match entry {
         Entry::Session {
-            run_id,
-            sandbox_id,
+            mut run_id,
+            mut sandbox_id,
+            mut twin,
+            mut version,
+            mut listen,
             mode,
             tier,
-            twin,
             pid,
-            version,
-            listen,
             recovered_torn_tail,
-        } => Entry::Session {
-            run_id: text(&run_id),
-            sandbox_id: text(&sandbox_id),
-            mode,
-            tier,
-            twin: text(&twin),
-            pid,
-            version: text(&version),
-            listen: text(&listen),
-            recovered_torn_tail,
-        },
+            key_id,
+            public_key,
+            key_storage,
+            proxy_uid,
+            workload_uid,
+            twin_heads,
+            moved_aside,
+        } => {
+            for field in [&mut run_id, &mut sandbox_id, &mut twin, &mut version, &mut listen] {
+                *field = text(field);
+            }
+            Entry::Session {
+                run_id,
+                sandbox_id,
+                mode,
+                tier,
+                twin,
+                pid,
+                version,
+                listen,
+                recovered_torn_tail,
+                key_id,
+                public_key,
+                key_storage,
+                proxy_uid,
+                workload_uid,
+                twin_heads,
+                moved_aside,
+            }
+        }
         Entry::Request {
             service,
             host,
@@ -320,6 +339,7 @@ pub fn entry(entry: Entry) -> Entry {
             upstream,
             headers,
             websocket,
+            client_gone,
         } => Entry::Request {
             service: text(&service),
             host: text(&host),
@@ -341,6 +361,41 @@ pub fn entry(entry: Entry) -> Entry {
                 })
                 .collect(),
             websocket,
+            client_gone,
+        },
+        Entry::ReservedPath {
+            service,
+            host,
+            method,
+            path,
+            status,
+            error,
+            tier,
+        } => Entry::ReservedPath {
+            service: text(&service),
+            host: text(&host),
+            method: text(&method),
+            path: url(&path),
+            status,
+            error: text(&error),
+            tier,
+        },
+        Entry::Tamper { what, detail } => Entry::Tamper {
+            what: text(&what),
+            detail: text(&detail),
+        },
+        Entry::Check {
+            name,
+            status,
+            detail,
+            since_seq,
+            until_seq,
+        } => Entry::Check {
+            name: text(&name),
+            status: text(&status),
+            detail: text(&detail),
+            since_seq,
+            until_seq,
         },
         Entry::Passthrough {
             host,

@@ -23,7 +23,7 @@ use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
 
 use crate::entry::{Entry, Line};
-use crate::ledger::{hex, line_hash};
+use crate::hash::{hex, line_hash, unhex};
 
 /// File name of the private key in the state dir.
 pub const KEY_FILE: &str = "seal.key";
@@ -49,6 +49,8 @@ pub enum SealError {
         #[source]
         source: std::io::Error,
     },
+    #[error("bad key pin {0:?}: expected a 64-digit hex fingerprint (the receipt's `seal key`) or a file holding one, or `ed25519 <hex>` lines")]
+    BadPin(String),
     #[error("reading public keys {path}")]
     ReadPub {
         path: PathBuf,
@@ -121,6 +123,11 @@ impl Sealer {
     /// SHA-256 (hex) of the public key.
     pub fn key_id(&self) -> &str {
         &self.key_id
+    }
+
+    /// The raw public key, lower-case hex (what a session line carries).
+    pub fn public_key_hex(&self) -> String {
+        hex(self.pair.public_key().as_ref())
     }
 
     /// The public key as a [`PublicKeys`] entry.
@@ -255,6 +262,20 @@ impl PublicKeys {
         self.keys.is_empty()
     }
 
+    /// One key from its raw hex (64 digits); `None` if it is not one.
+    pub fn from_hex(raw_hex: &str) -> Option<PublicKey> {
+        let raw = unhex(raw_hex.trim()).filter(|r| r.len() == 32)?;
+        Some(PublicKey {
+            key_id: line_hash(&raw),
+            raw,
+        })
+    }
+
+    /// The key whose fingerprint is `key_id`, if listed.
+    pub fn find(&self, key_id: &str) -> Option<&PublicKey> {
+        self.keys.iter().find(|k| k.key_id == key_id)
+    }
+
     /// Verifies one seal signature.
     pub fn verify(
         &self,
@@ -275,6 +296,55 @@ impl PublicKeys {
     }
 }
 
+/// Keys a reader pins (`veris receipt --key`): the trust anchor of an offline
+/// verdict. A pin is a fingerprint (the receipt's `seal key`), which selects
+/// the raw key a session line or `ledger.pub` offers only when its hash
+/// matches, or raw keys given as `ed25519 <hex>` lines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pin {
+    /// Fingerprints (`key_id`) the reader trusts.
+    pub fingerprints: Vec<String>,
+    /// Raw keys the pin itself carried (`ed25519 <hex>` lines).
+    pub keys: PublicKeys,
+}
+
+impl Pin {
+    /// Parses `--key`: a fingerprint, or the text of a file holding a
+    /// fingerprint or `ed25519 <hex>` lines.
+    pub fn parse(text: &str) -> Result<Pin, SealError> {
+        let t = text.trim();
+        let fp = t.strip_prefix("sha256:").unwrap_or(t).to_ascii_lowercase();
+        if crate::hash::is_sha256_hex(&fp) {
+            return Ok(Pin {
+                fingerprints: vec![fp],
+                keys: PublicKeys::default(),
+            });
+        }
+        let keys = PublicKeys::parse(text);
+        if keys.is_empty() {
+            return Err(SealError::BadPin(t.chars().take(80).collect()));
+        }
+        Ok(Pin {
+            fingerprints: keys.keys.iter().map(|k| k.key_id.clone()).collect(),
+            keys,
+        })
+    }
+
+    /// The pinned keys among `offered` (raw hex keys from session lines and
+    /// `ledger.pub`): only those whose hash is a pinned fingerprint.
+    pub fn select<'a>(&self, offered: impl IntoIterator<Item = &'a str>) -> PublicKeys {
+        let mut out = self.keys.clone();
+        for raw in offered {
+            if let Some(k) = PublicKeys::from_hex(raw) {
+                if self.fingerprints.contains(&k.key_id) && out.find(&k.key_id).is_none() {
+                    out.keys.push(k);
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Why one seal line does not verify.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SealFault {
@@ -290,7 +360,7 @@ impl std::fmt::Display for SealFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             SealFault::NotAdjacent => "does not seal the line before it",
-            SealFault::UnknownKey => "signed by a key not listed in ledger.pub",
+            SealFault::UnknownKey => "signed by a key other than the trusted one",
             SealFault::BadSignature => "signature does not verify",
         })
     }
@@ -334,16 +404,6 @@ pub fn verify_lines(lines: &[Line], keys: &PublicKeys) -> SealReport {
         }
     }
     report
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]
@@ -502,6 +562,13 @@ mod tests {
                 version: "0".into(),
                 listen: "127.0.0.1:1".into(),
                 recovered_torn_tail: None,
+                key_id: None,
+                public_key: None,
+                key_storage: None,
+                proxy_uid: None,
+                workload_uid: None,
+                twin_heads: None,
+                moved_aside: None,
             }
         }
 

@@ -71,6 +71,13 @@ fn session(sandbox: &str, mode: Mode, tier: ListenerTier, torn: Option<TornTail>
         version: "0.1.0".into(),
         listen: "127.0.0.1:8080".into(),
         recovered_torn_tail: torn,
+        key_id: None,
+        public_key: None,
+        key_storage: None,
+        proxy_uid: None,
+        workload_uid: None,
+        twin_heads: None,
+        moved_aside: None,
     }
 }
 
@@ -112,6 +119,7 @@ fn request_via(
         duration_ms: 4,
         headers: vec![("authorization".into(), "[redacted]".into())],
         websocket: false,
+        client_gone: false,
     }
 }
 

@@ -98,6 +98,7 @@ impl Row {
         match &self.entry {
             Entry::Request { status, .. } | Entry::UpstreamError { status, .. } => Some(*status),
             Entry::Blocked { .. } => Some(421),
+            Entry::ReservedPath { status, .. } => Some(*status),
             _ => None,
         }
     }
@@ -113,6 +114,9 @@ impl Row {
             Entry::Seal { .. } => "seal",
             Entry::Quic { .. } => "quic",
             Entry::Ech { .. } => "ech",
+            Entry::ReservedPath { .. } => "reserved",
+            Entry::Tamper { .. } => "tamper",
+            Entry::Check { .. } => "check",
         }
     }
 
@@ -124,6 +128,7 @@ impl Row {
             | Entry::Passthrough { host, .. }
             | Entry::Blocked { host, .. }
             | Entry::TrustFailure { host, .. }
+            | Entry::ReservedPath { host, .. }
             | Entry::Ech { host, .. } => Some(host),
             Entry::Quic { host, .. } => host.as_deref(),
             _ => None,
@@ -491,6 +496,8 @@ impl App {
             Entry::TrustFailure { .. } => self.counts.trust_failures += 1,
             Entry::Quic { attempts, .. } => self.counts.quic_attempts += attempts,
             Entry::Ech { .. } => self.counts.ech += 1,
+            // Listed, never counted as vendor traffic.
+            Entry::ReservedPath { .. } | Entry::Tamper { .. } | Entry::Check { .. } => {}
             Entry::Seal { sealed_seq, .. } => {
                 // Seals arrive every second while traffic flows: counted, not listed.
                 self.counts.sealed_seq = Some(*sealed_seq);

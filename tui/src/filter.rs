@@ -148,6 +148,7 @@ mod tests {
                 upstream: "http://127.0.0.1:1/s/x/stripe/v1/charges".into(),
                 headers: vec![],
                 websocket: false,
+                client_gone: false,
             },
         }
     }

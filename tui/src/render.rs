@@ -346,10 +346,14 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         Entry::Passthrough { .. } | Entry::Ech { .. } | Entry::Quic { .. } => {
             Style::new().fg(Color::Blue)
         }
-        Entry::Blocked { .. } | Entry::TrustFailure { .. } | Entry::UpstreamError { .. } => {
-            Style::new().fg(Color::Red)
+        Entry::Blocked { .. }
+        | Entry::TrustFailure { .. }
+        | Entry::UpstreamError { .. }
+        | Entry::ReservedPath { .. }
+        | Entry::Tamper { .. } => Style::new().fg(Color::Red),
+        Entry::Session { .. } | Entry::Seal { .. } | Entry::Check { .. } => {
+            Style::new().fg(Color::DarkGray)
         }
-        Entry::Session { .. } | Entry::Seal { .. } => Style::new().fg(Color::DarkGray),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
@@ -456,6 +460,33 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 "TLS".into(),
                 format!("{host}:{port}  ClientHello carried ECH"),
                 Cell::from("ech").yellow(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::ReservedPath {
+                method,
+                path,
+                status,
+                error,
+                ..
+            } => (
+                method.clone(),
+                format!("{path}  {error} (answered by the proxy)"),
+                Cell::from(status.to_string()).style(status_style(*status)),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Tamper { what, .. } => (
+                String::new(),
+                format!("ledger file {what} behind the proxy's back"),
+                Cell::from("!").red().bold(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Check { name, status, .. } => (
+                String::new(),
+                format!("{name}: {status}"),
+                Cell::from(""),
                 String::new(),
                 String::new(),
             ),
@@ -608,6 +639,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             upstream,
             headers,
             websocket,
+            client_gone,
         } => {
             lines.push(kv("service", service.clone()));
             lines.push(kv("host", host.clone()));
@@ -625,8 +657,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 key("status"),
                 Span::styled(status.to_string(), status_style(*status)),
                 Span::raw(format!(
-                    " · {http}{}",
-                    if *websocket { " · websocket" } else { "" }
+                    " · {http}{}{}",
+                    if *websocket { " · websocket" } else { "" },
+                    if *client_gone {
+                        " · client gone before the answer"
+                    } else {
+                        ""
+                    }
                 )),
             ]));
             lines.push(kv("tier", tier_word(*tier).to_string()));
@@ -666,10 +703,12 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("service", service.clone()));
             lines.push(kv("host", host.clone()));
             lines.push(kv("request", format!("{method} {path}")));
-            lines.push(kv(
-                "status",
-                format!("{status} · {error} (did not reach the twin)"),
-            ));
+            let meaning = if error == "veris_upstream_timeout" {
+                "no answer in time: the twin may have processed it"
+            } else {
+                "did not reach the twin"
+            };
+            lines.push(kv("status", format!("{status} · {error} ({meaning})")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
             lines.push(kv("timing", latency(*duration_ms)));
             lines.push(kv("upstream", upstream.clone()));
@@ -739,6 +778,9 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             version,
             listen,
             recovered_torn_tail,
+            key_id,
+            moved_aside,
+            ..
         } => {
             lines.push(kv("twin", format!("{sandbox_id} at {twin}")));
             lines.push(kv(
@@ -754,6 +796,15 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 lines.push(kv(
                     "recovered",
                     format!("torn line {} ({} bytes) set aside", t.line, t.bytes),
+                ));
+            }
+            if let Some(k) = key_id {
+                lines.push(kv("seal key", k.clone()));
+            }
+            if let Some(m) = moved_aside {
+                lines.push(kv(
+                    "moved",
+                    format!("earlier ledger moved to {} ({})", m.file, m.why),
                 ));
             }
         }
@@ -774,6 +825,39 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
         Entry::Seal { sealed_seq, .. } => lines.push(kv("sealed", sealed_seq.to_string())),
+        Entry::ReservedPath {
+            service,
+            host,
+            method,
+            path,
+            status,
+            error,
+            tier,
+        } => {
+            lines.push(kv("service", service.clone()));
+            lines.push(kv("host", host.clone()));
+            lines.push(kv("request", format!("{method} {path}")));
+            lines.push(kv(
+                "status",
+                format!("{status} · {error} (answered by the proxy, never sent to the twin)"),
+            ));
+            lines.push(kv("tier", tier_word(*tier).to_string()));
+        }
+        Entry::Tamper { what, detail } => {
+            lines.push(kv("tamper", what.clone()));
+            lines.push(kv("detail", detail.clone()));
+        }
+        Entry::Check {
+            name,
+            status,
+            detail,
+            since_seq,
+            until_seq,
+        } => {
+            lines.push(kv("check", format!("{name}: {status}")));
+            lines.push(kv("window", format!("seq {since_seq}..{until_seq}")));
+            lines.push(kv("detail", detail.clone()));
+        }
     }
     frame.render_widget(
         Paragraph::new(lines).wrap(Wrap { trim: false }).block(

@@ -321,7 +321,8 @@ pub async fn receipts(spec: SourceSpec, mut requests: mpsc::Receiver<()>, tx: mp
 }
 
 /// The receipt of a ledger file as `veris receipt --ledger` would build it:
-/// seals are checked with the `ledger.pub` beside the file when there is one.
+/// seals are checked with the `ledger.pub` beside the file when there is one
+/// (a hint: offline, with no pinned key, the verdict stays `unverified`).
 async fn file_receipt(path: PathBuf) -> Result<veris_receipt::Receipt, String> {
     tokio::task::spawn_blocking(move || {
         let read = ledger::read(&path).map_err(|e| format!("reading the ledger: {e}"))?;
@@ -338,7 +339,7 @@ async fn file_receipt(path: PathBuf) -> Result<veris_receipt::Receipt, String> {
             None
         };
         let options = Options {
-            seal_keys,
+            hint_keys: seal_keys,
             ..Options::default()
         };
         Ok(build(&read, &options))

@@ -64,6 +64,13 @@ pub fn session() -> Entry {
         version: "0.1.0".into(),
         listen: "127.0.0.1:43210".into(),
         recovered_torn_tail: None,
+        key_id: None,
+        public_key: None,
+        key_storage: None,
+        proxy_uid: None,
+        workload_uid: None,
+        twin_heads: None,
+        moved_aside: None,
     }
 }
 
@@ -99,6 +106,7 @@ pub fn request(service: &str, method: &str, path: &str, status: u16, ms: u64) ->
             ("authorization".into(), "[redacted]".into()),
         ],
         websocket: false,
+        client_gone: false,
     }
 }
 

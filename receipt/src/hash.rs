@@ -1,0 +1,53 @@
+//! Hashes and hex: the line hash that chains the ledger and names keys, and
+//! the hex encoding every digest and signature is written in. Shared by the
+//! ledger and the seals, so neither depends on the other for it.
+
+/// Lower-case hex SHA-256 of bytes: a ledger line (without its `\n`), or a
+/// raw public key (its `key_id`, the fingerprint a reader pins).
+pub fn line_hash(bytes: &[u8]) -> String {
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes);
+    hex(digest.as_ref())
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 0xf) as usize] as char);
+    }
+    s
+}
+
+/// Bytes of a hex string (either case); `None` for an odd length or a
+/// non-hex digit.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// True for a 64-digit hex string: a SHA-256 in the form the ledger writes.
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips() {
+        assert_eq!(hex(&[0, 0xab, 0xff]), "00abff");
+        assert_eq!(unhex("00abFF"), Some(vec![0, 0xab, 0xff]));
+        assert_eq!(unhex("0g"), None);
+        assert_eq!(unhex("abc"), None);
+        assert!(is_sha256_hex(&line_hash(b"x")));
+        assert!(!is_sha256_hex("abc"));
+    }
+}

@@ -1,0 +1,429 @@
+//! Building a receipt from a ledger window: what reached the twin, leaks,
+//! trust failures. Integrity is computed in `integrity`.
+
+use std::collections::BTreeMap;
+
+use crate::entry::{Entry, ListenerTier};
+use crate::ledger::LedgerRead;
+
+use super::*;
+
+/// Builds the receipt for a window of a verified read. Mode, tier and twin
+/// come from the newest session line at or before the window end.
+pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
+    let window = window(read, options);
+    let (since, until) = (window.since_seq, window.until_seq);
+    let wanted = |service: &str| options.service.as_deref().is_none_or(|s| s == service);
+
+    let mut receipt = Receipt {
+        version: RECEIPT_VERSION,
+        twin: None,
+        window,
+        mode: None,
+        tier: None,
+        integrity: integrity::integrity(read, options, &window),
+        leaks: Vec::new(),
+        services: BTreeMap::new(),
+        trust_failures: Vec::new(),
+        passthrough: HostCounts::default(),
+        blocked: HostCounts::default(),
+        upstream_errors: Vec::new(),
+        seal_key: None,
+        reserved_paths: BTreeMap::new(),
+    };
+
+    for line in &read.lines {
+        if let Entry::Session {
+            sandbox_id,
+            mode,
+            tier,
+            key_id,
+            ..
+        } = &line.entry
+        {
+            if line.seq <= until {
+                receipt.twin = Some(sandbox_id.clone());
+                receipt.mode = Some(*mode);
+                receipt.tier = Some(*tier);
+                receipt.seal_key = key_id.clone();
+            }
+        }
+        if line.seq <= since || line.seq > until {
+            continue;
+        }
+        match &line.entry {
+            Entry::Request {
+                service,
+                host,
+                method,
+                path,
+                status,
+                tier,
+                client_gone,
+                ..
+            } if wanted(service) => {
+                let summary = receipt.services.entry(service.clone()).or_default();
+                summary.requests += 1;
+                *summary.hosts.entry(normalize_host(host)).or_default() += 1;
+                let path = strip_query(path);
+                *summary.calls.entry(format!("{method} {path}")).or_default() += 1;
+                if summary.entries.len() < JSON_ENTRY_CAP {
+                    summary.entries.push(RequestEntry {
+                        seq: line.seq,
+                        method: method.clone(),
+                        path: path.to_string(),
+                        status: *status,
+                        tier: *tier,
+                        client_gone: *client_gone,
+                    });
+                } else {
+                    summary.capped = true;
+                }
+            }
+            Entry::UpstreamError {
+                service,
+                host,
+                method,
+                path,
+                status,
+                error,
+                tier,
+                ..
+            } if wanted(service) => receipt.upstream_errors.push(UpstreamErrorEntry {
+                seq: line.seq,
+                service: service.clone(),
+                host: normalize_host(host),
+                method: method.clone(),
+                path: strip_query(path).to_string(),
+                status: *status,
+                error: error.clone(),
+                tier: *tier,
+            }),
+            Entry::ReservedPath {
+                service,
+                method,
+                path,
+                ..
+            } if wanted(service) => {
+                *receipt
+                    .reserved_paths
+                    .entry(format!("{service} {method} {}", strip_query(path)))
+                    .or_default() += 1;
+            }
+            Entry::Passthrough { host, .. } => {
+                *receipt
+                    .passthrough
+                    .hosts
+                    .entry(normalize_host(host))
+                    .or_default() += 1;
+            }
+            Entry::Blocked { host, .. } => {
+                *receipt
+                    .blocked
+                    .hosts
+                    .entry(normalize_host(host))
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+
+    receipt.leaks = leaks(read, since, until, receipt.tier);
+    receipt.trust_failures = trust_failures(read, since, until, &receipt.services);
+    receipt
+}
+
+/// The window `(since, until]` the options ask for: until the given end or
+/// the last line; from the latest session at or before it (the default),
+/// the whole file, or a baseline.
+fn window(read: &LedgerRead, options: &Options) -> Window {
+    let last = read.lines.last().map_or(0, |l| l.seq);
+    let until = options.until.map_or(last, |u| u.min(last));
+    let (since_seq, scope) = match options.scope {
+        WindowSpec::All => (0, Scope::All),
+        WindowSpec::Since(s) => (s, Scope::Baseline),
+        WindowSpec::LatestSession => {
+            let session = read
+                .lines
+                .iter()
+                .rev()
+                .filter(|l| l.seq <= until)
+                .find(|l| matches!(l.entry, Entry::Session { .. }));
+            (session.map_or(0, |l| l.seq.saturating_sub(1)), Scope::Session)
+        }
+    };
+    Window {
+        since_seq,
+        until_seq: until,
+        scope,
+    }
+}
+
+/// Evidence-based leak notes (DESIGN §8), in a fixed order. Nothing is
+/// claimed without a session line: the tier is unknown then.
+fn leaks(read: &LedgerRead, since: u64, until: u64, tier: Option<ListenerTier>) -> Vec<String> {
+    let mut out = Vec::new();
+    if tier == Some(ListenerTier::Explicit) {
+        // Clients that ignore the proxy variables go straight out, and
+        // nothing redirects UDP in this tier.
+        out.push("direct-egress-possible".to_string());
+        out.push("udp-quic-possible".to_string());
+    }
+    // Open egress, evidenced by tunnels in the window: an ECH client shows
+    // only its public front name, so a tunnel may hide its real destination.
+    // (The transparent tier's kernel rules send UDP 443 to the proxy's silent
+    // QUIC sink, which records each attempt as a `quic` line: see below.)
+    let tunnels = read
+        .lines
+        .iter()
+        .any(|l| l.seq > since && l.seq <= until && matches!(l.entry, Entry::Passthrough { .. }));
+    if tunnels {
+        out.push("ech-possible".to_string());
+    }
+    let mut ech_hosts: Vec<String> = Vec::new();
+    let mut quic_attempts: u64 = 0;
+    let mut quic_hosts: Vec<String> = Vec::new();
+    for line in read
+        .lines
+        .iter()
+        .filter(|l| l.seq > since && l.seq <= until)
+    {
+        match &line.entry {
+            Entry::Ech { host, .. } => {
+                let host = normalize_host(host);
+                if !ech_hosts.contains(&host) {
+                    ech_hosts.push(host);
+                }
+            }
+            Entry::Quic { attempts, host, .. } => {
+                quic_attempts = quic_attempts.saturating_add(*attempts);
+                if let Some(host) = host.as_deref().map(normalize_host) {
+                    if !quic_hosts.contains(&host) {
+                        quic_hosts.push(host);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if !ech_hosts.is_empty() {
+        ech_hosts.sort();
+        out.push(format!("ech-observed {}", ech_hosts.join(",")));
+    }
+    if quic_attempts > 0 {
+        // The SNI read from the decrypted Initial, when the sink could read it.
+        quic_hosts.sort();
+        out.push(if quic_hosts.is_empty() {
+            format!("quic-attempts {quic_attempts}")
+        } else {
+            format!("quic-attempts {quic_attempts} ({})", quic_hosts.join(","))
+        });
+    }
+    out
+}
+
+
+/// Trust failures per host in the window, with the requests that completed
+/// to the same host, each with its prescription.
+fn trust_failures(
+    read: &LedgerRead,
+    since: u64,
+    until: u64,
+    services: &BTreeMap<String, ServiceSummary>,
+) -> Vec<TrustFailure> {
+    let mut by_host: BTreeMap<String, TrustFailure> = BTreeMap::new();
+    for line in read
+        .lines
+        .iter()
+        .filter(|l| l.seq > since && l.seq <= until)
+    {
+        if let Entry::TrustFailure {
+            host,
+            service,
+            alert,
+            ..
+        } = &line.entry
+        {
+            let host = normalize_host(host);
+            let f = by_host.entry(host.clone()).or_insert_with(|| TrustFailure {
+                host,
+                refusals: 0,
+                completed: 0,
+                detail: String::new(),
+                service: None,
+                alerts: BTreeMap::new(),
+            });
+            f.refusals += 1;
+            if f.service.is_none() {
+                f.service = service.clone();
+            }
+            *f.alerts.entry(alert.clone()).or_default() += 1;
+        }
+    }
+    for f in by_host.values_mut() {
+        f.completed = services.values().filter_map(|s| s.hosts.get(&f.host)).sum();
+        let alerts: Vec<String> = f.alerts.iter().map(|(a, n)| format!("{a} ({n})")).collect();
+        f.detail = format!(
+            "alerts {}. Next: {}",
+            alerts.join(", "),
+            trust_next_step(&f.alerts)
+        );
+    }
+    by_host.into_values().collect()
+}
+
+/// What to do about refusals, judged by the most frequent alert.
+fn trust_next_step(alerts: &BTreeMap<String, u64>) -> &'static str {
+    let top = alerts
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map_or("", |(a, _)| a.as_str());
+    match top {
+        "certificate_expired" => {
+            "the client thinks the veris leaf is expired: check the sandbox clock, or delete the CA dir so a fresh CA is minted"
+        }
+        "unsupported_certificate" => {
+            "the client rejects the veris leaf's key or usage (ECDSA P-256, serverAuth): configure it to accept ECDSA certificates"
+        }
+        _ => {
+            "the client does not trust the veris CA: point its CA setting at the veris bundle \
+             (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS: see the env file \
+             written by --write-env) or install the CA into the system store; SDKs that bundle their \
+             own CA (stripe-python, certifi copies) need their own setting; real certificate pinning cannot be fixed"
+        }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::Line;
+
+    fn req(seq: u64, path: &str) -> Line {
+        Line {
+            v: 1,
+            seq,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry: Entry::Request {
+                service: "stripe".into(),
+                host: "API.Stripe.com:443".into(),
+                method: "GET".into(),
+                path: path.into(),
+                query: None,
+                status: 200,
+                http: "HTTP/2".into(),
+                tier: ListenerTier::Transparent,
+                bytes_in: 0,
+                bytes_out: None,
+                duration_ms: 1,
+                upstream: "http://twin/".into(),
+                headers: Vec::new(),
+                websocket: false,
+                client_gone: false,
+            },
+            prev: String::new(),
+        }
+    }
+
+    #[test]
+    fn json_entries_are_capped_but_counts_stay_exact() {
+        let read = LedgerRead {
+            lines: (1..=JSON_ENTRY_CAP as u64 + 5)
+                .map(|s| req(s, "/v1/x?limit=1"))
+                .collect(),
+            head: (JSON_ENTRY_CAP as u64 + 5, String::new()),
+            ..LedgerRead::default()
+        };
+        let r = build(&read, &Options::default());
+        let s = &r.services["stripe"];
+        assert_eq!(s.requests, JSON_ENTRY_CAP as u64 + 5);
+        assert_eq!(s.entries.len(), JSON_ENTRY_CAP);
+        assert!(s.capped);
+        assert_eq!(s.calls["GET /v1/x"], JSON_ENTRY_CAP as u64 + 5);
+        assert_eq!(s.hosts["api.stripe.com"], JSON_ENTRY_CAP as u64 + 5);
+        assert!(render_text(&r).contains(&format!("    … and {} more\n", JSON_ENTRY_CAP + 5 - 20)));
+        // No session line: nothing is claimed about interception or leaks.
+        assert_eq!(r.tier, None);
+        assert!(r.leaks.is_empty());
+    }
+
+    #[test]
+    fn hosts_are_normalized() {
+        assert_eq!(normalize_host("API.stripe.com:443"), "api.stripe.com");
+        assert_eq!(normalize_host("api.stripe.com"), "api.stripe.com");
+        assert_eq!(normalize_host("[::1]:8443"), "[::1]");
+        assert_eq!(normalize_host("::1"), "::1");
+    }
+
+    #[test]
+    fn a_file_alone_is_never_verified() {
+        let r = build(&LedgerRead::default(), &Options::default());
+        assert_eq!(r.integrity.status, IntegrityStatus::Unverified);
+        assert_eq!(
+            r.integrity.reason.as_deref(),
+            Some("ledger has no seals; proxy not live")
+        );
+    }
+
+    fn trust(seq: u64, host: &str, service: Option<&str>, alert: &str) -> Line {
+        Line {
+            v: 1,
+            seq,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry: Entry::TrustFailure {
+                host: host.into(),
+                port: 443,
+                tier: ListenerTier::Transparent,
+                service: service.map(str::to_string),
+                alert: alert.into(),
+            },
+            prev: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_vendor_host_that_only_refused_fails_the_receipt() {
+        let read = LedgerRead {
+            lines: vec![
+                req(1, "/v1/customers"),
+                trust(2, "api.stripe.com", Some("stripe"), "unknown_ca"),
+                trust(3, "api.github.com", Some("github"), "unknown_ca"),
+                trust(4, "api.github.com", Some("github"), "no_alert"),
+                trust(5, "example.org", None, "unknown_ca"),
+            ],
+            head: (5, String::new()),
+            ..LedgerRead::default()
+        };
+        let r = build(&read, &Options::default());
+        let by_host: BTreeMap<&str, &TrustFailure> = r
+            .trust_failures
+            .iter()
+            .map(|f| (f.host.as_str(), f))
+            .collect();
+        // Stripe also completed a request: listed, not fatal.
+        assert_eq!(by_host["api.stripe.com"].completed, 1);
+        assert!(!by_host["api.stripe.com"].is_fatal());
+        let github = by_host["api.github.com"];
+        assert_eq!((github.refusals, github.completed), (2, 0));
+        assert_eq!(github.alerts["no_alert"], 1);
+        assert!(github.is_fatal());
+        assert!(github
+            .detail
+            .starts_with("alerts no_alert (1), unknown_ca (1). Next: "));
+        // An unmapped host is not a vendor: never fatal.
+        assert!(!by_host["example.org"].is_fatal());
+        let text = render_text(&r);
+        assert!(text.contains("trust failure: api.github.com: 2 refusal(s), 0 completed: alerts"));
+        let verdict = evaluate(&r, &[], false);
+        assert_eq!(verdict.exit_code, EXIT_UNMET);
+        let fatal: Vec<&String> = verdict
+            .lines
+            .iter()
+            .filter(|l| l.contains("refused the veris certificate"))
+            .collect();
+        assert_eq!(fatal.len(), 1, "{:?}", verdict.lines);
+        assert!(fatal[0].contains("api.github.com") && fatal[0].contains("Next:"));
+    }
+}
+

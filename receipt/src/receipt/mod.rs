@@ -1,0 +1,300 @@
+//! The receipt: a summary of one window of the ledger that says what reached
+//! the twin, how traffic was intercepted, how far the record can be trusted
+//! (integrity) and where traffic could have escaped it (leaks). It is built
+//! from a verified read of the ledger ([`build`]), printed as text
+//! ([`render_text`]) or JSON (serde, versioned by [`RECEIPT_VERSION`]), and
+//! asserted by requirements ([`evaluate`]) with exit codes.
+//!
+//! Integrity is `verified` only when every DESIGN §8 check ran and passed
+//! against a reference the workload could not touch ([`Anchor`]: the live
+//! proxy's own chain head, or a seal key the reader pinned): the chain, the
+//! seals up to that head or the session's final seal, the canary and the twin
+//! cross-check. The last two need the network: a live reader runs them and
+//! hands their results in ([`Options::external_checks`]); offline, the ones
+//! the proxy recorded before its final seal count when the key is pinned.
+//!
+//! Modules: the model and options here, `build` (the window and what
+//! reached the twin, leaks, trust failures), `integrity`, `text`, `require`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::entry::{ListenerTier, Mode};
+use crate::ledger::SealInfo;
+use crate::seal::PublicKeys;
+
+mod build;
+mod integrity;
+mod require;
+mod text;
+
+pub use build::build;
+pub use integrity::PROXY_NOT_LIVE;
+pub use require::{evaluate, Requirement, RequirementError, Verdict};
+pub use text::render_text;
+
+/// Version of the receipt JSON, written in its `version` field.
+///
+/// Version 2 added `seal_key`, `window.scope`, `reserved_paths`, the
+/// `client_gone` flag of a request and the `timeout` split of upstream
+/// errors; a version-1 receipt still deserializes (every addition has a default).
+pub const RECEIPT_VERSION: u32 = 2;
+
+/// Requests listed per service in the text receipt.
+pub const TEXT_ENTRY_CAP: usize = 20;
+
+/// Requests listed per service in the JSON receipt (`capped` says when more
+/// were counted than listed; counts stay exact).
+pub const JSON_ENTRY_CAP: usize = 1000;
+
+/// The sentence for a window in which nothing reached the twin.
+pub const EMPTY_SENTENCE: &str =
+    "0 requests reached the twin: the code never reached its dependency";
+
+/// Exit code for an unmet requirement, an empty receipt or failed integrity.
+pub const EXIT_UNMET: i32 = 3;
+
+/// A summary of one ledger window (DESIGN §8 JSON shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub version: u32,
+    /// Twin sandbox id from the session line; absent without one.
+    pub twin: Option<String>,
+    pub window: Window,
+    pub mode: Option<Mode>,
+    pub tier: Option<ListenerTier>,
+    pub integrity: Integrity,
+    /// Evidence-based notes on how traffic could bypass the proxy.
+    pub leaks: Vec<String>,
+    /// Requests forwarded to the twin, per service.
+    pub services: BTreeMap<String, ServiceSummary>,
+    pub trust_failures: Vec<TrustFailure>,
+    pub passthrough: HostCounts,
+    pub blocked: HostCounts,
+    /// Vendor requests whose twin upstream failed (unreachable: it did not
+    /// reach the twin; timeout: the twin may have processed it).
+    #[serde(default)]
+    pub upstream_errors: Vec<UpstreamErrorEntry>,
+    /// Fingerprint of the key that sealed the window's session (pin it with
+    /// `veris receipt --key` to verify this ledger offline later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal_key: Option<String>,
+    /// Requests on vendor hosts the proxy answered itself (the twin's control
+    /// surface, dot-segment paths), per `service METHOD /path`: never vendor calls.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserved_paths: BTreeMap<String, u64>,
+}
+
+/// The ledger lines summarized: `since_seq < seq <= until_seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    pub since_seq: u64,
+    pub until_seq: u64,
+    /// `session` (the latest session, the default), `all` or `baseline`.
+    #[serde(default = "default_scope")]
+    pub scope: Scope,
+}
+
+fn default_scope() -> Scope {
+    Scope::All
+}
+
+/// Which lines a receipt summarizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// The newest session at or before the window end (DESIGN §7a.5).
+    Session,
+    /// The whole file.
+    All,
+    /// After a baseline (`--since`).
+    Baseline,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Integrity {
+    pub status: IntegrityStatus,
+    /// Why it is not `verified`; absent when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub checks: Vec<Check>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntegrityStatus {
+    /// Every check ran and passed.
+    Verified,
+    /// A check could not run (or does not exist yet).
+    Unverified,
+    /// A check contradicted the receipt.
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    /// `chain`, `tail`, `seals`, `canary`, `twin_cross_check`.
+    pub name: String,
+    pub status: CheckStatus,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    Ok,
+    Failed,
+    Unverified,
+    NotImplemented,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServiceSummary {
+    /// Requests forwarded to the twin in the window (exact).
+    pub requests: u64,
+    /// Request count per host (lower-case, no port), for `--require-host`.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, u64>,
+    /// Request count per `METHOD /path` (no query), for `--require-request`.
+    #[serde(default)]
+    pub calls: BTreeMap<String, u64>,
+    /// Oldest first, at most [`JSON_ENTRY_CAP`].
+    pub entries: Vec<RequestEntry>,
+    /// True when `requests` exceeds the entries listed.
+    pub capped: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestEntry {
+    pub seq: u64,
+    pub method: String,
+    pub path: String,
+    pub status: u16,
+    pub tier: ListenerTier,
+    /// The client left before the twin's answer arrived (the twin executed it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_gone: bool,
+}
+
+/// Hosts seen, with a count each (connections for passthrough, requests for
+/// blocked).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostCounts {
+    pub hosts: BTreeMap<String, u64>,
+}
+
+/// A host whose clients refused our certificate in the window (ledger
+/// `trust_failure` lines), with the requests that did complete to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrustFailure {
+    pub host: String,
+    pub refusals: u64,
+    /// Requests to this host that reached the twin in the window.
+    pub completed: u64,
+    /// The alerts seen and the next step, in words.
+    pub detail: String,
+    /// The vendor service the host is routed to; absent for unmapped hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// Refusals per alert (`unknown_ca`, `no_alert`, ...).
+    #[serde(default)]
+    pub alerts: BTreeMap<String, u64>,
+}
+
+impl TrustFailure {
+    /// A vendor host whose every client refused us: the code under test
+    /// never reached its dependency, and the receipt fails.
+    pub fn is_fatal(&self) -> bool {
+        self.service.is_some() && self.refusals > 0 && self.completed == 0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamErrorEntry {
+    pub seq: u64,
+    pub service: String,
+    pub host: String,
+    pub method: String,
+    pub path: String,
+    pub status: u16,
+    pub error: String,
+    pub tier: ListenerTier,
+}
+
+/// What to summarize, and what the verdict may rely on.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Which lines: by default the latest session (DESIGN §7a.5).
+    pub scope: WindowSpec,
+    /// Only this service's requests and upstream errors.
+    pub service: Option<String>,
+    /// Window end (inclusive); default: the last line read. A live read ends
+    /// the window at its fresh seal, so every line reported is sealed.
+    pub until: Option<u64>,
+    /// The reference the workload could not touch (DESIGN §7a.1).
+    pub anchor: Anchor,
+    /// Keys from `ledger.pub` beside the file: a hint that can show a seal is
+    /// broken, never the anchor of a `verified`.
+    pub hint_keys: Option<PublicKeys>,
+    /// The receipt is read while the proxy is live: the canary and twin
+    /// checks are expected in `external_checks`.
+    pub proxy_live: bool,
+    /// Results of checks run outside this crate (`canary`,
+    /// `twin_cross_check`); a check named here replaces the recorded one.
+    pub external_checks: Vec<Check>,
+}
+
+/// Which lines a receipt covers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WindowSpec {
+    /// The newest session at or before the window end.
+    #[default]
+    LatestSession,
+    /// Every line.
+    All,
+    /// `seq > since` (a baseline).
+    Since(u64),
+}
+
+/// What a `verified` verdict is anchored on.
+#[derive(Debug, Clone, Default)]
+pub enum Anchor {
+    /// Nothing the workload could not have written: at best `unverified`.
+    #[default]
+    None,
+    /// The live proxy's own chain head: the seal it appended for this read
+    /// (with the hash of that seal line) and the raw public key (hex) it
+    /// reported over its authenticated admin API.
+    Live { seal: SealInfo, public_key: String },
+    /// Keys the reader pinned (`--key`), already selected by fingerprint.
+    Pinned(PublicKeys),
+}
+
+
+impl Receipt {
+    /// Requests that reached the twin in the window, over all services.
+    pub fn total_requests(&self) -> u64 {
+        self.services.values().map(|s| s.requests).sum()
+    }
+}
+
+/// `host` lower-cased, without a `:port` suffix.
+fn normalize_host(host: &str) -> String {
+    let host = host.trim().to_ascii_lowercase();
+    match host.rsplit_once(':') {
+        Some((name, port))
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && (name.ends_with(']') || !name.contains(':')) =>
+        {
+            name.to_string()
+        }
+        _ => host,
+    }
+}
+
+fn strip_query(path: &str) -> &str {
+    path.split_once('?').map_or(path, |(p, _)| p)
+}
+

@@ -1,0 +1,201 @@
+//! Requirements asserted against a receipt, and the exit code they give.
+
+use super::*;
+
+/// A requirement asserted against a receipt (`--require`, `--require-host`,
+/// `--require-request`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requirement {
+    /// At least `min` requests of a service.
+    Service { name: String, min: u64 },
+    /// At least `min` requests to a host.
+    Host { host: String, min: u64 },
+    /// At least one `METHOD /path` request of a service (path exact, no query).
+    Request {
+        service: String,
+        method: String,
+        path: String,
+    },
+    /// Integrity must be `verified` (`--require-verified`).
+    Verified,
+}
+
+/// Why a requirement did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequirementError {
+    #[error("empty {0} in requirement `{1}`; expected NAME or NAME:N")]
+    Empty(&'static str, String),
+    #[error("bad count in requirement `{0}`; expected NAME:N with N a whole number of at least 1")]
+    Count(String),
+    #[error("bad request requirement `{0}`; expected 'SERVICE METHOD /path', e.g. 'stripe POST /v1/charges'")]
+    Request(String),
+}
+
+fn parse_counted(s: &str, what: &'static str) -> Result<(String, u64), RequirementError> {
+    let s = s.trim();
+    let (name, min) = match s.rsplit_once(':') {
+        Some((name, n)) => {
+            let min: u64 = n.parse().map_err(|_| RequirementError::Count(s.into()))?;
+            if min == 0 {
+                return Err(RequirementError::Count(s.into()));
+            }
+            (name, min)
+        }
+        None => (s, 1),
+    };
+    if name.is_empty() {
+        return Err(RequirementError::Empty(what, s.into()));
+    }
+    Ok((name.to_string(), min))
+}
+
+impl Requirement {
+    /// `stripe` (at least 1) or `stripe:2`.
+    pub fn parse_service(s: &str) -> Result<Requirement, RequirementError> {
+        let (name, min) = parse_counted(s, "service")?;
+        Ok(Requirement::Service { name, min })
+    }
+
+    /// `api.stripe.com` (at least 1) or `api.stripe.com:2`.
+    pub fn parse_host(s: &str) -> Result<Requirement, RequirementError> {
+        let (host, min) = parse_counted(s, "host")?;
+        Ok(Requirement::Host {
+            host: host.to_ascii_lowercase(),
+            min,
+        })
+    }
+
+    /// `stripe POST /v1/charges` (a query on the path is ignored).
+    pub fn parse_request(s: &str) -> Result<Requirement, RequirementError> {
+        let parts: Vec<&str> = s.split_whitespace().collect();
+        let [service, method, path] = parts[..] else {
+            return Err(RequirementError::Request(s.into()));
+        };
+        if !path.starts_with('/') || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(RequirementError::Request(s.into()));
+        }
+        Ok(Requirement::Request {
+            service: service.to_string(),
+            method: method.to_ascii_uppercase(),
+            path: strip_query(path).to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for Requirement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Requirement::Service { name, min } => write!(f, "{name}:{min}"),
+            Requirement::Host { host, min } => write!(f, "host {host}:{min}"),
+            Requirement::Request {
+                service,
+                method,
+                path,
+            } => write!(f, "{service} {method} {path}"),
+            Requirement::Verified => f.write_str("integrity verified"),
+        }
+    }
+}
+
+/// The outcome of [`evaluate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// 0 when everything holds, [`EXIT_UNMET`] (3) otherwise.
+    pub exit_code: i32,
+    /// One line per failure: what was wanted and what was seen.
+    pub lines: Vec<String>,
+}
+
+/// Checks a receipt: failed integrity, an empty window (unless
+/// `allow_empty`) and each requirement. `unverified` integrity does not fail.
+pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict {
+    let mut lines = Vec::new();
+    if r.integrity.status == IntegrityStatus::Failed {
+        lines.push(format!(
+            "integrity failed: {}",
+            r.integrity.reason.as_deref().unwrap_or("no reason given")
+        ));
+    }
+    if r.total_requests() == 0 && !allow_empty {
+        lines.push(EMPTY_SENTENCE.to_string());
+    }
+    for f in r.trust_failures.iter().filter(|f| f.is_fatal()) {
+        lines.push(format!(
+            "vendor host {} refused the veris certificate {} time(s) and completed no request. Next: fix the client's trust as the trust failure line says",
+            f.host, f.refusals
+        ));
+    }
+    for req in reqs {
+        match req {
+            Requirement::Verified => {
+                // A failed integrity already has its own line above.
+                if r.integrity.status == IntegrityStatus::Unverified {
+                    lines.push(format!(
+                        "required verified integrity (--require-verified), got {}",
+                        super::text::integrity_text(&r.integrity)
+                    ));
+                }
+            }
+            Requirement::Service { name, min } => {
+                let seen = r.services.get(name).map_or(0, |s| s.requests);
+                if seen < *min {
+                    lines.push(format!(
+                        "required service {name}: at least {min} request(s), saw {seen}"
+                    ));
+                }
+            }
+            Requirement::Host { host, min } => {
+                let host = normalize_host(host);
+                let seen: u64 = r.services.values().filter_map(|s| s.hosts.get(&host)).sum();
+                if seen < *min {
+                    lines.push(format!(
+                        "required host {host}: at least {min} request(s), saw {seen}"
+                    ));
+                }
+            }
+            Requirement::Request {
+                service,
+                method,
+                path,
+            } => {
+                let key = format!("{method} {path}");
+                let summary = r.services.get(service);
+                if summary
+                    .and_then(|s| s.calls.get(&key))
+                    .copied()
+                    .unwrap_or(0)
+                    == 0
+                {
+                    let seen = match summary {
+                        None => format!("{service} saw 0 requests"),
+                        Some(s) => {
+                            const SHOWN: usize = 5;
+                            let mut calls: Vec<String> = s
+                                .calls
+                                .iter()
+                                .take(SHOWN)
+                                .map(|(c, n)| format!("{c} ({n})"))
+                                .collect();
+                            if s.calls.len() > SHOWN {
+                                calls.push(format!("… and {} more", s.calls.len() - SHOWN));
+                            }
+                            format!(
+                                "{service} saw {} request(s): {}",
+                                s.requests,
+                                calls.join(", ")
+                            )
+                        }
+                    };
+                    lines.push(format!(
+                        "required request {service} {method} {path}: not seen; {seen}"
+                    ));
+                }
+            }
+        }
+    }
+    Verdict {
+        exit_code: if lines.is_empty() { 0 } else { EXIT_UNMET },
+        lines,
+    }
+}
+

@@ -1,0 +1,150 @@
+//! The text receipt, as `verisReceipt` prints it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::entry::{ListenerTier, Mode};
+
+use super::*;
+
+pub(super) fn integrity_text(i: &Integrity) -> String {
+    let word = match i.status {
+        IntegrityStatus::Verified => "verified",
+        IntegrityStatus::Unverified => "unverified",
+        IntegrityStatus::Failed => "failed",
+    };
+    match &i.reason {
+        Some(reason) if i.status != IntegrityStatus::Verified => format!("{word} ({reason})"),
+        _ => word.to_string(),
+    }
+}
+
+fn tier_word(t: ListenerTier) -> &'static str {
+    match t {
+        ListenerTier::Explicit => "explicit",
+        ListenerTier::Transparent => "transparent",
+    }
+}
+
+fn host_list(hosts: &BTreeMap<String, u64>) -> String {
+    hosts
+        .iter()
+        .map(|(h, n)| format!("{h} ({n})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The text receipt (DESIGN §8): title with the twin id, interception and
+/// integrity, leaks, the count line, then per service its count and its
+/// requests `METHOD /path -> status` oldest first (newest last), at most
+/// [`TEXT_ENTRY_CAP`] then `… and N more`. Upstream errors, passthrough and
+/// blocked hosts follow when there are any.
+pub fn render_text(r: &Receipt) -> String {
+    let mut out = String::new();
+    let twin = r.twin.as_deref().unwrap_or("unknown (no session line)");
+    let _ = write!(out, "Veris receipt — twin {twin}");
+    match r.window.scope {
+        Scope::Baseline => {
+            let _ = write!(out, " (since seq {})", r.window.since_seq);
+        }
+        Scope::All if r.window.since_seq == 0 => out.push_str(" (whole ledger)"),
+        _ => {}
+    }
+    out.push('\n');
+    let interception = match (r.tier, r.mode) {
+        (Some(t), Some(Mode::Strict)) => format!("proxy ({}, strict)", tier_word(t)),
+        (Some(t), _) => format!("proxy ({})", tier_word(t)),
+        (None, _) => "unknown (no session line)".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "  interception: {interception}   integrity: {}",
+        integrity_text(&r.integrity)
+    );
+    let leaks = if r.leaks.is_empty() {
+        "none".to_string()
+    } else {
+        r.leaks.join(", ")
+    };
+    let _ = writeln!(out, "  leaks: {leaks}");
+    if let Some(key) = &r.seal_key {
+        let _ = writeln!(out, "  seal key: {key}");
+    }
+    out.push('\n');
+
+    let total = r.total_requests();
+    if total == 0 {
+        let _ = writeln!(out, "{EMPTY_SENTENCE}");
+    } else {
+        let _ = writeln!(out, "{total} request(s) reached the twin:");
+    }
+    for (name, s) in &r.services {
+        let _ = writeln!(out, "  {name}: {} request(s)", s.requests);
+        for e in s.entries.iter().take(TEXT_ENTRY_CAP) {
+            let gone = if e.client_gone { " (client gone)" } else { "" };
+            let _ = writeln!(out, "    {} {} -> {}{gone}", e.method, e.path, e.status);
+        }
+        let shown = s.entries.len().min(TEXT_ENTRY_CAP) as u64;
+        if s.requests > shown {
+            let _ = writeln!(out, "    … and {} more", s.requests - shown);
+        }
+    }
+
+    let mut extra = Vec::new();
+    // A timeout means the twin may have executed the request; only a
+    // failure to connect means it did not reach it.
+    let (timeouts, unreachable): (Vec<_>, Vec<_>) = r
+        .upstream_errors
+        .iter()
+        .partition(|e| e.error == "veris_upstream_timeout");
+    for (list, what) in [
+        (&unreachable, "upstream errors (did not reach the twin)"),
+        (&timeouts, "upstream timeouts (the twin may have processed them)"),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        const SHOWN: usize = 5;
+        let mut shown: Vec<String> = list
+            .iter()
+            .take(SHOWN)
+            .map(|e| {
+                format!(
+                    "{} {} {} -> {} {}",
+                    e.service, e.method, e.path, e.status, e.error
+                )
+            })
+            .collect();
+        if list.len() > SHOWN {
+            shown.push(format!("… and {} more", list.len() - SHOWN));
+        }
+        extra.push(format!("{what}: {} ({})", list.len(), shown.join("; ")));
+    }
+    if !r.reserved_paths.is_empty() {
+        extra.push(format!(
+            "answered by the proxy, not vendor calls (reserved paths): {}",
+            host_list(&r.reserved_paths)
+        ));
+    }
+    for f in &r.trust_failures {
+        extra.push(format!(
+            "trust failure: {}: {} refusal(s), {} completed: {}",
+            f.host, f.refusals, f.completed, f.detail
+        ));
+    }
+    if !r.passthrough.hosts.is_empty() {
+        extra.push(format!("passthrough: {}", host_list(&r.passthrough.hosts)));
+    }
+    if !r.blocked.hosts.is_empty() {
+        extra.push(format!("blocked: {}", host_list(&r.blocked.hosts)));
+    }
+    if !extra.is_empty() {
+        out.push('\n');
+        for l in extra {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
