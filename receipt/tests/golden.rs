@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use veris_receipt::entry::{Entry, Line, ListenerTier, Mode, TornTail, GENESIS_PREV};
 use veris_receipt::ledger::{self, encode, line_hash};
 use veris_receipt::receipt::{
-    self, build, evaluate, render_text, IntegrityStatus, Options, Requirement, EMPTY_SENTENCE,
+    self, build, evaluate, render_text, IntegrityStatus, Options, Requirement, WindowSpec,
+    EMPTY_SENTENCE,
 };
 
 fn golden_dir() -> PathBuf {
@@ -225,6 +226,14 @@ fn ledger_file(name: &str, generated: String) -> Vec<u8> {
     std::fs::read(golden_dir().join(name)).unwrap()
 }
 
+/// The whole file, every session (`veris receipt --all`).
+fn all() -> Options {
+    Options {
+        scope: WindowSpec::All,
+        ..Options::default()
+    }
+}
+
 fn receipt_of(bytes: &[u8], options: &Options) -> receipt::Receipt {
     build(&ledger::read_bytes(bytes), options)
 }
@@ -272,7 +281,7 @@ fn basic_receipt_is_golden() {
 #[test]
 fn rich_receipt_is_golden() {
     let bytes = ledger_file("rich.jsonl", rich_ledger());
-    let r = receipt_of(&bytes, &Options::default());
+    let r = receipt_of(&bytes, &all());
     assert_eq!(r.total_requests(), 25);
     assert_eq!(r.services["stripe"].requests, 24);
     assert_eq!(
@@ -294,12 +303,23 @@ fn rich_receipt_is_golden() {
 }
 
 #[test]
+fn the_default_window_is_the_latest_session() {
+    let bytes = ledger_file("rich.jsonl", rich_ledger());
+    let r = receipt_of(&bytes, &Options::default());
+    // The restart at seq 30 opened a new session with one request.
+    assert_eq!(r.window.since_seq, 29);
+    assert_eq!(r.total_requests(), 1);
+    assert!(!render_text(&r).contains("since seq"));
+    assert_eq!(receipt_of(&bytes, &all()).total_requests(), 25);
+}
+
+#[test]
 fn since_and_service_narrow_the_window() {
     let bytes = ledger_file("rich.jsonl", rich_ledger());
     let r = receipt_of(
         &bytes,
         &Options {
-            since: Some(20),
+            scope: WindowSpec::Since(20),
             ..Options::default()
         },
     );
@@ -310,7 +330,7 @@ fn since_and_service_narrow_the_window() {
         &bytes,
         &Options {
             service: Some("google-calendar".into()),
-            ..Options::default()
+            ..all()
         },
     );
     assert_eq!(r.services.keys().collect::<Vec<_>>(), ["google-calendar"]);
@@ -343,7 +363,7 @@ fn empty_receipt_says_so_and_exits_3() {
 #[test]
 fn requirements_report_wanted_and_seen() {
     let bytes = ledger_file("rich.jsonl", rich_ledger());
-    let r = receipt_of(&bytes, &Options::default());
+    let r = receipt_of(&bytes, &all());
     let met = [
         Requirement::parse_service("stripe:24").unwrap(),
         Requirement::parse_service("google-calendar").unwrap(),
@@ -551,7 +571,7 @@ fn truncation_mid_line_is_a_torn_tail() {
     );
     // Reported, not accepted: the torn request is not counted.
     assert_eq!(read.lines.len(), lines.len() - 1);
-    let r = build(&read, &Options::default());
+    let r = build(&read, &all());
     assert_eq!(r.integrity.status, IntegrityStatus::Unverified);
     let reason = r.integrity.reason.clone().unwrap();
     assert!(
@@ -587,4 +607,16 @@ fn reading_the_file_matches_reading_the_bytes() {
     assert!(from_file.problems.is_empty(), "{:?}", from_file.problems);
     assert_eq!(from_file.lines.len(), 31);
     assert_eq!(from_file.head.0, 31);
+}
+
+#[test]
+fn a_version_1_receipt_still_reads() {
+    // The JSON published before version 2 (no seal key, scope, reserved
+    // paths): every addition has a default, so old consumers' files parse.
+    let text = std::fs::read_to_string(golden_dir().join("basic-v1.json")).unwrap();
+    let r: receipt::Receipt = serde_json::from_str(&text).unwrap();
+    assert_eq!(r.version, 1);
+    assert_eq!(r.seal_key, None);
+    assert_eq!(r.window.scope, receipt::Scope::All);
+    assert_eq!(r.services["stripe"].requests, 1);
 }

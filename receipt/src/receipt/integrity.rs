@@ -105,8 +105,12 @@ pub(super) fn integrity(read: &LedgerRead, options: &Options, w: &Window) -> Int
             ),
         ));
     }
-    checks.push(seals_check(read, lines, options, w));
-    if !matches!(options.anchor, Anchor::Live { .. }) {
+    let seals = seals_check(read, lines, options, w);
+    // Custody only matters once the seals themselves hold: it is the last
+    // reason an offline verdict could still be forged.
+    let seals_ok = seals.status == CheckStatus::Ok;
+    checks.push(seals);
+    if seals_ok && !matches!(options.anchor, Anchor::Live { .. }) {
         if let Some(c) = custody_check(lines, read, w) {
             checks.push(c);
         }
@@ -351,7 +355,7 @@ fn custody_check(lines: &[Line], read: &LedgerRead, w: &Window) -> Option<Check>
     Some(check(
         "custody",
         CheckStatus::Unverified,
-        format!("{detail} (it could read seal.key). Next: read the receipt while the proxy is live, or run the workload as another uid (--workload-uid)"),
+        format!("{detail}, which could read seal.key: read the receipt while the proxy is live, or run the workload as another uid"),
     ))
 }
 
@@ -386,5 +390,347 @@ fn network_check(name: &str, lines: &[Line], options: &Options, w: &Window) -> C
             format!("{} not run", name.replace('_', " ")),
         ),
         _ => check(name, CheckStatus::Unverified, PROXY_NOT_LIVE),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The verdict rules against a workload that edits the file: each attack
+    //! is done to real ledger bytes written by [`Ledger`], then read back.
+    use super::*;
+    use crate::entry::Mode;
+    use crate::ledger::{read, read_bytes, Ledger, SealInfo};
+    use crate::receipt::build;
+    use crate::seal::{Pin, Sealer};
+    use std::path::PathBuf;
+
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new() -> Dir {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let d = std::env::temp_dir().join(format!(
+                "veris-integrity-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::SeqCst)
+            ));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Dir(d)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn session(sealer: &Sealer, storage: &str, uids: (u32, u32)) -> Entry {
+        Entry::Session {
+            run_id: "run_1".into(),
+            sandbox_id: "sbx".into(),
+            mode: Mode::Passthrough,
+            tier: ListenerTier::Explicit,
+            twin: "http://127.0.0.1:9".into(),
+            pid: 1,
+            version: "0".into(),
+            listen: "127.0.0.1:1".into(),
+            recovered_torn_tail: None,
+            key_id: Some(sealer.key_id().into()),
+            public_key: Some(sealer.public_key_hex()),
+            key_storage: Some(storage.into()),
+            proxy_uid: Some(uids.0),
+            workload_uid: Some(uids.1),
+            twin_heads: Some(Default::default()),
+            moved_aside: None,
+        }
+    }
+
+    fn request(path: &str) -> Entry {
+        Entry::Request {
+            service: "stripe".into(),
+            host: "api.stripe.com".into(),
+            method: "POST".into(),
+            path: path.into(),
+            query: None,
+            status: 200,
+            http: "HTTP/1.1".into(),
+            tier: ListenerTier::Explicit,
+            bytes_in: 0,
+            bytes_out: None,
+            duration_ms: 1,
+            upstream: format!("http://127.0.0.1:9/s/sbx/stripe{path}"),
+            headers: Vec::new(),
+            websocket: false,
+            client_gone: false,
+        }
+    }
+
+    fn recorded(name: &str, status: &str) -> Entry {
+        Entry::Check {
+            name: name.into(),
+            status: status.into(),
+            detail: format!("{name} {status}"),
+            since_seq: 0,
+            until_seq: 3,
+        }
+    }
+
+    /// A finished `veris run` ledger: session, two requests, an interval
+    /// seal, the recorded checks, the final seal. Returns the file's text.
+    fn finished_run(dir: &Dir, sealer: &Sealer, storage: &str, twin: &str) -> (String, SealInfo) {
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger.append(session(sealer, storage, (1000, 1000))).unwrap();
+        ledger.append(request("/v1/customers")).unwrap();
+        ledger.seal(sealer, "interval").unwrap();
+        ledger.append(request("/v1/charges")).unwrap();
+        ledger.append(recorded("canary", "ok")).unwrap();
+        ledger.append(recorded("twin_cross_check", twin)).unwrap();
+        let last = ledger.seal(sealer, "shutdown").unwrap();
+        drop(ledger);
+        (std::fs::read_to_string(&path).unwrap(), last)
+    }
+
+    fn pinned(sealer: &Sealer, text: &str) -> Options {
+        let pin = Pin::parse(sealer.key_id()).unwrap();
+        let read = read_bytes(text.as_bytes());
+        let offered: Vec<String> = read
+            .lines
+            .iter()
+            .filter_map(|l| match &l.entry {
+                Entry::Session { public_key, .. } => public_key.clone(),
+                _ => None,
+            })
+            .collect();
+        Options {
+            anchor: Anchor::Pinned(pin.select(offered.iter().map(String::as_str))),
+            ..Options::default()
+        }
+    }
+
+    fn verdict_of(text: &str, options: &Options) -> Integrity {
+        build(&read_bytes(text.as_bytes()), options).integrity
+    }
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// Recomputes `prev` from line `from` on: what a forger without the key can do.
+    fn rechain(lines: &mut [String]) -> String {
+        for i in 0..lines.len() {
+            let prev = if i == 0 {
+                crate::GENESIS_PREV.to_string()
+            } else {
+                crate::hash::line_hash(lines[i - 1].as_bytes())
+            };
+            let at = lines[i].rfind(",\"prev\":\"").unwrap();
+            lines[i] = format!("{},\"prev\":\"{prev}\"}}", &lines[i][..at]);
+        }
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+
+    #[test]
+    fn a_finished_run_with_its_key_pinned_is_verified_offline() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let (text, _) = finished_run(&dir, &sealer, "memory", "ok");
+        let i = verdict_of(&text, &pinned(&sealer, &text));
+        assert_eq!(i.status, IntegrityStatus::Verified, "{i:?}");
+        // Without the pin the same bytes prove nothing.
+        let i = verdict_of(&text, &Options::default());
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        // ledger.pub is a hint: matching it is not enough.
+        let hint = Options {
+            hint_keys: Some(PublicKeys {
+                keys: vec![sealer.public_key()],
+            }),
+            ..Options::default()
+        };
+        let i = verdict_of(&text, &hint);
+        assert_eq!(i.status, IntegrityStatus::Unverified);
+        assert!(i.reason.unwrap().contains("could have written"));
+    }
+
+    #[test]
+    fn a_recorded_failed_cross_check_fails_the_receipt() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let (text, _) = finished_run(&dir, &sealer, "memory", "failed");
+        let i = verdict_of(&text, &pinned(&sealer, &text));
+        assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
+    }
+
+    #[test]
+    fn offline_forgeries_never_verify() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let (text, _) = finished_run(&dir, &sealer, "memory", "ok");
+        let opts = pinned(&sealer, &text);
+
+        // Seals stripped, chain recomputed.
+        let mut l = lines(&text);
+        l.retain(|x| !x.contains("\"kind\":\"seal\""));
+        let stripped = rechain(&mut l);
+        // (renumber is not even needed for the verdict: the gap fails the chain)
+        let i = verdict_of(&stripped, &opts);
+        assert_ne!(i.status, IntegrityStatus::Verified, "{i:?}");
+
+        // A request appended after the final seal.
+        let mut l = lines(&text);
+        let forged = serde_json::to_string(&crate::entry::Line {
+            v: 2,
+            seq: l.len() as u64 + 1,
+            ts: "2026-11-30T00:00:00.000Z".into(),
+            entry: request("/v1/refunds"),
+            prev: String::new(),
+        })
+        .unwrap();
+        l.push(forged);
+        let appended = rechain(&mut l);
+        let i = verdict_of(&appended, &opts);
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        assert!(i.reason.unwrap().contains("after the last seal"));
+
+        // The tail cut back to the interval seal: no final seal.
+        let l = lines(&text);
+        let cut: String = l[..3].iter().map(|x| format!("{x}\n")).collect();
+        let i = verdict_of(&cut, &opts);
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        assert!(i.reason.unwrap().contains("no final seal"), "cut");
+
+        // Everything re-signed with another key (the workload's own).
+        let other = Sealer::ephemeral().unwrap();
+        let (resigned, _) = finished_run(&Dir::new(), &other, "memory", "ok");
+        let i = verdict_of(&resigned, &opts);
+        assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
+        assert!(i.reason.unwrap().contains("re-sealed"));
+        // The pin resolved against the forged file alone finds no key of it.
+        let i = verdict_of(&resigned, &pinned(&sealer, &resigned));
+        assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
+        assert!(i.reason.unwrap().contains("not the ledger that key sealed"));
+    }
+
+    #[test]
+    fn a_key_on_disk_shared_with_the_workload_caps_offline_verdicts() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let (text, _) = finished_run(&dir, &sealer, "file", "ok");
+        let i = verdict_of(&text, &pinned(&sealer, &text));
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        assert!(i.reason.unwrap().contains("workload shares the proxy uid"));
+    }
+
+    #[test]
+    fn the_live_anchor_demands_the_proxys_own_seal_line() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let (text, last) = finished_run(&dir, &sealer, "memory", "ok");
+        let live = Options {
+            anchor: Anchor::Live {
+                seal: last.clone(),
+                public_key: sealer.public_key_hex(),
+            },
+            until: Some(last.seq),
+            proxy_live: true,
+            ..Options::default()
+        };
+        let i = verdict_of(&text, &live);
+        assert_eq!(i.status, IntegrityStatus::Verified, "{i:?}");
+
+        // The workload wrote its own ledger of the same length, sealed with
+        // its own key, and put it in place: the seal at that seq is not ours.
+        let other = Sealer::ephemeral().unwrap();
+        let (forged, _) = finished_run(&Dir::new(), &other, "memory", "ok");
+        let i = verdict_of(&forged, &live);
+        assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
+
+        // Cut before the fresh seal.
+        let cut: String = lines(&text)[..5].iter().map(|x| format!("{x}\n")).collect();
+        let i = verdict_of(&cut, &live);
+        assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
+        assert!(i.reason.unwrap().contains("does not hold the seal"));
+
+        // The proxy noticed its file replaced.
+        let mut noticed = live.clone();
+        if let Anchor::Live { seal, .. } = &mut noticed.anchor {
+            seal.tampered = Some("replaced: another file".into());
+        }
+        let i = verdict_of(&text, &noticed);
+        assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
+    }
+
+    #[test]
+    fn the_writer_notices_its_file_replaced_cut_or_extended() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger.append(session(&sealer, "memory", (1, 1))).unwrap();
+        assert_eq!(ledger.seal(&sealer, "demand").unwrap().tampered, None);
+        // Replaced by rename, as `mv forged ledger.jsonl` does.
+        let forged = dir.0.join("forged");
+        std::fs::write(&forged, "{}\n").unwrap();
+        std::fs::rename(&forged, &path).unwrap();
+        let seal = ledger.seal(&sealer, "demand").unwrap();
+        assert!(seal.tampered.unwrap().starts_with("replaced"));
+        drop(ledger);
+
+        let path = dir.0.join("cut.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger.append(session(&sealer, "memory", (1, 1))).unwrap();
+        ledger.append(request("/v1/x")).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(10).unwrap();
+        let seal = ledger.seal(&sealer, "demand").unwrap();
+        assert!(seal.tampered.unwrap().starts_with("cut"));
+        drop(ledger);
+
+        let path = dir.0.join("extended.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger.append(session(&sealer, "memory", (1, 1))).unwrap();
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"forged\":1}\n").unwrap();
+        let seal = ledger.seal(&sealer, "demand").unwrap();
+        assert!(seal.tampered.unwrap().starts_with("extended"));
+        // The tamper line is in the proxy's own chain.
+        let r = read(&path).unwrap();
+        assert!(r
+            .lines
+            .iter()
+            .any(|l| matches!(l.entry, Entry::Tamper { .. })));
+    }
+
+    #[test]
+    fn a_restarted_proxy_never_continues_history_it_cannot_verify() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let own = PublicKeys {
+            keys: vec![sealer.public_key()],
+        };
+        let (text, _) = finished_run(&dir, &sealer, "file", "ok");
+        let path = dir.0.join("ledger.jsonl");
+        // Its own, sealed to the end: continued.
+        let (ledger, report) = Ledger::open_sealed_by(&path, &own).unwrap();
+        assert!(report.moved_aside.is_none());
+        assert_eq!(report.next_seq, lines(&text).len() as u64 + 1);
+        drop(ledger);
+
+        // Laundering: seals stripped, a request inserted, chain recomputed.
+        let mut l = lines(&text);
+        l.retain(|x| !x.contains("\"kind\":\"seal\""));
+        let forged = rechain(&mut l);
+        std::fs::write(&path, &forged).unwrap();
+        let (ledger, report) = Ledger::open_sealed_by(&path, &own).unwrap();
+        let moved = report.moved_aside.expect("moved aside");
+        assert_eq!(report.next_seq, 1, "a new chain");
+        assert_eq!(std::fs::read_to_string(&moved.file).unwrap(), forged);
+        assert!(!moved.why.is_empty());
+        drop(ledger);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
     }
 }
