@@ -152,10 +152,11 @@ pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
                     }
                     if let Ok(read) = veris_receipt::ledger::read(&path) {
                         let heads = session_twin_heads(&read, w.until);
+                        let since = w.since.max(latest_session_since(&read, w.until));
                         checks.push(
                             twin_cross_check(
                                 &read,
-                                w.since,
+                                since,
                                 w.until,
                                 &services,
                                 heads.as_ref(),
@@ -393,6 +394,18 @@ pub fn probe_path(tier: ListenerTier, proxy_url: &str) -> ProbePath {
 /// `(method, path)` → count: a multiset of calls.
 type Calls = BTreeMap<(String, String), u64>;
 
+/// `seq - 1` of the newest session line at or before `until` (0 without
+/// one): a live twin cross-check covers the window from there, since the
+/// twin's log position is only known for the latest session.
+pub fn latest_session_since(read: &LedgerRead, until: u64) -> u64 {
+    read.lines
+        .iter()
+        .rev()
+        .filter(|l| l.seq <= until)
+        .find(|l| matches!(l.entry, Entry::Session { .. }))
+        .map_or(0, |l| l.seq.saturating_sub(1))
+}
+
 /// The twin log position recorded in the newest session line at or before
 /// `until`: the twin cross-check counts rows after it.
 pub fn session_twin_heads(read: &LedgerRead, until: u64) -> Option<BTreeMap<String, u64>> {
@@ -451,7 +464,11 @@ impl Expected {
 
     fn of(read: &LedgerRead, since: u64, until: u64) -> Expected {
         let mut e = Expected::default();
-        for line in read.lines.iter().filter(|l| l.seq > since && l.seq <= until) {
+        for line in read
+            .lines
+            .iter()
+            .filter(|l| l.seq > since && l.seq <= until)
+        {
             e.add(line);
         }
         e
@@ -520,12 +537,19 @@ pub async fn twin_cross_check(
     let mut accounted = Vec::new();
     let mut extras: BTreeMap<String, Calls> = BTreeMap::new();
     for service in services {
-        let mut sure = expected.sure.get(&service.name).cloned().unwrap_or_default();
+        let mut sure = expected
+            .sure
+            .get(&service.name)
+            .cloned()
+            .unwrap_or_default();
         let Some(after) = heads.get(&service.name) else {
             // A service the twin did not answer for at start: nothing to
             // compare with unless the ledger says it was called.
             if !sure.is_empty() {
-                unreadable.push(format!("{}: its log was unreadable when the session started", service.name));
+                unreadable.push(format!(
+                    "{}: its log was unreadable when the session started",
+                    service.name
+                ));
             }
             continue;
         };
@@ -666,7 +690,10 @@ async fn twin_rows(base: &str, after: u64) -> Result<Calls> {
             return Ok(out);
         }
     }
-    bail!("the twin's log has more than {} rows in the window", TWIN_MAX_PAGES * 1000)
+    bail!(
+        "the twin's log has more than {} rows in the window",
+        TWIN_MAX_PAGES * 1000
+    )
 }
 
 /// The newest request id of each service's twin log, asked concurrently;

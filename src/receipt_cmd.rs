@@ -201,9 +201,18 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
                 WindowSpec::All => 0,
                 WindowSpec::LatestSession => status.session_seq.saturating_sub(1),
             };
-            let heads = match &baseline {
-                Some(b) if b.ledger.is_some() => Some(b.twin.clone()),
-                _ => crate::live::session_twin_heads(&read, fresh.seq),
+            // The twin's log position is known for the latest session (from
+            // its session line) or a baseline inside it; earlier sessions of
+            // the window count with the checks their proxy recorded.
+            let session_since = crate::live::latest_session_since(&read, fresh.seq);
+            let (since, heads) = match &baseline {
+                Some(b) if b.ledger.is_some() && b.seq >= session_since => {
+                    (b.seq, Some(b.twin.clone()))
+                }
+                _ => (
+                    since.max(session_since),
+                    crate::live::session_twin_heads(&read, fresh.seq),
+                ),
             };
             options.external_checks = live_checks(
                 &read,
@@ -246,7 +255,8 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
                 b.check_ledger(&read)?;
             }
             if let Some(pin) = &pin {
-                options.anchor = Anchor::Pinned(pinned_keys(pin, &read, options.hint_keys.as_ref()));
+                options.anchor =
+                    Anchor::Pinned(pinned_keys(pin, &read, options.hint_keys.as_ref()));
             }
             read
         }
@@ -329,7 +339,12 @@ pub struct LiveRun<'a> {
 
 /// The checks that need the network: the canary along the run's
 /// interception path, and the twin cross-check of the window.
-pub async fn live_checks(read: &LedgerRead, run: &LiveRun<'_>, since: u64, until: u64) -> Vec<Check> {
+pub async fn live_checks(
+    read: &LedgerRead,
+    run: &LiveRun<'_>,
+    since: u64,
+    until: u64,
+) -> Vec<Check> {
     let path = crate::live::probe_path(run.tier, run.proxy_url);
     // Inside the sandbox the env file names the run the workload belongs to.
     let expected = std::env::var("VERIS_CANARY")
@@ -342,15 +357,9 @@ pub async fn live_checks(read: &LedgerRead, run: &LiveRun<'_>, since: u64, until
         canary.status = CheckStatus::Failed;
         canary.detail = "the live proxy's canary is not the one in VERIS_CANARY: this environment belongs to another run".into();
     }
-    let twin = crate::live::twin_cross_check(
-        read,
-        since,
-        until,
-        run.services,
-        run.twin_heads,
-        run.ledger,
-    )
-    .await;
+    let twin =
+        crate::live::twin_cross_check(read, since, until, run.services, run.twin_heads, run.ledger)
+            .await;
     vec![canary, twin]
 }
 

@@ -281,7 +281,11 @@ impl Stack {
                     Role::Serve => "file".into(),
                     Role::Run => "memory".into(),
                 }),
-                proxy_uid: Some(if t.install_redirect { t.proxy_uid } else { euid }),
+                proxy_uid: Some(if t.install_redirect {
+                    t.proxy_uid
+                } else {
+                    euid
+                }),
                 workload_uid: match role {
                     // The child runs as this process's uid, but never sees the key.
                     Role::Run => Some(euid),
@@ -317,7 +321,11 @@ impl Stack {
         let (mut transparent_addrs, mut transparent_task, mut redirect) = (None, None, None);
         if let Some(listeners) = transparent_listeners {
             let addrs = (listeners.https.local_addr()?, listeners.http.local_addr()?);
-            let quic_addr = listeners.quic.as_ref().map(|q| q.local_addr()).transpose()?;
+            let quic_addr = listeners
+                .quic
+                .as_ref()
+                .map(|q| q.local_addr())
+                .transpose()?;
             redirect = crate::transparent::engage(
                 &args.transparent,
                 addrs.0,
@@ -611,7 +619,10 @@ async fn routing(
 }
 
 /// Upstream roots: the system's plus ours (a TLS twin may use a veris leaf).
-fn upstream_roots(system_bundle: Option<&Path>, ca: &CertificateAuthority) -> rustls::RootCertStore {
+fn upstream_roots(
+    system_bundle: Option<&Path>,
+    ca: &CertificateAuthority,
+) -> rustls::RootCertStore {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(bundle) = system_bundle {
         if let Ok(iter) = CertificateDer::pem_file_iter(bundle) {

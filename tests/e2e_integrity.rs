@@ -130,14 +130,41 @@ fn a_sealed_line_edited_and_rechained_fails_the_receipt() {
     let state = serve.state.clone();
     let receipt = |dir: &std::path::Path| output(veris(["receipt", "--state-dir"]).arg(dir));
 
-    // Untouched, read without the proxy: sealed, but not verifiable live.
+    // Untouched, read without the proxy: sealed, but ledger.pub is only a hint.
     let out = receipt(&state);
     let (stdout, _) = text(&out);
     assert!(
-        stdout.contains("integrity: unverified (proxy not live)"),
+        stdout.contains("integrity: unverified (the seals match ledger.pub"),
         "{stdout}"
     );
     assert_eq!(out.status.code(), Some(0), "{stdout}");
+    // Pinning the key is not enough either: the workload of a plain `serve`
+    // may share the proxy's uid, and so its seal.key.
+    let key = json(
+        &text(&output(
+            veris(["receipt", "--json", "--state-dir"]).arg(&state),
+        ))
+        .0,
+    )["seal_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = output(
+        veris([
+            "receipt",
+            "--require-verified",
+            "--key",
+            &key,
+            "--state-dir",
+        ])
+        .arg(&state),
+    );
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.contains("workload may share the proxy uid"),
+        "{stdout}"
+    );
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
 
     let file = std::fs::read_to_string(serve.ledger()).unwrap();
     let mut lines: Vec<String> = file.lines().map(str::to_string).collect();
@@ -184,21 +211,34 @@ fn cutting_the_tail_after_a_seal_is_caught_by_the_live_proxy_fresh_seal() {
     assert!(cut.len() < file.len());
     std::fs::write(serve.ledger(), &cut).unwrap();
 
-    // The file alone cannot tell: it ends on a valid seal.
+    // The file alone ends on a valid seal, but not on the session's final one.
     let out = output(veris(["receipt", "--ledger"]).arg(serve.ledger()));
     let (stdout, _) = text(&out);
     assert!(
-        stdout.contains("integrity: unverified (proxy not live)"),
+        stdout.contains("integrity: unverified (no final seal"),
         "{stdout}"
     );
     assert!(!stdout.contains("/v1/charges"), "{stdout}");
+    let out = output(veris(["receipt", "--require-verified", "--ledger"]).arg(serve.ledger()));
+    assert_eq!(out.status.code(), Some(3));
 
-    // The live proxy appends a fresh seal after its real head: a gap.
+    // The live proxy notices its file was cut, and its fresh seal follows
+    // its real head, not the file's.
     let out = output(veris(["receipt", "--state-dir"]).arg(&serve.state));
     let (stdout, _) = text(&out);
     assert!(stdout.contains("integrity: failed ("), "{stdout}");
-    assert!(stdout.contains("seq gap"), "{stdout}");
     assert_eq!(out.status.code(), Some(3), "{stdout}");
+    let out = output(veris(["receipt", "--json", "--state-dir"]).arg(&serve.state));
+    let r = json(&text(&out).0);
+    let tamper = r["integrity"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "tamper")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(tamper["status"], "failed", "{r}");
+    assert!(tamper["detail"].as_str().unwrap().contains("cut"), "{r}");
 }
 
 /// Reads SSE events from a `/events` stream until one with `id >= until`.
@@ -393,7 +433,7 @@ fn baseline_then_since_reports_exactly_the_window_after_it() {
     let out = output(veris(["baseline", "--state-dir"]).arg(&serve.state));
     assert_eq!(out.status.code(), Some(0));
     let token = text(&out).0.trim().to_string();
-    assert!(token.starts_with("vb1:"), "{token}");
+    assert!(token.starts_with("vb2:"), "{token}");
     let after = [
         "/v1/customers/cus_a",
         "/v1/customers/cus_b",
@@ -420,7 +460,7 @@ fn baseline_then_since_reports_exactly_the_window_after_it() {
     assert_eq!(got, after);
     assert_eq!(r["services"]["stripe"]["requests"], 3);
     assert_eq!(r["integrity"]["status"], "verified", "{r}");
-    let seq: u64 = token.split(':').nth(1).unwrap().parse().unwrap();
+    let seq: u64 = token.split(':').nth(2).unwrap().parse().unwrap();
     assert_eq!(r["window"]["since_seq"].as_u64(), Some(seq));
 
     serve.stop();
@@ -429,6 +469,12 @@ fn baseline_then_since_reports_exactly_the_window_after_it() {
     assert_eq!(paths(&out).1, after, "the same window from the file alone");
     let out = output(veris(["receipt", "--since", "vb1:x", "--state-dir"]).arg(&serve.state));
     assert_eq!(out.status.code(), Some(1));
+    // A token is bound to its ledger: one from another state dir is refused.
+    let other = Serve::start("baseline-other", &[]);
+    let out = output(veris(["receipt", "--since", &token, "--state-dir"]).arg(&other.state));
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("taken on another ledger"), "{stderr}");
 }
 
 #[test]

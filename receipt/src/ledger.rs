@@ -704,7 +704,10 @@ impl Ledger {
         let finding = match std::fs::metadata(path) {
             Err(e) => Some((
                 "replaced",
-                format!("the ledger path no longer names the proxy's file ({})", e.kind()),
+                format!(
+                    "the ledger path no longer names the proxy's file ({})",
+                    e.kind()
+                ),
             )),
             Ok(meta) if w.identity.is_some() && meta_identity(&meta) != w.identity => Some((
                 "replaced",
@@ -713,11 +716,17 @@ impl Ledger {
             Ok(_) => match w.file.metadata().map(|m| m.len()) {
                 Ok(len) if len < w.good_len => Some((
                     "cut",
-                    format!("the ledger file was cut to {len} bytes; the proxy had written {}", w.good_len),
+                    format!(
+                        "the ledger file was cut to {len} bytes; the proxy had written {}",
+                        w.good_len
+                    ),
                 )),
                 Ok(len) if len > w.good_len && !w.needs_truncate => Some((
                     "extended",
-                    format!("{} byte(s) the proxy did not write were added to the ledger file", len - w.good_len),
+                    format!(
+                        "{} byte(s) the proxy did not write were added to the ledger file",
+                        len - w.good_len
+                    ),
                 )),
                 _ => None,
             },

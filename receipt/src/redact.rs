@@ -302,7 +302,13 @@ pub fn entry(entry: Entry) -> Entry {
             twin_heads,
             moved_aside,
         } => {
-            for field in [&mut run_id, &mut sandbox_id, &mut twin, &mut version, &mut listen] {
+            for field in [
+                &mut run_id,
+                &mut sandbox_id,
+                &mut twin,
+                &mut version,
+                &mut listen,
+            ] {
                 *field = text(field);
             }
             Entry::Session {

@@ -54,6 +54,7 @@ fn line(seq: u64) -> Line {
                 ("user-agent".into(), "bench/1".into()),
             ],
             websocket: false,
+            client_gone: false,
         },
         prev: "0".repeat(64),
     }

@@ -149,7 +149,10 @@ fn window(read: &LedgerRead, options: &Options) -> Window {
                 .rev()
                 .filter(|l| l.seq <= until)
                 .find(|l| matches!(l.entry, Entry::Session { .. }));
-            (session.map_or(0, |l| l.seq.saturating_sub(1)), Scope::Session)
+            (
+                session.map_or(0, |l| l.seq.saturating_sub(1)),
+                Scope::Session,
+            )
         }
     };
     Window {
@@ -222,7 +225,6 @@ fn leaks(read: &LedgerRead, since: u64, until: u64, tier: Option<ListenerTier>) 
     out
 }
 
-
 /// Trust failures per host in the window, with the requests that completed
 /// to the same host, each with its prescription.
 fn trust_failures(
@@ -293,7 +295,6 @@ fn trust_next_step(alerts: &BTreeMap<String, u64>) -> &'static str {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -426,4 +427,3 @@ mod tests {
         assert!(fatal[0].contains("api.github.com") && fatal[0].contains("Next:"));
     }
 }
-

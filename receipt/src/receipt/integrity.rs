@@ -190,7 +190,9 @@ fn seals_check(read: &LedgerRead, lines: &[Line], options: &Options, w: &Window)
     let name = "seals";
     let (keys, anchored, whose) = match &options.anchor {
         Anchor::Live { seal, public_key } => match PublicKeys::from_hex(public_key) {
-            Some(k) if k.key_id == seal.key_id => (PublicKeys { keys: vec![k] }, true, "the live proxy's key"),
+            Some(k) if k.key_id == seal.key_id => {
+                (PublicKeys { keys: vec![k] }, true, "the live proxy's key")
+            }
             _ => {
                 return check(
                     name,
@@ -242,7 +244,8 @@ fn seals_check(read: &LedgerRead, lines: &[Line], options: &Options, w: &Window)
                 && l.prev == seal.head
                 && matches!(&l.entry, Entry::Seal { signature, key_id, .. }
                     if *signature == seal.signature && *key_id == seal.key_id)
-                && (seal.line_hash.is_empty() || hash_at(read, index) == Some(seal.line_hash.as_str()))
+                && (seal.line_hash.is_empty()
+                    || hash_at(read, index) == Some(seal.line_hash.as_str()))
         });
         if !matches {
             return check(
@@ -293,7 +296,10 @@ fn seals_check(read: &LedgerRead, lines: &[Line], options: &Options, w: &Window)
     check(
         name,
         CheckStatus::Ok,
-        format!("{} seal(s) by {whose}, through the final seal at seq {last}", report.valid),
+        format!(
+            "{} seal(s) by {whose}, through the final seal at seq {last}",
+            report.valid
+        ),
     )
 }
 
@@ -359,38 +365,86 @@ fn custody_check(lines: &[Line], read: &LedgerRead, w: &Window) -> Option<Check>
     ))
 }
 
-/// The canary or twin cross-check: run by a live reader, else as the proxy
-/// recorded it before sealing — trusted only when the seals are anchored.
-fn network_check(name: &str, lines: &[Line], options: &Options, w: &Window) -> Check {
-    if let Some(c) = options.external_checks.iter().find(|c| c.name == name) {
-        return c.clone();
-    }
-    let recorded = lines.iter().rev().find_map(|l| match &l.entry {
-        Entry::Check {
-            name: n,
-            status,
-            detail,
-            since_seq,
-            ..
-        } if n == name && *since_seq <= w.since_seq => Some((status, detail, l.seq)),
-        _ => None,
-    });
-    match recorded {
-        Some((status, detail, seq)) if !matches!(options.anchor, Anchor::None) => {
-            let status = match status.as_str() {
-                "ok" => CheckStatus::Ok,
-                "failed" => CheckStatus::Failed,
-                _ => CheckStatus::Unverified,
-            };
-            check(name, status, format!("{detail} (recorded by the proxy at seq {seq})"))
+/// The canary or twin cross-check, per session of the window: for the
+/// latest session, the result a live reader ran (`external_checks`), else
+/// the one the proxy recorded before its final seal; for earlier sessions
+/// (whose proxy and twin are gone), the recorded one. Recorded results count
+/// only when the seals are anchored. The worst session decides.
+fn network_check(name: &str, lines: &[Line], options: &Options, _w: &Window) -> Check {
+    let anchored = !matches!(options.anchor, Anchor::None);
+    let mut segments: Vec<&[Line]> = Vec::new();
+    let mut start = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if matches!(l.entry, Entry::Session { .. }) && i > start {
+            segments.push(&lines[start..i]);
+            start = i;
         }
-        _ if options.proxy_live => check(
-            name,
-            CheckStatus::Unverified,
-            format!("{} not run", name.replace('_', " ")),
-        ),
-        _ => check(name, CheckStatus::Unverified, PROXY_NOT_LIVE),
     }
+    segments.push(&lines[start..]);
+    let last = segments.len() - 1;
+    let mut results = Vec::new();
+    for (i, segment) in segments.iter().enumerate() {
+        if i == last {
+            if let Some(c) = options.external_checks.iter().find(|c| c.name == name) {
+                results.push(c.clone());
+                continue;
+            }
+        }
+        let recorded = segment.iter().rev().find_map(|l| match &l.entry {
+            Entry::Check {
+                name: n,
+                status,
+                detail,
+                ..
+            } if n == name => Some((status, detail, l.seq)),
+            _ => None,
+        });
+        let what = match segment.first() {
+            Some(l) if matches!(l.entry, Entry::Session { .. }) => {
+                format!("the session at seq {}", l.seq)
+            }
+            Some(l) => format!("the lines from seq {}", l.seq),
+            None => "an empty window".into(),
+        };
+        results.push(match recorded {
+            Some((status, detail, seq)) if anchored => {
+                let status = match status.as_str() {
+                    "ok" => CheckStatus::Ok,
+                    "failed" => CheckStatus::Failed,
+                    _ => CheckStatus::Unverified,
+                };
+                check(
+                    name,
+                    status,
+                    format!("{detail} (recorded by the proxy at seq {seq})"),
+                )
+            }
+            _ if i < last => check(
+                name,
+                CheckStatus::Unverified,
+                format!("no recorded {} for {what}", name.replace('_', " ")),
+            ),
+            _ if options.proxy_live => check(
+                name,
+                CheckStatus::Unverified,
+                format!("{} not run", name.replace('_', " ")),
+            ),
+            _ => check(name, CheckStatus::Unverified, PROXY_NOT_LIVE),
+        });
+    }
+    // A failure anywhere; else the latest session's own doubt; else the
+    // first earlier one.
+    let worst = results
+        .iter()
+        .position(|c| c.status == CheckStatus::Failed)
+        .or_else(|| (results[last].status != CheckStatus::Ok).then_some(last))
+        .or_else(|| results.iter().position(|c| c.status != CheckStatus::Ok))
+        .unwrap_or(last);
+    let mut c = results.swap_remove(worst);
+    if segments.len() > 1 && c.status == CheckStatus::Ok {
+        c.detail = format!("{} sessions: {}", segments.len(), c.detail);
+    }
+    c
 }
 
 #[cfg(test)]
@@ -483,7 +537,9 @@ mod tests {
     fn finished_run(dir: &Dir, sealer: &Sealer, storage: &str, twin: &str) -> (String, SealInfo) {
         let path = dir.0.join("ledger.jsonl");
         let (ledger, _) = Ledger::open(&path).unwrap();
-        ledger.append(session(sealer, storage, (1000, 1000))).unwrap();
+        ledger
+            .append(session(sealer, storage, (1000, 1000)))
+            .unwrap();
         ledger.append(request("/v1/customers")).unwrap();
         ledger.seal(sealer, "interval").unwrap();
         ledger.append(request("/v1/charges")).unwrap();
@@ -693,7 +749,10 @@ mod tests {
         let (ledger, _) = Ledger::open(&path).unwrap();
         ledger.append(session(&sealer, "memory", (1, 1))).unwrap();
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         f.write_all(b"{\"forged\":1}\n").unwrap();
         let seal = ledger.seal(&sealer, "demand").unwrap();
         assert!(seal.tampered.unwrap().starts_with("extended"));

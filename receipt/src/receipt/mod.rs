@@ -271,7 +271,6 @@ pub enum Anchor {
     Pinned(PublicKeys),
 }
 
-
 impl Receipt {
     /// Requests that reached the twin in the window, over all services.
     pub fn total_requests(&self) -> u64 {
@@ -297,4 +296,3 @@ fn normalize_host(host: &str) -> String {
 fn strip_query(path: &str) -> &str {
     path.split_once('?').map_or(path, |(p, _)| p)
 }
-

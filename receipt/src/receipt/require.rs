@@ -198,4 +198,3 @@ pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict
         lines,
     }
 }
-

@@ -99,7 +99,10 @@ pub fn render_text(r: &Receipt) -> String {
         .partition(|e| e.error == "veris_upstream_timeout");
     for (list, what) in [
         (&unreachable, "upstream errors (did not reach the twin)"),
-        (&timeouts, "upstream timeouts (the twin may have processed them)"),
+        (
+            &timeouts,
+            "upstream timeouts (the twin may have processed them)",
+        ),
     ] {
         if list.is_empty() {
             continue;
@@ -147,4 +150,3 @@ pub fn render_text(r: &Receipt) -> String {
     }
     out
 }
-

@@ -1,0 +1,459 @@
+//! H1: receipts the workload cannot forge. Each test is an attack a hostile
+//! workload can make with nothing but its own uid (read and write files,
+//! rename, open sockets, start processes), done against the real binary;
+//! each must end `failed` or `unverified` (exit 3 under
+//! `--require-verified`), while the genuine run beside it stays `verified`.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::Stdio;
+
+use support::{command, curl, output, skip, text, veris, Guard, Serve, TempDir, DEADLINE};
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+/// A forger in Python: appends one invented `POST /v1/charges` request to the
+/// run's ledger with a correct chain, then (mode `rename`) writes the result
+/// to a new file renamed over the ledger, or (mode `append`) appends in place.
+/// It also tries the seal key and the admin token, which a run never leaves
+/// on disk.
+const FORGER: &str = r#"
+import glob, hashlib, json, os, sys
+state, mode = sys.argv[1], sys.argv[2]
+assert not glob.glob(os.path.join(state, "**", "seal.key"), recursive=True), "a run left its seal key on disk"
+assert not os.path.exists(os.path.join(state, "admin.token")), "a run left an admin token on disk"
+[path] = glob.glob(os.path.join(state, "runs", "*", "ledger.jsonl"))
+lines = open(path).read().splitlines()
+last = json.loads(lines[-1])
+line = {"v": 2, "seq": last["seq"] + 1, "ts": last["ts"], "kind": "request",
+        "service": "stripe", "host": "api.stripe.com", "method": "POST",
+        "path": "/v1/charges", "status": 200, "http": "HTTP/1.1",
+        "tier": "explicit", "bytes_in": 10, "duration_ms": 3,
+        "upstream": "http://127.0.0.1:1/s/sbx_local/stripe/v1/charges",
+        "prev": hashlib.sha256(lines[-1].encode()).hexdigest()}
+forged = json.dumps(line, separators=(",", ":"))
+if mode == "rename":
+    tmp = path + ".forged"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines + [forged]) + "\n")
+    os.rename(tmp, path)
+else:
+    with open(path, "a") as f:
+        f.write(forged + "\n")
+print("forged", path)
+"#;
+
+fn python() -> Result<(), String> {
+    if support::tool_works("python3", &["-c", "import hashlib, json"]) {
+        Ok(())
+    } else {
+        Err("python3 is not installed".into())
+    }
+}
+
+#[test]
+fn a_run_child_that_forges_its_ledger_gets_a_failed_receipt() {
+    if let Err(why) = python() {
+        return skip(&why);
+    }
+    for mode in ["rename", "append"] {
+        let dir = TempDir::new("forge-run");
+        let state = dir.join("state");
+        let receipt = dir.join("receipt.json");
+        let out = output(
+            veris(["run", "--require-verified", "--state-dir"])
+                .arg(&state)
+                .arg("--receipt")
+                .arg(&receipt)
+                .args([
+                    "--require-request",
+                    "stripe POST /v1/charges",
+                    "--",
+                    "python3",
+                    "-c",
+                    FORGER,
+                ])
+                .arg(&state)
+                .arg(mode),
+        );
+        let (stdout, stderr) = text(&out);
+        assert!(stdout.contains("forged"), "{mode}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains("integrity: failed ("),
+            "{mode}: the forged charge must not pass:\n{stderr}"
+        );
+        assert_eq!(out.status.code(), Some(3), "{mode}: {stderr}");
+        let r = json(&std::fs::read_to_string(&receipt).unwrap());
+        assert_eq!(r["integrity"]["status"], "failed", "{mode}: {r}");
+        // The fingerprint of the run's in-memory key is in the receipt.
+        let key = r["seal_key"].as_str().unwrap();
+        assert_eq!(key.len(), 64);
+        assert!(stderr.contains(&format!("seal key: {key}")), "{stderr}");
+    }
+}
+
+#[test]
+fn a_genuine_run_is_verified_live_and_offline_with_its_key_pinned() {
+    if let Err(why) = curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("genuine-run");
+    let state = dir.join("state");
+    let receipt = dir.join("receipt.json");
+    let out = output(
+        veris(["run", "--require-verified", "--state-dir"])
+            .arg(&state)
+            .arg("--receipt")
+            .arg(&receipt)
+            .args([
+                "--require-request",
+                "stripe POST /v1/charges",
+                "--",
+                "curl",
+                "-sS",
+                "--max-time",
+                "20",
+                "-X",
+                "POST",
+                "-d",
+                "amount=2000",
+                "https://api.stripe.com/v1/charges",
+            ]),
+    );
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("integrity: verified"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let r = json(&std::fs::read_to_string(&receipt).unwrap());
+    let key = r["seal_key"].as_str().unwrap().to_string();
+
+    // Each run has a ledger of its own; read it later with the key pinned.
+    let runs: Vec<_> = std::fs::read_dir(state.join("runs")).unwrap().collect();
+    assert_eq!(runs.len(), 1);
+    let ledger = runs[0].as_ref().unwrap().path().join("ledger.jsonl");
+    assert!(
+        stderr.contains(&format!("--ledger {}", ledger.display())),
+        "{stderr}"
+    );
+    let offline = |extra: &[&str]| {
+        output(
+            veris(["receipt", "--require-verified", "--ledger"])
+                .arg(&ledger)
+                .args(extra),
+        )
+    };
+    let out = offline(&["--key", &key]);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("integrity: verified"), "{stdout}");
+    assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    // The key in a file works as well.
+    let key_file = dir.join("run.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let out = offline(&["--key", key_file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
+    // Without a pin: never verified offline.
+    let out = offline(&[]);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("integrity: unverified ("), "{stdout}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    // Another key pinned: this is not the ledger it sealed.
+    let out = offline(&["--key", &"ab".repeat(32)]);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("integrity: failed ("), "{stdout}");
+    assert_eq!(out.status.code(), Some(3));
+
+    // Offline forgery of the finished file: a request appended after the
+    // final seal, chained correctly. Pinned, it is caught as unsealed.
+    let mut text_now = std::fs::read_to_string(&ledger).unwrap();
+    let last = text_now.lines().last().unwrap().to_string();
+    let v = json(&last);
+    let forged = format!(
+        r#"{{"v":2,"seq":{},"ts":"{}","kind":"request","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/refunds","status":200,"http":"HTTP/1.1","tier":"explicit","bytes_in":0,"duration_ms":1,"upstream":"http://x/v1/refunds","prev":"{}"}}"#,
+        v["seq"].as_u64().unwrap() + 1,
+        v["ts"].as_str().unwrap(),
+        veris_receipt::ledger::line_hash(last.as_bytes())
+    );
+    text_now.push_str(&forged);
+    text_now.push('\n');
+    std::fs::write(&ledger, text_now).unwrap();
+    let out = offline(&[
+        "--key",
+        &key,
+        "--require-request",
+        "stripe POST /v1/refunds",
+    ]);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("after the last seal"), "{stdout}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+}
+
+#[test]
+fn restart_laundering_is_moved_aside_not_sealed_over() {
+    let mut serve = Serve::start("launder", &[]);
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    serve.stop();
+    let ledger = serve.ledger();
+    // Strip the seals, insert a charge, recompute the chain: no key needed.
+    let mut lines: Vec<String> = std::fs::read_to_string(&ledger)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.contains("\"kind\":\"seal\""))
+        .map(str::to_string)
+        .collect();
+    let charge = lines
+        .iter()
+        .find(|l| l.contains("\"kind\":\"request\""))
+        .unwrap()
+        .replace("\"method\":\"GET\"", "\"method\":\"POST\"")
+        .replace("/v1/customers", "/v1/charges");
+    lines.push(charge);
+    let mut prev = veris_receipt::GENESIS_PREV.to_string();
+    for (i, line) in lines.iter_mut().enumerate() {
+        let mut v = json(line);
+        v["seq"] = (i as u64 + 1).into();
+        v["prev"] = prev.clone().into();
+        *line = serde_json::to_string(&v).unwrap();
+        prev = veris_receipt::ledger::line_hash(line.as_bytes());
+    }
+    let forged = lines.join("\n") + "\n";
+    std::fs::write(&ledger, &forged).unwrap();
+
+    // A new proxy on the same state dir.
+    let dir = TempDir::new("launder-restart");
+    let ready = dir.join("ready.json");
+    let mut proxy = Guard::spawn(
+        veris(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(&serve.state)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    support::wait_json_file(&ready, DEADLINE);
+    let out = output(
+        veris([
+            "receipt",
+            "--all",
+            "--json",
+            "--require",
+            "stripe:1",
+            "--state-dir",
+        ])
+        .arg(&serve.state),
+    );
+    let r = json(&text(&out).0);
+    assert_eq!(out.status.code(), Some(3), "{r}");
+    assert_eq!(r["integrity"]["status"], "verified", "{r}");
+    assert!(r["services"].as_object().unwrap().is_empty(), "{r}");
+    let moved = r["integrity"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "moved_aside")
+        .cloned()
+        .expect("moved_aside check");
+    let detail = moved["detail"].as_str().unwrap().to_string();
+    let aside = serve.state.join("ledger.jsonl.moved-1");
+    assert!(detail.contains(&aside.display().to_string()), "{detail}");
+    assert_eq!(std::fs::read_to_string(&aside).unwrap(), forged);
+    // The moved file is still readable, and never verified.
+    let out = output(veris(["receipt", "--require-verified", "--ledger"]).arg(&aside));
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+    proxy.signal("TERM");
+    proxy.wait();
+}
+
+/// `veris twin` in its own process (no credential: any caller can use it),
+/// with its URL from its first stdout line.
+fn external_twin() -> (Guard, String) {
+    let mut twin = Guard::spawn(
+        veris(["twin", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    );
+    let stdout = twin.child().stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let url = rx
+        .recv_timeout(DEADLINE)
+        .expect("the twin's URL")
+        .trim()
+        .to_string();
+    (twin, url)
+}
+
+fn serve_with_twin(label: &str, twin: &str) -> Serve {
+    Serve::start(
+        label,
+        &[
+            "--twin",
+            twin,
+            "--sandbox",
+            "sbx_ext",
+            "--services",
+            "stripe",
+        ],
+    )
+}
+
+fn receipt_live(state: &Path, extra: &[&str]) -> (std::process::Output, String) {
+    let out = output(veris(["receipt"]).args(extra).arg("--state-dir").arg(state));
+    let stdout = text(&out).0;
+    (out, stdout)
+}
+
+#[test]
+fn a_twin_that_dies_leaves_the_receipt_unverified() {
+    let (mut twin, url) = external_twin();
+    let serve = serve_with_twin("twin-dies", &url);
+    assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/customers"), 200);
+    let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
+    assert!(stdout.contains("integrity: verified"), "{stdout}");
+    assert_eq!(out.status.code(), Some(0));
+    twin.signal("KILL");
+    twin.wait();
+    let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
+    assert!(stdout.contains("integrity: unverified ("), "{stdout}");
+    assert!(stdout.contains("twin log not readable"), "{stdout}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+}
+
+#[test]
+fn a_twin_topped_up_directly_fails_the_cross_check() {
+    if let Err(why) = curl() {
+        return skip(&why);
+    }
+    let (_twin, url) = external_twin();
+    // Rows from before the session never count.
+    let direct = format!("{url}/s/sbx_ext/stripe/v1/charges");
+    let post = || {
+        let out = output(command("curl").args(["-sS", "--max-time", "10", "-X", "POST", &direct]));
+        assert!(out.status.success(), "{:?}", text(&out));
+    };
+    post();
+    let serve = serve_with_twin("twin-topped", &url);
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
+    assert!(stdout.contains("integrity: verified"), "{stdout}");
+    assert_eq!(out.status.code(), Some(0));
+
+    // The workload charges the twin itself, not through the proxy.
+    post();
+    let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
+    assert!(
+        stdout.contains(
+            "integrity: failed (the twin's log has 1 request(s) the proxy never forwarded"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("POST /v1/charges -> "), "{stdout}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+}
+
+#[test]
+fn control_surface_traffic_is_never_a_vendor_call() {
+    let serve = Serve::start("control", &[]);
+    for path in [
+        "/veris/health",
+        "/veris/requests",
+        "/v1/../veris/requests",
+        "/%76eris/health",
+    ] {
+        let status = serve.vendor("GET", "api.stripe.com", path);
+        assert!(status == 404 || status == 400, "{path}: {status}");
+    }
+    let (out, stdout) = receipt_live(&serve.state, &["--require", "stripe:1"]);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("reserved paths"), "{stdout}");
+    let lines = serve.ledger_lines();
+    let kinds: Vec<&str> = lines.iter().filter_map(|l| l["kind"].as_str()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "reserved_path").count(),
+        4,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "request").count(),
+        0,
+        "{kinds:?}"
+    );
+    // Nothing reached the twin's health endpoint through the proxy.
+    let twin = serve.twin_requests("stripe");
+    let health: Vec<_> = twin["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"].as_str().unwrap_or("").contains("health"))
+        .collect();
+    assert!(health.is_empty(), "the twin saw {health:?}");
+}
+
+#[test]
+fn a_client_that_gives_up_before_the_answer_is_still_recorded() {
+    if let Err(why) = curl() {
+        return skip(&why);
+    }
+    let serve = Serve::start("gone", &[]);
+    // The built-in twin answers POST /v1/test/hang after 2 s; curl leaves at 0.5 s.
+    let out = output(serve.curl().args([
+        "--max-time",
+        "0.5",
+        "-X",
+        "POST",
+        "https://api.stripe.com/v1/test/hang",
+    ]));
+    assert!(!out.status.success(), "curl should have given up");
+    let found = support::wait_for("the request line", DEADLINE, || {
+        serve
+            .ledger_lines()
+            .into_iter()
+            .find(|l| l["kind"] == "request" && l["path"] == "/v1/test/hang")
+    });
+    assert_eq!(found["client_gone"], true, "{found}");
+    let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
+    assert!(
+        stdout.contains("POST /v1/test/hang -> 200 (client gone)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("integrity: verified"), "{stdout}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+}
+
+#[test]
+fn after_a_restart_the_receipt_is_the_new_sessions() {
+    let mut serve = Serve::start("window", &[]);
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    serve.stop();
+    let dir = TempDir::new("window-restart");
+    let ready = dir.join("ready.json");
+    let mut proxy = Guard::spawn(
+        veris(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(&serve.state)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    support::wait_json_file(&ready, DEADLINE);
+    let (out, stdout) = receipt_live(&serve.state, &[]);
+    assert!(stdout.contains("0 requests reached the twin"), "{stdout}");
+    assert_eq!(out.status.code(), Some(3));
+    // The continued file verified with the proxy's own key: not moved aside.
+    assert!(!serve.state.join("ledger.jsonl.moved-1").exists());
+    let (out, stdout) = receipt_live(&serve.state, &["--all"]);
+    assert!(stdout.contains("GET /v1/customers -> 200"), "{stdout}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    proxy.signal("TERM");
+    proxy.wait();
+}
