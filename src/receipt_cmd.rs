@@ -231,7 +231,7 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
             )
             .await;
             if let Some(pin) = &pin {
-                if !pin.fingerprints.iter().any(|f| *f == fresh.key_id) {
+                if !pin.fingerprints.contains(&fresh.key_id) {
                     options.external_checks.push(Check {
                         name: "pinned_key".into(),
                         status: CheckStatus::Failed,

@@ -73,9 +73,11 @@ fn curl_http1_and_http2_reach_the_builtin_twin() {
         assert_eq!(charge["currency"], "usd");
         let id = charge["id"].as_str().expect("charge id");
         assert!(id.starts_with("ch_"), "{id}");
-        // The twin itself (on loopback, no proxy) knows this charge.
-        let url = format!("{}/s/sbx_local/stripe/v1/charges/{id}", serve.twin);
-        let out = output(command("curl").args(["-sS", "--max-time", "10", &url]));
+        // The twin stored this charge. Read back through the proxy: the
+        // built-in twin answers vendor requests only with the proxy's
+        // per-start credential, so a direct call would get 401.
+        let url = format!("https://api.stripe.com/v1/charges/{id}");
+        let out = output(serve.curl().args([flag, &url]));
         let stored: Value = serde_json::from_slice(&out.stdout).expect("twin JSON");
         assert_eq!(stored, charge, "the twin holds what curl was answered");
     }

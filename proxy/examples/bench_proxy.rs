@@ -38,6 +38,7 @@ async fn main() {
         fixtures: veris_twin::Fixtures::builtin(),
         sandbox: None,
         log: None,
+        credential: None,
     })
     .expect("twin");
     let twin_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind twin");

@@ -15,11 +15,17 @@
 //!    strict mode, unmapped hosts so they can be refused in words) get TLS with a
 //!    leaf minted for the name the client asked for ([`Proxy::terminate`]); the
 //!    rest is a byte tunnel to the real destination ([`Proxy::tunnel`]).
-//! 5. **forward** ([`Proxy::forward`]): each request inside is routed again by path
-//!    and sent to the service's twin upstream, bodies streamed both ways.
-//! 6. **record** (inside 5, and at tunnel close): one ledger [`Entry`] per decision,
-//!    written before the response head reaches the client; if it cannot be written
-//!    the client gets `503 veris_ledger_unavailable` instead of an unrecorded answer.
+//! 5. **screen** ([`Proxy::screen`]): each request inside is routed again by path;
+//!    a vendor path that would reach the twin's control surface (`/veris/…`) or
+//!    carries dot-segments (in any encoding, [`reserved::classify`]) is answered by
+//!    the proxy and recorded as `reserved_path`, never forwarded.
+//! 6. **forward** ([`Proxy::forward`]): the request goes to the service's twin
+//!    upstream, bodies streamed both ways. The exchange runs in a tracked task of its
+//!    own, so a client hanging up does not cancel it ([`Proxy::exchange`]).
+//! 7. **record** (inside 6, and at tunnel close): one ledger [`Entry`] per decision,
+//!    written before the response head reaches the client (with `client_gone` when
+//!    the client left before the twin answered); if it cannot be written the client
+//!    gets `503 veris_ledger_unavailable` instead of an unrecorded answer.
 // `deny`, not `forbid`: the `sys` module alone allows the syscalls it needs.
 #![deny(unsafe_code)]
 
@@ -31,6 +37,7 @@ pub mod config;
 pub mod dial;
 pub mod quic;
 pub mod recorder;
+pub mod reserved;
 pub mod respond;
 pub mod route;
 mod sys;
@@ -51,15 +58,17 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument, Span};
 use veris_ca::Issuer;
 use veris_receipt::{redact, Entry, ListenerTier, Mode};
 
-use crate::body::{Counted, ProxyBody};
-use crate::recorder::Recorder;
+use crate::body::{Counted, ProxyBody, Tally};
+use crate::recorder::{RecordError, Recorder};
+use crate::reserved::PathClass;
 use crate::route::{normalize_host, Route, Router, Service};
 use crate::upstream::{
     display_origin, is_websocket, strip_hop_by_hop, Upstream, UpstreamError, UpstreamOptions,
@@ -411,6 +420,9 @@ impl Proxy {
             Route::Service(service) => {
                 let service = service.clone();
                 let span = info_span!("request", service = %service.name, host = %leg.host, method = %req.method(), path = %path);
+                if let Some(refusal) = span.in_scope(|| self.screen(&service, &req, &leg)) {
+                    return refusal;
+                }
                 self.forward(service, req, &leg).instrument(span).await
             }
             Route::Loopback => self.pass(req, &leg, "loopback").await,
@@ -422,13 +434,112 @@ impl Proxy {
         }
     }
 
-    /// Phase 5: a vendor request to its twin, recorded before the client sees the answer.
-    async fn forward(
+    /// Phase 5: vendor paths the proxy answers itself and never forwards
+    /// (DESIGN §7a.7): the twin's control surface sits beside every service
+    /// (`…/s/{sandbox}/{service}/veris/…`), and dot-segments could be resolved
+    /// out of the service's prefix. Each refusal is recorded as its own kind,
+    /// never as a vendor call; `None` lets the request through.
+    fn screen(
         &self,
+        service: &Service,
+        req: &Request<Incoming>,
+        leg: &Leg,
+    ) -> Option<Response<ProxyBody>> {
+        let (status, code, message) = match reserved::classify(req.uri().path()) {
+            PathClass::Vendor => return None,
+            PathClass::DotSegment => (
+                StatusCode::BAD_REQUEST,
+                "veris_bad_path",
+                format!(
+                    "the path has a `.` or `..` segment (possibly percent-encoded); veris does not forward it because the twin could resolve it outside the {} service. Next: send the resolved path (most clients resolve dot-segments themselves; curl does unless --path-as-is is given)",
+                    service.name
+                ),
+            ),
+            PathClass::Reserved => (
+                StatusCode::NOT_FOUND,
+                "veris_reserved_path",
+                format!(
+                    "paths under /veris on {} are reserved for the twin's control surface and are never forwarded. Next: call the vendor's own API paths; read what reached the twin with `veris receipt`",
+                    leg.host
+                ),
+            ),
+        };
+        let entry = Entry::ReservedPath {
+            service: service.name.clone(),
+            host: leg.host.clone(),
+            method: req.method().to_string(),
+            path: redact::text(req.uri().path()),
+            status: status.as_u16(),
+            error: code.to_string(),
+            tier: leg.tier,
+        };
+        if let Err(e) = self.recorder.record(entry) {
+            warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
+            return Some(ledger_unavailable(&e, &service.name));
+        }
+        info!(
+            status = status.as_u16(),
+            error = code,
+            "reserved path answered by the proxy"
+        );
+        Some(respond::error(
+            status,
+            code,
+            message,
+            json!({"service": service.name}),
+        ))
+    }
+
+    /// Phase 6: a vendor request to its twin. The exchange and its ledger line
+    /// run in a task of their own (tracked, so shutdown waits for it) rather
+    /// than in hyper's service future, which hyper drops when the client
+    /// hangs up: a request the twin executed is recorded even when nobody is
+    /// left to read the answer (DESIGN §7a.8).
+    async fn forward(
+        self: Arc<Self>,
         service: Service,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         leg: &Leg,
     ) -> Response<ProxyBody> {
+        let outbound = match self.outbound(&service, req, leg) {
+            Ok(outbound) => outbound,
+            Err(path) => {
+                return respond::error(
+                    StatusCode::BAD_REQUEST,
+                    "veris_bad_request",
+                    format!("cannot forward path {path:?}"),
+                    json!({}),
+                )
+            }
+        };
+        let (reply, answer) = oneshot::channel();
+        let proxy = Arc::clone(&self);
+        self.tasks.spawn(
+            async move { proxy.exchange(outbound, reply).await }.instrument(Span::current()),
+        );
+        match answer.await {
+            Ok(resp) => resp,
+            // `exchange` replies on every path while the client waits for
+            // it; getting here means it panicked.
+            Err(_) => respond::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "veris_internal_error",
+                "the proxy lost this request's exchange with the twin. Next: retry; if it repeats, report it with the proxy's log".into(),
+                json!({"service": service.name}),
+            ),
+        }
+    }
+
+    /// Phase 6, first half: the request as the twin gets it (its URL under the
+    /// service's upstream, the veris headers, the twin credential) and the
+    /// fields of its ledger line that are known before the answer. `Err` is a
+    /// path that makes no valid URL under the upstream.
+    fn outbound(
+        &self,
+        service: &Service,
+        mut req: Request<Incoming>,
+        leg: &Leg,
+    ) -> Result<Outbound, String> {
         let started = Instant::now();
         let websocket = req.version() == Version::HTTP_11 && is_websocket(req.headers());
         let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
@@ -439,19 +550,20 @@ impl Proxy {
             Some(q) => format!("{}{path}?{q}", service.upstream),
             None => format!("{}{path}", service.upstream),
         };
-        let uri: Uri = match target.parse() {
-            Ok(uri) => uri,
-            Err(_) => {
-                return respond::error(
-                    StatusCode::BAD_REQUEST,
-                    "veris_bad_request",
-                    format!("cannot forward path {path:?}"),
-                    json!({}),
-                )
-            }
+        let Ok(uri) = target.parse::<Uri>() else {
+            return Err(path);
         };
-        let upstream_display = display_origin(&uri);
-        let recorded_headers = recorded_headers(&parts.headers);
+        let line = RequestLine {
+            service: service.name.clone(),
+            host: leg.host.clone(),
+            method: parts.method.to_string(),
+            path,
+            query: query.map(|q| redact::query(&q)),
+            http: http_version(parts.version),
+            tier: leg.tier,
+            upstream: display_origin(&uri),
+            headers: recorded_headers(&parts.headers),
+        };
 
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers, websocket);
@@ -471,92 +583,143 @@ impl Proxy {
             headers.insert("x-veris-sandbox", v);
         }
         if let Some(auth) = &self.twin_auth {
+            // Only the proxy says what the client's authorization was: a value
+            // the client put there itself would read as its own to the twin.
+            headers.remove(ORIGINAL_AUTHORIZATION);
             if let Some(original) = headers.remove(header::AUTHORIZATION) {
-                headers.insert("x-veris-original-authorization", original);
+                headers.insert(ORIGINAL_AUTHORIZATION, original);
             }
             headers.insert(header::AUTHORIZATION, auth.clone());
         }
 
         let (counted, tally) = Counted::new(incoming);
-        let mut up_req = Request::new(counted.boxed());
-        *up_req.method_mut() = parts.method.clone();
-        *up_req.uri_mut() = uri;
-        *up_req.headers_mut() = headers;
+        let mut request = Request::new(counted.boxed());
+        *request.method_mut() = parts.method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        Ok(Outbound {
+            request,
+            websocket,
+            client_upgrade,
+            tally,
+            started,
+            line,
+        })
+    }
 
-        let result = self.upstream.send(up_req, websocket).await;
+    /// Phases 6 and 7, in their own task: send to the twin, record, then hand
+    /// the answer to the client's connection through `reply`. The ledger line
+    /// is written before the response head is handed over; when the client
+    /// has already gone, the line says so (`client_gone`) and nothing is sent.
+    async fn exchange(&self, outbound: Outbound, reply: oneshot::Sender<Response<ProxyBody>>) {
+        let Outbound {
+            request,
+            websocket,
+            client_upgrade,
+            tally,
+            started,
+            line,
+        } = outbound;
+        let result = self.upstream.send(request, websocket).await;
         let duration_ms = started.elapsed().as_millis() as u64;
-        let method = parts.method.to_string();
-        let mut resp = match result {
+        let resp = match result {
             Ok(resp) => resp,
             Err(e) if tally.failed() => {
+                // The client's body broke off mid-request: the client left
+                // (or sent garbage); the twin got a request it cannot finish.
                 debug!(error = %e, "client body failed mid-request");
-                return respond::error(
+                let _ = reply.send(respond::error(
                     StatusCode::BAD_REQUEST,
                     "veris_client_body_error",
                     "the request body ended with an error before it was forwarded".into(),
                     json!({}),
-                );
+                ));
+                return;
             }
             Err(e) => {
-                let (status, code) = match e {
-                    UpstreamError::Timeout { .. } => {
-                        (StatusCode::GATEWAY_TIMEOUT, "veris_upstream_timeout")
-                    }
-                    _ => (StatusCode::BAD_GATEWAY, "veris_upstream_unreachable"),
-                };
-                warn!(error = %e, "twin upstream failed");
-                let entry = Entry::UpstreamError {
-                    service: service.name.clone(),
-                    host: leg.host.clone(),
-                    method,
-                    path: path.clone(),
-                    upstream: upstream_display.clone(),
-                    status: status.as_u16(),
-                    error: code.to_string(),
-                    tier: leg.tier,
-                    duration_ms,
-                };
-                if let Err(e) = self.recorder.record(entry) {
-                    warn!(error = %e, "upstream error could not be recorded");
-                }
-                return respond::error(
-                    status,
-                    code,
-                    format!(
-                        "{e}. Next: check that the twin is running and reachable from the proxy"
-                    ),
-                    json!({"upstream": upstream_display, "service": service.name}),
-                );
+                let refusal = self.upstream_failed(e, line, duration_ms);
+                // Recorded either way; only a client still there gets the answer.
+                let _ = reply.send(refusal);
+                return;
             }
         };
 
-        let entry = Entry::Request {
-            service: service.name.clone(),
-            host: leg.host.clone(),
-            method,
-            path,
-            query: query.map(|q| redact::query(&q)),
-            status: resp.status().as_u16(),
-            http: http_version(parts.version).to_string(),
-            tier: leg.tier,
-            bytes_in: tally.bytes(),
-            bytes_out: content_length(resp.headers()),
+        let status = resp.status();
+        let client_gone = reply.is_closed();
+        let service = line.service.clone();
+        let entry = line.into_entry(
+            status,
+            tally.bytes(),
+            content_length(resp.headers()),
             duration_ms,
-            upstream: upstream_display,
-            headers: recorded_headers,
-            websocket: websocket && resp.status() == StatusCode::SWITCHING_PROTOCOLS,
-        };
+            websocket && status == StatusCode::SWITCHING_PROTOCOLS,
+            client_gone,
+        );
         if let Err(e) = self.recorder.record(entry) {
             warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
-            return respond::error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "veris_ledger_unavailable",
-                format!("the proxy could not record this request ({e}) and does not serve vendor traffic unrecorded. Next: check free space and permissions of the veris state dir"),
-                json!({"service": service.name}),
-            );
+            let _ = reply.send(ledger_unavailable(&e, &service));
+            return;
         }
-        info!(status = resp.status().as_u16(), duration_ms, "forwarded");
+        if client_gone {
+            info!(
+                status = status.as_u16(),
+                duration_ms, "forwarded; the client left before the twin answered"
+            );
+            return;
+        }
+        info!(status = status.as_u16(), duration_ms, "forwarded");
+        if reply.send(self.relay(resp, client_upgrade)).is_err() {
+            // The client left between the check above and now: its line says
+            // the answer was handed over, which it was, to a closing connection.
+            debug!("the client left as the answer was handed over");
+        }
+    }
 
+    /// The twin failed: record it (the twin may still have executed the
+    /// request, DESIGN §7a.8) and say so in words.
+    fn upstream_failed(
+        &self,
+        e: UpstreamError,
+        line: RequestLine,
+        duration_ms: u64,
+    ) -> Response<ProxyBody> {
+        let (status, code) = match e {
+            UpstreamError::Timeout { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, "veris_upstream_timeout")
+            }
+            _ => (StatusCode::BAD_GATEWAY, "veris_upstream_unreachable"),
+        };
+        warn!(error = %e, "twin upstream failed");
+        let entry = Entry::UpstreamError {
+            service: line.service.clone(),
+            host: line.host,
+            method: line.method,
+            path: line.path,
+            upstream: line.upstream.clone(),
+            status: status.as_u16(),
+            error: code.to_string(),
+            tier: line.tier,
+            duration_ms,
+        };
+        if let Err(e) = self.recorder.record(entry) {
+            warn!(error = %e, "upstream error could not be recorded");
+        }
+        respond::error(
+            status,
+            code,
+            format!("{e}. Next: check that the twin is running and reachable from the proxy"),
+            json!({"upstream": line.upstream, "service": line.service}),
+        )
+    }
+
+    /// The twin's answer as the client gets it: hop-by-hop headers dropped, the
+    /// body streamed, or for a WebSocket handshake both upgraded connections
+    /// spliced together in a tracked task.
+    fn relay(
+        &self,
+        mut resp: Response<Incoming>,
+        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    ) -> Response<ProxyBody> {
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(client_upgrade) = client_upgrade {
                 let twin_upgrade = hyper::upgrade::on(&mut resp);
@@ -705,6 +868,75 @@ fn content_length(headers: &http::HeaderMap) -> Option<u64> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
+}
+
+/// Where the client's own `Authorization` travels when the proxy sends the
+/// twin credential in its place.
+const ORIGINAL_AUTHORIZATION: &str = "x-veris-original-authorization";
+
+/// A vendor request ready for its twin, with what its ledger line needs.
+struct Outbound {
+    request: Request<ProxyBody>,
+    websocket: bool,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    tally: Arc<Tally>,
+    started: Instant,
+    line: RequestLine,
+}
+
+/// The fields of an [`Entry::Request`] known before the twin answers.
+struct RequestLine {
+    service: String,
+    host: String,
+    method: String,
+    path: String,
+    /// Already redacted.
+    query: Option<String>,
+    http: &'static str,
+    tier: ListenerTier,
+    upstream: String,
+    headers: Vec<(String, String)>,
+}
+
+impl RequestLine {
+    fn into_entry(
+        self,
+        status: StatusCode,
+        bytes_in: u64,
+        bytes_out: Option<u64>,
+        duration_ms: u64,
+        websocket: bool,
+        client_gone: bool,
+    ) -> Entry {
+        Entry::Request {
+            service: self.service,
+            host: self.host,
+            method: self.method,
+            path: self.path,
+            query: self.query,
+            status: status.as_u16(),
+            http: self.http.to_string(),
+            tier: self.tier,
+            bytes_in,
+            bytes_out,
+            duration_ms,
+            upstream: self.upstream,
+            headers: self.headers,
+            websocket,
+            client_gone,
+        }
+    }
+}
+
+/// The answer when a vendor request's ledger line could not be written: the
+/// proxy does not serve vendor traffic unrecorded (DESIGN §7).
+fn ledger_unavailable(e: &RecordError, service: &str) -> Response<ProxyBody> {
+    respond::error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "veris_ledger_unavailable",
+        format!("the proxy could not record this request ({e}) and does not serve vendor traffic unrecorded. Next: check free space and permissions of the veris state dir"),
+        json!({"service": service}),
+    )
 }
 
 fn recorded_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {

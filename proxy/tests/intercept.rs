@@ -52,6 +52,7 @@ struct Setup {
     mode: Mode,
     twin_base: String,
     response_timeout: Duration,
+    twin_auth: Option<String>,
 }
 
 async fn start_proxy(setup: Setup, tag: &str) -> Harness {
@@ -71,7 +72,7 @@ async fn start_proxy(setup: Setup, tag: &str) -> Harness {
                 tier: ListenerTier::Explicit,
             },
             twin_base: setup.twin_base,
-            twin_auth: None,
+            twin_auth: setup.twin_auth,
             upstream: UpstreamOptions {
                 response_timeout: setup.response_timeout,
                 ..UpstreamOptions::default()
@@ -98,10 +99,16 @@ async fn start_proxy(setup: Setup, tag: &str) -> Harness {
 
 /// The built-in twin on loopback; returns its base URL.
 async fn start_twin() -> String {
+    start_twin_with(veris_twin::Fixtures::builtin()).await
+}
+
+/// The built-in twin with these fixtures; returns its base URL.
+async fn start_twin_with(fixtures: veris_twin::Fixtures) -> String {
     let twin = veris_twin::Twin::new(veris_twin::TwinOptions {
-        fixtures: veris_twin::Fixtures::builtin(),
+        fixtures,
         sandbox: None,
         log: None,
+        credential: None,
     })
     .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -136,6 +143,7 @@ fn catalog_setup(twin: &str, mode: Mode) -> Setup {
         mode,
         twin_base: twin.to_string(),
         response_timeout: Duration::from_secs(10),
+        twin_auth: None,
     }
 }
 
@@ -161,6 +169,7 @@ fn custom_setup(services: &[(&str, &str, &str, &[&str])], mode: Mode) -> Setup {
         mode,
         twin_base: "http://127.0.0.1:1".into(),
         response_timeout: Duration::from_secs(10),
+        twin_auth: None,
     }
 }
 
@@ -944,4 +953,297 @@ async fn garbage_on_the_proxy_port_gets_400_and_the_proxy_keeps_serving() {
             .status(),
         200
     );
+}
+
+/// Every row of a service's twin log, control reads included (this read's own
+/// row is written after it answers, so it is not in what it returns).
+async fn twin_log(twin: &str, service: &str) -> Vec<Value> {
+    let uri: http::Uri = format!("{twin}/s/sbx/{service}/veris/requests?order=asc&limit=1000")
+        .parse()
+        .unwrap();
+    let tcp = TcpStream::connect(uri.authority().unwrap().as_str())
+        .await
+        .unwrap();
+    let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(uri.path_and_query().unwrap().as_str())
+        .header("host", uri.authority().unwrap().as_str())
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let v = json_body(s.send_request(req).await.unwrap()).await;
+    v["requests"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn reserved_paths_never_reach_the_twin_and_are_recorded_as_such() {
+    let twin = start_twin().await;
+    let h = start_proxy(catalog_setup(&twin, Mode::Strict), "reserved").await;
+    // (path, status, error): the control surface in several spellings, and
+    // dot-segments raw, percent-encoded and behind encoded separators.
+    let cases: &[(&str, u16, &str)] = &[
+        ("/veris/health", 404, "veris_reserved_path"),
+        ("/veris/requests?limit=1000", 404, "veris_reserved_path"),
+        ("/%76eris/health", 404, "veris_reserved_path"),
+        ("/VERIS/requests", 404, "veris_reserved_path"),
+        ("//veris/requests", 404, "veris_reserved_path"),
+        ("/v1/../veris/requests", 400, "veris_bad_path"),
+        ("/%2e%2e/x", 400, "veris_bad_path"),
+        (
+            "/v1/%2E%2e/%2e%2e/s/sbx/stripe/v1/charges",
+            400,
+            "veris_bad_path",
+        ),
+        ("/v1%2f..%2fveris%2frequests", 400, "veris_bad_path"),
+        ("/v1/./charges", 400, "veris_bad_path"),
+    ];
+    let mut expected = Vec::new();
+    for h2 in [false, true] {
+        let mut s = Sender::open(&h, "api.stripe.com", h2).await;
+        for (path, status, error) in cases {
+            let resp = s
+                .send(request("POST", "api.stripe.com", path, "amount=1", h2))
+                .await;
+            assert_eq!(resp.status().as_u16(), *status, "{path} (h2: {h2})");
+            assert_eq!(resp.headers()["x-veris-proxy"], "1", "{path}");
+            let v = json_body(resp).await;
+            assert_eq!(v["error"], *error, "{path}");
+            assert!(
+                v["message"].as_str().unwrap().contains("Next:"),
+                "{path}: {v}"
+            );
+            let recorded_path = path.split('?').next().unwrap();
+            expected.push((recorded_path.to_string(), *status, error.to_string()));
+        }
+    }
+    // Absolute-form plain HTTP is screened the same way.
+    let tcp = TcpStream::connect(h.proxy).await.unwrap();
+    let (mut plain, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("http://api.stripe.com/veris/requests")
+        .header("host", "api.stripe.com")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(plain.send_request(req).await.unwrap().status(), 404);
+    expected.push(("/veris/requests".into(), 404, "veris_reserved_path".into()));
+
+    assert_eq!(
+        twin_log(&twin, "stripe").await,
+        Vec::<Value>::new(),
+        "nothing reached the twin, not even its control surface"
+    );
+    let entries = h.recorder.entries();
+    assert!(requests(&entries).is_empty(), "no vendor call: {entries:?}");
+    let recorded: Vec<(String, u16, String)> = entries
+        .iter()
+        .map(|e| match e {
+            Entry::ReservedPath {
+                service,
+                host,
+                method,
+                path,
+                status,
+                error,
+                tier,
+            } => {
+                assert_eq!(
+                    (service.as_str(), host.as_str(), *tier),
+                    ("stripe", "api.stripe.com", ListenerTier::Explicit)
+                );
+                assert!(method == "POST" || method == "GET");
+                (path.clone(), *status, error.clone())
+            }
+            other => panic!("expected reserved_path, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(recorded, expected);
+
+    // A vendor call still works on the same connection, and an unrecordable
+    // refusal is a 503 like any unrecordable vendor request.
+    let mut s = Sender::open(&h, "api.stripe.com", false).await;
+    let resp = s
+        .send(request(
+            "POST",
+            "api.stripe.com",
+            "/v1/charges",
+            "amount=1",
+            false,
+        ))
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        twin_log(&twin, "stripe").await.len(),
+        2,
+        "the charge and one log read"
+    );
+    h.recorder.set_failing(true);
+    let resp = s
+        .send(request("GET", "api.stripe.com", "/veris/health", "", false))
+        .await;
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json_body(resp).await["error"], "veris_ledger_unavailable");
+}
+
+#[tokio::test]
+async fn a_request_the_twin_executed_is_recorded_when_the_client_left_first() {
+    let mut fixtures = veris_twin::Fixtures::builtin();
+    fixtures.extend(
+        veris_twin::Fixtures::from_json(
+            r#"[{"service": "stripe", "method": "POST", "path": "/v1/slow",
+                 "fault": {"hang_ms": 1000}, "body": {"object": "slow"}}]"#,
+        )
+        .unwrap(),
+    );
+    let twin = start_twin_with(fixtures).await;
+    let h = start_proxy(catalog_setup(&twin, Mode::Strict), "gone").await;
+
+    // A client that waits for its answer: client_gone false.
+    let mut s = Sender::open(&h, "api.stripe.com", false).await;
+    let resp = s
+        .send(request(
+            "POST",
+            "api.stripe.com",
+            "/v1/charges",
+            "amount=1",
+            false,
+        ))
+        .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+
+    // Clients that send the slow request and hang up 200 ms later, long
+    // before the twin answers (HTTP/1.1, then an HTTP/2 stream).
+    let mut tls = tls_through(h.proxy, &h.ca, "api.stripe.com", 443, b"http/1.1").await;
+    tls.write_all(
+        b"POST /v1/slow HTTP/1.1\r\nHost: api.stripe.com\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 8\r\n\r\namount=1",
+    )
+    .await
+    .unwrap();
+    tls.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(tls);
+    let entries = tokio::time::timeout(Duration::from_secs(10), h.recorder.wait_for(2))
+        .await
+        .expect("the abandoned request is recorded once the twin answers");
+
+    let tls = tls_through(h.proxy, &h.ca, "api.stripe.com", 443, b"h2").await;
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let pending = tokio::spawn(async move {
+        h2.send_request(request(
+            "POST",
+            "api.stripe.com",
+            "/v1/slow",
+            "amount=2",
+            true,
+        ))
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    pending.abort();
+    conn.abort();
+    let _ = conn.await;
+    let entries_h2 = tokio::time::timeout(Duration::from_secs(10), h.recorder.wait_for(3))
+        .await
+        .expect("the abandoned HTTP/2 request is recorded once the twin answers");
+    assert_eq!(entries[..2], entries_h2[..2]);
+
+    let lines: Vec<(String, u16, bool, u64)> = entries_h2
+        .iter()
+        .map(|e| match e {
+            Entry::Request {
+                path,
+                status,
+                client_gone,
+                duration_ms,
+                ..
+            } => (path.clone(), *status, *client_gone, *duration_ms),
+            other => panic!("expected request lines, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        (lines[0].0.as_str(), lines[0].1, lines[0].2),
+        ("/v1/charges", 200, false)
+    );
+    for line in &lines[1..] {
+        assert_eq!((line.0.as_str(), line.1, line.2), ("/v1/slow", 200, true));
+        assert!(line.3 >= 900, "recorded when the twin answered: {line:?}");
+    }
+    // The twin's own log agrees: it executed both and answered 200.
+    let slow: Vec<Value> = twin_log(&twin, "stripe")
+        .await
+        .into_iter()
+        .filter(|r| r["path"] == "/v1/slow")
+        .collect();
+    assert_eq!(slow.len(), 2, "{slow:?}");
+    assert!(slow.iter().all(|r| r["status"] == 200), "{slow:?}");
+}
+
+#[tokio::test]
+async fn an_upstream_timeout_is_recorded_when_the_client_left_first() {
+    let echo = start_echo(Arc::default()).await;
+    let mut setup = custom_setup(&[("acme", "api.acme.test", &echo, &[])], Mode::Strict);
+    setup.response_timeout = Duration::from_millis(500);
+    let h = start_proxy(setup, "gone-timeout").await;
+    let mut tls = tls_through(h.proxy, &h.ca, "api.acme.test", 443, b"http/1.1").await;
+    tls.write_all(b"GET /hang HTTP/1.1\r\nHost: api.acme.test\r\n\r\n")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(tls);
+    let entries = tokio::time::timeout(Duration::from_secs(10), h.recorder.wait_for(1))
+        .await
+        .expect("the timeout is recorded although nobody waits for it");
+    match &entries[..] {
+        [Entry::UpstreamError {
+            status: 504,
+            error,
+            path,
+            ..
+        }] => assert_eq!(
+            (error.as_str(), path.as_str()),
+            ("veris_upstream_timeout", "/hang")
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn with_a_twin_credential_only_the_proxy_says_what_the_client_authorization_was() {
+    let echo = start_echo(Arc::default()).await;
+    let mut setup = custom_setup(&[("acme", "api.acme.test", &echo, &[])], Mode::Strict);
+    setup.twin_auth = Some("twin-secret".into());
+    let h = start_proxy(setup, "twin-auth").await;
+    let mut s = Sender::open(&h, "api.acme.test", false).await;
+    let send = |auth: Option<&'static str>| {
+        let mut req = request("GET", "api.acme.test", "/x", "", false);
+        if let Some(auth) = auth {
+            req.headers_mut()
+                .insert("authorization", auth.parse().unwrap());
+        }
+        // A client trying to tell the twin what its authorization was.
+        req.headers_mut().insert(
+            "x-veris-original-authorization",
+            "Bearer spoofed".parse().unwrap(),
+        );
+        req
+    };
+    let v = json_body(s.send(send(Some("Bearer client-own"))).await).await;
+    assert_eq!(v["headers"]["authorization"], "Bearer twin-secret");
+    assert_eq!(
+        v["headers"]["x-veris-original-authorization"],
+        "Bearer client-own"
+    );
+    let v = json_body(s.send(send(None)).await).await;
+    assert_eq!(v["headers"]["authorization"], "Bearer twin-secret");
+    assert_eq!(v["headers"]["x-veris-original-authorization"], Value::Null);
+    // The ledger records the client's own authorization, redacted, never the credential.
+    let line = format!("{:?}", h.recorder.entries());
+    assert!(!line.contains("twin-secret"), "{line}");
 }

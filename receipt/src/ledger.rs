@@ -893,9 +893,7 @@ pub fn unverifiable(read: &LedgerRead, own: &crate::seal::PublicKeys) -> Option<
     if let Some(p) = read.first_problem() {
         return Some(format!("chain broken at {p}"));
     }
-    let Some(last) = read.lines.last() else {
-        return None;
-    };
+    let last = read.lines.last()?;
     let report = crate::seal::verify_lines(&read.lines, own);
     if let Some((seq, fault)) = report.faults.first() {
         return Some(format!("seal at seq {seq} {fault}"));

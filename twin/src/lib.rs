@@ -10,7 +10,11 @@
 //!   request log (`requests`), whose rows carry a tier (`handler`, `fault`, `control`,
 //!   `delivery`) and ids strictly increasing per (sandbox, service);
 //! - with a log file, every row is appended as JSONL and reloaded on start so ids
-//!   continue across restarts.
+//!   continue across restarts;
+//! - with a credential ([`TwinOptions::credential`], the veris proxy's per-start
+//!   secret), vendor requests without `Authorization: Bearer <credential>` get a 401
+//!   and no row: only the proxy can make the twin execute, and log, a vendor call.
+//!   The control surface stays open (it only reads).
 //!
 //! The crate binds nothing and reads no environment: [`serve`] takes a bound listener,
 //! an optional rustls config and a shutdown future.

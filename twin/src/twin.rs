@@ -1,7 +1,7 @@
 //! The twin itself: one request's lifecycle, from path split to recorded row.
 //!
 //! `handle` runs the phases in order: split `/s/{sandbox}/{service}/{rest}`, check the
-//! sandbox, then either the control surface (`/veris/…`) or the vendor surface (match a
+//! proxy credential (vendor surface only, when one is set), check the sandbox, then either the control surface (`/veris/…`) or the vendor surface (match a
 //! fixture → read the bounded body → fault → required fields → store action → render).
 //! Every request under a service is recorded exactly once by a [`Recorder`], including
 //! when the client goes away mid-request (the future is dropped; the row gets status
@@ -20,6 +20,7 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::{json, Map, Value};
+use subtle::ConstantTimeEq;
 
 use crate::fixtures::{self, Action, ErrorStyle, Fixtures, ListOrder, MAX_HANG_MS};
 use crate::log::{self, NewRow, RequestLog, Tier};
@@ -30,19 +31,40 @@ use crate::TwinError;
 pub(crate) const MAX_BODY: usize = 1024 * 1024;
 
 /// How a twin is set up.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TwinOptions {
     pub fixtures: Fixtures,
     /// When set, requests for any other sandbox get a 404 (and are not recorded).
     pub sandbox: Option<String>,
     /// JSONL request log, appended to and reloaded on start.
     pub log: Option<PathBuf>,
+    /// When set, vendor requests must carry `Authorization: Bearer <credential>`
+    /// (the veris proxy's per-start secret); others get a 401 and no log row,
+    /// so a workload cannot write rows into the log by calling the twin
+    /// directly. The control surface stays open: it only reads.
+    pub credential: Option<String>,
+}
+
+impl std::fmt::Debug for TwinOptions {
+    // By hand so the credential never reaches a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TwinOptions")
+            .field("fixtures", &self.fixtures.len())
+            .field("sandbox", &self.sandbox)
+            .field("log", &self.log)
+            .field(
+                "credential",
+                &self.credential.as_ref().map(|_| "[redacted]"),
+            )
+            .finish()
+    }
 }
 
 /// A running twin's state: fixtures, request log and object store.
 pub struct Twin {
     fixtures: Fixtures,
     sandbox: Option<String>,
+    credential: Option<String>,
     state: Mutex<State>,
     ids: IdGen,
 }
@@ -52,6 +74,7 @@ impl std::fmt::Debug for Twin {
         f.debug_struct("Twin")
             .field("sandbox", &self.sandbox)
             .field("fixtures", &self.fixtures.len())
+            .field("credential", &self.credential.is_some())
             .finish()
     }
 }
@@ -109,6 +132,7 @@ impl Twin {
         Ok(Arc::new(Twin {
             fixtures: options.fixtures,
             sandbox: options.sandbox,
+            credential: options.credential,
             state: Mutex::new(State {
                 log,
                 store: HashMap::new(),
@@ -154,6 +178,13 @@ impl Twin {
             );
             return json_response(StatusCode::NOT_FOUND, &body, None);
         };
+        let control = rest == "/veris" || rest.starts_with("/veris/");
+        // Before anything else about a vendor request, so a caller without the
+        // credential learns nothing (not even whether the sandbox exists) and
+        // leaves no row behind.
+        if !control && !self.authorized(req.headers()) {
+            return unauthorized();
+        }
         if self.sandbox.as_deref().is_some_and(|s| s != sandbox) {
             let body = fixtures::vendor_error(
                 ErrorStyle::Generic,
@@ -164,7 +195,6 @@ impl Twin {
             );
             return json_response(StatusCode::NOT_FOUND, &body, None);
         }
-        let control = rest == "/veris" || rest.starts_with("/veris/");
         let mut recorder = Recorder {
             twin: Arc::clone(&self),
             sandbox: sandbox.to_string(),
@@ -192,6 +222,40 @@ impl Twin {
         };
         recorder.finish(response.status().as_u16());
         response
+    }
+
+    /// True when no credential is configured, or the request carries it as
+    /// `Authorization: Bearer <credential>` (compared in constant time).
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let Some(expected) = &self.credential else {
+            return true;
+        };
+        let Some(presented) = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer_token)
+        else {
+            return false;
+        };
+        // `ct_eq` on slices of unequal length is false without comparing bytes:
+        // the length of a fixed-size credential is no secret.
+        bool::from(presented.as_bytes().ct_eq(expected.as_bytes()))
+    }
+
+    /// The headers a fixture's templates see: with a credential, the proxy
+    /// sent its own `Authorization` and moved the client's to
+    /// `X-Veris-Original-Authorization`, so put the client's back (and never
+    /// let a template echo the credential).
+    fn client_headers<'h>(&self, headers: &'h HeaderMap) -> std::borrow::Cow<'h, HeaderMap> {
+        if self.credential.is_none() {
+            return std::borrow::Cow::Borrowed(headers);
+        }
+        let mut view = headers.clone();
+        view.remove(http::header::AUTHORIZATION);
+        if let Some(original) = view.remove(ORIGINAL_AUTHORIZATION) {
+            view.insert(http::header::AUTHORIZATION, original);
+        }
+        std::borrow::Cow::Owned(view)
     }
 
     fn control<B>(
@@ -301,11 +365,12 @@ impl Twin {
             }
         };
         let query = parse_query(parts.uri.query());
+        let client_headers = self.client_headers(&parts.headers);
         let cx = Context {
             params: &params,
             body: &body,
             query: &query,
-            headers: &parts.headers,
+            headers: &client_headers,
             method: &method,
             path: rest,
             service,
@@ -495,6 +560,35 @@ impl Drop for Recorder {
     }
 }
 
+/// Where the veris proxy puts the client's own `Authorization` when it sends
+/// the twin credential in its place.
+const ORIGINAL_AUTHORIZATION: &str = "x-veris-original-authorization";
+
+/// The token of a `Bearer` authorization value (the scheme is case-insensitive,
+/// RFC 9110 §11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// The answer to a vendor request without the proxy's credential.
+fn unauthorized() -> Response<Full<Bytes>> {
+    json_response(
+        StatusCode::UNAUTHORIZED,
+        &json!({
+            "error": "twin_unauthorized",
+            "message": "this twin only answers vendor requests sent by the veris proxy that started it; \
+                        the request was not executed and not logged. Next: send it through the proxy \
+                        (HTTPS_PROXY from the veris env file, or `veris run -- CMD`) using the vendor's \
+                        own URL, not the twin's",
+        }),
+        None,
+    )
+}
+
 /// Splits `/s/{sandbox}/{service}/{rest}` into its parts; `rest` keeps its leading `/`.
 fn split_service_path(path: &str) -> Option<(&str, &str, &str)> {
     let tail = path.strip_prefix("/s/")?;
@@ -631,6 +725,7 @@ mod tests {
             fixtures,
             sandbox: None,
             log: None,
+            credential: None,
         })
         .expect("twin builds");
         let req = Request::get("/s/sbx/acme/hang")
@@ -646,6 +741,17 @@ mod tests {
             (rows[0].status, rows[0].tier, rows[0].path.as_str()),
             (None, Tier::Fault, "/hang")
         );
+    }
+
+    #[test]
+    fn bearer_tokens_parse_with_any_case_scheme() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer  abc "), Some("abc"));
+        assert_eq!(bearer_token("BEARER abc"), Some("abc"));
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
     }
 
     #[test]

@@ -58,6 +58,7 @@ async fn start() -> Running {
             fixtures: Fixtures::builtin(),
             sandbox: None,
             log: None,
+            credential: None,
         },
         None,
     )
@@ -333,6 +334,7 @@ async fn fault_rows_are_tiered_fault() {
             fixtures: all,
             sandbox: None,
             log: None,
+            credential: None,
         },
         None,
     )
@@ -442,6 +444,7 @@ async fn h2_and_http1_over_tls_with_alpn() {
             fixtures: Fixtures::builtin(),
             sandbox: None,
             log: None,
+            credential: None,
         },
         Some(server),
     )
@@ -504,6 +507,7 @@ async fn fixture_templating_echoes_request_fields() {
             fixtures,
             sandbox: None,
             log: None,
+            credential: None,
         },
         None,
     )
@@ -749,6 +753,7 @@ async fn oversized_bodies_get_413_and_foreign_sandboxes_404() {
             fixtures: Fixtures::builtin(),
             sandbox: Some("sbx".into()),
             log: None,
+            credential: None,
         },
         None,
     )
@@ -800,6 +805,7 @@ async fn restart_with_log_keeps_rows_and_continues_ids() {
         fixtures: Fixtures::builtin(),
         sandbox: None,
         log: Some(path.clone()),
+        credential: None,
     };
     let client = h1();
 
@@ -880,4 +886,215 @@ async fn serve_returns_after_shutdown() {
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "listener closed after shutdown"
     );
+}
+
+/// What a `veris serve` hands its built-in twin: 64 hex digits.
+const CREDENTIAL: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+/// A request with extra headers; the answer and its raw body bytes.
+async fn call_with_headers(
+    client: &HttpClient,
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (StatusCode, Bytes) {
+    let mut req = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request builds");
+    let resp = client.request(req).await.expect("request succeeds");
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("body reads")
+        .to_bytes();
+    (status, bytes)
+}
+
+#[tokio::test]
+async fn with_a_credential_only_the_proxy_can_write_rows() {
+    let twin = start_with(
+        TwinOptions {
+            fixtures: Fixtures::builtin(),
+            sandbox: Some("sbx".into()),
+            log: None,
+            credential: Some(CREDENTIAL.into()),
+        },
+        None,
+    )
+    .await;
+    let client = h1();
+    let charges = twin.url("/s/sbx/stripe/v1/charges");
+    let bearer = format!("Bearer {CREDENTIAL}");
+    let same_length_wrong = format!("Bearer {}", "0".repeat(CREDENTIAL.len()));
+    let prefix_only = format!("Bearer {}", &CREDENTIAL[..32]);
+    let longer = format!("Bearer {CREDENTIAL}0");
+    let basic = format!("Basic {CREDENTIAL}");
+    // What a workload could try: nothing, guesses, the right value under
+    // another scheme or in the header the proxy uses for the client's own
+    // authorization, and a foreign sandbox (which must not even be named).
+    let attempts: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        ("no credential", vec![]),
+        (
+            "wrong, same length",
+            vec![("authorization", &same_length_wrong)],
+        ),
+        ("a prefix of it", vec![("authorization", &prefix_only)]),
+        ("it plus one more byte", vec![("authorization", &longer)]),
+        ("empty bearer", vec![("authorization", "Bearer ")]),
+        ("another scheme", vec![("authorization", &basic)]),
+        (
+            "in x-veris-original-authorization",
+            vec![("x-veris-original-authorization", &bearer)],
+        ),
+    ];
+    for (what, headers) in &attempts {
+        let (status, body) = call_with_headers(
+            &client,
+            Method::POST,
+            &charges,
+            headers,
+            "amount=100&currency=usd",
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}");
+        let v: Value = serde_json::from_slice(&body).expect("JSON 401");
+        assert_eq!(v["error"], "twin_unauthorized", "{what}");
+        assert!(
+            v["message"].as_str().unwrap_or("").contains("Next:"),
+            "{what}: {v}"
+        );
+    }
+    let (status, _) = call_with_headers(
+        &client,
+        Method::POST,
+        &twin.url("/s/other/stripe/v1/charges"),
+        &[],
+        "amount=1",
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a foreign sandbox is not named"
+    );
+
+    // The control surface stays readable without it, and no attempt left a row.
+    let health = get(&client, &twin.url("/s/sbx/stripe/veris/health")).await;
+    assert_eq!(health.status, StatusCode::OK);
+    let vendor_rows = |a: &Answer| {
+        rows(a)
+            .iter()
+            .filter(|r| r["tier"] != "control")
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    let log = get(
+        &client,
+        &twin.url("/s/sbx/stripe/veris/requests?limit=1000"),
+    )
+    .await;
+    assert_eq!(log.status, StatusCode::OK);
+    assert!(vendor_rows(&log).is_empty(), "{:?}", log.body);
+
+    // With it (the scheme is case-insensitive): served and logged.
+    for auth in [bearer.clone(), format!("bearer {CREDENTIAL}")] {
+        let (status, body) = call_with_headers(
+            &client,
+            Method::POST,
+            &charges,
+            &[("authorization", &auth)],
+            "amount=100&currency=usd",
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+    let log = get(
+        &client,
+        &twin.url("/s/sbx/stripe/veris/requests?order=asc&limit=1000"),
+    )
+    .await;
+    let written = vendor_rows(&log);
+    assert_eq!(written.len(), 2, "{written:?}");
+    assert!(written
+        .iter()
+        .all(|r| r["path"] == "/v1/charges" && r["status"] == 200 && r["tier"] == "handler"));
+    twin.stop().await;
+}
+
+#[tokio::test]
+async fn with_a_credential_templates_see_the_clients_authorization_not_the_credential() {
+    let fixtures = Fixtures::from_json(
+        r#"[{"service": "acme", "method": "GET", "path": "/whoami",
+             "headers": {"x-auth": "{{header.authorization}}"},
+             "body": {"auth": "{{header.authorization}}", "moved": "{{header.x-veris-original-authorization}}"}}]"#,
+    )
+    .expect("fixtures load");
+    let with = |credential: Option<&str>| TwinOptions {
+        fixtures: fixtures.clone(),
+        sandbox: None,
+        log: None,
+        credential: credential.map(str::to_string),
+    };
+    let bearer = format!("Bearer {CREDENTIAL}");
+    let client = h1();
+
+    // As the proxy sends it: its credential, the client's own value moved aside.
+    let twin = start_with(with(Some(CREDENTIAL)), None).await;
+    let url = twin.url("/s/sbx/acme/whoami");
+    let req = Request::get(&url)
+        .header("authorization", &bearer)
+        .header("x-veris-original-authorization", "Bearer client-token-1")
+        .body(Full::new(Bytes::new()))
+        .expect("request builds");
+    let resp = client.request(req).await.expect("request succeeds");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let header = resp.headers().get("x-auth").cloned();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let v: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(v["auth"], "Bearer client-token-1");
+    assert_eq!(v["moved"], Value::Null);
+    assert_eq!(
+        header.as_ref().and_then(|h| h.to_str().ok()),
+        Some("Bearer client-token-1")
+    );
+    assert!(
+        !String::from_utf8_lossy(&body).contains(CREDENTIAL),
+        "the credential is never echoed"
+    );
+
+    // A client without authorization of its own: the template sees none.
+    let (status, body) = call_with_headers(
+        &client,
+        Method::GET,
+        &url,
+        &[("authorization", &bearer)],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let v: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(v["auth"], Value::Null, "{v}");
+    twin.stop().await;
+
+    // Without a credential nothing is rewritten.
+    let twin = start_with(with(None), None).await;
+    let (_, body) = call_with_headers(
+        &client,
+        Method::GET,
+        &twin.url("/s/sbx/acme/whoami"),
+        &[("authorization", "Bearer direct")],
+        "",
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(v["auth"], "Bearer direct");
+    twin.stop().await;
 }
