@@ -293,6 +293,7 @@ impl Stack {
                 },
                 twin_heads: Some(twin_heads.clone()),
                 moved_aside: report.moved_aside,
+                coverage: None,
             })
             .context("writing the session line to the ledger")?;
 

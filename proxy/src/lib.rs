@@ -400,6 +400,8 @@ impl Proxy {
             bytes_out,
             duration_ms: started.elapsed().as_millis() as u64,
             reason: reason.to_string(),
+            // Filled in by H2 work: the address actually dialed.
+            dst: leg.origin.map(|o| o.to_string()),
         };
         if let Err(e) = self.recorder.record(entry) {
             warn!(error = %e, host = %leg.host, "passthrough could not be recorded");
@@ -810,6 +812,7 @@ impl Proxy {
             method: Some(req.method().to_string()),
             path: Some(req.uri().path().to_string()),
             reason: "strict mode: no service claims this host and path".into(),
+            dst: leg.origin.map(|o| o.to_string()),
         };
         if let Err(e) = self.recorder.record(entry) {
             warn!(error = %e, "blocked request could not be recorded");

@@ -202,6 +202,7 @@ impl Transparent {
                     method: None,
                     path: None,
                     reason: "strict mode: TLS without SNI to an address no service routes".into(),
+                    dst: leg.origin.map(|o| o.to_string()),
                 });
                 return;
             }
@@ -227,6 +228,7 @@ impl Transparent {
                 host: leg.host.clone(),
                 port: leg.port,
                 tier: leg.tier,
+                dst: leg.origin.map(|o| o.to_string()),
             });
         }
         let Some(dst) = leg.origin else {
@@ -333,6 +335,7 @@ impl Proxy {
             method: Some(req.method().to_string()),
             path: Some(req.uri().path().to_string()),
             reason: format!("Host {host} disagrees with the TLS SNI"),
+            dst: leg.origin.map(|o| o.to_string()),
         });
         Some(respond::error(
             StatusCode::BAD_GATEWAY,

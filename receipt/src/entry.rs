@@ -17,7 +17,8 @@
 //! - `ts`: RFC 3339 UTC with milliseconds (`2026-11-29T07:28:19.123Z`);
 //! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`,
 //!   `trust_failure`, `ech`, `quic`, `seal`, `reserved_path`, `tamper`,
-//!   `check`, followed by that kind's fields (see [`Entry`]);
+//!   `check`, `redirect_change`, `udp_dropped`, followed by that kind's
+//!   fields (see [`Entry`]);
 //! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
 //!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
 //!
@@ -47,6 +48,8 @@ pub const KINDS: &[&str] = &[
     "reserved_path",
     "tamper",
     "check",
+    "redirect_change",
+    "udp_dropped",
 ];
 
 /// `prev` of the first line of a ledger.
@@ -72,6 +75,28 @@ pub struct MovedAside {
     pub head_hash: String,
     /// Why it could not be continued.
     pub why: String,
+}
+
+/// What the transparent tier's kernel rules cover (DESIGN §7a.9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// Outbound TCP redirected to the proxy: every port (`None`) or these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_ports: Option<Vec<u16>>,
+    /// UDP 443: `sink` (the proxy's silent QUIC sink) or `open`.
+    pub quic: String,
+    /// DNS: `stub` (answered by veris), `resolvers` (only to the configured
+    /// resolvers: a channel out by itself) or `open`.
+    pub dns: String,
+    /// Other UDP: `dropped` (and counted) or `open`.
+    pub udp_other: String,
+    /// IPv6 covered as IPv4 is.
+    pub ipv6: bool,
+    /// How the proxy's own dials are exempted: `uid <n>`, `mark <hex>`.
+    pub exempt: Vec<String>,
+    /// `veris` (installed and watched by the proxy's helper) or `external`
+    /// (declared by the operator; veris cannot check it).
+    pub installed_by: String,
 }
 
 /// Proxy mode for hosts no service claims.
@@ -160,7 +185,11 @@ pub enum Entry {
         /// An earlier ledger this proxy could not verify with its own key,
         /// moved aside before this session started a new chain.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        moved_aside: Option<MovedAside>,
+        moved_aside: Option<Box<MovedAside>>,
+        /// Transparent tier: what the installed kernel rules send to the
+        /// proxy; the receipt's leaks are computed from it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        coverage: Option<Box<Coverage>>,
     },
     /// A vendor request forwarded to the twin; written when the twin's
     /// response head arrived, before the client sees it.
@@ -207,6 +236,10 @@ pub enum Entry {
         duration_ms: u64,
         /// Why it was let through: `allow_passthrough`, `loopback`, `mode`.
         reason: String,
+        /// The address actually dialed (`ip:port`), beside the name the
+        /// client gave in `host`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dst: Option<String>,
     },
     /// A request to an unmapped host refused in strict mode (421).
     Blocked {
@@ -218,6 +251,10 @@ pub enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         path: Option<String>,
         reason: String,
+        /// The destination the client's bytes were headed for (`ip:port`),
+        /// when known (transparent tier: the original destination).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dst: Option<String>,
     },
     /// A vendor request whose twin upstream failed; the client got `status`.
     UpstreamError {
@@ -304,7 +341,17 @@ pub enum Entry {
         host: String,
         port: u16,
         tier: ListenerTier,
+        /// The address actually dialed (`ip:port`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dst: Option<String>,
     },
+    /// The root-side helper saw the kernel rules (`table inet veris`)
+    /// change while the proxy ran: the redirect cannot be trusted for the
+    /// window that holds this line.
+    RedirectChange { detail: String },
+    /// Datagrams the rules dropped (UDP other than QUIC and DNS), counted by
+    /// the root-side helper since the rules were installed.
+    UdpDropped { packets: u64 },
 }
 
 impl Entry {
@@ -323,6 +370,8 @@ impl Entry {
             Entry::ReservedPath { .. } => "reserved_path",
             Entry::Tamper { .. } => "tamper",
             Entry::Check { .. } => "check",
+            Entry::RedirectChange { .. } => "redirect_change",
+            Entry::UdpDropped { .. } => "udp_dropped",
         }
     }
 }

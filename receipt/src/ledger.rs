@@ -176,7 +176,7 @@ pub struct OpenReport {
     /// readers will keep reporting them).
     pub problems: Vec<Problem>,
     /// An earlier file this writer would not continue ([`Ledger::open_sealed_by`]).
-    pub moved_aside: Option<crate::entry::MovedAside>,
+    pub moved_aside: Option<Box<crate::entry::MovedAside>>,
 }
 
 /// The exact bytes of a line (without `\n`), as the writer produces them.
@@ -599,12 +599,12 @@ impl Ledger {
         let (ledger, mut fresh) = Ledger::open(path)?;
         fresh.torn_tail = report.torn_tail;
         fresh.torn_saved_to = report.torn_saved_to;
-        fresh.moved_aside = Some(crate::entry::MovedAside {
+        fresh.moved_aside = Some(Box::new(crate::entry::MovedAside {
             file: to.display().to_string(),
             head_seq: existing.head.0,
             head_hash: existing.head.1,
             why,
-        });
+        }));
         Ok((ledger, fresh))
     }
 
@@ -1036,6 +1036,7 @@ mod tests {
             workload_uid: None,
             twin_heads: None,
             moved_aside: None,
+            coverage: None,
         }
     }
 

@@ -12,7 +12,7 @@ pub mod redact;
 pub mod seal;
 
 pub use entry::{
-    Entry, Line, ListenerTier, Mode, MovedAside, TornTail, GENESIS_PREV, LEDGER_VERSION,
+    Coverage, Entry, Line, ListenerTier, Mode, MovedAside, TornTail, GENESIS_PREV, LEDGER_VERSION,
     READABLE_VERSIONS,
 };
 pub use ledger::{Ledger, LedgerError, LedgerRead, OpenReport, Problem};

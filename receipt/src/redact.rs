@@ -301,6 +301,7 @@ pub fn entry(entry: Entry) -> Entry {
             workload_uid,
             twin_heads,
             moved_aside,
+            coverage,
         } => {
             for field in [
                 &mut run_id,
@@ -328,6 +329,7 @@ pub fn entry(entry: Entry) -> Entry {
                 workload_uid,
                 twin_heads,
                 moved_aside,
+                coverage,
             }
         }
         Entry::Request {
@@ -411,6 +413,7 @@ pub fn entry(entry: Entry) -> Entry {
             bytes_out,
             duration_ms,
             reason,
+            dst,
         } => Entry::Passthrough {
             host: text(&host),
             port,
@@ -419,6 +422,7 @@ pub fn entry(entry: Entry) -> Entry {
             bytes_out,
             duration_ms,
             reason: text(&reason),
+            dst: dst.map(|d| text(&d)),
         },
         Entry::Blocked {
             host,
@@ -427,6 +431,7 @@ pub fn entry(entry: Entry) -> Entry {
             method,
             path,
             reason,
+            dst,
         } => Entry::Blocked {
             host: text(&host),
             port,
@@ -434,6 +439,7 @@ pub fn entry(entry: Entry) -> Entry {
             method: method.map(|m| text(&m)),
             path: path.map(|p| url(&p)),
             reason: text(&reason),
+            dst: dst.map(|d| text(&d)),
         },
         Entry::UpstreamError {
             service,
@@ -478,11 +484,21 @@ pub fn entry(entry: Entry) -> Entry {
             dst: text(&dst),
             attempts,
         },
-        Entry::Ech { host, port, tier } => Entry::Ech {
+        Entry::Ech {
+            host,
+            port,
+            tier,
+            dst,
+        } => Entry::Ech {
             host: text(&host),
             port,
             tier,
+            dst: dst.map(|d| text(&d)),
         },
+        Entry::RedirectChange { detail } => Entry::RedirectChange {
+            detail: text(&detail),
+        },
+        drops @ Entry::UdpDropped { .. } => drops,
         // Hex digests and a fixed vocabulary: nothing to redact, and
         // rewriting a signature would break it.
         seal @ Entry::Seal { .. } => seal,

@@ -443,6 +443,7 @@ mod tests {
             method: None,
             path: None,
             reason: "strict".into(),
+            dst: None,
         }
     }
 

@@ -79,6 +79,7 @@ fn session(sandbox: &str, mode: Mode, tier: ListenerTier, torn: Option<TornTail>
         workload_uid: None,
         twin_heads: None,
         moved_aside: None,
+        coverage: None,
     }
 }
 
@@ -179,6 +180,7 @@ fn rich_ledger() -> String {
         method: Some("GET".into()),
         path: Some("/".into()),
         reason: "strict".into(),
+        dst: None,
     });
     for _ in 0..2 {
         e.push(Entry::Passthrough {
@@ -189,6 +191,7 @@ fn rich_ledger() -> String {
             bytes_out: 2000,
             duration_ms: 50,
             reason: "allow_passthrough".into(),
+            dst: None,
         });
     }
     // A restart that set a torn line aside, then one more request.

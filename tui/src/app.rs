@@ -117,6 +117,8 @@ impl Row {
             Entry::ReservedPath { .. } => "reserved",
             Entry::Tamper { .. } => "tamper",
             Entry::Check { .. } => "check",
+            Entry::RedirectChange { .. } => "rules-changed",
+            Entry::UdpDropped { .. } => "udp-dropped",
         }
     }
 
@@ -497,7 +499,11 @@ impl App {
             Entry::Quic { attempts, .. } => self.counts.quic_attempts += attempts,
             Entry::Ech { .. } => self.counts.ech += 1,
             // Listed, never counted as vendor traffic.
-            Entry::ReservedPath { .. } | Entry::Tamper { .. } | Entry::Check { .. } => {}
+            Entry::ReservedPath { .. }
+            | Entry::Tamper { .. }
+            | Entry::Check { .. }
+            | Entry::RedirectChange { .. }
+            | Entry::UdpDropped { .. } => {}
             Entry::Seal { sealed_seq, .. } => {
                 // Seals arrive every second while traffic flows: counted, not listed.
                 self.counts.sealed_seq = Some(*sealed_seq);

@@ -179,6 +179,7 @@ mod tests {
                 method: None,
                 path: None,
                 reason: "strict".into(),
+                dst: None,
             },
         };
         assert!(Filter::parse("4xx").matches(&row));

@@ -168,6 +168,7 @@ mod tests {
             bytes_out: 2,
             duration_ms: 3,
             reason: "mode".into(),
+            dst: None,
         }
     }
 

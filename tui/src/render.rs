@@ -351,9 +351,11 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         | Entry::UpstreamError { .. }
         | Entry::ReservedPath { .. }
         | Entry::Tamper { .. } => Style::new().fg(Color::Red),
-        Entry::Session { .. } | Entry::Seal { .. } | Entry::Check { .. } => {
-            Style::new().fg(Color::DarkGray)
-        }
+        Entry::RedirectChange { .. } => Style::new().fg(Color::Red),
+        Entry::Session { .. }
+        | Entry::Seal { .. }
+        | Entry::Check { .. }
+        | Entry::UdpDropped { .. } => Style::new().fg(Color::DarkGray),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
@@ -480,6 +482,20 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 format!("ledger file {what} behind the proxy's back"),
                 Cell::from("!").red().bold(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::RedirectChange { detail } => (
+                String::new(),
+                format!("kernel rules changed: {detail}"),
+                Cell::from("!").red().bold(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::UdpDropped { packets } => (
+                String::new(),
+                format!("{packets} UDP datagram(s) dropped by the rules"),
+                Cell::from(""),
                 String::new(),
                 String::new(),
             ),
@@ -721,8 +737,12 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             bytes_out,
             duration_ms,
             reason,
+            dst,
         } => {
             lines.push(kv("host", format!("{host}:{port}")));
+            if let Some(dst) = dst {
+                lines.push(kv("dialed", dst.clone()));
+            }
             lines.push(kv("why", format!("tunneled to the real host ({reason})")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
             lines.push(kv("timing", format!("{} open", latency(*duration_ms))));
@@ -742,8 +762,12 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             method,
             path,
             reason,
+            dst,
         } => {
             lines.push(kv("host", format!("{host}:{port}")));
+            if let Some(dst) = dst {
+                lines.push(kv("dst", dst.clone()));
+            }
             if let (Some(m), Some(p)) = (method, path) {
                 lines.push(kv("request", format!("{m} {p}")));
             }
@@ -820,7 +844,9 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("dst", dst.clone()));
             lines.push(kv("attempts", attempts.to_string()));
         }
-        Entry::Ech { host, port, tier } => {
+        Entry::Ech {
+            host, port, tier, ..
+        } => {
             lines.push(kv("host", format!("{host}:{port}")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
@@ -842,6 +868,16 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 format!("{status} · {error} (answered by the proxy, never sent to the twin)"),
             ));
             lines.push(kv("tier", tier_word(*tier).to_string()));
+        }
+        Entry::RedirectChange { detail } => {
+            lines.push(kv(
+                "rules",
+                "the kernel redirect changed while the proxy ran".into(),
+            ));
+            lines.push(kv("detail", detail.clone()));
+        }
+        Entry::UdpDropped { packets } => {
+            lines.push(kv("dropped", format!("{packets} datagram(s)")))
         }
         Entry::Tamper { what, detail } => {
             lines.push(kv("tamper", what.clone()));

@@ -499,6 +499,7 @@ mod tests {
             workload_uid: Some(uids.1),
             twin_heads: Some(Default::default()),
             moved_aside: None,
+            coverage: None,
         }
     }
 

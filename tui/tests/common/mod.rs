@@ -71,6 +71,7 @@ pub fn session() -> Entry {
         workload_uid: None,
         twin_heads: None,
         moved_aside: None,
+        coverage: None,
     }
 }
 
@@ -119,6 +120,7 @@ pub fn passthrough(host: &str) -> Entry {
         bytes_out: 20480,
         duration_ms: 240,
         reason: "mode".into(),
+        dst: None,
     }
 }
 
@@ -130,6 +132,7 @@ pub fn blocked(host: &str) -> Entry {
         method: None,
         path: None,
         reason: "strict mode: no service claims this host".into(),
+        dst: None,
     }
 }
 
