@@ -14,7 +14,7 @@
 //! the proxy recorded before its final seal count when the key is pinned.
 //!
 //! Modules: the model and options here, `build` (the window and what
-//! reached the twin, leaks, trust failures), `integrity`, `text`, `require`.
+//! reached the twin, trust failures), `leaks`, `integrity`, `text`, `require`.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +26,7 @@ use crate::seal::PublicKeys;
 
 mod build;
 mod integrity;
+mod leaks;
 mod require;
 mod text;
 
