@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::entry::{Entry, ListenerTier};
+use crate::entry::Entry;
 use crate::ledger::LedgerRead;
 
 use super::*;
