@@ -36,6 +36,8 @@ pub const TOKEN_FILE: &str = "admin.token";
 const SEAL_INTERVAL: Duration = Duration::from_secs(1);
 /// Bound on one admin or twin HTTP exchange.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on one answer read by [`http`] (a page of 1000 twin rows is ~150 KB).
+const MAX_BODY: usize = 8 << 20;
 /// Bound on the twin rows read per service (pages of 1000).
 const TWIN_MAX_PAGES: usize = 100;
 
@@ -365,7 +367,14 @@ pub async fn http(method: &str, url: &str, bearer: Option<&str>) -> Result<(u16,
             .send_request(req.body(Full::new(Bytes::new()))?)
             .await?;
         let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await?.to_bytes();
+        // A bounded read: whatever answers at a twin or admin address (a
+        // misconfigured upstream serving a large file) cannot make the proxy
+        // or a reader hold it all.
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("{url}: reading the answer: {e}"))?
+            .to_bytes();
         Ok((status, body))
     };
     tokio::time::timeout(HTTP_TIMEOUT, work)
