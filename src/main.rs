@@ -49,6 +49,11 @@ enum Command {
     /// redirected one) until SIGINT/SIGTERM.
     Serve(stack::ServeArgs),
     /// Run a command behind the proxy, then print this run's receipt to stderr.
+    ///
+    /// The run writes a ledger of its own (<state>/runs/<run_id>/ledger.jsonl), sealed by a key
+    /// that exists only in this process: the command cannot forge its receipt, and the receipt
+    /// prints the key's fingerprint to verify the ledger later (`veris receipt --key`). In CI and
+    /// agent tools add --require-verified, so anything short of `integrity: verified` exits 3.
     Run(run::RunArgs),
     /// Summarize what reached the twin, from a state dir or a ledger file.
     Receipt(receipt_cmd::ReceiptArgs),

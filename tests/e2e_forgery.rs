@@ -457,3 +457,43 @@ fn after_a_restart_the_receipt_is_the_new_sessions() {
     proxy.signal("TERM");
     proxy.wait();
 }
+
+#[test]
+fn a_run_child_of_the_same_uid_cannot_read_the_proxys_memory() {
+    // As root the test drops to nobody for the whole run (root could ptrace
+    // anything); the child then shares veris's uid, as a workload does.
+    let is_root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    if is_root && !support::tool_works("setpriv", &["--version"]) {
+        return skip("setpriv (util-linux) is not installed");
+    }
+    let dir = TempDir::new("dumpable");
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let probe = "for f in maps environ; do if cat /proc/$PPID/$f >/dev/null 2>&1; then echo READ-$f; else echo DENIED-$f; fi; done";
+    let mut cmd = if is_root {
+        let mut c = command("setpriv");
+        c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(support::bin());
+        c
+    } else {
+        command(support::bin().to_str().unwrap())
+    };
+    cmd.env("HOME", dir.path())
+        .args(["run", "--allow-empty", "--state-dir"])
+        .arg(&state)
+        .args(["--", "sh", "-c", probe]);
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.contains("DENIED-maps") && stdout.contains("DENIED-environ"),
+        "the child read the proxy's memory: {stdout}\n{stderr}"
+    );
+    assert!(stderr.contains("integrity: verified"), "{stderr}");
+}
