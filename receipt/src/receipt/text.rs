@@ -150,3 +150,53 @@ pub fn render_text(r: &Receipt) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{Entry, Line};
+    use crate::ledger::LedgerRead;
+
+    fn upstream_error(seq: u64, error: &str, status: u16) -> Line {
+        Line {
+            v: 2,
+            seq,
+            ts: "2026-11-30T00:00:00.000Z".into(),
+            entry: Entry::UpstreamError {
+                service: "stripe".into(),
+                host: "api.stripe.com".into(),
+                method: "POST".into(),
+                path: "/v1/charges".into(),
+                upstream: "http://twin/s/sbx/stripe/v1/charges".into(),
+                status,
+                error: error.into(),
+                tier: ListenerTier::Explicit,
+                duration_ms: 1,
+            },
+            prev: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_timeout_is_never_said_to_have_missed_the_twin() {
+        let read = LedgerRead {
+            lines: vec![
+                upstream_error(1, "veris_upstream_timeout", 504),
+                upstream_error(2, "veris_upstream_unreachable", 502),
+            ],
+            head: (2, String::new()),
+            ..LedgerRead::default()
+        };
+        let text = render_text(&super::super::build(&read, &Options::default()));
+        assert!(
+            text.contains("upstream timeouts (the twin may have processed them): 1 (stripe POST /v1/charges -> 504"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "upstream errors (did not reach the twin): 1 (stripe POST /v1/charges -> 502"
+            ),
+            "{text}"
+        );
+    }
+}
