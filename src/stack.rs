@@ -133,7 +133,6 @@ pub struct Stack {
     pub proxy_url: String,
     pub proxy_addr: SocketAddr,
     pub twin_base: String,
-    pub state_dir: PathBuf,
     pub ledger: Arc<Ledger>,
     /// Seq of this run's session line: the receipt window starts there.
     pub session_seq: u64,
@@ -149,8 +148,6 @@ pub struct Stack {
     stop_traffic: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
     proxy_task: JoinHandle<std::io::Result<()>>,
-    /// Transparent tier: the (TLS, plain HTTP) listener addresses.
-    pub transparent_addrs: Option<(SocketAddr, SocketAddr)>,
     transparent_task: Option<JoinHandle<std::io::Result<()>>>,
     redirect: Option<crate::transparent::Redirect>,
     twin_task: Option<JoinHandle<()>>,
@@ -260,6 +257,26 @@ impl Stack {
             },
         };
 
+        // Transparent tier: the rules go in (as root) before the session line,
+        // which records what they cover.
+        let transparent_addrs = match &transparent_listeners {
+            Some(l) => Some((l.https.local_addr()?, l.http.local_addr()?)),
+            None => None,
+        };
+        let quic_addr = transparent_listeners
+            .as_ref()
+            .and_then(|l| l.quic.as_ref())
+            .map(|q| q.local_addr())
+            .transpose()?;
+        let mut redirect = match transparent_addrs {
+            Some((https, http)) => {
+                crate::transparent::install_redirect(&args.transparent, https, http, quic_addr)?
+            }
+            None => None,
+        };
+        let coverage = transparent_addrs
+            .and_then(|_| crate::transparent::coverage(&args.transparent, redirect.as_ref()));
+
         // The twin's log position now: the cross-check counts rows after it.
         let twin_heads = crate::live::twin_newest_ids(&services).await;
         let euid = crate::sys::euid();
@@ -281,7 +298,7 @@ impl Stack {
                     Role::Serve => "file".into(),
                     Role::Run => "memory".into(),
                 }),
-                proxy_uid: Some(if t.install_redirect {
+                proxy_uid: Some(if t.install_redirect || t.redirect_external {
                     t.proxy_uid
                 } else {
                     euid
@@ -293,9 +310,12 @@ impl Stack {
                 },
                 twin_heads: Some(twin_heads.clone()),
                 moved_aside: report.moved_aside,
-                coverage: None,
+                coverage: coverage.map(Box::new),
             })
             .context("writing the session line to the ledger")?;
+        if let Some(r) = redirect.as_mut() {
+            r.watch(ledger.clone());
+        }
 
         let twin_base = settings.twin_base.clone();
         let proxy = Proxy::new(
@@ -318,32 +338,6 @@ impl Stack {
         let h2c = proxy.probe_twin().await;
         info!(twin = %twin_base, h2c, "twin upstream");
 
-        // Transparent tier: rules in and root gone before any client byte is read.
-        let (mut transparent_addrs, mut transparent_task, mut redirect) = (None, None, None);
-        if let Some(listeners) = transparent_listeners {
-            let addrs = (listeners.https.local_addr()?, listeners.http.local_addr()?);
-            let quic_addr = listeners
-                .quic
-                .as_ref()
-                .map(|q| q.local_addr())
-                .transpose()?;
-            redirect = crate::transparent::engage(
-                &args.transparent,
-                addrs.0,
-                addrs.1,
-                quic_addr,
-                &[&state_dir, &ca_dir],
-            )?;
-            transparent_task = Some(serve_transparent(
-                listeners,
-                proxy.clone(),
-                ledger.clone(),
-                &traffic_rx,
-            ));
-            transparent_addrs = Some(addrs);
-            info!(https = %addrs.0, http = %addrs.1, quic = ?quic_addr, "transparent listeners");
-        }
-
         let admin = crate::live::start_admin(crate::live::AdminStart {
             listen: match role {
                 Role::Serve => Some(&args.admin),
@@ -360,13 +354,35 @@ impl Stack {
         })
         .await?;
 
+        // Files named on the command line are written while still root (they
+        // may sit in root-owned dirs), after the rules are in: a workload
+        // that starts on the ready file is caught from its first byte.
+        let announce = Announce {
+            proxy_url: &proxy_url,
+            identity: &identity,
+            twin_base: &twin_base,
+            state_dir: &state_dir,
+            ledger: &ledger,
+            trust: &trust,
+            admin: admin.addr,
+            key_id: sealer.key_id(),
+            transparent: transparent_addrs,
+        };
+        announce.write(args)?;
+        if transparent_addrs.is_some() {
+            crate::transparent::drop_privileges(&args.transparent, &[&state_dir, &ca_dir])?;
+        }
+
+        let transparent_task = transparent_listeners.map(|listeners| {
+            info!(https = ?transparent_addrs, quic = ?quic_addr, "transparent listeners");
+            serve_transparent(listeners, proxy.clone(), ledger.clone(), &traffic_rx)
+        });
         let proxy_task = tokio::spawn(veris_proxy::serve(listener, proxy, until(&traffic_rx)));
 
-        let stack = Stack {
+        Ok(Stack {
             proxy_url,
             proxy_addr,
             twin_base,
-            state_dir,
             ledger,
             session_seq,
             identity,
@@ -378,42 +394,11 @@ impl Stack {
             stop_traffic,
             shutdown,
             proxy_task,
-            transparent_addrs,
             transparent_task,
             redirect,
             twin_task,
             admin,
-        };
-        stack.write_announcements(args)?;
-        Ok(stack)
-    }
-
-    /// `--write-env` and `--ready-file`, the ready file last.
-    fn write_announcements(&self, args: &ServeArgs) -> Result<()> {
-        if let Some(path) = &args.write_env {
-            let no_proxy = no_proxy();
-            let spec = self.env_spec(&no_proxy, args.env_trust_only, None);
-            veris_ca::env::write(path, &spec, args.env_format.into())
-                .with_context(|| format!("writing env file {}", path.display()))?;
-        }
-        if let Some(path) = &args.ready_file {
-            let ready = serde_json::json!({
-                "proxy_url": self.proxy_url,
-                "pid": std::process::id(),
-                "sandbox_id": self.identity.sandbox_id,
-                "twin": self.twin_base,
-                "state_dir": self.state_dir,
-                "ledger": self.ledger.path(),
-                "ca": self.trust.ca_pem,
-                "admin": self.admin.addr.map(|a| format!("http://{a}")),
-                "key_id": self.sealer.key_id(),
-                "https_listen": self.transparent_addrs.map(|a| a.0.to_string()),
-                "http_listen": self.transparent_addrs.map(|a| a.1.to_string()),
-            });
-            write_atomic(path, format!("{ready}\n").as_bytes())
-                .with_context(|| format!("writing ready file {}", path.display()))?;
-        }
-        Ok(())
+        })
     }
 
     /// The env spec for clients of this stack.
@@ -532,6 +517,66 @@ impl Stack {
             key_id: self.sealer.key_id().to_string(),
             checks,
         })
+    }
+}
+
+/// What `--write-env` and `--ready-file` announce.
+struct Announce<'a> {
+    proxy_url: &'a str,
+    identity: &'a Identity,
+    twin_base: &'a str,
+    state_dir: &'a Path,
+    ledger: &'a Ledger,
+    trust: &'a TrustFiles,
+    admin: Option<SocketAddr>,
+    key_id: &'a str,
+    transparent: Option<(SocketAddr, SocketAddr)>,
+}
+
+impl Announce<'_> {
+    /// `--write-env` (world-readable: it holds no secret, and the workload,
+    /// another uid, must source it), then `--ready-file`, last.
+    fn write(&self, args: &ServeArgs) -> Result<()> {
+        if let Some(path) = &args.write_env {
+            let no_proxy = no_proxy();
+            let spec = EnvSpec {
+                proxy_url: self.proxy_url,
+                no_proxy: &no_proxy,
+                sandbox_id: &self.identity.sandbox_id,
+                canary: &self.identity.canary,
+                trust: self.trust,
+                trust_only: args.env_trust_only,
+                java_tool_options_base: None,
+            };
+            veris_ca::env::write(path, &spec, args.env_format.into()).with_context(|| {
+                format!(
+                    "writing env file {}. Next: name a file in a directory veris can write",
+                    path.display()
+                )
+            })?;
+        }
+        if let Some(path) = &args.ready_file {
+            let ready = serde_json::json!({
+                "proxy_url": self.proxy_url,
+                "pid": std::process::id(),
+                "sandbox_id": self.identity.sandbox_id,
+                "twin": self.twin_base,
+                "state_dir": self.state_dir,
+                "ledger": self.ledger.path(),
+                "ca": self.trust.ca_pem,
+                "admin": self.admin.map(|a| format!("http://{a}")),
+                "key_id": self.key_id,
+                "https_listen": self.transparent.map(|a| a.0.to_string()),
+                "http_listen": self.transparent.map(|a| a.1.to_string()),
+            });
+            write_atomic(path, format!("{ready}\n").as_bytes()).with_context(|| {
+                format!(
+                    "writing ready file {}. Next: name a file in a directory veris can write",
+                    path.display()
+                )
+            })?;
+        }
+        Ok(())
     }
 }
 

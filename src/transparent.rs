@@ -1,9 +1,17 @@
 //! The transparent tier's process side: its flags, the nftables rules that
-//! redirect the workload's TCP 80/443 to our listeners (installed with the
-//! `nft` command from the ruleset in `deploy/veris.nft`), and dropping root
-//! for the proxy uid before any client byte is read. The rules are removed
-//! at exit only when this process installed them; a small root helper that
-//! waits on a pipe does it, so the rules go even if we die without cleanup.
+//! redirect every outbound TCP connection of the workload to our listeners,
+//! UDP 443 to the QUIC sink, DNS only to the configured resolvers and drop
+//! every other datagram (installed with the `nft` command from the ruleset in
+//! `deploy/veris.nft`), what those rules cover (recorded in the session line,
+//! the receipt's leaks come from it), and dropping root for the proxy uid
+//! before any client byte is read.
+//!
+//! A small root helper stays behind while the proxy runs: it watches `table
+//! inet veris` (`nft monitor`) and reports every change, and the UDP drop
+//! counter, on a pipe the proxy records from. It removes the rules only when
+//! the proxy says so at a clean shutdown; if the proxy dies, the rules stay
+//! and fail closed (redirected connections find no listener and are refused,
+//! other datagrams stay dropped).
 //!
 //! Rootless mode: as uid 0 of a user namespace that maps no other uid (what
 //! `unshare -rn` gives an unprivileged user), there is no proxy uid to drop
@@ -23,8 +31,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tracing::{info, warn};
 
-/// The ruleset, templated by `@PROXY_UID@`, `@HTTPS_PORT@`, `@HTTP_PORT@`,
-/// `@QUIC_PORT@`; lines ending in `# quic` are left out with `--allow-quic`.
+/// The ruleset, templated (see [`ruleset`] and the file's header).
 pub const RULESET_TEMPLATE: &str = include_str!("../deploy/veris.nft");
 
 /// Name of the nftables table (family inet) the rules live in.
@@ -63,49 +70,199 @@ pub struct TransparentArgs {
     /// Sink for redirected UDP 443 (QUIC): never answers, records each attempt.
     #[arg(long, value_name = "ADDR", default_value = veris_proxy::quic::DEFAULT_QUIC_LISTEN)]
     pub quic_listen: String,
+    /// Redirect only these TCP ports (default: every port). Narrower rules
+    /// show in the receipt's leaks (`tcp-other-ports-open`).
+    #[arg(long, value_delimiter = ',', value_name = "PORT,...")]
+    pub egress_ports: Vec<u16>,
 }
 
-/// The ruleset for a proxy uid and the listener ports (`quic_port`: the UDP sink's).
-pub fn ruleset(
-    proxy_uid: u32,
-    https_port: u16,
-    http_port: u16,
-    quic_port: u16,
-    allow_quic: bool,
-) -> String {
-    let mut out = String::new();
-    for line in RULESET_TEMPLATE.lines() {
-        if allow_quic && line.trim_end().ends_with("# quic") {
-            continue;
+/// What goes into the ruleset.
+#[derive(Debug, Clone)]
+pub struct RulesetParams {
+    pub proxy_uid: u32,
+    pub https_port: u16,
+    pub http_port: u16,
+    pub quic_port: u16,
+    pub allow_quic: bool,
+    /// TCP ports redirected; empty: every port.
+    pub egress_ports: Vec<u16>,
+    /// The proxy's own dials are told apart by mark (rootless namespace).
+    pub exempt_mark: bool,
+    /// Resolvers DNS may reach.
+    pub resolvers: Vec<std::net::IpAddr>,
+}
+
+impl RulesetParams {
+    /// What these rules send to the proxy, for the session line.
+    pub fn coverage(&self, installed_by: &str) -> veris_receipt::Coverage {
+        let mut exempt = vec![format!("uid {}", self.proxy_uid)];
+        if self.exempt_mark {
+            exempt.push(format!("mark {:#x}", veris_proxy::dial::EXEMPT_MARK));
         }
+        veris_receipt::Coverage {
+            tcp_ports: (!self.egress_ports.is_empty()).then(|| self.egress_ports.clone()),
+            quic: if self.allow_quic { "open" } else { "sink" }.into(),
+            dns: if self.resolvers.is_empty() {
+                "none"
+            } else {
+                "resolvers"
+            }
+            .into(),
+            udp_other: "dropped".into(),
+            ipv6: true,
+            exempt,
+            installed_by: installed_by.into(),
+        }
+    }
+}
+
+/// The nameservers of `/etc/resolv.conf` (of this mount namespace).
+pub fn resolvers() -> Vec<std::net::IpAddr> {
+    std::fs::read_to_string("/etc/resolv.conf")
+        .map(|t| parse_resolvers(&t))
+        .unwrap_or_default()
+}
+
+fn parse_resolvers(text: &str) -> Vec<std::net::IpAddr> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().split('%').next()?.parse().ok())
+        .collect()
+}
+
+/// The ruleset for these parameters: placeholders filled, tagged lines kept
+/// only where their tag applies (see `deploy/veris.nft`).
+pub fn ruleset(p: &RulesetParams) -> String {
+    let v4: Vec<String> = p
+        .resolvers
+        .iter()
+        .filter(|a| a.is_ipv4())
+        .map(|a| a.to_string())
+        .collect();
+    let v6: Vec<String> = p
+        .resolvers
+        .iter()
+        .filter(|a| a.is_ipv6())
+        .map(|a| a.to_string())
+        .collect();
+    let tcp_ports = if p.egress_ports.is_empty() {
+        "0-65535".to_string()
+    } else {
+        p.egress_ports
+            .iter()
+            .map(|port| port.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let keep = |line: &str| {
+        let tag = line.trim_end().rsplit_once(" # ").map(|(_, t)| t);
+        match tag {
+            Some("quic") => !p.allow_quic,
+            Some("allowquic") => p.allow_quic,
+            Some("mark") => p.exempt_mark,
+            Some("dns4") => !v4.is_empty(),
+            Some("dns6") => !v6.is_empty(),
+            Some("http") => p.egress_ports.is_empty() || p.egress_ports.contains(&80),
+            _ => true,
+        }
+    };
+    let mut out = String::new();
+    for line in RULESET_TEMPLATE.lines().filter(|l| keep(l)) {
         out.push_str(
             &line
-                .replace("@PROXY_UID@", &proxy_uid.to_string())
-                .replace("@HTTPS_PORT@", &https_port.to_string())
-                .replace("@HTTP_PORT@", &http_port.to_string())
-                .replace("@QUIC_PORT@", &quic_port.to_string()),
+                .replace("@PROXY_UID@", &p.proxy_uid.to_string())
+                .replace("@HTTPS_PORT@", &p.https_port.to_string())
+                .replace("@HTTP_PORT@", &p.http_port.to_string())
+                .replace("@QUIC_PORT@", &p.quic_port.to_string())
+                .replace("@TCP_PORTS@", &tcp_ports)
+                .replace("@RESOLVERS4@", &v4.join(", "))
+                .replace("@RESOLVERS6@", &v6.join(", ")),
         );
         out.push('\n');
     }
     out
 }
 
-/// Rules this process installed: removed when dropped (or when we die,
-/// since the helper's pipe then closes).
+/// Rules this process installed, and the root helper that watches them and
+/// removes them at a clean shutdown ([`Redirect::remove`]). Dropped without
+/// `remove` (a crash, a kill), the rules stay and fail closed.
 pub struct Redirect {
     stdin: Option<ChildStdin>,
+    stdout: Option<std::process::ChildStdout>,
     helper: Child,
+    pub params: RulesetParams,
 }
 
+/// The helper, as root: reports changes to the table and the UDP drop
+/// counter on stdout (`change <nft monitor line>`, `udp_dropped <total>`),
+/// and on its stdin waits for `remove` (then deletes the table) or end of
+/// file (the proxy died: the rules stay, failing closed). It runs in its own
+/// process group so a terminal's ^C reaches the proxy, not the helper.
+const HELPER: &str = r#"
+nft monitor 2>/dev/null | while IFS= read -r line; do
+  case "$line" in *"inet veris"*) printf 'change %s\n' "$line" ;; esac
+done &
+last=0
+while :; do
+  n=$(nft list counter inet veris udp_dropped 2>/dev/null | sed -n 's/.*packets \([0-9][0-9]*\).*/\1/p')
+  if [ -n "$n" ] && [ "$n" != "$last" ]; then printf 'udp_dropped %s\n' "$n"; last=$n; fi
+  sleep 1
+done &
+read -r cmd
+trap '' TERM
+kill -TERM 0 2>/dev/null
+if [ "$cmd" = remove ]; then exec nft delete table inet veris; fi
+exit 0
+"#;
+
 impl Redirect {
-    /// Removes the rules and waits (bounded) until they are gone.
-    pub fn remove(mut self) {
-        self.stop();
+    /// Records what the helper reports, from now on: a rule change as a
+    /// `redirect_change` line (the receipt of that window fails), new UDP
+    /// drops as `udp_dropped`. A thread, since the pipe is blocking.
+    pub fn watch(&mut self, ledger: std::sync::Arc<veris_receipt::ledger::Ledger>) {
+        let Some(stdout) = self.stdout.take() else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("veris-redirect-watch".into())
+            .spawn(move || {
+                use std::io::BufRead as _;
+                let mut dropped_before = 0u64;
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { return };
+                    let entry = if let Some(change) = line.strip_prefix("change ") {
+                        warn!(change, "the nftables redirect changed while the proxy ran");
+                        veris_receipt::Entry::RedirectChange {
+                            detail: change.chars().take(512).collect(),
+                        }
+                    } else if let Some(n) = line.strip_prefix("udp_dropped ") {
+                        let Ok(total) = n.trim().parse::<u64>() else {
+                            continue;
+                        };
+                        let new = total.saturating_sub(dropped_before);
+                        dropped_before = total;
+                        if new == 0 {
+                            continue;
+                        }
+                        veris_receipt::Entry::UdpDropped { packets: new }
+                    } else {
+                        continue;
+                    };
+                    if let Err(e) = ledger.append(entry) {
+                        warn!(error = %e, "cannot record what the redirect helper reported");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot watch the redirect helper");
+        }
     }
 
-    fn stop(&mut self) {
-        // Closing the pipe is the helper's signal.
-        drop(self.stdin.take());
+    /// Removes the rules (a clean shutdown) and waits (bounded) until they are gone.
+    pub fn remove(mut self) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"remove\n");
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             match self.helper.try_wait() {
@@ -135,8 +292,9 @@ impl Redirect {
 
 impl Drop for Redirect {
     fn drop(&mut self) {
-        if self.stdin.is_some() {
-            self.stop();
+        if self.stdin.take().is_some() {
+            // Not a clean shutdown: the helper keeps the rules (fail closed).
+            warn!("leaving the nftables redirect in place: redirected connections are refused until `nft delete table inet {TABLE}`");
         }
     }
 }
@@ -178,22 +336,33 @@ pub fn preflight(args: &TransparentArgs) -> Result<()> {
     Ok(())
 }
 
-/// After the listeners are bound and before any is served: installs the
-/// redirect when asked, hands the state to the proxy uid and drops root.
-/// `quic` is the UDP sink (none with `--allow-quic`).
-pub fn engage(
+/// Installs the rules (as root) and starts their helper, before privileges
+/// drop ([`drop_privileges`]) and before any client byte is read.
+pub fn install_redirect(
     args: &TransparentArgs,
     https: SocketAddr,
     http: SocketAddr,
     quic: Option<SocketAddr>,
-    owned_dirs: &[&Path],
 ) -> Result<Option<Redirect>> {
-    let redirect = if args.install_redirect {
-        let quic_port = quic.map_or(0, |q| q.port());
-        Some(install(args, https.port(), http.port(), quic_port)?)
-    } else {
-        None
+    if !args.install_redirect {
+        return Ok(None);
+    }
+    let params = RulesetParams {
+        proxy_uid: args.proxy_uid,
+        https_port: https.port(),
+        http_port: http.port(),
+        quic_port: quic.map_or(0, |q| q.port()),
+        allow_quic: args.allow_quic,
+        egress_ports: args.egress_ports.clone(),
+        exempt_mark: rootless_namespace(),
+        resolvers: resolvers(),
     };
+    install(params).map(Some)
+}
+
+/// Hands the state to the proxy uid and drops root (not in a rootless
+/// namespace, where uid 0 is all there is and the mark exempts our dials).
+pub fn drop_privileges(args: &TransparentArgs, owned_dirs: &[&Path]) -> Result<()> {
     if (args.install_redirect || args.redirect_external) && rootless_namespace() {
         info!(
             mark = %format_args!("{:#x}", veris_proxy::dial::EXEMPT_MARK),
@@ -213,23 +382,38 @@ pub fn engage(
     } else if privileges::euid() == 0 {
         warn!("transparent listeners run as root without a redirect from veris: make sure the rules exempt root, or pass --install-redirect");
     }
-    Ok(redirect)
+    Ok(())
 }
 
-fn install(
+/// What the session line says the redirect covers: what this process
+/// installed, or, for `--redirect-external`, the operator's rules, which
+/// veris cannot inspect (the receipt says `coverage-unverified`).
+pub fn coverage(
     args: &TransparentArgs,
-    https_port: u16,
-    http_port: u16,
-    quic_port: u16,
-) -> Result<Redirect> {
+    redirect: Option<&Redirect>,
+) -> Option<veris_receipt::Coverage> {
+    match redirect {
+        Some(r) => Some(r.params.coverage("veris")),
+        None if args.redirect_external => Some(
+            RulesetParams {
+                proxy_uid: args.proxy_uid,
+                https_port: 0,
+                http_port: 0,
+                quic_port: 0,
+                allow_quic: args.allow_quic,
+                egress_ports: args.egress_ports.clone(),
+                exempt_mark: rootless_namespace(),
+                resolvers: resolvers(),
+            }
+            .coverage("external"),
+        ),
+        None => None,
+    }
+}
+
+fn install(params: RulesetParams) -> Result<Redirect> {
     refuse_existing_table()?;
-    let rules = ruleset(
-        args.proxy_uid,
-        https_port,
-        http_port,
-        quic_port,
-        args.allow_quic,
-    );
+    let rules = ruleset(&params);
     let mut nft = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
@@ -249,39 +433,40 @@ fn install(
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    // The remover: waits for its stdin to close (our exit, clean or not),
-    // then deletes the table. Its own process group keeps a terminal's ^C
-    // from killing it before it has done so.
     use std::os::unix::process::CommandExt as _;
     let spawned = Command::new("sh")
-        .args([
-            "-c",
-            &format!("cat >/dev/null; exec nft delete table inet {TABLE}"),
-        ])
+        .args(["-c", HELPER])
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .process_group(0)
         .spawn();
     let mut helper = match spawned {
         Ok(helper) => helper,
         Err(e) => {
-            // Without the remover the rules would outlive us: take them back out.
+            // Without the helper nobody would watch or remove the rules.
             let _ = Command::new("nft")
                 .args(["delete", "table", "inet", TABLE])
                 .status();
-            return Err(e).context("starting the redirect remover");
+            return Err(e).context("starting the redirect helper");
         }
     };
-    let stdin = helper.stdin.take();
+    let (stdin, stdout) = (helper.stdin.take(), helper.stdout.take());
     info!(
-        proxy_uid = args.proxy_uid,
-        https_port,
-        http_port,
-        quic_port,
-        quic_redirected = !args.allow_quic,
+        proxy_uid = params.proxy_uid,
+        https_port = params.https_port,
+        http_port = params.http_port,
+        quic_port = params.quic_port,
+        quic_redirected = !params.allow_quic,
+        egress_ports = ?params.egress_ports,
         "installed the nftables redirect (table inet {TABLE})"
     );
-    Ok(Redirect { stdin, helper })
+    Ok(Redirect {
+        stdin,
+        stdout,
+        helper,
+        params,
+    })
 }
 
 /// Rules this process did not install are never taken over (nor removed later).
@@ -392,22 +577,75 @@ mod privileges {
 mod tests {
     use super::*;
 
+    fn params() -> RulesetParams {
+        RulesetParams {
+            proxy_uid: 14741,
+            https_port: 8443,
+            http_port: 8081,
+            quic_port: 8444,
+            allow_quic: false,
+            egress_ports: Vec::new(),
+            exempt_mark: false,
+            resolvers: vec!["10.0.0.2".parse().unwrap(), "fd00::53".parse().unwrap()],
+        }
+    }
+
     #[test]
-    fn ruleset_is_templated_and_quic_can_be_left_out() {
-        let r = ruleset(14741, 8443, 8081, 8444, false);
+    fn the_default_ruleset_covers_every_tcp_port_and_all_udp() {
+        let r = ruleset(&params());
         assert!(r.contains("table inet veris"));
         assert!(r.contains("meta skuid 14741 return"));
-        let mark = format!("meta mark {:#x} return", veris_proxy::dial::EXEMPT_MARK);
-        assert!(r.contains(&mark), "the ruleset exempts the dial mark: {r}");
-        assert!(r.contains("tcp dport 443 redirect to :8443"));
+        assert!(
+            !r.contains("meta mark"),
+            "the mark is for rootless namespaces only"
+        );
         assert!(r.contains("tcp dport 80 redirect to :8081"));
-        assert!(r.contains("quic_dropped"));
+        assert!(r.contains("tcp dport { 0-65535 } redirect to :8443"));
         assert!(r.contains("udp dport 443 redirect to :8444"));
         assert!(r.contains("udp dport 8444 ct original proto-dst 443"));
+        assert!(r.contains("udp dport 53 ip daddr { 10.0.0.2 } return"));
+        assert!(r.contains("udp dport 53 ip6 daddr { fd00::53 } return"));
+        assert!(r.contains("meta l4proto udp counter name udp_dropped drop"));
+        assert!(!r.contains("udp dport 443 return"));
         assert!(!r.contains('@'), "every placeholder is filled: {r}");
-        let r = ruleset(14741, 8443, 8081, 8444, true);
-        assert!(!r.contains("udp dport 443"));
-        assert!(!r.contains("udp dport 8444"));
+        let c = params().coverage("veris");
+        assert_eq!(
+            (c.tcp_ports, c.quic.as_str(), c.udp_other.as_str()),
+            (None, "sink", "dropped")
+        );
+    }
+
+    #[test]
+    fn narrower_rules_are_what_the_coverage_says() {
+        let mut p = params();
+        p.allow_quic = true;
+        p.egress_ports = vec![443];
+        p.exempt_mark = true;
+        p.resolvers.clear();
+        let r = ruleset(&p);
+        assert!(r.contains("tcp dport { 443 } redirect to :8443"));
+        assert!(
+            !r.contains("tcp dport 80 redirect"),
+            "80 is not in the egress ports: {r}"
+        );
+        assert!(!r.contains("udp dport 443 redirect"));
+        assert!(r.contains("udp dport 443 return"));
+        assert!(!r.contains("dport 53"));
+        let mark = format!("meta mark {:#x} return", veris_proxy::dial::EXEMPT_MARK);
+        assert!(r.contains(&mark), "rootless: the dial mark is exempt: {r}");
+        let c = p.coverage("veris");
+        assert_eq!(c.tcp_ports, Some(vec![443]));
+        assert_eq!(c.quic, "open");
+        assert!(c.exempt.iter().any(|e| e.starts_with("mark")));
+    }
+
+    #[test]
+    fn resolvers_come_from_resolv_conf() {
+        let text =
+            "# comment\nnameserver 10.0.0.2\nnameserver fe80::1%eth0\nsearch x\nnameserver bogus\n";
+        let r = parse_resolvers(text);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].to_string(), "10.0.0.2");
     }
 
     #[test]

@@ -210,10 +210,10 @@ pub fn write(path: &Path, spec: &EnvSpec, format: EnvFormat) -> Result<(), CaErr
             });
         }
     }
-    let mode = match format {
-        EnvFormat::Posix => 0o600,
-        EnvFormat::Docker => 0o644,
-    };
+    // No secret in it (proxy URL, trust paths, the canary the workload is
+    // meant to see), and the workload, another uid in the transparent tier,
+    // must be able to read it.
+    let mode = 0o644;
     write_atomic(path, render(&vars, format).as_bytes(), mode)
 }
 

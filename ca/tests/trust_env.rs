@@ -256,7 +256,11 @@ fn posix_quoting_survives_sh_and_docker_is_verbatim() {
 
     let posix = s.path().join("veris.env");
     env::write(&posix, &sp, EnvFormat::Posix).unwrap();
-    assert_eq!(mode(&posix), 0o600);
+    assert_eq!(
+        mode(&posix),
+        0o644,
+        "the workload (another uid) must read it"
+    );
     let out = std::process::Command::new("sh")
         .env_clear()
         .arg("-c")

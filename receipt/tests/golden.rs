@@ -35,14 +35,20 @@ fn golden(name: &str, actual: &str) {
     assert_eq!(actual, expected, "golden file {name} differs");
 }
 
-/// Encodes entries as a chained ledger with timestamps one second apart.
+/// Encodes entries as a chained ledger with timestamps one second apart, in
+/// the version-1 form (no version-2 field): the old form stays readable.
 fn chain(entries: Vec<Entry>) -> String {
+    chain_v(entries, 1)
+}
+
+/// [`chain`] with lines of version `v`.
+fn chain_v(entries: Vec<Entry>, v: u32) -> String {
     let mut out = String::new();
     let mut prev = GENESIS_PREV.to_string();
     for (i, entry) in entries.into_iter().enumerate() {
         let seq = i as u64 + 1;
         let line = Line {
-            v: 1,
+            v,
             seq,
             ts: format!(
                 "2026-11-29T07:{:02}:{:02}.{:03}Z",
@@ -125,16 +131,41 @@ fn request_via(
     }
 }
 
+/// A version-2 transparent session whose recorded rules leave nothing open:
+/// every TCP port, QUIC sunk, other UDP dropped, DNS answered by veris, an
+/// unprivileged workload.
+fn covered_session(sandbox: &str) -> Entry {
+    let mut s = session(sandbox, Mode::Passthrough, ListenerTier::Transparent, None);
+    if let Entry::Session {
+        coverage,
+        workload_uid,
+        proxy_uid,
+        ..
+    } = &mut s
+    {
+        *coverage = Some(Box::new(veris_receipt::Coverage {
+            tcp_ports: None,
+            quic: "sink".into(),
+            dns: "stub".into(),
+            udp_other: "dropped".into(),
+            ipv6: true,
+            exempt: vec!["uid 14741".into()],
+            installed_by: "veris".into(),
+        }));
+        *workload_uid = Some(1000);
+        *proxy_uid = Some(14741);
+    }
+    s
+}
+
 fn basic_ledger() -> String {
-    chain(vec![
-        session(
-            "sbx_a1b2c3",
-            Mode::Passthrough,
-            ListenerTier::Transparent,
-            None,
-        ),
-        request("stripe", "api.stripe.com", "POST", "/v1/charges", 200),
-    ])
+    chain_v(
+        vec![
+            covered_session("sbx_a1b2c3"),
+            request("stripe", "api.stripe.com", "POST", "/v1/charges", 200),
+        ],
+        2,
+    )
 }
 
 fn rich_ledger() -> String {

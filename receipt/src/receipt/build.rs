@@ -128,7 +128,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
         }
     }
 
-    receipt.leaks = super::leaks::leaks(read, since, until, receipt.tier);
+    receipt.leaks = super::leaks::leaks(read, since, until);
     receipt.trust_failures = trust_failures(read, since, until, &receipt.services);
     receipt
 }

@@ -105,6 +105,23 @@ pub(super) fn integrity(read: &LedgerRead, options: &Options, w: &Window) -> Int
             ),
         ));
     }
+    let changes: Vec<String> = lines
+        .iter()
+        .filter_map(|l| match &l.entry {
+            Entry::RedirectChange { detail } => Some(format!("seq {}: {detail}", l.seq)),
+            _ => None,
+        })
+        .collect();
+    if !changes.is_empty() {
+        checks.push(check(
+            "redirect",
+            CheckStatus::Failed,
+            format!(
+                "the kernel redirect changed while the proxy ran, so traffic may have escaped it ({})",
+                changes.join("; ")
+            ),
+        ));
+    }
     let seals = seals_check(read, lines, options, w);
     // Custody only matters once the seals themselves hold: it is the last
     // reason an offline verdict could still be forged.

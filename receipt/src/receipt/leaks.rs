@@ -1,25 +1,53 @@
 //! Leaks: evidence-based notes on how traffic could have bypassed the proxy
 //! in a window (DESIGN §7a.9, §8).
 
-use crate::entry::{Entry, ListenerTier};
+use crate::entry::{Coverage, Entry, ListenerTier};
 use crate::ledger::LedgerRead;
 
 use super::normalize_host;
 
 /// Evidence-based leak notes (DESIGN §8), in a fixed order. Nothing is
-/// claimed without a session line: the tier is unknown then.
-pub(super) fn leaks(
-    read: &LedgerRead,
-    since: u64,
-    until: u64,
-    tier: Option<ListenerTier>,
-) -> Vec<String> {
+/// claimed without a session line: the tier is unknown then. In the
+/// transparent tier they come from the coverage the session line records,
+/// never from a constant: `leaks: none` holds only for rules that send every
+/// TCP port to the proxy, sink QUIC, drop other UDP, answer DNS themselves,
+/// were installed and watched by veris, and a workload that is not root.
+pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
     let mut out = Vec::new();
-    if tier == Some(ListenerTier::Explicit) {
-        // Clients that ignore the proxy variables go straight out, and
-        // nothing redirects UDP in this tier.
-        out.push("direct-egress-possible".to_string());
-        out.push("udp-quic-possible".to_string());
+    let session = read
+        .lines
+        .iter()
+        .rev()
+        .filter(|l| l.seq <= until)
+        .find_map(|l| match &l.entry {
+            Entry::Session {
+                tier,
+                coverage,
+                workload_uid,
+                ..
+            } => Some((*tier, coverage.as_deref(), *workload_uid)),
+            _ => None,
+        });
+    match session {
+        Some((ListenerTier::Explicit, _, _)) => {
+            // Clients that ignore the proxy variables go straight out, and
+            // nothing redirects UDP in this tier.
+            out.push("direct-egress-possible".to_string());
+            out.push("udp-quic-possible".to_string());
+        }
+        Some((ListenerTier::Transparent, None, _)) => {
+            out.push("coverage-unknown".to_string());
+        }
+        Some((ListenerTier::Transparent, Some(c), workload_uid)) => {
+            out.extend(coverage_leaks(c, workload_uid));
+        }
+        None => {}
+    }
+    let changed = read.lines.iter().any(|l| {
+        l.seq > since && l.seq <= until && matches!(l.entry, Entry::RedirectChange { .. })
+    });
+    if changed {
+        out.push("redirect-changed".to_string());
     }
     // Open egress, evidenced by tunnels in the window: an ECH client shows
     // only its public front name, so a tunnel may hide its real destination.
@@ -62,6 +90,18 @@ pub(super) fn leaks(
         ech_hosts.sort();
         out.push(format!("ech-observed {}", ech_hosts.join(",")));
     }
+    let udp_dropped: u64 = read
+        .lines
+        .iter()
+        .filter(|l| l.seq > since && l.seq <= until)
+        .map(|l| match l.entry {
+            Entry::UdpDropped { packets } => packets,
+            _ => 0,
+        })
+        .sum();
+    if udp_dropped > 0 {
+        out.push(format!("udp-dropped {udp_dropped}"));
+    }
     if quic_attempts > 0 {
         // The SNI read from the decrypted Initial, when the sink could read it.
         quic_hosts.sort();
@@ -72,4 +112,74 @@ pub(super) fn leaks(
         });
     }
     out
+}
+
+/// What the recorded rules leave open.
+fn coverage_leaks(c: &Coverage, workload_uid: Option<u32>) -> Vec<String> {
+    let mut out = Vec::new();
+    if c.installed_by != "veris" {
+        // Rules veris did not install it cannot inspect or watch.
+        out.push("coverage-unverified".to_string());
+    }
+    if c.tcp_ports.is_some() {
+        out.push("tcp-other-ports-open".to_string());
+    }
+    if c.quic != "sink" {
+        out.push("udp-quic-possible".to_string());
+    }
+    if c.udp_other != "dropped" {
+        out.push("udp-other-open".to_string());
+    }
+    if c.dns != "stub" && c.dns != "none" {
+        // Queries to a real resolver can carry data out by themselves.
+        out.push("dns-egress".to_string());
+    }
+    if !c.ipv6 {
+        out.push("ipv6-open".to_string());
+    }
+    // Root can rewrite the rules, run as the proxy uid or set its mark.
+    let marked = c.exempt.iter().any(|e| e.starts_with("mark"));
+    if workload_uid.is_none_or(|u| u == 0) || marked {
+        out.push("workload-root".to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coverage() -> Coverage {
+        Coverage {
+            tcp_ports: None,
+            quic: "sink".into(),
+            dns: "stub".into(),
+            udp_other: "dropped".into(),
+            ipv6: true,
+            exempt: vec!["uid 14741".into()],
+            installed_by: "veris".into(),
+        }
+    }
+
+    #[test]
+    fn leaks_come_from_the_recorded_coverage() {
+        assert!(coverage_leaks(&coverage(), Some(1000)).is_empty());
+        assert_eq!(coverage_leaks(&coverage(), None), ["workload-root"]);
+        assert_eq!(coverage_leaks(&coverage(), Some(0)), ["workload-root"]);
+        let mut narrow = coverage();
+        narrow.tcp_ports = Some(vec![80, 443]);
+        narrow.quic = "open".into();
+        narrow.dns = "resolvers".into();
+        assert_eq!(
+            coverage_leaks(&narrow, Some(1000)),
+            ["tcp-other-ports-open", "udp-quic-possible", "dns-egress"]
+        );
+        let mut external = coverage();
+        external.installed_by = "external".into();
+        external.exempt.push("mark 0x76657269".into());
+        assert_eq!(
+            coverage_leaks(&external, Some(1000)),
+            ["coverage-unverified", "workload-root"]
+        );
+    }
 }
