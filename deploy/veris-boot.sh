@@ -4,13 +4,14 @@
 #   1. a proxy user (uid 14741 by default) and the state dir it owns;
 #   2. the CA and trust material (`veris ca init`), and the CA published into
 #      the system trust store, so clients that use the system store trust it;
-#   3. the nftables redirect (deploy/veris.nft, templated by uid and ports):
-#      the workload's TCP 80/443 go to veris, UDP 443 (QUIC) to its silent
-#      sink, which records each attempt;
-#   4. veris started as the proxy uid (`--redirect-external`: these rules are
-#      the boot script's), writing the trust-only env file once it accepts
-#      connections. No proxy variables: the redirect is the enforcement, and
-#      telling clients about a proxy would hide a broken redirect.
+#   3. a stale nftables table from a veris that died is removed;
+#   4. veris started as root with --install-redirect: it installs the rules
+#      of deploy/veris.nft (every TCP port of other uids to veris, UDP 443 to
+#      its silent QUIC sink, DNS only to the configured resolvers, every other
+#      datagram dropped), watches them, writes the trust-only env file and the
+#      ready file, and drops to the proxy uid. No proxy variables: the
+#      redirect is the enforcement, and telling clients about a proxy would
+#      hide a broken redirect.
 #
 # Usage: veris-boot.sh [start | prepare | exec CMD ARGS...]
 #   start    steps 1-4, veris in the background, returns once it is ready
@@ -20,7 +21,7 @@
 # Environment (defaults in brackets):
 #   VERIS_BIN [/usr/local/bin/veris]   VERIS_STATE_DIR [/veris]
 #   VERIS_PROXY_UID [14741]            VERIS_HTTPS_PORT [8443]   VERIS_HTTP_PORT [8081]
-#   VERIS_RULES [/etc/veris/veris.nft] VERIS_ENV_FILE [$VERIS_STATE_DIR/env]
+#   VERIS_ENV_FILE [$VERIS_STATE_DIR/env]
 #   VERIS_QUIC_PORT [8443, UDP]        VERIS_ALLOW_QUIC [unset: UDP 443 to the sink]  VERIS_SYSTEM_TRUST [1: update the system store]
 #   VERIS_SERVE_ARGS [empty: extra `veris serve` flags, e.g. "--twin URL --sandbox ID"]
 set -eu
@@ -31,7 +32,6 @@ PROXY_UID=${VERIS_PROXY_UID:-14741}
 HTTPS_PORT=${VERIS_HTTPS_PORT:-8443}
 HTTP_PORT=${VERIS_HTTP_PORT:-8081}
 QUIC_PORT=${VERIS_QUIC_PORT:-8443}
-RULES=${VERIS_RULES:-/etc/veris/veris.nft}
 ENV_FILE=${VERIS_ENV_FILE:-$STATE/env}
 READY=$STATE/ready.json
 MODE=${1:-start}
@@ -42,7 +42,6 @@ die() { say "$*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (it installs nftables rules and the system CA). Next: run it as root, or with sudo"
 [ "$PROXY_UID" != 0 ] || die "VERIS_PROXY_UID=0 would exempt every root process from the redirect. Next: pick a dedicated uid"
 [ -x "$BIN" ] || die "no veris binary at $BIN. Next: set VERIS_BIN"
-[ -r "$RULES" ] || die "no ruleset at $RULES. Next: copy deploy/veris.nft there or set VERIS_RULES"
 command -v nft >/dev/null || die "nft is not installed. Next: apt-get install nftables"
 
 prepare() {
@@ -71,23 +70,25 @@ prepare() {
         fi
     fi
 
-    # 3. The redirect, replacing a stale table from an earlier boot.
+    # 3. A table left by a veris that died (its rules fail closed until
+    #    removed) is cleared; veris installs and watches its own (step 4).
     if nft list table inet veris >/dev/null 2>&1; then
         nft delete table inet veris
+        say "removed a stale table inet veris"
     fi
-    sed -e "s/@PROXY_UID@/$PROXY_UID/g" -e "s/@HTTPS_PORT@/$HTTPS_PORT/g" \
-        -e "s/@HTTP_PORT@/$HTTP_PORT/g" -e "s/@QUIC_PORT@/$QUIC_PORT/g" "$RULES" |
-        if [ -n "${VERIS_ALLOW_QUIC:-}" ]; then grep -v '# quic$'; else cat; fi |
-        nft -f -
-    say "redirect installed: TCP 443 -> :$HTTPS_PORT, TCP 80 -> :$HTTP_PORT, uid $PROXY_UID exempt"
 }
 
 start() {
     rm -f "$READY"
-    # 4. veris as the proxy uid; word splitting of VERIS_SERVE_ARGS is wanted.
+    # 4. veris, as root: it installs the redirect (every TCP port, QUIC to its
+    #    sink, DNS to the configured resolvers only, other UDP dropped), starts
+    #    the root helper that watches the rules, writes the env and ready
+    #    files, then drops to the proxy uid. Word splitting of
+    #    VERIS_SERVE_ARGS is wanted.
+    quic=""
+    [ -z "${VERIS_ALLOW_QUIC:-}" ] || quic="--allow-quic"
     # shellcheck disable=SC2086
-    setpriv --reuid="$PROXY_UID" --regid="$PROXY_GID" --clear-groups -- \
-        "$BIN" serve --transparent --redirect-external --proxy-uid "$PROXY_UID" \
+    "$BIN" serve --transparent --install-redirect --proxy-uid "$PROXY_UID" $quic \
         --https-listen "[::]:$HTTPS_PORT" --http-listen "[::]:$HTTP_PORT" \
         --quic-listen "[::]:$QUIC_PORT" \
         --state-dir "$STATE" --ready-file "$READY" \
@@ -102,8 +103,6 @@ start() {
         [ "$i" -le 300 ] || die "veris not ready after 30 s; see $STATE/veris.log"
         sleep 0.1
     done
-    # Trust-only: paths to public material, readable by any workload uid.
-    chmod 0644 "$ENV_FILE"
     say "veris ready (pid $pid); env file $ENV_FILE; receipt: $BIN receipt --state-dir $STATE"
 }
 
