@@ -58,7 +58,17 @@ pub async fn read<R>(io: &mut R, limit: usize) -> Result<ClientHello, ClientHell
 where
     R: AsyncRead + Unpin,
 {
-    let mut parser = Parser::new(limit);
+    read_with(io, &mut Parser::new(limit)).await
+}
+
+/// [`read`] into a parser the caller owns, which may already hold the first
+/// bytes (a sniffed prefix). When this fails, or is cancelled (a timeout),
+/// every byte read so far is still in [`Parser::buffered`].
+pub async fn read_with<R>(io: &mut R, parser: &mut Parser) -> Result<ClientHello, ClientHelloError>
+where
+    R: AsyncRead + Unpin,
+{
+    let limit = parser.limit;
     let mut chunk = [0u8; 4096];
     // Bounded: every pass reads at least one byte or returns, and the parser
     // refuses more than `limit` bytes.
@@ -101,6 +111,11 @@ impl Parser {
             next_record: 0,
             handshake: Vec::new(),
         }
+    }
+
+    /// The bytes pushed so far and not yet handed out in a [`ClientHello`].
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
     }
 
     /// Adds bytes; `Ok(Some)` once a complete ClientHello is in.

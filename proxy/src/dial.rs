@@ -1,6 +1,10 @@
 //! The proxy's own outbound TCP dials (passthrough re-dials, CONNECT tunnels,
-//! the upstream client's connections), and the mark that exempts them from the
-//! transparent tier's redirect.
+//! the upstream client's connections), the name resolution they use, and the
+//! mark that exempts them from the transparent tier's redirect.
+//!
+//! Loopback names (`localhost`, `*.localhost`) are loopback by definition
+//! (RFC 6761 §6.3) and never reach a resolver: [`resolve`] answers them
+//! itself, so a workload cannot point them elsewhere through DNS.
 //!
 //! The redirect (deploy/veris.nft) lets a socket leave when its owner is the
 //! proxy uid (`meta skuid`) or when it carries [`EXEMPT_MARK`] (`meta mark`).
@@ -17,15 +21,28 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use http::Uri;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 use tracing::debug;
 
+use crate::route::is_loopback;
 use crate::sys;
+
+/// Name resolution as the proxy's checks use it: `(host, port)` to the
+/// addresses it stands for. A function value so tests answer without DNS.
+pub type Resolve =
+    Arc<dyn Fn(String, u16) -> BoxFuture<'static, io::Result<Vec<SocketAddr>>> + Send + Sync>;
+
+/// [`resolve`], as a [`Resolve`].
+pub fn system_resolver() -> Resolve {
+    Arc::new(|host, port| Box::pin(async move { resolve(&host, port).await }))
+}
 
 /// The packet mark of the proxy's own dials in the transparent tier: "veri",
 /// the first four bytes of "veris" in ASCII (a mark is 32 bits). The ruleset
@@ -73,16 +90,30 @@ pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
     socket.connect(addr).await
 }
 
-/// Resolves `host` and connects to each address in turn until one answers;
-/// the last error otherwise.
-pub async fn connect_host(host: &str, port: u16) -> io::Result<TcpStream> {
+/// The addresses `host` stands for: loopback names are answered here (IPv4
+/// first, as `/etc/hosts` lists them), IP literals are themselves, other
+/// names go to the system resolver.
+pub async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
     // A URI's IPv6 literal comes bracketed.
     let host = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
+    let name = host.trim_end_matches('.').to_ascii_lowercase();
+    if is_loopback(&name) && name.parse::<std::net::IpAddr>().is_err() {
+        return Ok(vec![
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)),
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+        ]);
+    }
+    Ok(tokio::net::lookup_host((host, port)).await?.collect())
+}
+
+/// Resolves `host` ([`resolve`]) and connects to each address in turn until
+/// one answers; the last error otherwise.
+pub async fn connect_host(host: &str, port: u16) -> io::Result<TcpStream> {
     let mut last = None;
-    for addr in tokio::net::lookup_host((host, port)).await? {
+    for addr in resolve(host, port).await? {
         match connect(addr).await {
             Ok(stream) => return Ok(stream),
             Err(e) => last = Some(e),
@@ -94,6 +125,37 @@ pub async fn connect_host(host: &str, port: u16) -> io::Result<TcpStream> {
             format!("{host} resolved to no address"),
         )
     }))
+}
+
+/// A connector that dials one address whatever the URI names (the URI still
+/// gives the TLS server name and the Host header): a transparent passthrough
+/// goes where the client's bytes were headed, never where a lookup of the
+/// name it claimed leads.
+#[derive(Clone, Debug)]
+pub struct PinnedConnector {
+    pub addr: SocketAddr,
+    pub timeout: Duration,
+}
+
+impl tower_service::Service<Uri> for PinnedConnector {
+    type Response = TokioIo<TcpStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<TokioIo<TcpStream>>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        let (addr, timeout) = (self.addr, self.timeout);
+        Box::pin(async move {
+            let stream = tokio::time::timeout(timeout, connect(addr))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+            stream.set_nodelay(true)?;
+            Ok(TokioIo::new(stream))
+        })
+    }
 }
 
 /// The upstream client's connector: [`connect_host`] with a timeout and
@@ -152,6 +214,52 @@ mod tests {
         assert_eq!(by_name.unwrap().peer_addr().unwrap(), addr);
         let bracketed = connect_host("[127.0.0.1]", addr.port()).await.unwrap();
         assert_eq!(bracketed.peer_addr().unwrap(), addr);
+    }
+
+    #[tokio::test]
+    async fn loopback_names_are_answered_without_a_resolver() {
+        // RFC 6761: a resolver is never asked, so no DNS answer can move them.
+        for name in ["localhost", "x.localhost", "A.B.LOCALHOST.", "[localhost]"] {
+            let addrs = resolve(name, 8443).await.unwrap();
+            assert_eq!(
+                addrs,
+                [
+                    "127.0.0.1:8443".parse::<SocketAddr>().unwrap(),
+                    "[::1]:8443".parse().unwrap()
+                ],
+                "{name}"
+            );
+        }
+        // Literals are themselves; `localhostx` is no loopback name.
+        assert_eq!(
+            resolve("127.0.0.2", 1).await.unwrap(),
+            ["127.0.0.2:1".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(
+            resolve("[::1]", 1).await.unwrap(),
+            ["[::1]:1".parse::<SocketAddr>().unwrap()]
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stream = connect_host("api.localhost", addr.port()).await.unwrap();
+        assert_eq!(stream.peer_addr().unwrap(), addr);
+    }
+
+    #[tokio::test]
+    async fn the_pinned_connector_ignores_the_uri_authority() {
+        use tower_service::Service as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut c = PinnedConnector {
+            addr,
+            timeout: Duration::from_secs(5),
+        };
+        // A name no resolver is asked about: the pinned address is dialed.
+        let io = c
+            .call("https://api.stripe.com/v1".parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(io.inner().peer_addr().unwrap(), addr);
     }
 
     #[tokio::test]

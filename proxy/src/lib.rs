@@ -5,8 +5,11 @@
 //!
 //! 1. **accept** ([`serve`]): one task per client connection, HTTP/1.1 with upgrades.
 //!    The transparent tier accepts kernel-redirected connections instead
-//!    ([`transparent::serve`]): original destination, ClientHello and SNI are
-//!    read there, then the connection joins phase 4 with `tier: transparent`.
+//!    ([`transparent::serve`]): original destination, then the first bytes
+//!    ([`sniff`]) decide — TLS (routed by SNI) joins phase 4, HTTP (and a
+//!    `CONNECT` meant for another proxy) joins phase 2, anything else passes
+//!    through to the original destination or is refused — all with
+//!    `tier: transparent`.
 //! 2. **peek** ([`Proxy::on_proxy_request`]): a `CONNECT host:port`, an absolute-form
 //!    plain-HTTP request, or a request for the proxy itself (canary).
 //! 3. **route** ([`route::Router`]): a vendor service, the canary, loopback, an
@@ -40,6 +43,7 @@ pub mod recorder;
 pub mod reserved;
 pub mod respond;
 pub mod route;
+pub mod sniff;
 mod sys;
 pub mod transparent;
 pub mod trust;
@@ -67,6 +71,7 @@ use veris_ca::Issuer;
 use veris_receipt::{redact, Entry, ListenerTier, Mode};
 
 use crate::body::{Counted, ProxyBody, Tally};
+use crate::dial::Resolve;
 use crate::recorder::{RecordError, Recorder};
 use crate::reserved::PathClass;
 use crate::route::{normalize_host, Route, Router, Service};
@@ -111,6 +116,9 @@ pub struct Proxy {
     grace: Duration,
     issuer: Arc<Issuer>,
     recorder: Arc<dyn Recorder>,
+    /// Resolves allowed names in strict mode, to check them against the
+    /// address a redirected connection was headed to.
+    resolve: Resolve,
     tasks: TaskTracker,
     cancel: CancellationToken,
 }
@@ -135,9 +143,21 @@ struct Leg {
     tls: bool,
     tier: ListenerTier,
     /// Transparent tier: the address the client dialed (`SO_ORIGINAL_DST`).
+    /// A passthrough goes there, never to a lookup of `host`.
     origin: Option<SocketAddr>,
     /// Transparent tier: `host` is the TLS SNI, and each request's Host must agree.
     sni_host: bool,
+    /// Transparent tier: a `CONNECT` the client sent to this address (a
+    /// proxy outside veris). The leg then dials `host` as the explicit tier
+    /// does, and its refusals name this address as their destination.
+    via: Option<SocketAddr>,
+}
+
+impl Leg {
+    /// Where the client's bytes were headed, for blocked lines.
+    fn headed_to(&self) -> Option<String> {
+        self.origin.or(self.via).map(|a| a.to_string())
+    }
 }
 
 impl Proxy {
@@ -145,6 +165,16 @@ impl Proxy {
         options: ProxyOptions,
         issuer: Arc<Issuer>,
         recorder: Arc<dyn Recorder>,
+    ) -> Arc<Proxy> {
+        Proxy::with_resolver(options, issuer, recorder, dial::system_resolver())
+    }
+
+    /// [`Proxy::new`] with the name resolution of its own choosing (tests).
+    pub(crate) fn with_resolver(
+        options: ProxyOptions,
+        issuer: Arc<Issuer>,
+        recorder: Arc<dyn Recorder>,
+        resolve: Resolve,
     ) -> Arc<Proxy> {
         let connect_timeout = options.upstream.connect_timeout;
         Arc::new(Proxy {
@@ -163,6 +193,7 @@ impl Proxy {
             grace: options.grace,
             issuer,
             recorder,
+            resolve,
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
         })
@@ -188,7 +219,7 @@ impl Proxy {
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
         if req.method() == Method::CONNECT {
-            return self.connect(req, peer).await;
+            return self.connect(req, peer, None).await;
         }
         if let Some(authority) = req.uri().authority().cloned() {
             // Absolute-form plain HTTP (`GET http://host/path`).
@@ -199,6 +230,7 @@ impl Proxy {
                 tier: ListenerTier::Explicit,
                 origin: None,
                 sni_host: false,
+                via: None,
             };
             return self.handle(req, Arc::new(leg)).await;
         }
@@ -214,11 +246,14 @@ impl Proxy {
         )
     }
 
-    /// Phase 4: decide terminate or tunnel for a `CONNECT`.
+    /// Phase 4: decide terminate or tunnel for a `CONNECT`. `via` is set in
+    /// the transparent tier: the client sent its `CONNECT` to that address,
+    /// a proxy outside veris, and is handled as if it had asked veris.
     async fn connect(
         self: Arc<Self>,
         mut req: Request<Incoming>,
         peer: SocketAddr,
+        via: Option<SocketAddr>,
     ) -> Response<ProxyBody> {
         let Some(authority) = req.uri().authority().cloned() else {
             return respond::error(
@@ -232,10 +267,17 @@ impl Proxy {
             host: normalize_host(authority.host()),
             port: authority.port_u16().unwrap_or(443),
             tls: true,
-            tier: ListenerTier::Explicit,
+            tier: match via {
+                Some(_) => ListenerTier::Transparent,
+                None => ListenerTier::Explicit,
+            },
             origin: None,
             sni_host: false,
+            via,
         };
+        if let Some(via) = via {
+            info!(host = %leg.host, port = leg.port, %via, "a CONNECT meant for another proxy; handled as veris's own");
+        }
         let route = self.router.route_connection(&leg.host);
         let passthrough_reason = match route {
             Route::Service(_) | Route::Canary => None,
@@ -308,22 +350,13 @@ impl Proxy {
             let leg = leg.clone();
             async move { Ok::<_, Infallible>(proxy.handle(req, leg).await) }
         });
-        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-        tokio::pin!(conn);
-        let result = tokio::select! {
-            r = conn.as_mut() => r,
-            _ = self.cancel.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        };
-        if let Err(e) = result {
+        if let Err(e) = serve_auto(tls, service, &self.cancel).await {
             debug!(error = %e, "intercepted connection ended with an error");
         }
     }
 
-    /// Phase 4b: a byte tunnel to the real destination, recorded when it closes.
+    /// Phase 4b: a byte tunnel to the real destination, recorded (with the
+    /// address the dial reached) when it closes.
     async fn tunnel(
         self: Arc<Self>,
         on_upgrade: hyper::upgrade::OnUpgrade,
@@ -341,6 +374,7 @@ impl Proxy {
             Ok(Err(e)) => return self.tunnel_failed(&leg, reason, started, e.to_string()),
             Err(_) => return self.tunnel_failed(&leg, reason, started, "connect timed out".into()),
         };
+        let dst = origin.peer_addr().ok();
         let proxy = self.clone();
         let span = info_span!("tunnel", host = %leg.host, port = leg.port);
         self.tasks.spawn(
@@ -361,7 +395,7 @@ impl Proxy {
                         (0, 0)
                     }
                 };
-                proxy.record_passthrough(&leg, reason, up, down, started);
+                proxy.record_passthrough(&leg, reason, dst, (up, down), started);
             }
             .instrument(span),
         );
@@ -375,7 +409,7 @@ impl Proxy {
         started: Instant,
         error: String,
     ) -> Response<ProxyBody> {
-        self.record_passthrough(leg, reason, 0, 0, started);
+        self.record_passthrough(leg, reason, leg.origin, (0, 0), started);
         respond::error(
             StatusCode::BAD_GATEWAY,
             "veris_passthrough_unreachable",
@@ -384,12 +418,15 @@ impl Proxy {
         )
     }
 
+    /// Records a passthrough: the name the client gave (`leg.host`) beside
+    /// `dst`, the address actually dialed (DESIGN §7a.11; `None` when no
+    /// dial connected), and the bytes `(in, out)` moved.
     fn record_passthrough(
         &self,
         leg: &Leg,
         reason: &str,
-        bytes_in: u64,
-        bytes_out: u64,
+        dst: Option<SocketAddr>,
+        (bytes_in, bytes_out): (u64, u64),
         started: Instant,
     ) {
         let entry = Entry::Passthrough {
@@ -400,8 +437,7 @@ impl Proxy {
             bytes_out,
             duration_ms: started.elapsed().as_millis() as u64,
             reason: reason.to_string(),
-            // Filled in by H2 work: the address actually dialed.
-            dst: leg.origin.map(|o| o.to_string()),
+            dst: dst.map(|d| d.to_string()),
         };
         if let Err(e) = self.recorder.record(entry) {
             warn!(error = %e, host = %leg.host, "passthrough could not be recorded");
@@ -427,8 +463,23 @@ impl Proxy {
                 }
                 self.forward(service, req, &leg).instrument(span).await
             }
-            Route::Loopback => self.pass(req, &leg, "loopback").await,
-            Route::Allowed => self.pass(req, &leg, "allow_passthrough").await,
+            route @ (Route::Loopback | Route::Allowed) => {
+                let reason = if route == Route::Loopback {
+                    "loopback"
+                } else {
+                    "allow_passthrough"
+                };
+                // A name that passes on its own say-so must stand for the
+                // address the bytes were headed to (DESIGN §7a.11).
+                match self.name_mismatch(&leg, route).await {
+                    None => self.pass(req, &leg, reason).await,
+                    Some(why) if self.identity.mode == Mode::Strict => {
+                        self.refuse_mismatch(req, &leg, why)
+                    }
+                    // Let through by the mode, not by the name.
+                    Some(_) => self.pass(req, &leg, "mode").await,
+                }
+            }
             Route::Unmapped if self.identity.mode == Mode::Passthrough => {
                 self.pass(req, &leg, "mode").await
             }
@@ -749,7 +800,10 @@ impl Proxy {
     }
 
     /// Unmapped or allowed host seen as an HTTP request (plain HTTP, or inside a
-    /// connection we terminated): re-originate it to the real destination.
+    /// connection we terminated): re-originate it to the real destination —
+    /// in the transparent tier the address the client dialed (the name
+    /// travels as Host and SNI only), in the explicit tier a lookup of the
+    /// name — and record the address the request went to.
     async fn pass(
         &self,
         req: Request<Incoming>,
@@ -790,10 +844,20 @@ impl Proxy {
         *up_req.method_mut() = parts.method;
         *up_req.uri_mut() = uri;
         *up_req.headers_mut() = headers;
-        match self.upstream.send(up_req, false).await {
+        let sent = match leg.origin {
+            Some(origin) if leg.tls => self.upstream.send_via(origin, up_req).await,
+            _ => self.upstream.send(up_req, false).await,
+        };
+        match sent {
             Ok(resp) => {
                 let bytes_out = content_length(resp.headers()).unwrap_or(0);
-                self.record_passthrough(leg, reason, tally.bytes(), bytes_out, started);
+                let dst = resp
+                    .extensions()
+                    .get::<hyper_util::client::legacy::connect::HttpInfo>()
+                    .map(|info| info.remote_addr())
+                    .or(leg.origin);
+                let bytes = (tally.bytes(), bytes_out);
+                self.record_passthrough(leg, reason, dst, bytes, started);
                 let (mut parts, incoming) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, false);
                 parts.version = Version::default();
@@ -812,7 +876,7 @@ impl Proxy {
             method: Some(req.method().to_string()),
             path: Some(req.uri().path().to_string()),
             reason: "strict mode: no service claims this host and path".into(),
-            dst: leg.origin.map(|o| o.to_string()),
+            dst: leg.headed_to(),
         };
         if let Err(e) = self.recorder.record(entry) {
             warn!(error = %e, "blocked request could not be recorded");
@@ -836,6 +900,41 @@ impl Proxy {
                 ],
                 "sandbox_id": self.identity.sandbox_id,
                 "known_services": known,
+            }),
+        )
+    }
+
+    /// Strict mode, transparent tier: a request whose Host is a loopback or
+    /// allowed name but whose connection was headed elsewhere (`why`).
+    /// 421 in words, recorded as blocked with that destination.
+    fn refuse_mismatch(
+        &self,
+        req: Request<Incoming>,
+        leg: &Leg,
+        why: String,
+    ) -> Response<ProxyBody> {
+        warn!(host = %leg.host, dst = ?leg.origin, "{why}; refused");
+        self.record_or_log(Entry::Blocked {
+            host: leg.host.clone(),
+            port: leg.port,
+            tier: leg.tier,
+            method: Some(req.method().to_string()),
+            path: Some(req.uri().path().to_string()),
+            reason: format!("strict mode: name does not match the destination: {why}"),
+            dst: leg.headed_to(),
+        });
+        respond::json(
+            StatusCode::MISDIRECTED_REQUEST,
+            json!({
+                "error": "veris_name_mismatch",
+                "message": format!("veris is in strict mode and refuses this request: {why}"),
+                "host": leg.host,
+                "dst": leg.headed_to(),
+                "remedy": [
+                    format!("connect to an address {} stands for", leg.host),
+                    "or run in passthrough mode (--mode passthrough), where it is let through and recorded",
+                ],
+                "sandbox_id": self.identity.sandbox_id,
             }),
         )
     }
@@ -1022,14 +1121,44 @@ async fn client_connection(proxy: Arc<Proxy>, stream: TcpStream, peer: SocketAdd
     }
 }
 
+/// Serves one connection as HTTP/1.1 (upgrades allowed) or HTTP/2 (by its
+/// preface) until it ends; once `cancel` fires, in-flight requests finish
+/// and the connection closes.
+pub(crate) async fn serve_auto<IO, S, B>(
+    io: IO,
+    service: S,
+    cancel: &CancellationToken,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => r,
+        _ = cancel.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    }
+}
+
 /// Serves one HTTP/1.1 connection (upgrades allowed) until it ends; once
 /// `cancel` fires, in-flight requests finish and the connection closes.
-pub(crate) async fn serve_http1<S, B>(
-    stream: TcpStream,
+pub(crate) async fn serve_http1<IO, S, B>(
+    stream: IO,
     service: S,
     cancel: &CancellationToken,
 ) -> Result<(), hyper::Error>
 where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     S::Future: 'static,

@@ -7,6 +7,7 @@
 //! the `Upgrade`/`Connection: upgrade` pair of a WebSocket handshake.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::body::{empty, ProxyBody};
-use crate::dial::Connector;
+use crate::dial::{Connector, PinnedConnector};
 
 /// How the upstream failed, which decides the client's status.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,9 @@ pub struct Upstream {
     /// Plain-HTTP authorities that answered HTTP/2 with prior knowledge.
     h2c_origins: RwLock<HashSet<String>>,
     response_timeout: Duration,
+    connect_timeout: Duration,
+    /// The TLS settings of `auto`, before ALPN, for one-off connections.
+    tls: rustls::ClientConfig,
 }
 
 impl Upstream {
@@ -91,7 +95,7 @@ impl Upstream {
                 .with_no_client_auth()
         };
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config(tls.clone())
             .https_or_http()
             .enable_http1()
             .enable_http2()
@@ -108,6 +112,8 @@ impl Upstream {
             h2c,
             h2c_origins: RwLock::new(HashSet::new()),
             response_timeout: options.response_timeout,
+            connect_timeout: options.connect_timeout,
+            tls,
         }
     }
 
@@ -158,6 +164,41 @@ impl Upstream {
         } else {
             self.auto.request(req)
         };
+        self.response_head(upstream, fut).await
+    }
+
+    /// Sends a request over a connection of its own to `addr`, whatever its
+    /// URI names: the URI's host still gives the TLS server name (verified
+    /// as [`Upstream::send`] verifies) and the Host header. Not pooled: it
+    /// serves the rare re-originated request of a transparent passthrough,
+    /// whose bytes must go where the client's were headed.
+    pub async fn send_via(
+        &self,
+        addr: SocketAddr,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
+        let upstream = display_origin(req.uri());
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(self.tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(PinnedConnector {
+                addr,
+                timeout: self.connect_timeout,
+            });
+        let client: Client<_, ProxyBody> = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(https);
+        self.response_head(upstream, client.request(req)).await
+    }
+
+    /// Waits (bounded) for the response head of a request in flight.
+    async fn response_head(
+        &self,
+        upstream: String,
+        fut: hyper_util::client::legacy::ResponseFuture,
+    ) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
         match tokio::time::timeout(self.response_timeout, fut).await {
             Err(_) => Err(UpstreamError::Timeout {
                 upstream,
