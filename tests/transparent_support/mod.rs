@@ -361,6 +361,31 @@ impl Netns {
         matches!(self.kind, Kind::Rootless { .. })
     }
 
+    /// `program` inside the sink namespace (root mode only): where traffic
+    /// that escaped the redirect would arrive. Gives the sink the vendor
+    /// addresses first, so something there can listen on them.
+    pub fn sink_command(&self, program: impl AsRef<std::ffi::OsStr>) -> Option<Command> {
+        let Kind::Root { sink } = &self.kind else {
+            return None;
+        };
+        for (family, addr) in [
+            ("-4", format!("{VENDOR_V4}/32")),
+            ("-6", format!("{VENDOR_V6}/128")),
+        ] {
+            let _ = Command::new("ip")
+                .args(["-n", sink, family, "addr", "add", &addr, "dev", "lo"])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", sink])
+            .arg(program)
+            .env_clear()
+            .env("PATH", PATH)
+            .stdin(Stdio::null());
+        Some(cmd)
+    }
+
     /// Hands `path` (recursively) to the uid owning a rootless namespace
     /// made by root for another uid; nothing otherwise.
     pub fn own(&self, path: &Path) {
@@ -693,6 +718,35 @@ impl Drop for Origin {
         let _ = self.child.wait();
     }
 }
+
+/// A fake vendor for the sink namespace: listens on `VENDOR_V4` for TCP on
+/// the ports in argv[2] and UDP on those in argv[3] (comma-separated),
+/// appends `tcp PORT` / `udp PORT` to argv[1] for every hit, prints `ready`.
+pub const FAKE_VENDOR_PY: &str = r#"
+import socket, sys, threading
+log, tcp_ports, udp_ports = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+lock = threading.Lock()
+def hit(what):
+    with lock:
+        with open(log, "a") as f:
+            f.write(what + "\n")
+def tcp(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("203.0.113.10", int(port))); s.listen(16)
+    while True:
+        c, _ = s.accept(); hit("tcp " + port); c.close()
+def udp(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("203.0.113.10", int(port)))
+    while True:
+        s.recvfrom(65535); hit("udp " + port)
+for p in tcp_ports:
+    threading.Thread(target=tcp, args=(p,), daemon=True).start()
+for p in udp_ports:
+    threading.Thread(target=udp, args=(p,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"#;
 
 /// A TLS client that sends its ClientHello one byte per TCP segment, then a
 /// GET over HTTP/1.1; prints the status line and the number of segments.
