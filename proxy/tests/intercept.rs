@@ -629,9 +629,13 @@ async fn strict_mode_refuses_unmapped_hosts_with_421_in_words() {
         .collect();
     assert!(known.contains(&"stripe"));
     match &h.recorder.entries()[..] {
-        [Entry::Blocked { host, path, .. }] => {
+        [Entry::Blocked {
+            host, path, dst, ..
+        }] => {
             assert_eq!(host, "unmapped.example.test");
             assert_eq!(path.as_deref(), Some("/v1/x"));
+            // Explicit tier: the client's bytes were headed to the proxy, no further.
+            assert_eq!(dst, &None);
         }
         other => panic!("{other:?}"),
     }
@@ -669,12 +673,86 @@ async fn loopback_connect_is_tunneled_and_recorded_at_close() {
             reason,
             bytes_in,
             bytes_out,
+            dst,
             ..
         }] => {
             assert_eq!(host, "127.0.0.1");
             assert_eq!(*p, port);
             assert_eq!(reason, "loopback");
             assert!(*bytes_in > 0 && *bytes_out > 0);
+            // The address the tunnel's dial connected to.
+            assert_eq!(dst.as_deref(), Some(format!("127.0.0.1:{port}").as_str()));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `*.localhost` is loopback by definition (RFC 6761): a CONNECT to one is
+/// dialed on loopback without asking a resolver, and its line records the
+/// address the dial reached beside the name.
+#[tokio::test]
+async fn a_localhost_subdomain_is_tunneled_to_loopback_and_recorded_with_its_address() {
+    let echo = start_echo(Arc::default()).await;
+    let port: u16 = echo.rsplit(':').next().unwrap().parse().unwrap();
+    let twin = start_twin().await;
+    let h = start_proxy(catalog_setup(&twin, Mode::Strict), "localhost-sub").await;
+    let tcp = connect_tunnel(h.proxy, "app.dev.localhost", port).await;
+    let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let resp = s
+        .send_request(request("GET", "app.dev.localhost", "/plain", "", false))
+        .await
+        .unwrap();
+    assert_eq!(json_body(resp).await["path"], "/plain");
+    drop(s);
+    let _ = conn.await;
+    match &h.recorder.wait_for(1).await[..] {
+        [Entry::Passthrough {
+            host, reason, dst, ..
+        }] => {
+            assert_eq!(host, "app.dev.localhost");
+            assert_eq!(reason, "loopback");
+            assert_eq!(dst.as_deref(), Some(format!("127.0.0.1:{port}").as_str()));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A re-originated plain-HTTP passthrough records the address the upstream
+/// client's connection reached.
+#[tokio::test]
+async fn a_reoriginated_passthrough_records_the_address_it_reached() {
+    let echo = start_echo(Arc::default()).await;
+    let port: u16 = echo.rsplit(':').next().unwrap().parse().unwrap();
+    let twin = start_twin().await;
+    let h = start_proxy(catalog_setup(&twin, Mode::Strict), "reoriginated").await;
+    let tcp = TcpStream::connect(h.proxy).await.unwrap();
+    let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(format!("http://echo.localhost:{port}/plain"))
+        .header("host", format!("echo.localhost:{port}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = s.send_request(req).await.unwrap();
+    assert_eq!(json_body(resp).await["path"], "/plain");
+    match &h.recorder.wait_for(1).await[..] {
+        [Entry::Passthrough {
+            host,
+            port: p,
+            reason,
+            dst,
+            tier,
+            ..
+        }] => {
+            assert_eq!(host, "echo.localhost");
+            assert_eq!(*p, port);
+            assert_eq!(reason, "loopback");
+            assert_eq!(*tier, ListenerTier::Explicit);
+            assert_eq!(dst.as_deref(), Some(format!("127.0.0.1:{port}").as_str()));
         }
         other => panic!("{other:?}"),
     }

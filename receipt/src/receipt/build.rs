@@ -32,6 +32,9 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
         reserved_paths: BTreeMap::new(),
     };
 
+    // (host, destination) -> count, for passthrough and blocked lines.
+    let mut passed = BTreeMap::new();
+    let mut blocked = BTreeMap::new();
     for line in &read.lines {
         if let Entry::Session {
             sandbox_id,
@@ -110,27 +113,32 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
                     .entry(format!("{service} {method} {}", strip_query(path)))
                     .or_default() += 1;
             }
-            Entry::Passthrough { host, .. } => {
-                *receipt
-                    .passthrough
-                    .hosts
-                    .entry(normalize_host(host))
-                    .or_default() += 1;
+            Entry::Passthrough { host, dst, .. } => {
+                let host = normalize_host(host);
+                *receipt.passthrough.hosts.entry(host.clone()).or_default() += 1;
+                *passed.entry((host, dst.clone())).or_default() += 1;
             }
-            Entry::Blocked { host, .. } => {
-                *receipt
-                    .blocked
-                    .hosts
-                    .entry(normalize_host(host))
-                    .or_default() += 1;
+            Entry::Blocked { host, dst, .. } => {
+                let host = normalize_host(host);
+                *receipt.blocked.hosts.entry(host.clone()).or_default() += 1;
+                *blocked.entry((host, dst.clone())).or_default() += 1;
             }
             _ => {}
         }
     }
+    receipt.passthrough.destinations = destinations(passed);
+    receipt.blocked.destinations = destinations(blocked);
 
     receipt.leaks = super::leaks::leaks(read, since, until);
     receipt.trust_failures = trust_failures(read, since, until, &receipt.services);
     receipt
+}
+
+fn destinations(counts: BTreeMap<(String, Option<String>), u64>) -> Vec<Destination> {
+    counts
+        .into_iter()
+        .map(|((host, dst), count)| Destination { host, dst, count })
+        .collect()
 }
 
 /// The window `(since, until]` the options ask for: until the given end or
@@ -284,6 +292,100 @@ mod tests {
         // No session line: nothing is claimed about interception or leaks.
         assert_eq!(r.tier, None);
         assert!(r.leaks.is_empty());
+    }
+
+    fn pass(seq: u64, host: &str, dst: Option<&str>) -> Line {
+        Line {
+            v: 2,
+            seq,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry: Entry::Passthrough {
+                host: host.into(),
+                port: 443,
+                tier: ListenerTier::Transparent,
+                bytes_in: 1,
+                bytes_out: 1,
+                duration_ms: 1,
+                reason: "mode".into(),
+                dst: dst.map(str::to_string),
+            },
+            prev: String::new(),
+        }
+    }
+
+    fn block(seq: u64, host: &str, dst: Option<&str>) -> Line {
+        Line {
+            v: 2,
+            seq,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry: Entry::Blocked {
+                host: host.into(),
+                port: 443,
+                tier: ListenerTier::Transparent,
+                method: None,
+                path: None,
+                reason: "strict mode: name does not match the destination".into(),
+                dst: dst.map(str::to_string),
+            },
+            prev: String::new(),
+        }
+    }
+
+    #[test]
+    fn one_name_sent_to_two_destinations_stays_two() {
+        let read = LedgerRead {
+            lines: vec![
+                pass(1, "example.org", Some("203.0.113.10:443")),
+                pass(2, "Example.ORG", Some("198.51.100.7:443")),
+                pass(3, "example.org", Some("203.0.113.10:443")),
+                pass(4, "registry.npmjs.org", None),
+                block(5, "x.localhost", Some("203.0.113.10:443")),
+            ],
+            head: (5, String::new()),
+            ..LedgerRead::default()
+        };
+        let r = build(&read, &Options::default());
+        // By name, as before: the count the name's lines add up to.
+        assert_eq!(r.passthrough.hosts["example.org"], 3);
+        let d: Vec<(&str, Option<&str>, u64)> = r
+            .passthrough
+            .destinations
+            .iter()
+            .map(|d| (d.host.as_str(), d.dst.as_deref(), d.count))
+            .collect();
+        assert_eq!(
+            d,
+            [
+                ("example.org", Some("198.51.100.7:443"), 1),
+                ("example.org", Some("203.0.113.10:443"), 2),
+                ("registry.npmjs.org", None, 1),
+            ]
+        );
+        let text = render_text(&r);
+        assert!(
+            text.contains("passthrough: example.org → 198.51.100.7:443 (1), example.org → 203.0.113.10:443 (2), registry.npmjs.org (1)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("blocked: x.localhost → 203.0.113.10:443 (1)\n"),
+            "{text}"
+        );
+        // JSON adds the field beside `hosts`, and reads back.
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["passthrough"]["hosts"]["example.org"], 3);
+        assert_eq!(
+            json["blocked"]["destinations"],
+            serde_json::json!([{"host": "x.localhost", "dst": "203.0.113.10:443", "count": 1}])
+        );
+        let back: Receipt = serde_json::from_value(json).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn a_receipt_without_destinations_still_reads() {
+        let counts: HostCounts = serde_json::from_str(r#"{"hosts":{"example.org":2}}"#).unwrap();
+        assert_eq!(counts.hosts["example.org"], 2);
+        assert!(counts.destinations.is_empty());
     }
 
     #[test]

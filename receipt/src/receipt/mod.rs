@@ -38,8 +38,9 @@ pub use text::render_text;
 /// Version of the receipt JSON, written in its `version` field.
 ///
 /// Version 2 added `seal_key`, `window.scope`, `reserved_paths`, the
-/// `client_gone` flag of a request and the `timeout` split of upstream
-/// errors; a version-1 receipt still deserializes (every addition has a default).
+/// `client_gone` flag of a request, the `timeout` split of upstream errors
+/// and the `destinations` of passthrough and blocked hosts; a version-1
+/// receipt still deserializes (every addition has a default).
 pub const RECEIPT_VERSION: u32 = 2;
 
 /// Requests listed per service in the text receipt.
@@ -182,7 +183,26 @@ pub struct RequestEntry {
 /// blocked).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostCounts {
+    /// Count per name the client gave (lower-case, no port).
     pub hosts: BTreeMap<String, u64>,
+    /// Count per name and destination: the address the bytes went to
+    /// (passthrough) or were headed for (blocked), so one name sent to
+    /// several addresses stays distinguishable (DESIGN §7a.11). Sorted by
+    /// host, then destination; lines without a destination have none.
+    /// Absent from receipts written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destinations: Vec<Destination>,
+}
+
+/// One name and the destination it went to, with a count.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Destination {
+    pub host: String,
+    /// `ip:port`; absent when the ledger line named none (an older proxy,
+    /// or a dial that never connected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<String>,
+    pub count: u64,
 }
 
 /// A host whose clients refused our certificate in the window (ledger

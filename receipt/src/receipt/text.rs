@@ -34,6 +34,24 @@ fn host_list(hosts: &BTreeMap<String, u64>) -> String {
         .join(", ")
 }
 
+/// `name → ip:port (n)` per name and destination, `name (n)` where no
+/// destination was recorded (and by name only for a receipt without
+/// destinations).
+fn destination_list(counts: &HostCounts) -> String {
+    if counts.destinations.is_empty() {
+        return host_list(&counts.hosts);
+    }
+    counts
+        .destinations
+        .iter()
+        .map(|d| match &d.dst {
+            Some(dst) => format!("{} → {dst} ({})", d.host, d.count),
+            None => format!("{} ({})", d.host, d.count),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The text receipt (DESIGN §8): title with the twin id, interception and
 /// integrity, leaks, the count line, then per service its count and its
 /// requests `METHOD /path -> status` oldest first (newest last), at most
@@ -136,10 +154,10 @@ pub fn render_text(r: &Receipt) -> String {
         ));
     }
     if !r.passthrough.hosts.is_empty() {
-        extra.push(format!("passthrough: {}", host_list(&r.passthrough.hosts)));
+        extra.push(format!("passthrough: {}", destination_list(&r.passthrough)));
     }
     if !r.blocked.hosts.is_empty() {
-        extra.push(format!("blocked: {}", host_list(&r.blocked.hosts)));
+        extra.push(format!("blocked: {}", destination_list(&r.blocked)));
     }
     if !extra.is_empty() {
         out.push('\n');
