@@ -689,3 +689,438 @@ fn explicit_tier_records_a_client_that_refuses_the_ca() {
     assert_eq!(trust[0]["alert"], "unknown_ca");
     assert_eq!(trust[0]["tier"], "explicit");
 }
+
+// ---------------------------------------------------------------------------
+// H2: any port may carry anything, and names must match where the bytes go.
+// Root only: the fake vendor sits in the sink namespace behind the TEST-NET
+// routes (tests/transparent_support `sink_command`, `FAKE_VENDOR_PY`), and
+// the workload is an unprivileged uid in the namespace.
+
+/// The unprivileged uid the workload runs as.
+const WORKLOAD: u32 = 65534;
+
+fn root_only() -> Option<String> {
+    if let Some(why) = unavailable() {
+        return Some(why);
+    }
+    if euid() != Some(0) {
+        return Some("these tests need root (a sink namespace for the fake vendor)".into());
+    }
+    if which("python3").is_none() || which("setpriv").is_none() {
+        return Some("python3 and setpriv (util-linux) are needed".into());
+    }
+    None
+}
+
+/// `program` in the namespace as the unprivileged workload uid.
+fn workload(ns: &Netns, program: &str) -> Command {
+    let mut cmd = ns.command("setpriv");
+    cmd.args([
+        &format!("--reuid={WORKLOAD}"),
+        &format!("--regid={WORKLOAD}"),
+        "--clear-groups",
+        program,
+    ]);
+    cmd
+}
+
+/// Lets the workload uid read what the test wrote and the trust material.
+fn readable(dir: &TempDir) {
+    let status = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir.path.as_path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A fake vendor on `VENDOR_V4` in the sink namespace, logging each TCP
+/// connection it accepts (`tcp PORT`).
+struct SinkVendor {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl SinkVendor {
+    fn start(ns: &Netns, dir: &TempDir, tcp_ports: &str) -> SinkVendor {
+        use std::io::BufRead;
+        let script = dir.join("sink_vendor.py");
+        std::fs::write(&script, FAKE_VENDOR_PY).unwrap();
+        let log = dir.join("sink_vendor.log");
+        std::fs::write(&log, "").unwrap();
+        let mut child = ns
+            .sink_command("python3")
+            .expect("root mode has a sink namespace")
+            .arg(&script)
+            .arg(&log)
+            // A UDP port nobody sends to: the script wants one.
+            .args([tcp_ports, "9"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the fake vendor");
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+        assert_eq!(line.trim(), "ready", "the fake vendor did not start");
+        SinkVendor { child, log }
+    }
+
+    fn hits(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for SinkVendor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `/etc/netns/<name>/hosts`, which `ip netns exec` mounts over /etc/hosts
+/// for commands in that namespace (veris included); removed on drop.
+struct NsHosts {
+    dir: std::path::PathBuf,
+}
+
+impl NsHosts {
+    fn write(ns: &Netns, entries: &str) -> NsHosts {
+        let dir = Path::new("/etc/netns").join(&ns.name);
+        std::fs::create_dir_all(&dir).expect("creating /etc/netns/<name>");
+        let hosts = format!("127.0.0.1 localhost\n::1 localhost\n{entries}");
+        std::fs::write(dir.join("hosts"), hosts).expect("writing the namespace's hosts file");
+        NsHosts { dir }
+    }
+}
+
+impl Drop for NsHosts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        // Fails harmlessly while another namespace's files are there.
+        let _ = std::fs::remove_dir(Path::new("/etc/netns"));
+    }
+}
+
+/// Waits (bounded) for a ledger line that `f` accepts.
+fn wait_for(state: &Path, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(l) = ledger(state).into_iter().find(|l| f(l)) {
+            return l;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {what} line within {DEADLINE:?}: {:?}",
+            ledger(state)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The text receipt of a stopped proxy's state dir.
+fn receipt_text(state: &Path) -> String {
+    let out = Command::new(bin())
+        .arg("receipt")
+        .arg("--state-dir")
+        .arg(state)
+        .env_clear()
+        .output()
+        .unwrap();
+    text(&out.stdout)
+}
+
+/// Opaque bytes (neither TLS nor HTTP) to `argv[1]:argv[2]`, then reads
+/// until the peer closes; prints `closed N` or `error`.
+const OPAQUE_PY: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.sendall(b"\x00\x01opaque bytes\n")
+s.shutdown(socket.SHUT_WR)
+got = 0
+try:
+    while True:
+        c = s.recv(4096)
+        if not c:
+            break
+        got += len(c)
+except OSError:
+    print("error")
+    sys.exit(0)
+print("closed", got)
+"#;
+
+/// TLS to `argv[1]:443` with the server name `argv[2]`, no verification;
+/// prints `handshake` when it completes, `refused` when the peer closes or
+/// resets it.
+const SNI_PY: &str = r#"
+import socket, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+try:
+    with socket.create_connection((sys.argv[1], 443), timeout=10) as s:
+        with ctx.wrap_socket(s, server_hostname=sys.argv[2]):
+            print("handshake")
+except (OSError, ssl.SSLError):
+    print("refused")
+"#;
+
+#[test]
+fn opaque_tcp_on_any_port_is_passed_through_recorded_or_refused() {
+    if let Some(why) = root_only() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("opaque");
+    let script = dir.join("opaque.py");
+    std::fs::write(&script, OPAQUE_PY).unwrap();
+    let uid = WORKLOAD.to_string();
+
+    // Passthrough mode: a recorded passthrough to the original destination.
+    let ns = Netns::create("opaque");
+    let vendor = SinkVendor::start(&ns, &dir, "2222");
+    let veris = Veris::start(
+        &ns,
+        &dir,
+        &["--mode", "passthrough", "--workload-uid", &uid],
+    );
+    readable(&dir);
+    let out = ns.output(
+        workload(&ns, "python3")
+            .arg(&script)
+            .args([VENDOR_V4, "2222"]),
+        CLIENT_TIMEOUT,
+    );
+    assert!(
+        text(&out.stdout).starts_with("closed") || text(&out.stdout).starts_with("error"),
+        "{} {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let pass = wait_for(&veris.state, "passthrough", |l| l["kind"] == "passthrough");
+    assert_eq!(pass["host"], VENDOR_V4, "{pass}");
+    assert_eq!(pass["port"], 2222);
+    assert_eq!(pass["reason"], "opaque");
+    assert_eq!(pass["tier"], "transparent");
+    assert_eq!(pass["dst"], format!("{VENDOR_V4}:2222"));
+    // Dialed by veris (the bytes went where the workload sent them).
+    assert_eq!(vendor.hits(), "tcp 2222\n");
+    let state = veris.state.clone();
+    assert!(veris.stop().success());
+    let receipt = receipt_text(&state);
+    assert!(
+        receipt.contains(&format!("passthrough: {VENDOR_V4} → {VENDOR_V4}:2222 (1)")),
+        "{receipt}"
+    );
+    drop(vendor);
+    drop(ns);
+
+    // Strict mode: refused and recorded; the fake vendor saw nothing.
+    let dir = TempDir::new("opaque-strict");
+    std::fs::write(dir.join("opaque.py"), OPAQUE_PY).unwrap();
+    let ns = Netns::create("opaque-strict");
+    let vendor = SinkVendor::start(&ns, &dir, "2222");
+    let veris = Veris::start(&ns, &dir, &["--mode", "strict", "--workload-uid", &uid]);
+    readable(&dir);
+    let out = ns.output(
+        workload(&ns, "python3")
+            .arg(dir.join("opaque.py"))
+            .args([VENDOR_V4, "2222"]),
+        CLIENT_TIMEOUT,
+    );
+    let said = text(&out.stdout);
+    assert!(
+        said.trim() == "closed 0" || said.trim() == "error",
+        "{said} {}",
+        text(&out.stderr)
+    );
+    let blocked = wait_for(&veris.state, "blocked", |l| l["kind"] == "blocked");
+    assert_eq!(blocked["host"], VENDOR_V4, "{blocked}");
+    assert_eq!(blocked["port"], 2222);
+    assert_eq!(blocked["dst"], format!("{VENDOR_V4}:2222"));
+    assert!(
+        blocked["reason"].as_str().unwrap().contains("opaque"),
+        "{blocked}"
+    );
+    assert_eq!(vendor.hits(), "", "nothing reached the fake vendor");
+    let state = veris.state.clone();
+    assert!(veris.stop().success());
+    assert!(kinds(&ledger(&state), "passthrough").is_empty());
+    let receipt = receipt_text(&state);
+    assert!(
+        receipt.contains(&format!("blocked: {VENDOR_V4} → {VENDOR_V4}:2222 (1)")),
+        "{receipt}"
+    );
+}
+
+#[test]
+fn a_connect_through_an_outside_proxy_is_caught_and_served_by_the_twin() {
+    if let Some(why) = root_only() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("connect");
+    let ns = Netns::create("connect");
+    let vendor = SinkVendor::start(&ns, &dir, "3128");
+    let uid = WORKLOAD.to_string();
+    let veris = Veris::start(&ns, &dir, &["--mode", "strict", "--workload-uid", &uid]);
+    readable(&dir);
+    let ca = veris.ca();
+    let outside_proxy = format!("http://{VENDOR_V4}:3128");
+    // curl believes 203.0.113.10:3128 is its proxy and sends it a CONNECT.
+    let curl = |url: &str| {
+        let out = ns.output(
+            workload(&ns, "curl")
+                .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+                .args(["--proxy", &outside_proxy, "--cacert"])
+                .arg(&ca)
+                .arg(url),
+            CLIENT_TIMEOUT,
+        );
+        let stdout = text(&out.stdout);
+        let (body, code) = stdout.rsplit_once('\n').unwrap_or(("", &stdout));
+        (code.to_string(), body.to_string(), text(&out.stderr))
+    };
+    let (code, body, err) = curl("https://api.stripe.com/v1/customers");
+    assert_eq!(code, "200", "{body} {err}");
+    let v: Value = serde_json::from_str(&body).expect("twin JSON");
+    assert_eq!(v["object"], "list");
+    // An unmapped host through the same "proxy": refused in words (strict).
+    let (code, body, err) = curl("https://unmapped.example/");
+    assert_eq!(code, "421", "{body} {err}");
+    assert!(body.contains("veris_unmapped_host"), "{body}");
+    assert_eq!(vendor.hits(), "", "nothing reached the outside proxy");
+
+    let state = veris.state.clone();
+    assert!(veris.stop().success());
+    let ledger = ledger(&state);
+    let requests = kinds(&ledger, "request");
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0]["service"], "stripe");
+    assert_eq!(requests[0]["host"], "api.stripe.com");
+    assert_eq!(requests[0]["tier"], "transparent");
+    let blocked = kinds(&ledger, "blocked");
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert_eq!(blocked[0]["host"], "unmapped.example");
+    // Where the client's bytes were headed: the outside proxy.
+    assert_eq!(blocked[0]["dst"], format!("{VENDOR_V4}:3128"));
+}
+
+#[test]
+fn strict_mode_refuses_names_that_do_not_match_their_destination() {
+    if let Some(why) = root_only() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("lying");
+    let ns = Netns::create("lying");
+    // The allowed host resolves (for veris too) to the local origin only.
+    let _hosts = NsHosts::write(&ns, &format!("{LOCAL_V4} origin.test\n"));
+    let origin = Origin::start(&ns, &dir, &python_origin());
+    let vendor = SinkVendor::start(&ns, &dir, "443,80");
+    let uid = WORKLOAD.to_string();
+    let veris = Veris::start(
+        &ns,
+        &dir,
+        &[
+            "--mode",
+            "strict",
+            "--allow-passthrough",
+            "origin.test",
+            "--workload-uid",
+            &uid,
+        ],
+    );
+    let script = dir.join("sni.py");
+    std::fs::write(&script, SNI_PY).unwrap();
+    readable(&dir);
+
+    // The allowed name on its own address: let through, recorded with it.
+    let out = ns.output(
+        workload(&ns, "curl")
+            .args(["-sS", "--max-time", "10", "--cacert"])
+            .arg(&origin.cert)
+            .args([
+                "--resolve",
+                &format!("origin.test:443:{LOCAL_V4}"),
+                "https://origin.test/",
+            ]),
+        CLIENT_TIMEOUT,
+    );
+    assert_eq!(text(&out.stdout), "origin ok", "{}", text(&out.stderr));
+    // A loopback name, and the allowed name, on a vendor address: refused.
+    for name in ["x.localhost", "origin.test"] {
+        let out = ns.output(
+            workload(&ns, "python3")
+                .arg(&script)
+                .args([VENDOR_V4, name]),
+            CLIENT_TIMEOUT,
+        );
+        assert_eq!(
+            text(&out.stdout).trim(),
+            "refused",
+            "{name}: {}",
+            text(&out.stderr)
+        );
+    }
+    // Plain HTTP naming localhost on a vendor address: refused in words.
+    let out = ns.output(
+        workload(&ns, "curl")
+            .args(["-sS", "--max-time", "10", "-H", "Host: localhost"])
+            .arg(format!("http://{VENDOR_V4}/admin")),
+        CLIENT_TIMEOUT,
+    );
+    let body = text(&out.stdout);
+    assert!(
+        body.contains("veris_name_mismatch"),
+        "{body} {}",
+        text(&out.stderr)
+    );
+    assert_eq!(vendor.hits(), "", "nothing reached the fake vendor");
+
+    let state = veris.state.clone();
+    assert!(veris.stop().success());
+    let ledger = ledger(&state);
+    let pass = kinds(&ledger, "passthrough");
+    assert_eq!(pass.len(), 1, "{pass:?}");
+    assert_eq!(pass[0]["host"], "origin.test");
+    assert_eq!(pass[0]["reason"], "allow_passthrough");
+    assert_eq!(pass[0]["dst"], format!("{LOCAL_V4}:443"));
+    let blocked: Vec<(String, String, String)> = kinds(&ledger, "blocked")
+        .iter()
+        .map(|b| {
+            assert!(
+                b["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("name does not match the destination"),
+                "{b}"
+            );
+            (
+                b["host"].as_str().unwrap().to_string(),
+                b["dst"].as_str().unwrap().to_string(),
+                b["path"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        blocked,
+        [
+            ("x.localhost".into(), format!("{VENDOR_V4}:443"), "".into()),
+            ("origin.test".into(), format!("{VENDOR_V4}:443"), "".into()),
+            (
+                "localhost".into(),
+                format!("{VENDOR_V4}:80"),
+                "/admin".into()
+            ),
+        ]
+    );
+    let receipt = receipt_text(&state);
+    assert!(
+        receipt.contains(&format!("passthrough: origin.test → {LOCAL_V4}:443 (1)")),
+        "{receipt}"
+    );
+    assert!(
+        receipt.contains(&format!(
+            "blocked: localhost → {VENDOR_V4}:80 (1), origin.test → {VENDOR_V4}:443 (1), x.localhost → {VENDOR_V4}:443 (1)"
+        )),
+        "{receipt}"
+    );
+}
