@@ -636,11 +636,27 @@ impl Drop for Veris {
     }
 }
 
+/// The lines of the state dir's ledger, then those of every `veris run`
+/// ledger under `runs/` (each run writes its own).
 pub fn ledger(state: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(state.join("ledger.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
+    let mut files = vec![state.join("ledger.jsonl")];
+    if let Ok(runs) = std::fs::read_dir(state.join("runs")) {
+        let mut run_files: Vec<PathBuf> = runs
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("ledger.jsonl"))
+            .collect();
+        run_files.sort();
+        files.extend(run_files);
+    }
+    files
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 

@@ -7,7 +7,9 @@
 //! - [`SourceSpec::StateDir`]: the live proxy found through
 //!   `<state>/admin.addr` and `<state>/admin.token` (re-read at every
 //!   connect, since a restarted proxy gets a new port and token); while no
-//!   proxy is live, the state dir's `ledger.jsonl` is followed instead.
+//!   proxy is live, the newest ledger of the state dir is followed instead
+//!   (`ledger.jsonl`, or the ledger of the latest `veris run`, which has no
+//!   admin API: its child could read the token).
 //!
 //! Every source remembers the last seq it delivered and resumes after it
 //! (`Last-Event-ID` for the event stream), and the app drops any seq it has
@@ -131,6 +133,17 @@ pub async fn feed(spec: SourceSpec, tx: mpsc::Sender<Event>) {
                         tokio::time::sleep(ADMIN_PROBE_INTERVAL).await;
                     }
                     None => {
+                        // No `serve` is live: the newest ledger of the state
+                        // dir is followed, which may be a `veris run`'s own.
+                        let newest = newest_ledger(&dir);
+                        if newest != follower.path() {
+                            let why = format!("following {}", newest.display());
+                            follower = Follower::new(newest);
+                            feed.last_seq = 0;
+                            if !feed.send(Event::Reset(why)).await {
+                                return;
+                            }
+                        }
                         let until = tokio::time::Instant::now() + ADMIN_PROBE_INTERVAL;
                         while tokio::time::Instant::now() < until {
                             if !feed.follow_step(&mut follower).await {
@@ -142,6 +155,26 @@ pub async fn feed(spec: SourceSpec, tx: mpsc::Sender<Event>) {
             }
         }
     }
+}
+
+/// The most recently modified of `<dir>/ledger.jsonl` (a `serve`'s) and
+/// `<dir>/runs/*/ledger.jsonl` (one per `veris run`); the serve ledger when
+/// none exists yet.
+pub fn newest_ledger(dir: &Path) -> PathBuf {
+    let serve = dir.join("ledger.jsonl");
+    let runs = std::fs::read_dir(dir.join("runs"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("ledger.jsonl"));
+    std::iter::once(serve.clone())
+        .chain(runs)
+        .filter_map(|p| {
+            let modified = std::fs::metadata(&p).and_then(|m| m.modified()).ok()?;
+            Some((modified, p))
+        })
+        .max_by_key(|(modified, _)| *modified)
+        .map_or(serve, |(_, p)| p)
 }
 
 struct Feed {
