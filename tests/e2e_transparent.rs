@@ -274,15 +274,19 @@ fn transparent_tier_intercepts_clients_without_proxy_variables() {
         .iter()
         .any(|b| b["reason"].as_str().unwrap_or("").contains("SNI")));
     let pass = kinds(&ledger, "passthrough");
+    // Each beside the address it was dialed to: the original destination.
+    let local443 = format!("{LOCAL_V4}:443");
+    let local80 = format!("{LOCAL_V4}:80");
+    assert!(pass.iter().any(|p| p["host"] == "origin.test"
+        && p["port"] == 443
+        && p["reason"] == "mode"
+        && p["dst"] == local443.as_str()));
     assert!(pass
         .iter()
-        .any(|p| p["host"] == "origin.test" && p["port"] == 443 && p["reason"] == "mode"));
-    assert!(pass
-        .iter()
-        .any(|p| p["host"] == "origin.test" && p["port"] == 80));
-    assert!(pass
-        .iter()
-        .any(|p| p["host"] == LOCAL_V4 && p["reason"] == "no_sni"));
+        .any(|p| p["host"] == "origin.test" && p["port"] == 80 && p["dst"] == local80.as_str()));
+    assert!(pass.iter().any(|p| p["host"] == LOCAL_V4
+        && p["reason"] == "no_sni"
+        && p["dst"] == local443.as_str()));
     // Not QUIC Initials (no SNI), but attempts all the same, each with the
     // destination the client dialed, IPv4 and IPv6.
     let mut quic: Vec<String> = kinds(&ledger, "quic")
@@ -301,6 +305,7 @@ fn transparent_tier_intercepts_clients_without_proxy_variables() {
     assert_eq!(ech.len(), 1, "{ech:?}");
     assert_eq!(ech[0]["host"], "origin.test");
     assert_eq!(ech[0]["tier"], "transparent");
+    assert_eq!(ech[0]["dst"], format!("{LOCAL_V4}:443"));
     let trust = kinds(&ledger, "trust_failure");
     assert_eq!(trust.len(), 1, "{trust:?}");
     assert_eq!(trust[0]["host"], "api.github.com");
@@ -493,9 +498,9 @@ fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
     assert!(blocked
         .iter()
         .any(|b| b["host"] == "origin.test" && b["tier"] == "transparent"));
-    assert!(blocked.iter().any(
-        |b| b["host"] == LOCAL_V4 && b["reason"].as_str().unwrap_or("").contains("without SNI")
-    ));
+    assert!(blocked.iter().any(|b| b["host"] == LOCAL_V4
+        && b["reason"].as_str().unwrap_or("").contains("without SNI")
+        && b["dst"] == format!("{LOCAL_V4}:443").as_str()));
     assert!(kinds(&ledger, "passthrough").is_empty());
     let requests = kinds(&ledger, "request");
     assert_eq!(requests.len(), 1, "{requests:?}");

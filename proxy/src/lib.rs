@@ -931,8 +931,8 @@ impl Proxy {
                 "host": leg.host,
                 "dst": leg.headed_to(),
                 "remedy": [
-                    format!("connect to an address {} stands for", leg.host),
-                    "or run in passthrough mode (--mode passthrough), where it is let through and recorded",
+                    format!("connect to an address {} stands for (loopback for a loopback name; for an allowed host, one the proxy's resolver also returns)", leg.host),
+                    "or run in passthrough mode (--mode passthrough), where it is let through and recorded with its destination",
                 ],
                 "sandbox_id": self.identity.sandbox_id,
             }),

@@ -30,11 +30,15 @@
 //!    beside the address its bytes went to; every refusal the address they
 //!    were headed for.
 //!
-//! A passthrough always re-dials the original destination, never a lookup of
-//! the name the client claimed, so a lying SNI or Host cannot move the
-//! bytes; and in strict mode a name that passes on its own say-so (loopback,
-//! allowed) must stand for that destination ([`Proxy::name_mismatch`]). Our
-//! own dials are exempt from the redirect by uid or mark ([`crate::dial`]).
+//! A passthrough re-dials the original destination, never a lookup of the
+//! name the client claimed, so a lying SNI or Host cannot move the bytes;
+//! and in strict mode a name that passes on its own say-so (loopback,
+//! allowed) must stand for that destination ([`Proxy::name_mismatch`]). The
+//! one exception is a `CONNECT`'s tunnel: the client named its target and
+//! the original destination is the other proxy, which is never dialed, so
+//! the tunnel goes where the `CONNECT` names, as in the explicit tier, and
+//! its line records the address that dial reached. Our own dials are exempt
+//! from the redirect by uid or mark ([`crate::dial`]).
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -87,12 +91,11 @@ struct Transparent {
     waits: Waits,
 }
 
-/// How long phase 2 waits for a client.
+/// How long phases 2 and 3 wait for a client ([`HELLO_TIMEOUT`],
+/// [`SERVER_FIRST_WAIT`]; shorter in tests).
 #[derive(Debug, Clone, Copy)]
 struct Waits {
-    /// [`HELLO_TIMEOUT`].
     hello: Duration,
-    /// [`SERVER_FIRST_WAIT`].
     server_first: Duration,
 }
 
@@ -395,7 +398,7 @@ impl Transparent {
             }
             Verdict::Pass(reason) => self.pass_tls(client, hello, leg, reason, started).await,
             Verdict::Refuse(reason) => {
-                info!(host = %leg.host, %dst, %reason, "refused a redirected TLS connection");
+                info!(host = %leg.host, %dst, %reason, "refused a redirected TLS connection (recorded as blocked). Next: route the host to a twin service, allow it, or connect to an address its name stands for; passthrough mode lets it through, recorded");
                 self.proxy.record_or_log(Entry::Blocked {
                     host: leg.host.clone(),
                     port: leg.port,
