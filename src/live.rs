@@ -100,16 +100,7 @@ pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
     })?;
     let addr = listener.local_addr()?;
     let token = crate::random_hex(32)?;
-    let services: Vec<ServiceRef> = a
-        .proxy
-        .router()
-        .services()
-        .iter()
-        .map(|s| ServiceRef {
-            name: s.name.clone(),
-            upstream: s.upstream.clone(),
-        })
-        .collect();
+    let services = service_refs(a.proxy.router());
     let admin = Arc::new(Admin {
         token: token.clone(),
         identity: a.proxy.identity().clone(),
@@ -259,6 +250,18 @@ pub struct LiveStatus {
     /// the anchor of a live verdict.
     #[serde(default)]
     pub public_key: Option<String>,
+}
+
+/// The routed services and their twin upstreams.
+pub fn service_refs(router: &veris_proxy::route::Router) -> Vec<ServiceRef> {
+    router
+        .services()
+        .iter()
+        .map(|s| ServiceRef {
+            name: s.name.clone(),
+            upstream: s.upstream.clone(),
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, serde::Serialize, Deserialize)]

@@ -197,15 +197,7 @@ impl Stack {
             twin_task,
             twin_auth,
         } = routing(args, default_listen, shutdown_rx.clone()).await?;
-        let services: Vec<ServiceRef> = settings
-            .router
-            .services()
-            .iter()
-            .map(|s| ServiceRef {
-                name: s.name.clone(),
-                upstream: s.upstream.clone(),
-            })
-            .collect();
+        let services = crate::live::service_refs(&settings.router);
 
         // CA, leaves and published trust material.
         let ca_dir = args

@@ -4,10 +4,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-
-use support::{command, output, text, veris, Guard, TempDir, DEADLINE};
+use support::{command, output, text, veris, TempDir, DEADLINE};
 
 #[test]
 fn demo_makes_four_calls_and_prints_the_receipt() {
@@ -44,26 +41,7 @@ fn twin_prints_its_url_answers_health_and_stops_on_sigterm() {
     if let Err(why) = support::curl() {
         return support::skip(&why);
     }
-    let mut twin = Guard::spawn(
-        veris(["twin", "--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null()),
-    );
-    let stdout = twin.child().stdout.take().unwrap();
-    // The first line comes once the listener is bound; read it on a thread so
-    // the wait is bounded.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(DEADLINE)
-        .expect("the twin's first stdout line");
-    let url = line.trim().to_string();
-    assert!(url.starts_with("http://127.0.0.1:"), "first line: {line:?}");
+    let (mut twin, url) = support::spawn_twin(&mut veris(["twin", "--listen", "127.0.0.1:0"]));
     let health = format!("{url}/s/sbx_test/stripe/veris/health");
     let out = output(command("curl").args(["-sS", "--max-time", "10", &health]));
     assert!(out.status.success(), "{:?}", text(&out));

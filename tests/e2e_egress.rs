@@ -10,84 +10,14 @@
 mod support;
 mod transparent_support;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use transparent_support::*;
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
-/// The unprivileged uid the workload runs as.
-const WORKLOAD_UID: &str = "65534";
-
-/// Root mode only: the fake vendor lives in the sink namespace.
-fn root_only() -> Option<String> {
-    if let Some(why) = unavailable() {
-        return Some(why);
-    }
-    if euid() != Some(0) {
-        return Some("the egress tests need root (a sink namespace for the fake vendor)".into());
-    }
-    if which("python3").is_none() || which("setpriv").is_none() {
-        return Some("python3 and setpriv (util-linux) are needed".into());
-    }
-    None
-}
-
-/// The fake vendor in the sink namespace; its log of hits.
-struct FakeVendor {
-    child: Child,
-    log: PathBuf,
-}
-
-impl FakeVendor {
-    fn start(ns: &Netns, dir: &TempDir, tcp: &str, udp: &str) -> FakeVendor {
-        let script = dir.join("vendor.py");
-        std::fs::write(&script, FAKE_VENDOR_PY).unwrap();
-        let log = dir.join("vendor.log");
-        std::fs::write(&log, "").unwrap();
-        let mut child = ns
-            .sink_command("python3")
-            .expect("root mode")
-            .arg(&script)
-            .arg(&log)
-            .args([tcp, udp])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting the fake vendor");
-        let mut line = String::new();
-        let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
-        assert_eq!(line.trim(), "ready", "the fake vendor did not start");
-        FakeVendor { child, log }
-    }
-
-    fn hits(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for FakeVendor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `program args…` in the namespace as the unprivileged workload uid.
-fn workload(ns: &Netns, program: &str) -> Command {
-    let mut cmd = ns.command("setpriv");
-    cmd.args([
-        &format!("--reuid={WORKLOAD_UID}"),
-        &format!("--regid={WORKLOAD_UID}"),
-        "--clear-groups",
-        program,
-    ]);
-    cmd
-}
-
 /// Sends one UDP datagram from the workload to `VENDOR_V4:port`.
 fn udp_send(ns: &Netns, port: u16) {
     // The output hook's drop surfaces as EPERM to a local sender.
@@ -144,21 +74,16 @@ fn wait_for_line(state: &Path, what: &str, f: impl Fn(&Value) -> bool) -> Value 
 
 #[test]
 fn an_unprivileged_workload_finds_no_way_out() {
-    if let Some(why) = root_only() {
+    if let Some(why) = sink_unavailable() {
         return skip(&why);
     }
     let dir = TempDir::new("egress");
     let ns = Netns::create("egress");
     let vendor = FakeVendor::start(&ns, &dir, "8443,2222", "8443,53,443");
-    let veris = Veris::start(&ns, &dir, &["--workload-uid", WORKLOAD_UID]);
+    let veris = Veris::start(&ns, &dir, &["--workload-uid", &WORKLOAD_UID.to_string()]);
     let ca = veris.ca();
     // The workload must read the CA to trust it.
-    let status = Command::new("chmod")
-        .args(["-R", "a+rX"])
-        .arg(dir.path.as_path())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    readable(&dir);
 
     // TLS to a vendor on a port that is not 443: caught, served by the twin.
     let out = ns.output(
@@ -220,7 +145,7 @@ fn an_unprivileged_workload_finds_no_way_out() {
 
 #[test]
 fn narrower_rules_and_an_unknown_workload_show_in_the_leaks() {
-    if let Some(why) = root_only() {
+    if let Some(why) = sink_unavailable() {
         return skip(&why);
     }
     let dir = TempDir::new("narrow");
@@ -235,13 +160,13 @@ fn narrower_rules_and_an_unknown_workload_show_in_the_leaks() {
 
 #[test]
 fn a_killed_proxy_fails_closed() {
-    if let Some(why) = root_only() {
+    if let Some(why) = sink_unavailable() {
         return skip(&why);
     }
     let dir = TempDir::new("closed");
     let ns = Netns::create("closed");
     let vendor = FakeVendor::start(&ns, &dir, "8443,443", "8443");
-    let veris = Veris::start(&ns, &dir, &["--workload-uid", WORKLOAD_UID]);
+    let veris = Veris::start(&ns, &dir, &["--workload-uid", &WORKLOAD_UID.to_string()]);
     let pid = veris.ready["pid"].as_u64().unwrap().to_string();
     let _ = Command::new("kill").args(["-KILL", &pid]).status();
     std::thread::sleep(Duration::from_millis(300));
@@ -272,13 +197,13 @@ fn a_killed_proxy_fails_closed() {
 
 #[test]
 fn rules_deleted_during_a_run_fail_its_receipt() {
-    if let Some(why) = root_only() {
+    if let Some(why) = sink_unavailable() {
         return skip(&why);
     }
     let dir = TempDir::new("deleted");
     let ns = Netns::create("deleted");
     let vendor = FakeVendor::start(&ns, &dir, "8443", "8443");
-    let veris = Veris::start(&ns, &dir, &["--workload-uid", WORKLOAD_UID]);
+    let veris = Veris::start(&ns, &dir, &["--workload-uid", &WORKLOAD_UID.to_string()]);
     // Give the helper's monitor a moment to subscribe.
     std::thread::sleep(Duration::from_millis(500));
     let status = ns
@@ -321,7 +246,7 @@ fn rules_deleted_during_a_run_fail_its_receipt() {
 
 #[test]
 fn files_named_on_the_command_line_are_written_before_root_is_dropped() {
-    if let Some(why) = root_only() {
+    if let Some(why) = sink_unavailable() {
         return skip(&why);
     }
     let dir = TempDir::new("files");

@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
 
@@ -271,25 +270,7 @@ fn restart_laundering_is_moved_aside_not_sealed_over() {
 /// `veris twin` in its own process (no credential: any caller can use it),
 /// with its URL from its first stdout line.
 fn external_twin() -> (Guard, String) {
-    let mut twin = Guard::spawn(
-        veris(["twin", "--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null()),
-    );
-    let stdout = twin.child().stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let url = rx
-        .recv_timeout(DEADLINE)
-        .expect("the twin's URL")
-        .trim()
-        .to_string();
-    (twin, url)
+    support::spawn_twin(&mut veris(["twin", "--listen", "127.0.0.1:0"]))
 }
 
 fn serve_with_twin(label: &str, twin: &str) -> Serve {

@@ -701,87 +701,6 @@ fn explicit_tier_records_a_client_that_refuses_the_ca() {
 // routes (tests/transparent_support `sink_command`, `FAKE_VENDOR_PY`), and
 // the workload is an unprivileged uid in the namespace.
 
-/// The unprivileged uid the workload runs as.
-const WORKLOAD: u32 = 65534;
-
-fn root_only() -> Option<String> {
-    if let Some(why) = unavailable() {
-        return Some(why);
-    }
-    if euid() != Some(0) {
-        return Some("these tests need root (a sink namespace for the fake vendor)".into());
-    }
-    if which("python3").is_none() || which("setpriv").is_none() {
-        return Some("python3 and setpriv (util-linux) are needed".into());
-    }
-    None
-}
-
-/// `program` in the namespace as the unprivileged workload uid.
-fn workload(ns: &Netns, program: &str) -> Command {
-    let mut cmd = ns.command("setpriv");
-    cmd.args([
-        &format!("--reuid={WORKLOAD}"),
-        &format!("--regid={WORKLOAD}"),
-        "--clear-groups",
-        program,
-    ]);
-    cmd
-}
-
-/// Lets the workload uid read what the test wrote and the trust material.
-fn readable(dir: &TempDir) {
-    let status = Command::new("chmod")
-        .args(["-R", "a+rX"])
-        .arg(dir.path.as_path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-/// A fake vendor on `VENDOR_V4` in the sink namespace, logging each TCP
-/// connection it accepts (`tcp PORT`).
-struct SinkVendor {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl SinkVendor {
-    fn start(ns: &Netns, dir: &TempDir, tcp_ports: &str) -> SinkVendor {
-        use std::io::BufRead;
-        let script = dir.join("sink_vendor.py");
-        std::fs::write(&script, FAKE_VENDOR_PY).unwrap();
-        let log = dir.join("sink_vendor.log");
-        std::fs::write(&log, "").unwrap();
-        let mut child = ns
-            .sink_command("python3")
-            .expect("root mode has a sink namespace")
-            .arg(&script)
-            .arg(&log)
-            // A UDP port nobody sends to: the script wants one.
-            .args([tcp_ports, "9"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting the fake vendor");
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
-        assert_eq!(line.trim(), "ready", "the fake vendor did not start");
-        SinkVendor { child, log }
-    }
-
-    fn hits(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for SinkVendor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `/etc/netns/<name>/hosts`, which `ip netns exec` mounts over /etc/hosts
 /// for commands in that namespace (veris included); removed on drop.
 struct NsHosts {
@@ -872,17 +791,17 @@ except (OSError, ssl.SSLError):
 
 #[test]
 fn opaque_tcp_on_any_port_is_passed_through_recorded_or_refused() {
-    if let Some(why) = root_only() {
+    if let Some(why) = sink_unavailable() {
         return skip(&why);
     }
     let dir = TempDir::new("opaque");
     let script = dir.join("opaque.py");
     std::fs::write(&script, OPAQUE_PY).unwrap();
-    let uid = WORKLOAD.to_string();
+    let uid = WORKLOAD_UID.to_string();
 
     // Passthrough mode: a recorded passthrough to the original destination.
     let ns = Netns::create("opaque");
-    let vendor = SinkVendor::start(&ns, &dir, "2222");
+    let vendor = FakeVendor::start(&ns, &dir, "2222", "9");
     let veris = Veris::start(
         &ns,
         &dir,
@@ -923,7 +842,7 @@ fn opaque_tcp_on_any_port_is_passed_through_recorded_or_refused() {
     let dir = TempDir::new("opaque-strict");
     std::fs::write(dir.join("opaque.py"), OPAQUE_PY).unwrap();
     let ns = Netns::create("opaque-strict");
-    let vendor = SinkVendor::start(&ns, &dir, "2222");
+    let vendor = FakeVendor::start(&ns, &dir, "2222", "9");
     let veris = Veris::start(&ns, &dir, &["--mode", "strict", "--workload-uid", &uid]);
     readable(&dir);
     let out = ns.output(
@@ -959,13 +878,13 @@ fn opaque_tcp_on_any_port_is_passed_through_recorded_or_refused() {
 
 #[test]
 fn a_connect_through_an_outside_proxy_is_caught_and_served_by_the_twin() {
-    if let Some(why) = root_only() {
+    if let Some(why) = sink_unavailable() {
         return skip(&why);
     }
     let dir = TempDir::new("connect");
     let ns = Netns::create("connect");
-    let vendor = SinkVendor::start(&ns, &dir, "3128");
-    let uid = WORKLOAD.to_string();
+    let vendor = FakeVendor::start(&ns, &dir, "3128", "9");
+    let uid = WORKLOAD_UID.to_string();
     let veris = Veris::start(&ns, &dir, &["--mode", "strict", "--workload-uid", &uid]);
     readable(&dir);
     let ca = veris.ca();
@@ -1011,7 +930,7 @@ fn a_connect_through_an_outside_proxy_is_caught_and_served_by_the_twin() {
 
 #[test]
 fn strict_mode_refuses_names_that_do_not_match_their_destination() {
-    if let Some(why) = root_only() {
+    if let Some(why) = sink_unavailable() {
         return skip(&why);
     }
     let dir = TempDir::new("lying");
@@ -1019,8 +938,8 @@ fn strict_mode_refuses_names_that_do_not_match_their_destination() {
     // The allowed host resolves (for veris too) to the local origin only.
     let _hosts = NsHosts::write(&ns, &format!("{LOCAL_V4} origin.test\n"));
     let origin = Origin::start(&ns, &dir, &python_origin());
-    let vendor = SinkVendor::start(&ns, &dir, "443,80");
-    let uid = WORKLOAD.to_string();
+    let vendor = FakeVendor::start(&ns, &dir, "443,80", "9");
+    let uid = WORKLOAD_UID.to_string();
     let veris = Veris::start(
         &ns,
         &dir,

@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::Stdio;
 
@@ -126,27 +125,8 @@ fn the_builtin_twin_answers_only_its_proxy() {
 /// `veris twin --credential-env VAR` on port 0; (process, base URL).
 fn start_twin(var: &str, value: &str) -> (Guard, String) {
     let mut cmd = veris(["twin", "--listen", "127.0.0.1:0", "--credential-env", var]);
-    cmd.env(var, value)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut process = Guard::spawn(&mut cmd);
-    let stdout = process.child().stdout.take().expect("piped stdout");
-    // The first stdout line is the URL; read it on a thread so a twin that
-    // never prints cannot hang the test past the deadline.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let url = rx
-        .recv_timeout(DEADLINE)
-        .expect("veris twin printed its URL")
-        .trim()
-        .to_string();
-    assert!(url.starts_with("http://127.0.0.1:"), "{url:?}");
-    (process, url)
+    cmd.env(var, value);
+    support::spawn_twin(&mut cmd)
 }
 
 #[test]

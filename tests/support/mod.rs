@@ -517,6 +517,31 @@ impl Serve {
     }
 }
 
+/// Starts `cmd` (a `veris twin …` command) with stdout piped and returns
+/// the process and the URL it prints as its first line; the read is on a
+/// thread, so a twin that never prints cannot hang the test past the deadline.
+pub fn spawn_twin(cmd: &mut Command) -> (Guard, String) {
+    use std::io::{BufRead, BufReader};
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut process = Guard::spawn(cmd);
+    let stdout = process.child().stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let url = rx
+        .recv_timeout(DEADLINE)
+        .expect("veris twin printed its URL")
+        .trim()
+        .to_string();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url:?}");
+    (process, url)
+}
+
 /// `127.0.0.1:port` out of `http://127.0.0.1:port`.
 fn addr_of(url: &str) -> SocketAddr {
     url.trim_start_matches("http://")

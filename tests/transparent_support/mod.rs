@@ -893,3 +893,86 @@ for _ in range(1000):
     got += len(chunk)
 print(got)
 "#;
+
+/// The unprivileged uid the workload runs as in the sink-namespace tests.
+pub const WORKLOAD_UID: u32 = 65534;
+
+/// Why the tests with a fake vendor in the sink namespace cannot run here:
+/// they need root (the sink is an `ip netns` namespace), python3 and setpriv.
+pub fn sink_unavailable() -> Option<String> {
+    if let Some(why) = unavailable() {
+        return Some(why);
+    }
+    if euid() != Some(0) {
+        return Some("these tests need root (a sink namespace for the fake vendor)".into());
+    }
+    if which("python3").is_none() || which("setpriv").is_none() {
+        return Some("python3 and setpriv (util-linux) are needed".into());
+    }
+    None
+}
+
+/// `program` in the namespace as the unprivileged workload uid.
+pub fn workload(ns: &Netns, program: &str) -> Command {
+    let mut cmd = ns.command("setpriv");
+    cmd.args([
+        &format!("--reuid={WORKLOAD_UID}"),
+        &format!("--regid={WORKLOAD_UID}"),
+        "--clear-groups",
+        program,
+    ]);
+    cmd
+}
+
+/// Lets the workload uid read what the test wrote and the trust material.
+pub fn readable(dir: &TempDir) {
+    let status = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir.path.as_path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// The fake vendor in the sink namespace (root mode): it listens on
+/// `VENDOR_V4` for TCP on `tcp` and UDP on `udp` (comma-separated ports)
+/// and logs every hit (`tcp PORT`, `udp PORT`): traffic that escaped.
+pub struct FakeVendor {
+    child: Child,
+    log: PathBuf,
+}
+
+impl FakeVendor {
+    pub fn start(ns: &Netns, dir: &TempDir, tcp: &str, udp: &str) -> FakeVendor {
+        let script = dir.join("vendor.py");
+        std::fs::write(&script, FAKE_VENDOR_PY).unwrap();
+        let log = dir.join("vendor.log");
+        std::fs::write(&log, "").unwrap();
+        let mut child = ns
+            .sink_command("python3")
+            .expect("root mode has a sink namespace")
+            .arg(&script)
+            .arg(&log)
+            .args([tcp, udp])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the fake vendor");
+        let mut line = String::new();
+        let _ = BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line);
+        assert_eq!(line.trim(), "ready", "the fake vendor did not start");
+        FakeVendor { child, log }
+    }
+
+    /// Every hit so far, one per line.
+    pub fn hits(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for FakeVendor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
