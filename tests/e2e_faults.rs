@@ -1,4 +1,5 @@
-//! Faults injected under the real binary: a full disk under the ledger.
+//! Faults injected under the real binary: a full disk under the ledger, a
+//! body built to exhaust the stack.
 //! DESIGN §7: records are never dropped — when the ledger cannot be written,
 //! vendor requests are refused with 503 rather than served unrecorded, and
 //! the proxy recovers once space is back, with the chain intact.
@@ -132,4 +133,24 @@ fn a_full_disk_refuses_vendor_traffic_with_503_and_recovers_without_a_gap() {
         "the refusal is said in the log: {}",
         serve.stderr()
     );
+}
+
+/// One request must never take the process down: a form key nested 300,000
+/// levels deep (about 900 KB) once overflowed the built-in twin's stack,
+/// and with it the proxy sharing its process.
+#[test]
+fn a_deeply_nested_form_body_is_refused_and_the_proxy_lives_on() {
+    let serve = Serve::start("nested", &[]);
+    let body = format!("a{}=1", "[b]".repeat(300_000));
+    let (status, answer) = http(
+        serve.proxy_addr(),
+        "POST",
+        "http://api.stripe.com/v1/customers",
+        "api.stripe.com",
+        "Content-Type: application/x-www-form-urlencoded\r\n",
+        &body,
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("nested"), "{answer}");
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
 }

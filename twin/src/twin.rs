@@ -652,7 +652,7 @@ fn parse_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, String> {
         let mut root = Value::Object(Map::new());
         for pair in trimmed.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            insert_form(&mut root, &form_decode(k), form_decode(v));
+            insert_form(&mut root, &form_decode(k), form_decode(v))?;
         }
         return Ok(root);
     }
@@ -660,8 +660,13 @@ fn parse_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, String> {
     Ok(Value::Object(Map::new()))
 }
 
+/// How deep a form key may nest (`a[b][c]…`). The twin shares the proxy's
+/// process, and a value nested without bound would overflow the stack when
+/// it is dropped or rendered: one request must never take the process down.
+const MAX_FORM_DEPTH: usize = 32;
+
 /// Inserts `a[b][c]=v` as nested objects and `a[]=v` as an array push (Stripe's encoding).
-fn insert_form(root: &mut Value, key: &str, value: String) {
+fn insert_form(root: &mut Value, key: &str, value: String) -> Result<(), String> {
     let mut parts: Vec<&str> = Vec::new();
     match key.find('[') {
         Some(i) if i > 0 && key.ends_with(']') => {
@@ -669,6 +674,12 @@ fn insert_form(root: &mut Value, key: &str, value: String) {
             parts.extend(key[i + 1..key.len() - 1].split("]["));
         }
         _ => parts.push(key),
+    }
+    if parts.len() > MAX_FORM_DEPTH {
+        return Err(format!(
+            "form key nested {} levels deep; at most {MAX_FORM_DEPTH} are accepted",
+            parts.len()
+        ));
     }
     let mut cur = root;
     for (i, part) in parts.iter().enumerate() {
@@ -685,12 +696,18 @@ fn insert_form(root: &mut Value, key: &str, value: String) {
         };
         let slot = if part.is_empty() {
             // `[]` appends to the array the previous step made sure exists.
-            let Value::Array(items) = cur else { return };
+            let Value::Array(items) = cur else {
+                return Ok(());
+            };
             items.push(fresh());
-            let Some(slot) = items.last_mut() else { return };
+            let Some(slot) = items.last_mut() else {
+                return Ok(());
+            };
             slot
         } else {
-            let Value::Object(map) = cur else { return };
+            let Value::Object(map) = cur else {
+                return Ok(());
+            };
             let slot = map.entry(part.to_string()).or_insert_with(fresh);
             let fits = last
                 || if next_is_array {
@@ -705,15 +722,26 @@ fn insert_form(root: &mut Value, key: &str, value: String) {
         };
         if last {
             *slot = Value::String(value);
-            return;
+            return Ok(());
         }
         cur = slot;
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_form_key_nested_without_bound_is_refused_not_a_crash() {
+        let key = format!("a{}", "[b]".repeat(300_000));
+        let body = format!("{key}=1");
+        let err = parse_body(&HeaderMap::new(), body.as_bytes()).unwrap_err();
+        assert!(err.contains("nested"), "{err}");
+        let ok = format!("a{}=1", "[b]".repeat(MAX_FORM_DEPTH - 1));
+        assert!(parse_body(&HeaderMap::new(), ok.as_bytes()).is_ok());
+    }
 
     #[tokio::test]
     async fn a_dropped_hang_still_records_its_row() {
