@@ -365,6 +365,9 @@ impl Stack {
             crate::transparent::drop_privileges(&args.transparent, &[&state_dir, &ca_dir])?;
         }
 
+        if let Some(r) = redirect.as_mut() {
+            r.serving();
+        }
         let transparent_task = transparent_listeners.map(|listeners| {
             info!(https = ?transparent_addrs, quic = ?quic_addr, "transparent listeners");
             serve_transparent(listeners, proxy.clone(), ledger.clone(), &traffic_rx)

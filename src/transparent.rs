@@ -191,6 +191,9 @@ pub struct Redirect {
     stdout: Option<std::process::ChildStdout>,
     helper: Child,
     pub params: RulesetParams,
+    /// Set once clients are served: from then on only a clean shutdown
+    /// removes the rules. A start that fails before it takes them back out.
+    serving: bool,
 }
 
 /// The helper, as root: reports changes to the table and the UDP drop
@@ -258,8 +261,18 @@ impl Redirect {
         }
     }
 
+    /// Clients are served from now on: dropped without [`Redirect::remove`],
+    /// the rules stay and fail closed.
+    pub fn serving(&mut self) {
+        self.serving = true;
+    }
+
     /// Removes the rules (a clean shutdown) and waits (bounded) until they are gone.
     pub fn remove(mut self) {
+        self.remove_now();
+    }
+
+    fn remove_now(&mut self) {
         if let Some(mut stdin) = self.stdin.take() {
             let _ = stdin.write_all(b"remove\n");
         }
@@ -292,10 +305,18 @@ impl Redirect {
 
 impl Drop for Redirect {
     fn drop(&mut self) {
-        if self.stdin.take().is_some() {
-            // Not a clean shutdown: the helper keeps the rules (fail closed).
-            warn!("leaving the nftables redirect in place: redirected connections are refused until `nft delete table inet {TABLE}`");
+        if self.stdin.is_none() {
+            return;
         }
+        if !self.serving {
+            // The start failed before any client was served: nothing to
+            // fail closed about.
+            self.remove_now();
+            return;
+        }
+        // Not a clean shutdown: the helper keeps the rules (fail closed).
+        self.stdin = None;
+        warn!("leaving the nftables redirect in place: redirected connections are refused until `nft delete table inet {TABLE}`");
     }
 }
 
@@ -466,6 +487,7 @@ fn install(params: RulesetParams) -> Result<Redirect> {
         stdout,
         helper,
         params,
+        serving: false,
     })
 }
 

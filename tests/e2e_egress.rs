@@ -272,3 +272,45 @@ fn files_named_on_the_command_line_are_written_before_root_is_dropped() {
     assert!(!text.contains("HTTPS_PROXY"), "trust only: {text}");
     drop(veris);
 }
+
+#[test]
+fn a_start_that_fails_after_installing_the_rules_takes_them_back_out() {
+    if let Some(why) = sink_unavailable() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("badstart");
+    let ns = Netns::create("badstart");
+    // The admin address cannot be bound: the start fails after the rules went in.
+    let out = ns.output(
+        ns.command(bin())
+            .args([
+                "serve",
+                "--transparent",
+                "--install-redirect",
+                "--listen",
+                "127.0.0.1:0",
+                "--https-listen",
+                "[::]:0",
+                "--http-listen",
+                "[::]:0",
+                "--quic-listen",
+                "[::]:0",
+                "--admin",
+                "192.0.2.1:1",
+                "--state-dir",
+            ])
+            .arg(dir.join("state")),
+        CLIENT_TIMEOUT,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("admin"));
+    assert!(
+        !ns.has_veris_table(),
+        "a failed start left the redirect behind"
+    );
+}
