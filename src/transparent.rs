@@ -109,6 +109,7 @@ impl RulesetParams {
             }
             .into(),
             udp_other: "dropped".into(),
+            ip_other: "dropped".into(),
             ipv6: true,
             exempt,
             installed_by: installed_by.into(),

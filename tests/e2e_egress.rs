@@ -106,6 +106,21 @@ fn an_unprivileged_workload_finds_no_way_out() {
     // UDP elsewhere, QUIC-less UDP 443 is the sink's; DNS to an outside resolver.
     udp_send(&ns, 8443);
     udp_send(&ns, 53);
+    // A ping and a raw IP packet (protocol 253, for experiments), sent by
+    // root in the namespace (raw sockets need it; the rules apply to every
+    // uid but the proxy's): both dropped and counted.
+    let raw = format!(
+        "import socket\nfor proto, data in ((socket.IPPROTO_ICMP, bytes([8,0,0xf7,0xff,0,0,0,0])), (253, b'x')):\n    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, proto)\n    try:\n        s.sendto(data, ('{VENDOR_V4}', 0))\n        print('sent', proto)\n    except PermissionError:\n        print('dropped', proto)"
+    );
+    let out = ns.output(ns.command("python3").args(["-c", &raw]), CLIENT_TIMEOUT);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        printed,
+        "dropped 1\ndropped 253\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(ns.nft_counter("other_dropped").unwrap_or(0) >= 2);
     let dropped = wait_for_line(&veris.state, "udp_dropped", |l| l["kind"] == "udp_dropped");
     assert!(dropped["packets"].as_u64().unwrap() >= 1, "{dropped}");
     assert_eq!(vendor.hits(), "", "traffic escaped to the fake vendor");
@@ -117,6 +132,7 @@ fn an_unprivileged_workload_finds_no_way_out() {
         "{r}"
     );
     for absent in [
+        "ip-other-open",
         "workload-root",
         "tcp-other-ports-open",
         "udp-quic-possible",

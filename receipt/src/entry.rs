@@ -90,6 +90,10 @@ pub struct Coverage {
     pub dns: String,
     /// Other UDP: `dropped` (and counted) or `open`.
     pub udp_other: String,
+    /// Pings and protocols other than TCP and UDP: `dropped` or `open`
+    /// (absent from rules that did not say: `unknown`).
+    #[serde(default = "unknown")]
+    pub ip_other: String,
     /// IPv6 covered as IPv4 is.
     pub ipv6: bool,
     /// How the proxy's own dials are exempted: `uid <n>`, `mark <hex>`.
@@ -97,6 +101,10 @@ pub struct Coverage {
     /// `veris` (installed and watched by the proxy's helper) or `external`
     /// (declared by the operator; veris cannot check it).
     pub installed_by: String,
+}
+
+fn unknown() -> String {
+    "unknown".into()
 }
 
 /// Proxy mode for hosts no service claims.

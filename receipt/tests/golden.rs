@@ -148,6 +148,7 @@ fn covered_session(sandbox: &str) -> Entry {
             quic: "sink".into(),
             dns: "stub".into(),
             udp_other: "dropped".into(),
+            ip_other: "dropped".into(),
             ipv6: true,
             exempt: vec!["uid 14741".into()],
             installed_by: "veris".into(),

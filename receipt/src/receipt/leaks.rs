@@ -130,6 +130,10 @@ fn coverage_leaks(c: &Coverage, workload_uid: Option<u32>) -> Vec<String> {
     if c.udp_other != "dropped" {
         out.push("udp-other-open".to_string());
     }
+    if c.ip_other != "dropped" {
+        // ICMP echo or raw IP can carry data out.
+        out.push("ip-other-open".to_string());
+    }
     if c.dns != "stub" && c.dns != "none" {
         // Queries to a real resolver can carry data out by themselves.
         out.push("dns-egress".to_string());
@@ -155,6 +159,7 @@ mod tests {
             quic: "sink".into(),
             dns: "stub".into(),
             udp_other: "dropped".into(),
+            ip_other: "dropped".into(),
             ipv6: true,
             exempt: vec!["uid 14741".into()],
             installed_by: "veris".into(),
