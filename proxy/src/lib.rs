@@ -263,9 +263,20 @@ impl Proxy {
                 json!({}),
             );
         };
+        // `host:99999`, `host:abc`, `host:` or no port: never dialed as 443.
+        let Some(port) = authority.port_u16().filter(|p| *p != 0) else {
+            return respond::error(
+                StatusCode::BAD_REQUEST,
+                "veris_bad_connect",
+                format!(
+                    "CONNECT {authority} has no valid port. Next: send CONNECT host:port with a port from 1 to 65535"
+                ),
+                json!({}),
+            );
+        };
         let leg = Leg {
             host: normalize_host(authority.host()),
-            port: authority.port_u16().unwrap_or(443),
+            port,
             tls: true,
             tier: match via {
                 Some(_) => ListenerTier::Transparent,
