@@ -237,27 +237,34 @@ pub async fn canary_check(
     expect_run: &str,
     timeout: Duration,
 ) -> Check {
-    let (status, detail) = match probe(path, timeout).await {
+    canary_verdict(
+        probe(path, timeout).await,
+        &path.describe(),
+        expect_canary,
+        expect_run,
+    )
+}
+
+/// The canary check for what a probe `path` (described) got.
+pub fn canary_verdict(
+    answer: Result<CanaryAnswer, ProbeError>,
+    path: &str,
+    expect_canary: &str,
+    expect_run: &str,
+) -> Check {
+    let (status, detail) = match answer {
         Ok(a) if a.canary == expect_canary && a.run_id == expect_run => (
             CheckStatus::Ok,
-            format!(
-                "canary answered by this run ({}) {}",
-                a.run_id,
-                path.describe()
-            ),
+            format!("canary answered by this run ({}) {}", a.run_id, path),
         ),
         Ok(a) => (
             CheckStatus::Failed,
             format!(
                 "canary {} answered by another run ({}), not this one ({expect_run})",
-                path.describe(),
-                a.run_id
+                path, a.run_id
             ),
         ),
-        Err(e) => (
-            CheckStatus::Unverified,
-            format!("canary {}: {e}", path.describe()),
-        ),
+        Err(e) => (CheckStatus::Unverified, format!("canary {}: {e}", path)),
     };
     Check {
         name: "canary".into(),

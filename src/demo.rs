@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use veris_receipt::receipt::Requirement;
 
 use crate::receipt_cmd::report;
-use crate::stack::{Role, ServeArgs, Stack};
+use crate::stack::{Confinement, Role, ServeArgs, Stack};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -43,7 +43,7 @@ pub async fn demo(mut args: DemoArgs) -> Result<u8> {
 }
 
 async fn demo_in(serve: &ServeArgs) -> Result<u8> {
-    let stack = Stack::start(serve, "127.0.0.1:0", Role::Run).await?;
+    let stack = Stack::start(serve, "127.0.0.1:0", Role::Run, Confinement::None).await?;
     crate::outln!(
         "veris demo: twin {} (sandbox {}), proxy {}",
         stack.twin_base,

@@ -5,7 +5,9 @@
 mod baseline;
 mod ca_cmd;
 mod check;
+mod confine;
 mod demo;
+mod isolate;
 mod live;
 mod receipt_cmd;
 mod run;
@@ -70,6 +72,23 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Watch twin traffic live (admin API, state dir or ledger file).
     Tui(tui_cmd::TuiArgs),
+    /// Internal to `veris run`: confine this process's TCP connects to the
+    /// given ports with Landlock, then exec the command.
+    #[command(name = "__confine", hide = true)]
+    Confine(confine::ConfineArgs),
+    /// Internal to `veris run`: set up the isolated namespace (see `isolate`).
+    #[command(name = "__isolate", hide = true)]
+    Isolate(InternalCommand),
+    /// Internal to `veris run`: pid 1 of the isolated run's PID namespace.
+    #[command(name = "__isolate-init", hide = true)]
+    IsolateInit(InternalCommand),
+}
+
+/// The command an internal step runs, after `--`.
+#[derive(clap::Args)]
+struct InternalCommand {
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -80,6 +99,14 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::from(code);
         }
+    };
+    // Before logging and the runtime: the process must still be single-threaded
+    // when it confines itself and execs.
+    let cli = match cli.command {
+        Command::Confine(args) => return confine::main(args),
+        Command::Isolate(c) => return ExitCode::from(isolate::init_main(c.command)),
+        Command::IsolateInit(c) => return ExitCode::from(isolate::pid1_main(c.command)),
+        _ => cli,
     };
     let default_level = match cli.command {
         Command::Serve(_) | Command::Twin(_) => "info",
@@ -118,6 +145,10 @@ fn main() -> ExitCode {
             Command::Ca(cmd) => ca_cmd::ca(cmd),
             Command::Demo(args) => demo::demo(args).await,
             Command::Tui(args) => tui_cmd::tui(args).await,
+            // Handled at the top of main, before the runtime exists.
+            Command::Confine(_) | Command::Isolate(_) | Command::IsolateInit(_) => {
+                unreachable!("internal steps return before the runtime starts")
+            }
         }
     });
     // Do not wait for lingering tasks (tunnels, idle pools) at exit.

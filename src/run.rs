@@ -12,12 +12,16 @@ use std::process::Stdio;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tracing::warn;
+use tracing::{info, warn};
 use veris_receipt::ledger::{self, LedgerRead};
+use veris_receipt::receipt::Check;
 use veris_receipt::receipt::{Anchor, Options, WindowSpec};
+use veris_receipt::Entry;
 
+use crate::check::{CanaryAnswer, ProbeError};
+use crate::isolate::{Event, Isolation};
 use crate::receipt_cmd::{report, RequireArgs};
-use crate::stack::{no_proxy, Finished, Role, ServeArgs, Stack};
+use crate::stack::{no_proxy, Confinement, Finished, Role, ServeArgs, Stack};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -25,6 +29,19 @@ pub struct RunArgs {
     pub serve: ServeArgs,
     #[command(flatten)]
     pub require: RequireArgs,
+    /// How the command is put behind the proxy. auto: isolated where the
+    /// kernel allows it, else the explicit tier confined by Landlock, else
+    /// the plain explicit tier (with a line saying why). isolated: its own
+    /// network namespace, where every connection goes to the proxy whatever
+    /// the client does. confined: proxy variables, and TCP connects allowed
+    /// only to the proxy's port (Landlock). explicit: proxy variables only,
+    /// which clients may ignore.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub tier: TierArg,
+    /// Fail instead of falling back from isolation (CI that must not run
+    /// unconfined).
+    #[arg(long, conflicts_with = "tier")]
+    pub isolate: bool,
     /// Also write the JSON receipt here (mode 0600).
     #[arg(long, value_name = "FILE")]
     pub receipt: Option<PathBuf>,
@@ -33,57 +50,60 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TierArg {
+    Auto,
+    Isolated,
+    Confined,
+    Explicit,
+}
+
 pub async fn run(args: RunArgs) -> Result<u8> {
     let reqs = args.require.parse()?;
-    let stack = Stack::start(&args.serve, "127.0.0.1:0", Role::Run).await?;
+    let started = std::time::Instant::now();
+    let (confinement, isolation) = confine(&args).await?;
+    let landlock = matches!(confinement, Confinement::Landlock);
+    let stack = Stack::start(&args.serve, "127.0.0.1:0", Role::Run, confinement).await?;
 
     let java_base = std::env::var("JAVA_TOOL_OPTIONS").ok();
     let no_proxy = no_proxy();
-    let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, false, java_base.as_deref()));
-    let mut cmd = tokio::process::Command::new(&args.command[0]);
-    cmd.args(&args.command[1..])
-        .envs(vars)
-        // Node 22.21+/24.5+ honour HTTPS_PROXY only with this; older versions ignore it.
-        .env("NODE_USE_ENV_PROXY", "1")
-        // The child is the workload: it gets no way into the admin API.
-        .env_remove("VERIS_ADMIN_TOKEN")
-        .stdin(Stdio::inherit())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .process_group(0);
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            stack.finish().await?;
-            bail!(
-                "cannot start {:?}: {e}. Next: check the command name and PATH",
-                args.command[0]
-            );
+    let (status, canary) = match isolation {
+        Some(isolation) => {
+            let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, true, java_base.as_deref()));
+            match isolated(isolation, &stack, vars, started).await {
+                Ok(done) => done,
+                Err(e) => {
+                    stack.finish().await?;
+                    return Err(e);
+                }
+            }
         }
-    };
-    let pgid = child.id();
-    let status = {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        loop {
-            tokio::select! {
-                status = child.wait() => break status?,
-                _ = term.recv() => forward(pgid, libc::SIGTERM),
-                _ = int.recv() => forward(pgid, libc::SIGINT),
+        None => {
+            let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, false, java_base.as_deref()));
+            let mut command = args.command.clone();
+            if landlock {
+                let exe = std::env::current_exe().context("finding the veris binary")?;
+                let mut wrapped = vec![
+                    exe.to_string_lossy().into_owned(),
+                    "__confine".into(),
+                    "--allow-port".into(),
+                    stack.proxy_addr.port().to_string(),
+                    "--".into(),
+                ];
+                wrapped.append(&mut command);
+                command = wrapped;
+            }
+            match explicit(&command, vars).await {
+                Ok(code) => (code, None),
+                Err(e) => {
+                    stack.finish().await?;
+                    return Err(e);
+                }
             }
         }
     };
-    let child_code: u8 = match status.code() {
-        Some(c) => u8::try_from(c).unwrap_or(1),
-        // Killed by a signal: the shell convention, 128 + signal.
-        None => {
-            use std::os::unix::process::ExitStatusExt;
-            128u8.saturating_add(u8::try_from(status.signal().unwrap_or(0)).unwrap_or(0))
-        }
-    };
 
-    let finished = stack.finish().await?;
+    let finished = stack.finish_with(canary).await?;
     let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, &reqs, args.require.allow_empty);
     eprint!("{}", report.text);
@@ -100,7 +120,157 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     Ok(if report.exit_code != 0 {
         report.exit_code
     } else {
-        child_code
+        status
+    })
+}
+
+/// The tier this run gets: isolation where possible (unless told
+/// otherwise), else Landlock, else the plain explicit tier, saying why.
+async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
+    let strict = args.isolate || args.tier == TierArg::Isolated;
+    let mut why_not_isolated = None;
+    if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
+        match crate::isolate::start(&args.command).await {
+            Ok((isolation, sockets)) => {
+                return Ok((Confinement::Isolated(sockets), Some(isolation)))
+            }
+            Err(why) if strict => bail!(
+                "cannot isolate the command: {why}. Next: fix that, or run without --isolate (the explicit tier, confined by Landlock where the kernel has it)"
+            ),
+            Err(why) => why_not_isolated = Some(why),
+        }
+    }
+    if args.tier == TierArg::Explicit {
+        return Ok((Confinement::None, None));
+    }
+    match (crate::confine::unavailable(), why_not_isolated) {
+        (None, Some(why)) => {
+            eprintln!("veris: not isolated ({why}); the command runs behind the proxy with TCP confined to it by Landlock (interception: proxy (explicit, confined))");
+            Ok((Confinement::Landlock, None))
+        }
+        (None, None) => Ok((Confinement::Landlock, None)),
+        (Some(why), _) if args.tier == TierArg::Confined => {
+            bail!("cannot confine the command: {why}")
+        }
+        (Some(landlock), isolation) => {
+            eprintln!(
+                "veris: the command runs in the plain explicit tier: clients that ignore HTTPS_PROXY are not seen (leaks: direct-egress-possible). Not isolated: {}; not confined: {landlock}",
+                isolation.unwrap_or_default()
+            );
+            Ok((Confinement::None, None))
+        }
+    }
+}
+
+/// Runs the command in its namespace: starts it once the proxy serves,
+/// records what the init step reports, forwards signals, then has the
+/// canary probed from inside. Returns the command's status and that check.
+async fn isolated(
+    mut isolation: Isolation,
+    stack: &Stack,
+    trust_vars: Vec<(String, String)>,
+    started: std::time::Instant,
+) -> Result<(u8, Option<Check>)> {
+    // The parent's environment, minus any proxy settings (inside, every
+    // connection reaches the proxy anyway, and a stale proxy variable would
+    // only send clients to a CONNECT the redirect then catches) and the
+    // admin token, plus the trust variables.
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_uppercase();
+            !(k.ends_with("_PROXY") || k == "VERIS_ADMIN_TOKEN" || k == "NODE_USE_ENV_PROXY")
+        })
+        .collect();
+    env.retain(|(k, _)| !trust_vars.iter().any(|(t, _)| t == k));
+    env.extend(trust_vars);
+    let stores = isolation.go(env, &stack.trust.bundle).await?;
+    info!(
+        trust_stores = ?stores,
+        setup_ms = started.elapsed().as_millis() as u64,
+        "the command runs isolated"
+    );
+    let pgid = isolation.pgid;
+    let mut dropped = 0u64;
+    let code = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        loop {
+            tokio::select! {
+                event = isolation.next() => match event? {
+                    Event::Exited(code) => break code,
+                    Event::UdpDropped(total) => {
+                        let new = total.saturating_sub(dropped);
+                        dropped = total;
+                        if new > 0 {
+                            if let Err(e) = stack.ledger.append(Entry::UdpDropped { packets: new }) {
+                                warn!(error = %e, "cannot record dropped datagrams");
+                            }
+                        }
+                    }
+                },
+                _ = term.recv() => forward(pgid, libc::SIGTERM),
+                _ = int.recv() => forward(pgid, libc::SIGINT),
+            }
+        }
+    };
+    let answer = isolation
+        .canary()
+        .await
+        .map_err(ProbeError::Unreachable)
+        .and_then(|body| {
+            serde_json::from_str::<CanaryAnswer>(&body)
+                .map_err(|e| ProbeError::NotVeris(e.to_string()))
+        });
+    let canary = crate::check::canary_verdict(
+        answer,
+        "from inside the namespace, through the redirect",
+        &stack.identity.canary,
+        &stack.identity.run_id,
+    );
+    isolation.done().await;
+    Ok((code, Some(canary)))
+}
+
+/// Runs the command with the proxy variables, forwarding signals.
+async fn explicit(command: &[String], vars: Vec<(String, String)>) -> Result<u8> {
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .envs(vars)
+        // Node 22.21+/24.5+ honour HTTPS_PROXY only with this; older versions ignore it.
+        .env("NODE_USE_ENV_PROXY", "1")
+        // The child is the workload: it gets no way into the admin API.
+        .env_remove("VERIS_ADMIN_TOKEN")
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| {
+        anyhow::anyhow!(
+            "cannot start {:?}: {e}. Next: check the command name and PATH",
+            command[0]
+        )
+    })?;
+    let pgid = child.id();
+    let status = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        loop {
+            tokio::select! {
+                status = child.wait() => break status?,
+                _ = term.recv() => forward(pgid, libc::SIGTERM),
+                _ = int.recv() => forward(pgid, libc::SIGINT),
+            }
+        }
+    };
+    Ok(match status.code() {
+        Some(c) => u8::try_from(c).unwrap_or(1),
+        // Killed by a signal: the shell convention, 128 + signal.
+        None => {
+            use std::os::unix::process::ExitStatusExt;
+            128u8.saturating_add(u8::try_from(status.signal().unwrap_or(0)).unwrap_or(0))
+        }
     })
 }
 

@@ -112,6 +112,17 @@ impl From<EnvFormatArg> for EnvFormat {
 
 /// Which command the stack serves; it decides where the ledger and the seal
 /// key live and who may talk to the proxy (DESIGN §7a.2).
+/// How `veris run` confines its child (DESIGN §4); `serve` and `demo` confine nothing.
+pub enum Confinement {
+    /// Nothing: the explicit tier as such (or `serve`'s transparent flags).
+    None,
+    /// Namespaces of its own: the proxy serves the sockets made inside them.
+    Isolated(crate::isolate::Sockets),
+    /// The explicit tier, with Landlock allowing the child TCP connects to
+    /// the proxy's port only.
+    Landlock,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// `veris serve`: `<state>/ledger.jsonl` continued across restarts when
@@ -179,7 +190,12 @@ impl Stack {
     /// The phases, in order: routing (and the built-in twin), CA and trust,
     /// seal key and ledger, listeners, session line, proxy, transparent
     /// redirect, admin API, env and ready files.
-    pub async fn start(args: &ServeArgs, default_listen: &str, role: Role) -> Result<Stack> {
+    pub async fn start(
+        args: &ServeArgs,
+        default_listen: &str,
+        role: Role,
+        confinement: Confinement,
+    ) -> Result<Stack> {
         crate::transparent::preflight(&args.transparent)?;
         // Before any key exists in this process: a same-uid workload must
         // not read it (or the admin token) through ptrace or /proc/<pid>/mem.
@@ -231,7 +247,17 @@ impl Stack {
             .await
             .with_context(|| format!("binding the proxy to {}. Next: pick a free address with --listen (port 0 picks one)", settings.listen))?;
         let proxy_addr = listener.local_addr()?;
-        let transparent_listeners = bind_transparent(&args.transparent).await?;
+        let (transparent_listeners, confined_coverage) = match confinement {
+            Confinement::Isolated(sockets) => {
+                let coverage = sockets.coverage();
+                (Some(isolated_listeners(sockets)?), Some(coverage))
+            }
+            Confinement::Landlock => (None, Some(landlock_coverage())),
+            Confinement::None => (bind_transparent(&args.transparent).await?, None),
+        };
+        let isolated = transparent_listeners
+            .as_ref()
+            .is_some_and(|l| l.dns.is_some());
         let proxy_url = format!("http://{proxy_addr}");
 
         let identity = Identity {
@@ -252,8 +278,8 @@ impl Stack {
         // Transparent tier: the rules go in (as root) before the session line,
         // which records what they cover.
         let transparent_addrs = match &transparent_listeners {
-            Some(l) => Some((l.https.local_addr()?, l.http.local_addr()?)),
-            None => None,
+            Some(l) if !isolated => Some((l.https.local_addr()?, l.http.local_addr()?)),
+            _ => None,
         };
         let quic_addr = transparent_listeners
             .as_ref()
@@ -266,8 +292,10 @@ impl Stack {
             }
             None => None,
         };
-        let coverage = transparent_addrs
-            .and_then(|_| crate::transparent::coverage(&args.transparent, redirect.as_ref()));
+        let coverage = confined_coverage.or_else(|| {
+            transparent_addrs
+                .and_then(|_| crate::transparent::coverage(&args.transparent, redirect.as_ref()))
+        });
 
         // The twin's log position now: the cross-check counts rows after it.
         let twin_heads = crate::live::twin_newest_ids(&services).await;
@@ -369,7 +397,7 @@ impl Stack {
             r.serving();
         }
         let transparent_task = transparent_listeners.map(|listeners| {
-            info!(https = ?transparent_addrs, quic = ?quic_addr, "transparent listeners");
+            info!(https = ?transparent_addrs, quic = ?quic_addr, isolated, "transparent listeners");
             serve_transparent(listeners, proxy.clone(), ledger.clone(), &traffic_rx)
         });
         let proxy_task = tokio::spawn(veris_proxy::serve(listener, proxy, until(&traffic_rx)));
@@ -420,8 +448,15 @@ impl Stack {
     /// log while the twin still answers, records both checks in the ledger,
     /// appends the final seal over all of it, then stops the rest.
     pub async fn finish(self) -> Result<Finished> {
-        let canary = match self.identity.tier {
-            ListenerTier::Explicit => {
+        self.finish_with(None).await
+    }
+
+    /// [`Stack::finish`], with the canary already probed by whoever can
+    /// reach the interception path (an isolated run's init step, inside).
+    pub async fn finish_with(self, probed_canary: Option<Check>) -> Result<Finished> {
+        let canary = match (probed_canary, self.identity.tier) {
+            (Some(probed), _) => probed,
+            (None, ListenerTier::Explicit) => {
                 let probe = crate::check::ProbePath::Explicit(self.proxy_url.clone());
                 crate::check::canary_check(
                     &probe,
@@ -433,7 +468,7 @@ impl Stack {
             }
             // The proxy's own uid is exempt from the redirect: only a reader
             // in the sandbox can probe the transparent path.
-            ListenerTier::Transparent => Check {
+            (None, ListenerTier::Transparent) => Check {
                 name: "canary".into(),
                 status: CheckStatus::Unverified,
                 detail: "the transparent canary is probed by `veris receipt` inside the sandbox"
@@ -714,12 +749,49 @@ fn open_ledger(
     Ok((Arc::new(sealer), ledger, report))
 }
 
-/// The transparent tier's listeners, bound before privileges drop.
+/// The transparent tier's listeners, bound before privileges drop (or,
+/// for an isolated run, made inside its namespace).
 struct TransparentListeners {
     https: TcpListener,
     http: TcpListener,
     /// The QUIC sink, unless UDP 443 is let through.
     quic: Option<tokio::net::UdpSocket>,
+    /// Isolated run: the DNS stub's sockets.
+    dns: Option<(tokio::net::UdpSocket, TcpListener)>,
+}
+
+/// An isolated run's sockets, as the transparent tier serves them.
+fn isolated_listeners(s: crate::isolate::Sockets) -> Result<TransparentListeners> {
+    let tcp = |l: std::net::TcpListener| {
+        l.set_nonblocking(true)?;
+        TcpListener::from_std(l)
+    };
+    let udp = |u: std::net::UdpSocket| {
+        u.set_nonblocking(true)?;
+        tokio::net::UdpSocket::from_std(u)
+    };
+    Ok(TransparentListeners {
+        https: tcp(s.https)?,
+        http: tcp(s.http)?,
+        quic: Some(udp(s.quic)?),
+        dns: Some((udp(s.dns_udp)?, tcp(s.dns_tcp)?)),
+    })
+}
+
+/// What Landlock's confinement of an explicit-tier child covers: TCP only
+/// (to the proxy's port); UDP and ICMP are not its business.
+fn landlock_coverage() -> veris_receipt::Coverage {
+    veris_receipt::Coverage {
+        tcp_ports: None,
+        quic: "open".into(),
+        dns: "open".into(),
+        udp_other: "open".into(),
+        ip_other: "open".into(),
+        ipv6: true,
+        exempt: Vec::new(),
+        installed_by: "veris".into(),
+        isolation: Some("landlock".into()),
+    }
 }
 
 async fn bind_transparent(
@@ -741,7 +813,12 @@ async fn bind_transparent(
             format!("binding the QUIC sink (UDP) to {}. Next: pick a free address with --quic-listen, or pass --allow-quic", t.quic_listen)
         })?)
     };
-    Ok(Some(TransparentListeners { https, http, quic }))
+    Ok(Some(TransparentListeners {
+        https,
+        http,
+        quic,
+        dns: None,
+    }))
 }
 
 /// Serves the transparent listeners and the QUIC sink in one task: stopping
@@ -758,7 +835,7 @@ fn serve_transparent(
         proxy,
         until(stop),
     );
-    let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger;
+    let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger.clone();
     let stop_sink = until(stop);
     let sink = async move {
         match listeners.quic {
@@ -766,10 +843,54 @@ fn serve_transparent(
             None => Ok(()),
         }
     };
+    let dns = listeners.dns.map(|(udp, tcp)| {
+        use veris_proxy::dns;
+        let names = Arc::new(dns::Names::new(dns::DEFAULT_CAPACITY));
+        // Dials to the stub's addresses go to the names they stand for.
+        veris_proxy::dial::answer_synthetic_with(names.clone());
+        let record: dns::OnLookup = Arc::new(move |lookup: &dns::Lookup| {
+            if !lookup.first {
+                return;
+            }
+            let entry = Entry::Dns {
+                name: lookup.name.clone(),
+                qtype: qtype_name(lookup.qtype),
+            };
+            if let Err(e) = ledger.append(entry) {
+                warn!(error = %e, "cannot record a DNS lookup");
+            }
+        });
+        let udp = dns::serve_udp(udp, names.clone(), record.clone(), until(stop));
+        let tcp = dns::serve_tcp(tcp, names, record, until(stop));
+        async move {
+            tokio::join!(udp, tcp);
+        }
+    });
     tokio::spawn(async move {
-        let (tcp, sink) = tokio::join!(tcp, sink);
+        let dns = async move {
+            if let Some(dns) = dns {
+                dns.await;
+            }
+        };
+        let (tcp, sink, ()) = tokio::join!(tcp, sink, dns);
         tcp.and(sink)
     })
+}
+
+/// A DNS query type as people write it.
+fn qtype_name(qtype: u16) -> String {
+    match qtype {
+        1 => "A".into(),
+        5 => "CNAME".into(),
+        15 => "MX".into(),
+        16 => "TXT".into(),
+        28 => "AAAA".into(),
+        33 => "SRV".into(),
+        64 => "SVCB".into(),
+        65 => "HTTPS".into(),
+        255 => "ANY".into(),
+        n => n.to_string(),
+    }
 }
 
 /// Hosts clients must reach directly.
@@ -829,7 +950,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// `veris serve`: runs until SIGINT or SIGTERM.
 pub async fn serve(args: ServeArgs) -> Result<u8> {
-    let stack = Stack::start(&args, veris_proxy::config::DEFAULT_LISTEN, Role::Serve).await?;
+    let stack = Stack::start(
+        &args,
+        veris_proxy::config::DEFAULT_LISTEN,
+        Role::Serve,
+        Confinement::None,
+    )
+    .await?;
     eprintln!(
         "veris: proxy {} (sandbox {}, twin {}); CA {}",
         stack.proxy_url,

@@ -1,6 +1,8 @@
 //! The one place the binary makes raw syscalls (besides the privilege drop in
-//! `transparent`): signalling a process group, the effective uid, and the
-//! dumpable flag that keeps a same-uid workload out of the proxy's memory.
+//! `transparent`): signalling a process group, the effective uid, the
+//! dumpable flag that keeps a same-uid workload out of the proxy's memory,
+//! and what the isolated run's init steps need (namespaces, mounts, an
+//! inherited control socket, giving up every capability before exec).
 #![allow(unsafe_code)]
 
 /// Sends `signal` to every process in group `pgid`.
@@ -34,4 +36,170 @@ pub fn set_non_dumpable() -> std::io::Result<()> {
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Moves this (single-threaded) process into new namespaces (`CLONE_NEW*`
+/// flags); the isolated run's init step (`crate::isolate`).
+pub fn unshare(flags: i32) -> std::io::Result<()> {
+    // SAFETY: unshare(2) takes flags only. Callers are single-threaded (the
+    // hidden `__isolate` steps run before any runtime or thread exists), so
+    // no other thread can observe a changed namespace or file table.
+    let rc = unsafe { libc::unshare(flags) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// mount(2) with C strings made here; `None` passes NULL.
+pub fn mount(
+    source: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+) -> std::io::Result<()> {
+    use std::ffi::CString;
+    let c = |s: &str| CString::new(s).map_err(|_| std::io::Error::other("NUL in a mount path"));
+    let source = source.map(c).transpose()?;
+    let target = c(target)?;
+    let fstype = fstype.map(c).transpose()?;
+    let ptr = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: every pointer is a NUL-terminated string that outlives the
+    // call, or NULL where mount(2) allows it; no data argument is passed.
+    let rc = unsafe {
+        libc::mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+extern "C" fn ignore(_: libc::c_int) {}
+
+/// Job-control signals (INT, TERM, HUP, QUIT) no longer end this process.
+/// A handler rather than SIG_IGN: handlers reset at exec, so the commands
+/// this process starts still get the default action.
+pub fn survive_job_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: the handler is an `extern "C"` function that does nothing,
+        // which is async-signal-safe.
+        unsafe { libc::signal(signal, ignore as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Asks the kernel to SIGKILL this process when its parent exits.
+pub fn die_with_parent() -> std::io::Result<()> {
+    // SAFETY: prctl(2) with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Makes `cmd`'s child give up every capability before exec, for good:
+/// securebits that stop uid 0 from regaining them at exec (locked), an
+/// empty bounding set, no ambient or inheritable ones, no effective or
+/// permitted ones, and no_new_privs (no setuid or file capabilities
+/// either). What runs then cannot change nftables rules, set a packet
+/// mark, mount, or enter another namespace.
+pub fn drop_capabilities_at_exec(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and makes raw
+    // syscalls only (no allocation, no locks), which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            let fail = || Err(std::io::Error::last_os_error());
+            // SECBIT_NOROOT | _LOCKED | SECBIT_NO_SETUID_FIXUP | _LOCKED |
+            // SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED.
+            let bits: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
+            if libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) != 0 {
+                return fail();
+            }
+            for cap in 0..64 {
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                    && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL)
+                {
+                    return fail();
+                }
+            }
+            if libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return fail();
+            }
+            #[repr(C)]
+            struct Header {
+                version: u32,
+                pid: libc::c_int,
+            }
+            #[repr(C)]
+            #[derive(Clone, Copy)]
+            struct Data {
+                effective: u32,
+                permitted: u32,
+                inheritable: u32,
+            }
+            let header = Header {
+                version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+                pid: 0,
+            };
+            let data = [Data {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            }; 2];
+            if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
+                return fail();
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return fail();
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Makes `fd` the child's file descriptor `target` (without close-on-exec).
+pub fn pass_fd(
+    cmd: &mut tokio::process::Command,
+    fd: std::os::fd::RawFd,
+    target: std::os::fd::RawFd,
+) {
+    // SAFETY: dup2(2) between fork and exec: a raw syscall, async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, target) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Takes ownership of an inherited file descriptor, if it is open.
+pub fn inherited_fd(fd: std::os::fd::RawFd) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is open, was inherited for this purpose (the parent put
+    // it there with `pass_fd`), and nothing else in this process owns it.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }

@@ -79,7 +79,9 @@ pub struct TransparentArgs {
 /// What goes into the ruleset.
 #[derive(Debug, Clone)]
 pub struct RulesetParams {
-    pub proxy_uid: u32,
+    /// The proxy's uid, exempt from the redirect; `None` in an isolated run,
+    /// where the proxy lives outside the namespace and nothing in it is exempt.
+    pub proxy_uid: Option<u32>,
     pub https_port: u16,
     pub http_port: u16,
     pub quic_port: u16,
@@ -90,19 +92,28 @@ pub struct RulesetParams {
     pub exempt_mark: bool,
     /// Resolvers DNS may reach.
     pub resolvers: Vec<std::net::IpAddr>,
+    /// Isolated run: every DNS query goes to veris's stub at these ports
+    /// (UDP, TCP) instead of any resolver.
+    pub dns_stub: Option<(u16, u16)>,
 }
 
 impl RulesetParams {
     /// What these rules send to the proxy, for the session line.
     pub fn coverage(&self, installed_by: &str) -> veris_receipt::Coverage {
-        let mut exempt = vec![format!("uid {}", self.proxy_uid)];
+        let mut exempt: Vec<String> = self
+            .proxy_uid
+            .map(|u| format!("uid {u}"))
+            .into_iter()
+            .collect();
         if self.exempt_mark {
             exempt.push(format!("mark {:#x}", veris_proxy::dial::EXEMPT_MARK));
         }
         veris_receipt::Coverage {
             tcp_ports: (!self.egress_ports.is_empty()).then(|| self.egress_ports.clone()),
             quic: if self.allow_quic { "open" } else { "sink" }.into(),
-            dns: if self.resolvers.is_empty() {
+            dns: if self.dns_stub.is_some() {
+                "stub"
+            } else if self.resolvers.is_empty() {
                 "none"
             } else {
                 "resolvers"
@@ -113,6 +124,7 @@ impl RulesetParams {
             ipv6: true,
             exempt,
             installed_by: installed_by.into(),
+            isolation: None,
         }
     }
 }
@@ -161,17 +173,22 @@ pub fn ruleset(p: &RulesetParams) -> String {
             Some("quic") => !p.allow_quic,
             Some("allowquic") => p.allow_quic,
             Some("mark") => p.exempt_mark,
+            Some("uid") => p.proxy_uid.is_some(),
+            Some("dnsstub") => p.dns_stub.is_some(),
             Some("dns4") => !v4.is_empty(),
             Some("dns6") => !v6.is_empty(),
             Some("http") => p.egress_ports.is_empty() || p.egress_ports.contains(&80),
             _ => true,
         }
     };
+    let (dns_udp, dns_tcp) = p.dns_stub.unwrap_or((0, 0));
     let mut out = String::new();
     for line in RULESET_TEMPLATE.lines().filter(|l| keep(l)) {
         out.push_str(
             &line
-                .replace("@PROXY_UID@", &p.proxy_uid.to_string())
+                .replace("@PROXY_UID@", &p.proxy_uid.unwrap_or(0).to_string())
+                .replace("@DNS_UDP_PORT@", &dns_udp.to_string())
+                .replace("@DNS_TCP_PORT@", &dns_tcp.to_string())
                 .replace("@HTTPS_PORT@", &p.https_port.to_string())
                 .replace("@HTTP_PORT@", &p.http_port.to_string())
                 .replace("@QUIC_PORT@", &p.quic_port.to_string())
@@ -370,7 +387,7 @@ pub fn install_redirect(
         return Ok(None);
     }
     let params = RulesetParams {
-        proxy_uid: args.proxy_uid,
+        proxy_uid: Some(args.proxy_uid),
         https_port: https.port(),
         http_port: http.port(),
         quic_port: quic.map_or(0, |q| q.port()),
@@ -378,6 +395,7 @@ pub fn install_redirect(
         egress_ports: args.egress_ports.clone(),
         exempt_mark: rootless_namespace(),
         resolvers: resolvers(),
+        dns_stub: None,
     };
     install(params).map(Some)
 }
@@ -418,7 +436,7 @@ pub fn coverage(
         Some(r) => Some(r.params.coverage("veris")),
         None if args.redirect_external => Some(
             RulesetParams {
-                proxy_uid: args.proxy_uid,
+                proxy_uid: Some(args.proxy_uid),
                 https_port: 0,
                 http_port: 0,
                 quic_port: 0,
@@ -426,6 +444,7 @@ pub fn coverage(
                 egress_ports: args.egress_ports.clone(),
                 exempt_mark: rootless_namespace(),
                 resolvers: resolvers(),
+                dns_stub: None,
             }
             .coverage("external"),
         ),
@@ -475,7 +494,7 @@ fn install(params: RulesetParams) -> Result<Redirect> {
     };
     let (stdin, stdout) = (helper.stdin.take(), helper.stdout.take());
     info!(
-        proxy_uid = params.proxy_uid,
+        proxy_uid = ?params.proxy_uid,
         https_port = params.https_port,
         http_port = params.http_port,
         quic_port = params.quic_port,
@@ -602,7 +621,7 @@ mod tests {
 
     fn params() -> RulesetParams {
         RulesetParams {
-            proxy_uid: 14741,
+            proxy_uid: Some(14741),
             https_port: 8443,
             http_port: 8081,
             quic_port: 8444,
@@ -610,6 +629,7 @@ mod tests {
             egress_ports: Vec::new(),
             exempt_mark: false,
             resolvers: vec!["10.0.0.2".parse().unwrap(), "fd00::53".parse().unwrap()],
+            dns_stub: None,
         }
     }
 
@@ -660,6 +680,35 @@ mod tests {
         assert_eq!(c.tcp_ports, Some(vec![443]));
         assert_eq!(c.quic, "open");
         assert!(c.exempt.iter().any(|e| e.starts_with("mark")));
+    }
+
+    #[test]
+    fn the_isolated_ruleset_exempts_nothing_and_sends_dns_to_the_stub() {
+        let r = ruleset(&RulesetParams {
+            proxy_uid: None,
+            resolvers: Vec::new(),
+            dns_stub: Some((5353, 5354)),
+            ..params()
+        });
+        assert!(!r.contains("skuid"), "nothing is exempt: {r}");
+        assert!(!r.contains("meta mark"));
+        assert!(r.contains("udp dport 53 redirect to :5353"));
+        assert!(r.contains("tcp dport 53 redirect to :5354"));
+        assert!(!r.contains('@'), "every placeholder filled: {r}");
+        // DNS goes to the stub before loopback returns, so a resolver on
+        // 127.0.0.53 is answered by it too.
+        assert!(r.find("udp dport 53 redirect").unwrap() < r.find("ip daddr 127.0.0.0/8").unwrap());
+        let c = RulesetParams {
+            proxy_uid: None,
+            resolvers: Vec::new(),
+            dns_stub: Some((5353, 5354)),
+            ..params()
+        }
+        .coverage("veris");
+        assert_eq!(c.dns, "stub");
+        assert!(c.exempt.is_empty());
+        // The transparent tier's rules never mention the stub.
+        assert!(!ruleset(&params()).contains("redirect to :0"));
     }
 
     #[test]

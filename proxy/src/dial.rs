@@ -2,6 +2,12 @@
 //! the upstream client's connections), the name resolution they use, and the
 //! mark that exempts them from the transparent tier's redirect.
 //!
+//! In an isolated run the child's DNS is answered by veris's stub
+//! ([`crate::dns`]) with synthetic addresses; once [`answer_synthetic_with`]
+//! registers its table, a dial to a synthetic address goes to the name it
+//! stands for, resolved here on the proxy's side, which is where the
+//! passthrough really goes.
+//!
 //! Loopback names (`localhost`, `*.localhost`) are loopback by definition
 //! (RFC 6761 §6.3) and never reach a resolver: [`resolve`] answers them
 //! itself, so a workload cannot point them elsewhere through DNS.
@@ -21,7 +27,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -68,8 +74,64 @@ pub fn check_mark() -> io::Result<()> {
     sys::set_mark(&socket, EXEMPT_MARK)
 }
 
-/// Connects to `addr`, marked when marking is on.
+/// The DNS stub's names, once an isolated run registered them.
+static SYNTHETIC: OnceLock<Arc<crate::dns::Names>> = OnceLock::new();
+
+/// From now on dials and lookups of synthetic addresses go to the names
+/// `names` handed them out for (one isolated run per process).
+pub fn answer_synthetic_with(names: Arc<crate::dns::Names>) {
+    let _ = SYNTHETIC.set(names);
+}
+
+/// The name a synthetic address stands for, when the stub handed it out.
+pub fn synthetic_name(ip: std::net::IpAddr) -> Option<String> {
+    SYNTHETIC.get()?.name_of(ip)
+}
+
+/// A synthetic address is dialed as its name: `Ok(None)` for any other
+/// address, an error for one the stub never handed out.
+async fn unsynthesize(addr: SocketAddr) -> io::Result<Option<Vec<SocketAddr>>> {
+    if SYNTHETIC.get().is_none() || !crate::dns::is_synthetic(addr.ip()) {
+        return Ok(None);
+    }
+    let Some(name) = synthetic_name(addr.ip()).filter(|n| n.parse::<std::net::IpAddr>().is_err())
+    else {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{} is a synthetic address veris's DNS stub never handed out",
+                addr.ip()
+            ),
+        ));
+    };
+    let real: Vec<SocketAddr> = resolve(&name, addr.port())
+        .await?
+        .into_iter()
+        // A resolver answering inside the synthetic ranges would loop.
+        .filter(|a| !crate::dns::is_synthetic(a.ip()))
+        .collect();
+    Ok(Some(real))
+}
+
+/// Connects to `addr` (a synthetic address: to its name), marked when
+/// marking is on.
 pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let Some(real) = unsynthesize(addr).await? else {
+        return connect_addr(addr).await;
+    };
+    let mut last = None;
+    for addr in real {
+        match connect_addr(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address")
+    }))
+}
+
+async fn connect_addr(addr: SocketAddr) -> io::Result<TcpStream> {
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
@@ -106,6 +168,12 @@ pub async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
             SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
         ]);
     }
+    // A synthetic literal (a redirected plain-HTTP passthrough's URI) is its name.
+    if let Ok(ip) = name.parse::<std::net::IpAddr>() {
+        if let Some(real) = Box::pin(unsynthesize(SocketAddr::new(ip, port))).await? {
+            return Ok(real);
+        }
+    }
     Ok(tokio::net::lookup_host((host, port)).await?.collect())
 }
 
@@ -114,7 +182,7 @@ pub async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
 pub async fn connect_host(host: &str, port: u16) -> io::Result<TcpStream> {
     let mut last = None;
     for addr in resolve(host, port).await? {
-        match connect(addr).await {
+        match connect_addr(addr).await {
             Ok(stream) => return Ok(stream),
             Err(e) => last = Some(e),
         }

@@ -38,6 +38,7 @@ pub mod catalog;
 pub mod clienthello;
 pub mod config;
 pub mod dial;
+pub mod dns;
 pub mod quic;
 pub mod recorder;
 pub mod reserved;

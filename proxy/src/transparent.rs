@@ -197,6 +197,13 @@ async fn backoff(e: io::Error) {
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
+/// What a connection to `dst` is named by when it names nothing itself (no
+/// SNI, no Host): in an isolated run the name the client looked up (the DNS
+/// stub handed out `dst` for it), else the address.
+fn dst_name(dst: SocketAddr) -> String {
+    dial::synthetic_name(dst.ip()).unwrap_or_else(|| dst.ip().to_string())
+}
+
 /// IPv4 peers of a dual-stack listener arrive as `::ffff:a.b.c.d`.
 fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(addr.ip().to_canonical(), addr.port())
@@ -382,7 +389,7 @@ impl Transparent {
             Err(None) => return,
         };
         let leg = Leg {
-            host: hello.sni.clone().unwrap_or_else(|| dst.ip().to_string()),
+            host: hello.sni.clone().unwrap_or_else(|| dst_name(dst)),
             port: dst.port(),
             tls: true,
             tier: ListenerTier::Transparent,
@@ -527,7 +534,7 @@ impl Transparent {
                 let host = request_host(&req)
                     .map(|h| normalize_host(&h))
                     .filter(|h| !h.is_empty())
-                    .unwrap_or_else(|| dst.ip().to_string());
+                    .unwrap_or_else(|| dst_name(dst));
                 let leg = Leg {
                     host,
                     port: dst.port(),
@@ -552,7 +559,7 @@ impl Transparent {
     /// in strict mode.
     fn opaque_verdict(&self, dst: SocketAddr) -> Result<&'static str, String> {
         let proxy = &self.proxy;
-        match proxy.router.route_connection(&dst.ip().to_string()) {
+        match proxy.router.route_connection(&dst_name(dst)) {
             Route::Service(_) | Route::Canary => Err(format!(
                 "opaque TCP (neither TLS nor HTTP) to {dst}, an address routed to a twin, which cannot serve it"
             )),
@@ -612,7 +619,7 @@ impl Transparent {
 
     fn record_opaque_block(&self, dst: SocketAddr, reason: String) {
         self.proxy.record_or_log(Entry::Blocked {
-            host: dst.ip().to_string(),
+            host: dst_name(dst),
             port: dst.port(),
             tier: ListenerTier::Transparent,
             method: None,
@@ -681,7 +688,7 @@ impl Transparent {
 /// The leg of an opaque connection: named by its original IP.
 fn opaque_leg(dst: SocketAddr) -> Leg {
     Leg {
-        host: dst.ip().to_string(),
+        host: dst_name(dst),
         port: dst.port(),
         tls: false,
         tier: ListenerTier::Transparent,
@@ -712,6 +719,17 @@ impl Proxy {
     pub(crate) async fn name_mismatch(&self, leg: &Leg, route: Route<'_>) -> Option<String> {
         let dst = leg.origin?;
         let ip = dst.ip().to_canonical();
+        // Isolated run: the client looked a name up and got `dst` from our
+        // stub; the name it gives now must be that one.
+        if let Some(looked_up) = dial::synthetic_name(ip) {
+            let named = normalize_host(&leg.host);
+            return (!named.eq_ignore_ascii_case(&looked_up)).then(|| {
+                format!(
+                    "{} is not {looked_up}, the name the client looked up for {dst}",
+                    leg.host
+                )
+            });
+        }
         match route {
             Route::Loopback if !ip.is_loopback() => Some(format!(
                 "{} is a loopback name but the connection was headed to {dst}",

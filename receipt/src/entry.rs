@@ -50,6 +50,7 @@ pub const KINDS: &[&str] = &[
     "check",
     "redirect_change",
     "udp_dropped",
+    "dns",
 ];
 
 /// `prev` of the first line of a ledger.
@@ -101,6 +102,13 @@ pub struct Coverage {
     /// `veris` (installed and watched by the proxy's helper) or `external`
     /// (declared by the operator; veris cannot check it).
     pub installed_by: String,
+    /// How `veris run` confined its child, when it did: `netns` (its own
+    /// user, network, mount and PID namespaces, every capability dropped,
+    /// no_new_privs: it can neither change the rules nor leave them) or
+    /// `landlock` (the explicit tier, with the child's TCP `connect()`
+    /// allowed only to the proxy's port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
 }
 
 fn unknown() -> String {
@@ -360,6 +368,14 @@ pub enum Entry {
     /// Datagrams the rules dropped (UDP other than QUIC and DNS), counted by
     /// the root-side helper since the rules were installed.
     UdpDropped { packets: u64 },
+    /// Isolated run: the first lookup of a name, answered by veris's DNS
+    /// stub with a synthetic address (nothing was forwarded). Later lookups
+    /// of the same name are not repeated.
+    Dns {
+        name: String,
+        /// Query type (`A`, `AAAA`, `TXT`, or the number).
+        qtype: String,
+    },
 }
 
 impl Entry {
@@ -380,6 +396,7 @@ impl Entry {
             Entry::Check { .. } => "check",
             Entry::RedirectChange { .. } => "redirect_change",
             Entry::UdpDropped { .. } => "udp_dropped",
+            Entry::Dns { .. } => "dns",
         }
     }
 }

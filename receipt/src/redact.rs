@@ -499,6 +499,10 @@ pub fn entry(entry: Entry) -> Entry {
             detail: text(&detail),
         },
         drops @ Entry::UdpDropped { .. } => drops,
+        Entry::Dns { name, qtype } => Entry::Dns {
+            name: text(&name),
+            qtype,
+        },
         // Hex digests and a fixed vocabulary: nothing to redact, and
         // rewriting a signature would break it.
         seal @ Entry::Seal { .. } => seal,

@@ -152,6 +152,7 @@ fn covered_session(sandbox: &str) -> Entry {
             ipv6: true,
             exempt: vec!["uid 14741".into()],
             installed_by: "veris".into(),
+            isolation: None,
         }));
         *workload_uid = Some(1000);
         *proxy_uid = Some(14741);

@@ -119,6 +119,7 @@ impl Row {
             Entry::Check { .. } => "check",
             Entry::RedirectChange { .. } => "rules-changed",
             Entry::UdpDropped { .. } => "udp-dropped",
+            Entry::Dns { .. } => "dns",
         }
     }
 
@@ -503,7 +504,8 @@ impl App {
             | Entry::Tamper { .. }
             | Entry::Check { .. }
             | Entry::RedirectChange { .. }
-            | Entry::UdpDropped { .. } => {}
+            | Entry::UdpDropped { .. }
+            | Entry::Dns { .. } => {}
             Entry::Seal { sealed_seq, .. } => {
                 // Seals arrive every second while traffic flows: counted, not listed.
                 self.counts.sealed_seq = Some(*sealed_seq);

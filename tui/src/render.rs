@@ -355,7 +355,8 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         Entry::Session { .. }
         | Entry::Seal { .. }
         | Entry::Check { .. }
-        | Entry::UdpDropped { .. } => Style::new().fg(Color::DarkGray),
+        | Entry::UdpDropped { .. }
+        | Entry::Dns { .. } => Style::new().fg(Color::DarkGray),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
@@ -489,6 +490,13 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 format!("kernel rules changed: {detail}"),
                 Cell::from("!").red().bold(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Dns { name, qtype } => (
+                qtype.clone(),
+                format!("DNS {name} (answered by the stub)"),
+                Cell::from(""),
                 String::new(),
                 String::new(),
             ),
@@ -878,6 +886,10 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
         }
         Entry::UdpDropped { packets } => {
             lines.push(kv("dropped", format!("{packets} datagram(s)")))
+        }
+        Entry::Dns { name, qtype } => {
+            lines.push(kv("name", name.clone()));
+            lines.push(kv("type", qtype.clone()));
         }
         Entry::Tamper { what, detail } => {
             lines.push(kv("tamper", what.clone()));

@@ -21,6 +21,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
         window,
         mode: None,
         tier: None,
+        isolation: None,
         integrity: integrity::integrity(read, options, &window),
         leaks: Vec::new(),
         services: BTreeMap::new(),
@@ -41,6 +42,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
             mode,
             tier,
             key_id,
+            coverage,
             ..
         } = &line.entry
         {
@@ -48,6 +50,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
                 receipt.twin = Some(sandbox_id.clone());
                 receipt.mode = Some(*mode);
                 receipt.tier = Some(*tier);
+                receipt.isolation = coverage.as_ref().and_then(|c| c.isolation.clone());
                 receipt.seal_key = key_id.clone();
             }
         }

@@ -29,6 +29,11 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
             _ => None,
         });
     match session {
+        Some((ListenerTier::Explicit, Some(c), _))
+            if c.isolation.as_deref() == Some("landlock") =>
+        {
+            out.extend(confined_leaks(c));
+        }
         Some((ListenerTier::Explicit, _, _)) => {
             // Clients that ignore the proxy variables go straight out, and
             // nothing redirects UDP in this tier.
@@ -114,6 +119,26 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
     out
 }
 
+/// What Landlock's confinement of an explicit-tier child leaves open: it
+/// filters TCP `connect()` by port only, so the proxy's port on any host
+/// stays reachable, and it does not cover UDP or ICMP at all.
+fn confined_leaks(c: &Coverage) -> Vec<String> {
+    let mut out = vec!["tcp-proxy-port-any-host".to_string()];
+    if c.quic != "sink" {
+        out.push("udp-quic-possible".to_string());
+    }
+    if c.udp_other != "dropped" {
+        out.push("udp-other-open".to_string());
+    }
+    if c.ip_other != "dropped" {
+        out.push("ip-other-open".to_string());
+    }
+    if c.dns != "stub" && c.dns != "none" {
+        out.push("dns-egress".to_string());
+    }
+    out
+}
+
 /// What the recorded rules leave open.
 fn coverage_leaks(c: &Coverage, workload_uid: Option<u32>) -> Vec<String> {
     let mut out = Vec::new();
@@ -141,9 +166,13 @@ fn coverage_leaks(c: &Coverage, workload_uid: Option<u32>) -> Vec<String> {
     if !c.ipv6 {
         out.push("ipv6-open".to_string());
     }
-    // Root can rewrite the rules, run as the proxy uid or set its mark.
+    // Root can rewrite the rules, run as the proxy uid or set its mark. An
+    // isolated child can do none of that, whatever its uid: it holds no
+    // capability, and its namespace has no interface but loopback, so
+    // without the rules nothing would leave either (it fails closed).
     let marked = c.exempt.iter().any(|e| e.starts_with("mark"));
-    if workload_uid.is_none_or(|u| u == 0) || marked {
+    let isolated = c.isolation.as_deref() == Some("netns");
+    if !isolated && (workload_uid.is_none_or(|u| u == 0) || marked) {
         out.push("workload-root".to_string());
     }
     out
@@ -163,6 +192,7 @@ mod tests {
             ipv6: true,
             exempt: vec!["uid 14741".into()],
             installed_by: "veris".into(),
+            isolation: None,
         }
     }
 
@@ -185,6 +215,36 @@ mod tests {
         assert_eq!(
             coverage_leaks(&external, Some(1000)),
             ["coverage-unverified", "workload-root"]
+        );
+        // An isolated child holds no capability, root or not.
+        let isolated = Coverage {
+            exempt: Vec::new(),
+            isolation: Some("netns".into()),
+            ..coverage()
+        };
+        assert!(coverage_leaks(&isolated, Some(0)).is_empty());
+    }
+
+    #[test]
+    fn landlock_names_what_it_cannot_cover() {
+        let confined = Coverage {
+            quic: "open".into(),
+            dns: "open".into(),
+            udp_other: "open".into(),
+            ip_other: "open".into(),
+            exempt: Vec::new(),
+            isolation: Some("landlock".into()),
+            ..coverage()
+        };
+        assert_eq!(
+            confined_leaks(&confined),
+            [
+                "tcp-proxy-port-any-host",
+                "udp-quic-possible",
+                "udp-other-open",
+                "ip-other-open",
+                "dns-egress"
+            ]
         );
     }
 }

@@ -66,6 +66,10 @@ pub struct Receipt {
     pub window: Window,
     pub mode: Option<Mode>,
     pub tier: Option<ListenerTier>,
+    /// How the run confined its workload (`netns`, `landlock`), from the
+    /// session's coverage; absent when nothing confined it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
     pub integrity: Integrity,
     /// Evidence-based notes on how traffic could bypass the proxy.
     pub leaks: Vec<String>,

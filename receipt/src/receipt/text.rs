@@ -69,9 +69,20 @@ pub fn render_text(r: &Receipt) -> String {
         _ => {}
     }
     out.push('\n');
-    let interception = match (r.tier, r.mode) {
-        (Some(t), Some(Mode::Strict)) => format!("proxy ({}, strict)", tier_word(t)),
-        (Some(t), _) => format!("proxy ({})", tier_word(t)),
+    let strict = if r.mode == Some(Mode::Strict) {
+        ", strict"
+    } else {
+        ""
+    };
+    let interception = match (r.tier, r.isolation.as_deref()) {
+        (Some(ListenerTier::Transparent), Some("netns")) if strict.is_empty() => {
+            "isolated".to_string()
+        }
+        (Some(ListenerTier::Transparent), Some("netns")) => "isolated (strict)".to_string(),
+        (Some(ListenerTier::Explicit), Some("landlock")) => {
+            format!("proxy (explicit, confined{strict})")
+        }
+        (Some(t), _) => format!("proxy ({}{strict})", tier_word(t)),
         (None, _) => "unknown (no session line)".to_string(),
     };
     let _ = writeln!(
