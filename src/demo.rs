@@ -72,6 +72,21 @@ async fn demo_in(serve: &ServeArgs) -> Result<u8> {
     let report = report(&read, &options, &reqs, false);
     crate::outln!();
     crate::out!("{}", report.text);
+    crate::outln!(
+        "\nYour own code: `veris run -- CMD` (e.g. `veris run -- curl https://api.stripe.com/v1/charges -d amount=1`)."
+    );
+    crate::outln!(
+        "It runs CMD isolated: a network namespace of its own where every connection, DNS query"
+    );
+    crate::outln!(
+        "and QUIC packet goes to veris whatever the client does, with no capability to undo it"
+    );
+    crate::outln!(
+        "(`interception: isolated`). Without user namespaces it falls back to the proxy variables"
+    );
+    crate::outln!(
+        "with TCP confined to the proxy by Landlock, and says so; --isolate makes that an error."
+    );
     Ok(report.exit_code)
 }
 

@@ -101,6 +101,8 @@ enum ToInit {
     Go {
         env: Vec<(String, String)>,
         bundle: PathBuf,
+        /// Further bundle files to cover (`--trust-file`).
+        extra_stores: Vec<PathBuf>,
     },
     /// Probe the canary through the redirect.
     Canary,
@@ -251,10 +253,16 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
 impl Isolation {
     /// The proxy serves: the command starts with `env`, and the system
     /// trust stores hold `bundle`. Returns the trust stores covered.
-    pub async fn go(&mut self, env: Vec<(String, String)>, bundle: &Path) -> Result<Vec<String>> {
+    pub async fn go(
+        &mut self,
+        env: Vec<(String, String)>,
+        bundle: &Path,
+        extra_stores: &[PathBuf],
+    ) -> Result<Vec<String>> {
         self.send(&ToInit::Go {
             env,
             bundle: bundle.to_path_buf(),
+            extra_stores: extra_stores.to_vec(),
         })
         .await?;
         match tokio::time::timeout(SETUP_TIMEOUT, self.recv()).await {
@@ -593,12 +601,16 @@ impl Drop for Counters {
 /// canary and wait for `done`.
 fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[String]) -> Result<u8> {
     let mut reader = BufReader::new(control.try_clone()?);
-    let (env, bundle) = match read_message(&mut reader)? {
-        Some(ToInit::Go { env, bundle }) => (env, bundle),
+    let (env, bundle, extra_stores) = match read_message(&mut reader)? {
+        Some(ToInit::Go {
+            env,
+            bundle,
+            extra_stores,
+        }) => (env, bundle, extra_stores),
         Some(other) => bail!("expected go, got {other:?}"),
         None => return Ok(1),
     };
-    let trust_stores = mount_trust(&bundle);
+    let trust_stores = mount_trust(&bundle, &extra_stores)?;
     crate::sys::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
     let exe = std::env::current_exe().context("finding the veris binary")?;
     let mut pid1 = Command::new(exe)
@@ -669,11 +681,28 @@ fn proxy_gone(control: &UnixStream) -> bool {
 
 /// Bind-mounts `bundle` over each system trust store present here, so
 /// clients that read only the system store (wget, PHP, Go, git) trust the
-/// veris CA too. Returns the paths covered; a failure leaves that store as
-/// it was (the trust variables still cover most clients).
-fn mount_trust(bundle: &Path) -> Vec<String> {
+/// veris CA too, and over each `extra` file (a bundled copy such as
+/// certifi's). Returns the paths covered; a failure leaves that system
+/// store as it was (the trust variables still cover most clients), while an
+/// `extra` file that cannot be covered is an error: the user asked for it.
+fn mount_trust(bundle: &Path, extra: &[PathBuf]) -> Result<Vec<String>> {
     let mut done: Vec<PathBuf> = Vec::new();
     let mut covered = Vec::new();
+    for file in extra {
+        let real = std::fs::canonicalize(file)
+            .ok()
+            .filter(|r| r.is_file())
+            .ok_or_else(|| anyhow!("--trust-file {}: not a file here", file.display()))?;
+        crate::sys::mount(
+            bundle.to_str(),
+            &real.to_string_lossy(),
+            None,
+            libc::MS_BIND,
+        )
+        .with_context(|| format!("--trust-file {}: cannot cover it", file.display()))?;
+        covered.push(file.display().to_string());
+        done.push(real);
+    }
     for store in TRUST_STORES {
         let Ok(real) = std::fs::canonicalize(store) else {
             continue;
@@ -694,7 +723,7 @@ fn mount_trust(bundle: &Path) -> Vec<String> {
             Err(e) => eprintln!("veris: cannot put the veris bundle over {store}: {e}"),
         }
     }
-    covered
+    Ok(covered)
 }
 
 /// A plain-HTTP canary request through the redirect (TEST-NET, port 80).

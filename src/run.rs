@@ -42,6 +42,11 @@ pub struct RunArgs {
     /// unconfined).
     #[arg(long, conflicts_with = "tier")]
     pub isolate: bool,
+    /// Isolated tier: also put the veris bundle over this CA file inside the
+    /// run (a client's own bundled roots, e.g. certifi's cacert.pem); the
+    /// system trust stores are covered already. Repeat for more.
+    #[arg(long, value_name = "FILE")]
+    pub trust_file: Vec<PathBuf>,
     /// Also write the JSON receipt here (mode 0600).
     #[arg(long, value_name = "FILE")]
     pub receipt: Option<PathBuf>,
@@ -70,7 +75,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     let (status, canary) = match isolation {
         Some(isolation) => {
             let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, true, java_base.as_deref()));
-            match isolated(isolation, &stack, vars, started).await {
+            match isolated(isolation, &stack, vars, &args.trust_file, started).await {
                 Ok(done) => done,
                 Err(e) => {
                     stack.finish().await?;
@@ -169,6 +174,7 @@ async fn isolated(
     mut isolation: Isolation,
     stack: &Stack,
     trust_vars: Vec<(String, String)>,
+    trust_files: &[PathBuf],
     started: std::time::Instant,
 ) -> Result<(u8, Option<Check>)> {
     // The parent's environment, minus any proxy settings (inside, every
@@ -183,7 +189,7 @@ async fn isolated(
         .collect();
     env.retain(|(k, _)| !trust_vars.iter().any(|(t, _)| t == k));
     env.extend(trust_vars);
-    let stores = isolation.go(env, &stack.trust.bundle).await?;
+    let stores = isolation.go(env, &stack.trust.bundle, trust_files).await?;
     info!(
         trust_stores = ?stores,
         setup_ms = started.elapsed().as_millis() as u64,

@@ -261,7 +261,8 @@ fn java_reaches_the_twin_through_the_env_veris_run_sets() {
     );
 
     let mut cmd = ns.command(bin());
-    cmd.arg("run")
+    // The explicit tier: what the JVM does with the proxy variables.
+    cmd.args(["run", "--tier", "explicit"])
         .arg("--state-dir")
         .arg(&state)
         .args(["--", "java"])
@@ -349,7 +350,8 @@ fn java_ignores_the_proxy_variables_without_java_tool_options() {
     // receipt is empty and `veris run` says so with exit code 3.
     let state = dir.join("state");
     let mut cmd = ns.command(bin());
-    cmd.arg("run")
+    // The explicit tier: what the JVM does with the proxy variables.
+    cmd.args(["run", "--tier", "explicit"])
         .arg("--state-dir")
         .arg(&state)
         .args(["--", "sh", "-c"])
