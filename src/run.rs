@@ -98,7 +98,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
                 wrapped.append(&mut command);
                 command = wrapped;
             }
-            match explicit(&command, vars).await {
+            match explicit(&command, vars, stack.file_limit).await {
                 Ok(code) => (code, None),
                 Err(e) => {
                     stack.finish().await?;
@@ -239,8 +239,13 @@ async fn isolated(
 }
 
 /// Runs the command with the proxy variables, forwarding signals.
-async fn explicit(command: &[String], vars: Vec<(String, String)>) -> Result<u8> {
+async fn explicit(
+    command: &[String],
+    vars: Vec<(String, String)>,
+    file_limit: crate::sys::FileLimit,
+) -> Result<u8> {
     let mut cmd = tokio::process::Command::new(&command[0]);
+    crate::sys::restore_file_limit_at_exec(&mut cmd, file_limit);
     cmd.args(&command[1..])
         .envs(vars)
         // Node 22.21+/24.5+ honour HTTPS_PROXY only with this; older versions ignore it.

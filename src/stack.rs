@@ -155,6 +155,8 @@ pub struct Stack {
     pub services: Vec<ServiceRef>,
     /// Newest twin log id per service when the session started.
     pub twin_heads: Option<BTreeMap<String, u64>>,
+    /// The open-file limit before the start raised it, for a child.
+    pub file_limit: crate::sys::FileLimit,
     /// Stops the listeners (traffic) first, then everything else.
     stop_traffic: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
@@ -202,6 +204,13 @@ impl Stack {
         if let Err(e) = crate::sys::set_non_dumpable() {
             warn!(error = %e, "cannot make the proxy non-dumpable; a same-uid workload could read its memory");
         }
+        let (file_limit, raised) = crate::sys::raise_open_file_limit();
+        let limit_word = |v: Option<u64>| v.map_or("unlimited".to_string(), |n| n.to_string());
+        info!(
+            soft = %limit_word(raised.0),
+            was = %limit_word(file_limit.0),
+            "open-file limit (every client connection holds one or two)"
+        );
         let state_dir = crate::state_dir(args.state_dir.clone());
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating state dir {}", state_dir.display()))?;
@@ -414,6 +423,7 @@ impl Stack {
             sealer,
             services,
             twin_heads: Some(twin_heads),
+            file_limit,
             stop_traffic,
             shutdown,
             proxy_task,

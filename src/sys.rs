@@ -203,3 +203,44 @@ pub fn inherited_fd(fd: std::os::fd::RawFd) -> Option<std::os::fd::OwnedFd> {
     // it there with `pass_fd`), and nothing else in this process owns it.
     Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
+
+/// The open-file limit (soft, hard); `None` for unlimited.
+pub type FileLimit = (Option<u64>, Option<u64>);
+
+/// Raises the soft open-file limit to the hard one (every connection holds
+/// a descriptor, two when proxied; the default 1,024 is reached by a few
+/// hundred idle clients). Returns the limit before and after.
+pub fn raise_open_file_limit() -> (FileLimit, FileLimit) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    let raised = Rlimit {
+        current: before.maximum,
+        maximum: before.maximum,
+    };
+    let _ = setrlimit(Resource::Nofile, raised);
+    let after = getrlimit(Resource::Nofile);
+    (
+        (before.current, before.maximum),
+        (after.current, after.maximum),
+    )
+}
+
+/// Gives `cmd`'s child the open-file limit this process started with: the
+/// command under `veris run` sees its usual environment, not the proxy's.
+pub fn restore_file_limit_at_exec(cmd: &mut tokio::process::Command, limit: FileLimit) {
+    let to_rlim = |v: Option<u64>| v.unwrap_or(libc::RLIM_INFINITY);
+    let rlimit = libc::rlimit {
+        rlim_cur: to_rlim(limit.0),
+        rlim_max: to_rlim(limit.1),
+    };
+    // SAFETY: setrlimit(2) between fork and exec: a raw syscall on a value
+    // copied into the closure, async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
