@@ -140,7 +140,7 @@ async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
                 return Ok((Confinement::Isolated(sockets), Some(isolation)))
             }
             Err(why) if strict => bail!(
-                "cannot isolate the command: {why}. Next: fix that, or run without --isolate (the explicit tier, confined by Landlock where the kernel has it)"
+                "cannot isolate the command: {why} (without --isolate, `veris run` would fall back to the explicit tier, confined by Landlock where the kernel has it)"
             ),
             Err(why) => why_not_isolated = Some(why),
         }

@@ -1,0 +1,1491 @@
+//! End-to-end tests of `veris run`'s isolated tier: the child runs in user,
+//! network, mount and PID namespaces of its own, where every TCP connection
+//! goes to the proxy, UDP 443 to the QUIC sink, all DNS to the stub, and the
+//! rest of UDP is dropped and counted — whatever the client does. Each
+//! client here ignores the proxy on purpose (`--noproxy '*'`,
+//! `trust_env = False`, no proxy variables) and still shows up in the
+//! receipt; the child's attacks on the sandbox fail; nothing reaches a
+//! listener of the host. The confined and explicit tiers are run beside it
+//! for contrast.
+//!
+//! Root and rootless: scenarios marked so run once as root and once as uid
+//! 65534 (`setpriv`, with a work dir that uid owns as its HOME and state
+//! dir); not as root, the rootless variant is the normal run and the root
+//! variant skips.
+//!
+//! Network safety: isolated runs use `--isolate`, so a machine without
+//! isolation fails the run instead of falling back to a tier where the
+//! child's traffic could leave. Runs that make non-vendor connections use
+//! `--mode strict`, so the proxy refuses instead of dialing out. Non-vendor
+//! targets are TEST-NET addresses and `.invalid` names; the one client that
+//! runs outside any namespace (the explicit-tier contrast) is pointed at a
+//! local listener standing in for the vendor, and no vendor name is ever
+//! resolved by real DNS.
+
+mod support;
+
+use std::io::{ErrorKind, Read};
+use std::net::{Ipv4Addr, Ipv6Addr, TcpListener};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{output_within, skip, tool_works, Guard, TempDir};
+
+/// The deadline of one `veris run` (they take well under a second here).
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `go run` compiles first: more room.
+const GO_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The uid (and gid) of the rootless variant when the tests run as root.
+const NOBODY: &str = "65534";
+
+/// The system trust store the isolated tier bind-mounts the veris bundle over.
+const SYSTEM_STORE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+const CHARGE_NOPROXY: &[&str] = &[
+    "curl",
+    "-sS",
+    "--max-time",
+    "20",
+    "--noproxy",
+    "*",
+    "https://api.stripe.com/v1/charges",
+    "-d",
+    "amount=100",
+    "-d",
+    "currency=usd",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    Root,
+    Rootless,
+}
+
+const BOTH: [Who; 2] = [Who::Root, Who::Rootless];
+
+/// The effective uid of this test process.
+fn euid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .expect("reading /proc/self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("an effective uid in /proc/self/status")
+}
+
+/// One test's `veris run`s, as root or rootless, sharing a state dir.
+struct Runner {
+    who: Who,
+    dir: TempDir,
+    /// Owned by the uid veris runs as: its HOME, state dir, receipts, scripts.
+    work: PathBuf,
+    /// The binary (a copy when uid 65534 cannot reach the original).
+    exe: PathBuf,
+    /// Whether veris is started through `setpriv` as uid 65534.
+    as_nobody: bool,
+    runs: AtomicU32,
+}
+
+/// What one `veris run` left: its status, output, receipt and ledger.
+struct Outcome {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    receipt: Option<Value>,
+    ledger: Vec<Value>,
+    /// The uid veris ran as.
+    uid: u32,
+}
+
+impl Runner {
+    /// A runner for `who`, or why that variant cannot run here.
+    fn new(who: Who, label: &str) -> Result<Runner, String> {
+        let root = euid() == 0;
+        let as_nobody = match (who, root) {
+            (Who::Root, false) => {
+                let uid = euid();
+                return Err(format!(
+                    "needs root (this is uid {uid}: the rootless variant is this run)"
+                ));
+            }
+            (Who::Root, true) => false,
+            (Who::Rootless, false) => false,
+            (Who::Rootless, true) => {
+                if !tool_works("setpriv", &["--version"]) {
+                    return Err("setpriv not installed (util-linux)".into());
+                }
+                true
+            }
+        };
+        let dir = TempDir::new(&format!("iso-{label}"));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the temp dir");
+        let work = dir.join("work");
+        std::fs::create_dir(&work).expect("creating the work dir");
+        let mut exe = support::bin();
+        if as_nobody {
+            std::os::unix::fs::chown(&work, Some(65534), Some(65534)).expect("chown the work dir");
+            if !nobody_can_exec(&exe) {
+                // e.g. a checkout under /root: a copy in the temp dir, removed with it.
+                let copy = dir.join("veris");
+                std::fs::copy(&exe, &copy).expect("copying the veris binary");
+                std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755))
+                    .expect("chmod the copy");
+                exe = copy;
+                assert!(
+                    nobody_can_exec(&exe),
+                    "uid {NOBODY} cannot run {} either: is the temp dir ({}) reachable?",
+                    exe.display(),
+                    dir.path().display()
+                );
+            }
+        }
+        Ok(Runner {
+            who,
+            dir,
+            work,
+            exe,
+            as_nobody,
+            runs: AtomicU32::new(0),
+        })
+    }
+
+    /// The state dir every run of this test shares (each run has its own ledger).
+    fn state(&self) -> PathBuf {
+        self.work.join("state")
+    }
+
+    /// Writes a file the child can read; its path.
+    fn write(&self, name: &str, content: &str) -> PathBuf {
+        let path = self.work.join(name);
+        std::fs::write(&path, content).expect("writing a test file");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+            .expect("chmod a test file");
+        path
+    }
+
+    /// `veris run --state-dir … --receipt FILE FLAGS -- CHILD`, with a cleared
+    /// environment (PATH and HOME kept), as this runner's uid; and the receipt path.
+    fn command(&self, flags: &[&str], child: &[&str]) -> (Command, PathBuf) {
+        let n = self.runs.fetch_add(1, Ordering::Relaxed);
+        let receipt = self.work.join(format!("receipt-{n}.json"));
+        let mut cmd = if self.as_nobody {
+            let mut cmd = support::command("setpriv");
+            cmd.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"])
+                .arg(&self.exe)
+                .env("HOME", &self.work);
+            cmd
+        } else {
+            let mut cmd = Command::new(&self.exe);
+            support::client_env(&mut cmd);
+            cmd
+        };
+        cmd.args(["run", "--state-dir"])
+            .arg(self.state())
+            .arg("--receipt")
+            .arg(&receipt)
+            .args(flags)
+            .arg("--")
+            .args(child);
+        (cmd, receipt)
+    }
+
+    /// Runs `veris run FLAGS -- CHILD` to the end (bounded); `adjust` may
+    /// change the command (PATH, extra variables) first.
+    fn run_with(
+        &self,
+        flags: &[&str],
+        child: &[&str],
+        timeout: Duration,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Outcome {
+        let (mut cmd, receipt) = self.command(flags, child);
+        adjust(&mut cmd);
+        let out = output_within(&mut cmd, timeout);
+        let (stdout, stderr) = support::text(&out);
+        let receipt = std::fs::read_to_string(&receipt)
+            .ok()
+            .map(|s| serde_json::from_str(&s).unwrap_or_else(|e| panic!("receipt JSON: {e}: {s}")));
+        let ledger = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("ledger: "))
+            .and_then(|l| l.split(" (verify it later").next())
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_else(|e| panic!("reading the ledger {p}: {e}"))
+                    .lines()
+                    .map(|l| serde_json::from_str(l).expect("a ledger line is JSON"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Outcome {
+            code: out.status.code(),
+            stdout,
+            stderr,
+            receipt,
+            ledger,
+            uid: if self.as_nobody { 65534 } else { euid() },
+        }
+    }
+
+    fn run(&self, flags: &[&str], child: &[&str]) -> Outcome {
+        self.run_with(flags, child, RUN_TIMEOUT, |_| {})
+    }
+
+    /// `veris run --isolate FLAGS -- CHILD`; Err (a skip reason) when this
+    /// machine cannot isolate, which `--isolate` turns into exit 1 before
+    /// the child starts.
+    fn isolated_with(
+        &self,
+        flags: &[&str],
+        child: &[&str],
+        timeout: Duration,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Result<Outcome, String> {
+        let mut all = vec!["--isolate"];
+        all.extend_from_slice(flags);
+        let out = self.run_with(&all, child, timeout, adjust);
+        if out.code == Some(1) {
+            if let Some(line) = out
+                .stderr
+                .lines()
+                .find(|l| l.contains("cannot isolate the command"))
+            {
+                return Err(format!(
+                    "isolation unavailable ({:?}): {}",
+                    self.who,
+                    line.trim()
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn isolated(&self, flags: &[&str], child: &[&str]) -> Result<Outcome, String> {
+        self.isolated_with(flags, child, RUN_TIMEOUT, |_| {})
+    }
+
+    /// Whether `program args` works as the uid veris runs as (uid 65534
+    /// cannot reach a pyenv under /root, say).
+    fn child_tool_works(&self, program: &str, args: &[&str]) -> bool {
+        if !self.as_nobody {
+            return tool_works(program, args);
+        }
+        let mut cmd = support::command("setpriv");
+        cmd.args([
+            "--reuid",
+            NOBODY,
+            "--regid",
+            NOBODY,
+            "--clear-groups",
+            // The shell's PATH search skips entries this uid cannot reach
+            // (setpriv's gives up at the first: a pyenv shim under /root).
+            "sh",
+            "-c",
+            "exec \"$0\" \"$@\"",
+            program,
+        ])
+        .args(args)
+        .env("HOME", &self.work);
+        output_within(&mut cmd, support::DEADLINE).status.success()
+    }
+}
+
+/// Whether uid 65534 can execute `path` (every parent dir reachable).
+fn nobody_can_exec(path: &Path) -> bool {
+    let mut cmd = support::command("setpriv");
+    cmd.args([
+        "--reuid",
+        NOBODY,
+        "--regid",
+        NOBODY,
+        "--clear-groups",
+        "test",
+        "-x",
+    ])
+    .arg(path);
+    output_within(&mut cmd, support::DEADLINE).status.success()
+}
+
+impl Outcome {
+    /// Everything the run printed, for assertion messages.
+    fn ctx(&self) -> String {
+        format!(
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+
+    fn receipt(&self) -> &Value {
+        self.receipt
+            .as_ref()
+            .unwrap_or_else(|| panic!("no receipt was written:\n{}", self.ctx()))
+    }
+
+    fn leaks(&self) -> Vec<String> {
+        self.receipt()["leaks"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no leaks array: {}", self.receipt()))
+            .iter()
+            .map(|l| l.as_str().expect("a leak is a string").to_string())
+            .collect()
+    }
+
+    /// `METHOD PATH STATUS` of each request of `service` in the receipt.
+    fn entries(&self, service: &str) -> Vec<String> {
+        self.receipt()["services"][service]["entries"]
+            .as_array()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .map(|e| format!("{} {} {}", e["method"], e["path"], e["status"]))
+                    .map(|s| s.replace('"', ""))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn kind(&self, kind: &str) -> Vec<&Value> {
+        self.ledger.iter().filter(|l| l["kind"] == kind).collect()
+    }
+
+    /// The isolated tier's verdict for a run where nothing else happened.
+    fn assert_isolated_and_verified(&self) {
+        let r = self.receipt();
+        assert_eq!(r["isolation"], "netns", "{r}\n{}", self.ctx());
+        assert_eq!(r["tier"], "transparent", "{r}");
+        assert_eq!(r["integrity"]["status"], "verified", "{r}\n{}", self.ctx());
+        assert!(
+            self.stderr.contains("interception: isolated"),
+            "{}",
+            self.ctx()
+        );
+        assert!(
+            !self.ledger.is_empty(),
+            "the ledger path is printed and the ledger read:\n{}",
+            self.ctx()
+        );
+        // The variant ran as meant: `veris run` (the proxy) had that uid.
+        assert_eq!(
+            self.kind("session")[0]["proxy_uid"],
+            self.uid,
+            "{}",
+            self.ctx()
+        );
+    }
+}
+
+/// Runs `scenario` as root and rootless; a variant that cannot run here skips.
+fn for_both(label: &str, mut scenario: impl FnMut(&Runner) -> Result<(), String>) {
+    for who in BOTH {
+        let runner = match Runner::new(who, &format!("{label}-{who:?}")) {
+            Ok(r) => r,
+            Err(why) => {
+                skip(&format!("{label} ({who:?}): {why}"));
+                continue;
+            }
+        };
+        if let Err(why) = scenario(&runner) {
+            skip(&format!("{label} ({who:?}): {why}"));
+        }
+    }
+}
+
+/// A runner as whoever runs the tests (for client tests that need no variant).
+fn this_user(label: &str) -> Runner {
+    let who = if euid() == 0 {
+        Who::Root
+    } else {
+        Who::Rootless
+    };
+    Runner::new(who, label).expect("a runner as this user")
+}
+
+fn python_module(module: &str) -> Result<(), String> {
+    if tool_works("python3", &["-c", &format!("import {module}")]) {
+        Ok(())
+    } else {
+        Err(format!(
+            "python3 with `{module}` not available (pip install {module})"
+        ))
+    }
+}
+
+/// A first non-loopback IPv4 address of this host (`ip`, else `hostname -I`), if any.
+fn host_ipv4() -> Option<Ipv4Addr> {
+    let words = |program: &str, args: &[&str]| -> Vec<String> {
+        if !tool_works(program, &[]) && !tool_works(program, &["-V"]) {
+            return Vec::new();
+        }
+        let out = output_within(support::command(program).args(args), support::DEADLINE);
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(|w| w.split('/').next().unwrap_or(w).to_string())
+            .collect()
+    };
+    let usable = |a: &Ipv4Addr| !a.is_loopback() && !a.is_unspecified();
+    // `ip -4 -o addr`: `… inet 192.0.2.2/24 brd …`, one line per address.
+    let ip = words("ip", &["-4", "-o", "addr", "show"]);
+    ip.windows(2)
+        .filter(|w| w[0] == "inet")
+        .filter_map(|w| w[1].parse::<Ipv4Addr>().ok())
+        .find(usable)
+        .or_else(|| {
+            words("hostname", &["-I"])
+                .iter()
+                .filter_map(|w| w.parse::<Ipv4Addr>().ok())
+                .find(usable)
+        })
+}
+
+/// Whether a nonblocking accept finds a connection the listener received.
+fn received_a_connection(listener: &TcpListener) -> Option<std::net::SocketAddr> {
+    listener.set_nonblocking(true).expect("nonblocking");
+    match listener.accept() {
+        Ok((_, peer)) => Some(peer),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+        Err(e) => panic!("accept: {e}"),
+    }
+}
+
+// --- 1. curl ignoring the proxy -------------------------------------------
+
+#[test]
+fn isolated_curl_ignoring_the_proxy_is_in_the_receipt() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    for_both("curl", |r| {
+        let out = r.isolated(&[], CHARGE_NOPROXY)?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        let charge: Value = serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("curl printed the twin's JSON: {e}\n{}", out.ctx()));
+        assert_eq!(charge["object"], "charge", "{}", out.ctx());
+        out.assert_isolated_and_verified();
+        assert_eq!(out.leaks(), Vec::<String>::new(), "{}", out.ctx());
+        assert!(out.stderr.contains("leaks: none"), "{}", out.ctx());
+        assert_eq!(out.receipt()["services"]["stripe"]["requests"], 1);
+        assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
+        Ok(())
+    });
+}
+
+// --- 2. Python requests, trust_env = False --------------------------------
+
+const REQUESTS_NO_ENV_PY: &str = r#"
+import sys, certifi, requests
+verify = sys.argv[1]
+print("certifi", certifi.where())
+s = requests.Session()
+s.trust_env = False
+try:
+    r = s.get("https://api.stripe.com/v1/customers", verify=True if verify == "default" else verify, timeout=20)
+    print("status", r.status_code)
+except requests.exceptions.SSLError as e:
+    print("ssl-error", str(e)[:200])
+"#;
+
+#[test]
+fn isolated_python_requests_without_env_reaches_the_twin_through_the_system_store() {
+    if let Err(why) = python_module("requests") {
+        return skip(&why);
+    }
+    let r = this_user("requests");
+    let script = r.write("requests_no_env.py", REQUESTS_NO_ENV_PY);
+    let script = script.to_str().unwrap();
+
+    // The system store, bind-mounted over with the veris bundle.
+    let out = match r.isolated(&[], &["python3", script, SYSTEM_STORE]) {
+        Ok(out) => out,
+        Err(why) => return skip(&why),
+    };
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert!(out.stdout.contains("status 200"), "{}", out.ctx());
+    out.assert_isolated_and_verified();
+    assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
+    assert_eq!(out.leaks(), Vec::<String>::new());
+
+    // Default verify: certifi's own bundle, which no variable and no mount
+    // reaches — unless certifi is the distribution's, pointing at the system store.
+    let out = r.isolated(&[], &["python3", script, "default"]).unwrap();
+    let certifi = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("certifi "))
+        .unwrap_or_else(|| panic!("the script printed certifi.where():\n{}", out.ctx()))
+        .to_string();
+    let system = std::fs::canonicalize(SYSTEM_STORE).ok();
+    let is_system = certifi == SYSTEM_STORE || std::fs::canonicalize(&certifi).ok() == system;
+    out.assert_isolated_and_verified();
+    if is_system {
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
+        assert_eq!(out.receipt()["trust_failures"], serde_json::json!([]));
+        return;
+    }
+    assert!(out.stdout.contains("ssl-error"), "{}", out.ctx());
+    assert_eq!(
+        out.code,
+        Some(3),
+        "a vendor host that refused the CA fails the receipt: {}",
+        out.ctx()
+    );
+    assert_eq!(out.entries("stripe"), Vec::<String>::new());
+    let failures = out.receipt()["trust_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0]["host"], "api.stripe.com");
+    assert_eq!(failures[0]["service"], "stripe");
+    assert_eq!(failures[0]["completed"], 0);
+    assert!(
+        failures[0]["refusals"].as_u64().unwrap() >= 1,
+        "{failures:?}"
+    );
+    assert!(
+        failures[0]["alerts"]["unknown_ca"].as_u64().unwrap_or(0) >= 1,
+        "{failures:?}"
+    );
+    assert!(
+        out.stderr
+            .contains("FAIL: vendor host api.stripe.com refused the veris certificate"),
+        "{}",
+        out.ctx()
+    );
+    let ledger_failures = out.kind("trust_failure");
+    assert_eq!(ledger_failures.len(), 1, "{ledger_failures:?}");
+    assert_eq!(ledger_failures[0]["host"], "api.stripe.com");
+
+    // --allow-empty forgives an empty receipt, not a refused CA.
+    let out = r
+        .isolated(&["--allow-empty"], &["python3", script, "default"])
+        .unwrap();
+    assert_eq!(out.code, Some(3), "{}", out.ctx());
+}
+
+// --- 3. Node ---------------------------------------------------------------
+
+const NODE_JS: &str = r#"
+const https = require('https');
+async function main() {
+  const r = await fetch('https://api.stripe.com/v1/charges', {
+    method: 'POST', body: 'amount=500&currency=usd',
+    headers: {'content-type': 'application/x-www-form-urlencoded'},
+    signal: AbortSignal.timeout(20000),
+  });
+  await r.text();
+  console.log('fetch', r.status);
+  await new Promise((resolve, reject) => {
+    const req = https.request('https://api.stripe.com/v1/customers', {method: 'GET'}, (res) => {
+      res.resume();
+      res.on('end', () => { console.log('https.request', res.statusCode); resolve(); });
+    });
+    req.on('error', reject);
+    req.setTimeout(20000, () => req.destroy(new Error('timeout')));
+    req.end();
+  });
+}
+main().catch((e) => { console.log('error', e.message, e.cause && e.cause.message); process.exit(1); });
+"#;
+
+#[test]
+fn isolated_node_fetch_and_https_request_are_in_the_receipt() {
+    if !tool_works("node", &["-e", "fetch"]) {
+        return skip("node (18+, with fetch) not installed");
+    }
+    let r = this_user("node");
+    let script = r.write("client.js", NODE_JS);
+    let out = match r.isolated(&[], &["node", script.to_str().unwrap()]) {
+        Ok(out) => out,
+        Err(why) => return skip(&why),
+    };
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert!(out.stdout.contains("fetch 200"), "{}", out.ctx());
+    assert!(out.stdout.contains("https.request 200"), "{}", out.ctx());
+    out.assert_isolated_and_verified();
+    assert_eq!(out.receipt()["services"]["stripe"]["requests"], 2);
+    assert_eq!(
+        out.entries("stripe"),
+        ["POST /v1/charges 200", "GET /v1/customers 200"]
+    );
+    assert_eq!(out.leaks(), Vec::<String>::new());
+}
+
+// --- 4. aiohttp --------------------------------------------------------------
+
+const AIOHTTP_PY: &str = r#"
+import asyncio, aiohttp
+async def main():
+    async with aiohttp.ClientSession() as s:
+        async with s.post("https://api.stripe.com/v1/charges", data={"amount": "700", "currency": "usd"},
+                          timeout=aiohttp.ClientTimeout(total=20)) as r:
+            body = await r.json()
+            print("aiohttp", r.status, body["object"])
+asyncio.run(main())
+"#;
+
+#[test]
+fn isolated_aiohttp_default_session_is_in_the_receipt() {
+    if let Err(why) = python_module("aiohttp") {
+        return skip(&why);
+    }
+    let r = this_user("aiohttp");
+    let script = r.write("aiohttp_client.py", AIOHTTP_PY);
+    let out = match r.isolated(&[], &["python3", script.to_str().unwrap()]) {
+        Ok(out) => out,
+        Err(why) => return skip(&why),
+    };
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert_eq!(out.stdout.trim(), "aiohttp 200 charge", "{}", out.ctx());
+    out.assert_isolated_and_verified();
+    assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
+    assert_eq!(out.leaks(), Vec::<String>::new());
+}
+
+// --- 5. wget -----------------------------------------------------------------
+
+#[test]
+fn isolated_wget_with_the_system_store_is_in_the_receipt() {
+    if !tool_works("wget", &["--version"]) {
+        return skip("wget not installed");
+    }
+    let r = this_user("wget");
+    let out = match r.isolated(
+        &[],
+        &[
+            "wget",
+            "-q",
+            "-O",
+            "-",
+            "--tries=1",
+            "--timeout=20",
+            "--no-proxy",
+            "https://api.stripe.com/v1/customers",
+        ],
+    ) {
+        Ok(out) => out,
+        Err(why) => return skip(&why),
+    };
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    let list: Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("wget printed the twin's JSON: {e}\n{}", out.ctx()));
+    assert_eq!(list["object"], "list", "{}", out.ctx());
+    out.assert_isolated_and_verified();
+    assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
+    assert_eq!(out.leaks(), Vec::<String>::new());
+}
+
+// --- 6. Go net/http ---------------------------------------------------------
+
+const GO_MAIN: &str = r#"package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+)
+
+func main() {
+	// No proxy at all, whatever the environment says.
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{Proxy: nil}}
+	resp, err := client.Get("https://api.stripe.com/v1/customers")
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	fmt.Println("go", resp.StatusCode)
+}
+"#;
+
+#[test]
+fn isolated_go_net_http_is_in_the_receipt() {
+    if !tool_works("go", &["version"]) {
+        return skip("go not installed (apt install golang-go)");
+    }
+    let r = this_user("go");
+    let main = r.write("main.go", GO_MAIN);
+    let go = r.work.join("go");
+    let out = match r.isolated_with(
+        &[],
+        &["go", "run", main.to_str().unwrap()],
+        GO_TIMEOUT,
+        |cmd| {
+            cmd.env("GOCACHE", go.join("cache"))
+                .env("GOPATH", go.join("path"))
+                .env("GOFLAGS", "-mod=mod")
+                .env("GOPROXY", "off")
+                .env("GOTOOLCHAIN", "local")
+                .current_dir(&r.work);
+        },
+    ) {
+        Ok(out) => out,
+        Err(why) => return skip(&why),
+    };
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert_eq!(out.stdout.trim(), "go 200", "{}", out.ctx());
+    out.assert_isolated_and_verified();
+    assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
+    assert_eq!(out.leaks(), Vec::<String>::new());
+}
+
+// --- 7. raw TCP -------------------------------------------------------------
+
+/// Connects, sends a PostgreSQL SSLRequest (neither TLS nor HTTP), prints
+/// how many bytes came back or the errno.
+const RAW_TCP_PY: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.sendall(b"\x00\x00\x00\x08\x04\xd2\x16\x2f")
+try:
+    print("answer", len(s.recv(100)))
+except OSError as e:
+    print("error", e.errno)
+"#;
+
+#[test]
+fn isolated_raw_tcp_in_strict_mode_is_blocked_and_nothing_else() {
+    for_both("raw-tcp", |r| {
+        if !r.child_tool_works("python3", &["-c", ""]) {
+            return Err("python3 not available to this uid".into());
+        }
+        let script = r.write("raw_tcp.py", RAW_TCP_PY);
+        let out = r.isolated(
+            &["--mode", "strict", "--allow-empty"],
+            &["python3", script.to_str().unwrap(), "203.0.113.7", "5432"],
+        )?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert_eq!(
+            out.stdout.trim(),
+            "answer 0",
+            "refused: closed without an answer\n{}",
+            out.ctx()
+        );
+        out.assert_isolated_and_verified();
+        let receipt = out.receipt();
+        assert_eq!(
+            receipt["blocked"]["hosts"],
+            serde_json::json!({"203.0.113.7": 1}),
+            "{receipt}"
+        );
+        assert_eq!(receipt["passthrough"]["hosts"], serde_json::json!({}));
+        assert_eq!(receipt["services"], serde_json::json!({}), "{receipt}");
+        assert_eq!(out.leaks(), Vec::<String>::new());
+        let blocked = out.kind("blocked");
+        assert_eq!(blocked.len(), 1, "{blocked:?}");
+        assert_eq!(blocked[0]["dst"], "203.0.113.7:5432");
+        assert_eq!(blocked[0]["port"], 5432);
+        // Nothing else happened: no request, passthrough, DNS or UDP line.
+        for line in &out.ledger {
+            let kind = line["kind"].as_str().unwrap_or("");
+            assert!(
+                ["session", "seal", "blocked", "check"].contains(&kind),
+                "unexpected ledger line {line}"
+            );
+        }
+        Ok(())
+    });
+}
+
+// --- 8. QUIC ----------------------------------------------------------------
+
+/// One datagram shaped like a QUIC Initial (long header, version 1) and
+/// padded like one, to port 443; waits a second for an answer.
+const QUIC_DATAGRAM_PY: &str = r#"
+import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.sendto(b"\xc0\x00\x00\x00\x01" + os.urandom(1195), (sys.argv[1], 443))
+s.settimeout(1)
+try:
+    s.recvfrom(2048)
+    print("answered")
+except socket.timeout:
+    print("no answer")
+"#;
+
+/// tests/transparent_support's aioquic client: a real Initial with an SNI.
+const AIOQUIC_PY: &str = r#"
+import asyncio, ssl, sys
+from aioquic.asyncio.client import connect
+from aioquic.quic.configuration import QuicConfiguration
+
+async def attempt():
+    config = QuicConfiguration(is_client=True, alpn_protocols=["h3"], server_name=sys.argv[2])
+    config.verify_mode = ssl.CERT_NONE
+    config.idle_timeout = float(sys.argv[3])
+    async with connect(sys.argv[1], 443, configuration=config):
+        return "connected"
+
+try:
+    print(asyncio.run(asyncio.wait_for(attempt(), float(sys.argv[3]))))
+except (asyncio.TimeoutError, ConnectionError):
+    print("no answer")
+"#;
+
+#[test]
+fn isolated_quic_goes_to_the_sink_and_is_a_leak_note() {
+    for_both("quic", |r| {
+        if !r.child_tool_works("python3", &["-c", ""]) {
+            return Err("python3 not available to this uid".into());
+        }
+        let script = r.write("quic_datagram.py", QUIC_DATAGRAM_PY);
+        let out = r.isolated(
+            &["--mode", "strict", "--allow-empty"],
+            &["python3", script.to_str().unwrap(), "203.0.113.9"],
+        )?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert_eq!(
+            out.stdout.trim(),
+            "no answer",
+            "the sink never answers\n{}",
+            out.ctx()
+        );
+        out.assert_isolated_and_verified();
+        let quic = out.kind("quic");
+        assert_eq!(quic.len(), 1, "{quic:?}\n{}", out.ctx());
+        assert_eq!(quic[0]["dst"], "203.0.113.9:443");
+        assert_eq!(quic[0]["attempts"], 1);
+        assert_eq!(out.leaks(), ["quic-attempts 1"]);
+        assert!(out.kind("udp_dropped").is_empty(), "UDP 443 is not dropped");
+        Ok(())
+    });
+
+    // A real QUIC Initial: the sink decrypts its SNI.
+    let Ok(()) = python_module("aioquic") else {
+        return skip("python3 with `aioquic` not available (pip install aioquic)");
+    };
+    let r = this_user("aioquic");
+    // Not `aioquic.py`: the script would shadow the package.
+    let script = r.write("quic_client.py", AIOQUIC_PY);
+    let out = r
+        .isolated(
+            &["--mode", "strict", "--allow-empty"],
+            &[
+                "python3",
+                script.to_str().unwrap(),
+                "203.0.113.9",
+                "api.stripe.com",
+                "2",
+            ],
+        )
+        .unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert_eq!(out.stdout.trim(), "no answer", "{}", out.ctx());
+    out.assert_isolated_and_verified();
+    let quic = out.kind("quic");
+    assert_eq!(quic.len(), 1, "{quic:?}");
+    assert_eq!(quic[0]["host"], "api.stripe.com");
+    assert_eq!(quic[0]["dst"], "203.0.113.9:443");
+    let attempts = quic[0]["attempts"].as_u64().unwrap();
+    assert!(attempts >= 1, "{quic:?}");
+    assert_eq!(
+        out.leaks(),
+        [format!("quic-attempts {attempts} (api.stripe.com)")]
+    );
+    assert_eq!(out.entries("stripe"), Vec::<String>::new());
+}
+
+// --- 9. DNS to any resolver, other UDP --------------------------------------
+
+/// Raw DNS queries to the resolver named in argv[1] (never a real one:
+/// inside the namespace all of port 53 goes to the stub): A over UDP, AAAA
+/// over UDP, A over TCP; then three datagrams to a non-DNS, non-QUIC port.
+const DNS_PY: &str = r#"
+import socket, struct, sys
+
+def query(name, qid, qtype):
+    q = struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+    for part in name.split("."):
+        q += bytes([len(part)]) + part.encode()
+    return q + b"\x00" + struct.pack("!HH", qtype, 1)
+
+def answers(resp, qid):
+    rid, flags, qd, an = struct.unpack("!HHHH", resp[:8])
+    assert rid == qid, (rid, qid)
+    i = 12
+    for _ in range(qd):
+        while resp[i] != 0:
+            i += resp[i] + 1
+        i += 5
+    out = []
+    for _ in range(an):
+        if resp[i] & 0xC0 == 0xC0:
+            i += 2
+        else:
+            while resp[i] != 0:
+                i += resp[i] + 1
+            i += 1
+        typ, _cls, _ttl, rdlen = struct.unpack("!HHIH", resp[i:i + 10])
+        i += 10
+        data = resp[i:i + rdlen]
+        if typ == 1:
+            out.append(socket.inet_ntop(socket.AF_INET, data))
+        elif typ == 28:
+            out.append(socket.inet_ntop(socket.AF_INET6, data))
+        i += rdlen
+    return "rcode=%d %s" % (flags & 0xF, ",".join(out))
+
+server = sys.argv[1]
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(5)
+u.sendto(query("exfil.invalid", 0x1234, 1), (server, 53))
+print("udp-a", answers(u.recvfrom(4096)[0], 0x1234))
+u.sendto(query("exfil6.invalid", 0x2345, 28), (server, 53))
+print("udp-aaaa", answers(u.recvfrom(4096)[0], 0x2345))
+
+t = socket.create_connection((server, 53), timeout=5)
+q = query("tcp-exfil.invalid", 0x4321, 1)
+t.sendall(struct.pack("!H", len(q)) + q)
+head = b""
+while len(head) < 2:
+    head += t.recv(2 - len(head))
+n = struct.unpack("!H", head)[0]
+body = b""
+while len(body) < n:
+    chunk = t.recv(n - len(body))
+    if not chunk:
+        break
+    body += chunk
+print("tcp-a", answers(body, 0x4321))
+
+o = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(3):
+    try:
+        o.sendto(b"hello", ("203.0.113.9", 9999))
+        print("other sent")
+    except OSError as e:
+        print("other errno", e.errno)
+"#;
+
+/// The address after `label rcode=0 ` in the script's output.
+fn dns_answer(stdout: &str, label: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{label} rcode=0 ")))
+        .unwrap_or_else(|| panic!("no successful {label} answer in:\n{stdout}"))
+        .to_string()
+}
+
+#[test]
+fn isolated_dns_to_any_resolver_gets_synthetic_answers_and_other_udp_is_dropped() {
+    for_both("dns", |r| {
+        if !r.child_tool_works("python3", &["-c", ""]) {
+            return Err("python3 not available to this uid".into());
+        }
+        let script = r.write("dns.py", DNS_PY);
+        // A resolver that is not in /etc/resolv.conf (TEST-NET-2).
+        let out = r.isolated(
+            &["--mode", "strict", "--allow-empty"],
+            &["python3", script.to_str().unwrap(), "198.51.100.53"],
+        )?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        out.assert_isolated_and_verified();
+
+        let synthetic_v4 = |label: &str| {
+            let a: Ipv4Addr = dns_answer(&out.stdout, label)
+                .parse()
+                .unwrap_or_else(|e| panic!("{label}: {e}\n{}", out.ctx()));
+            let [o1, o2, _, _] = a.octets();
+            assert!(
+                o1 == 198 && (o2 == 18 || o2 == 19),
+                "{label}: {a} is not in 198.18.0.0/15"
+            );
+        };
+        synthetic_v4("udp-a");
+        synthetic_v4("tcp-a");
+        let aaaa: Ipv6Addr = dns_answer(&out.stdout, "udp-aaaa")
+            .parse()
+            .unwrap_or_else(|e| panic!("udp-aaaa: {e}\n{}", out.ctx()));
+        let [s0, s1, s2, ..] = aaaa.segments();
+        assert_eq!(
+            (s0, s1, s2),
+            (0x2001, 0x2, 0),
+            "{aaaa} is not in 2001:2::/48"
+        );
+
+        let dns: Vec<String> = out
+            .kind("dns")
+            .iter()
+            .map(|l| format!("{} {}", l["name"], l["qtype"]).replace('"', ""))
+            .collect();
+        assert_eq!(
+            dns,
+            [
+                "exfil.invalid A",
+                "exfil6.invalid AAAA",
+                "tcp-exfil.invalid A"
+            ],
+            "{}",
+            out.ctx()
+        );
+
+        // The other datagrams: refused by the ruleset (EPERM) and counted.
+        assert_eq!(
+            out.stdout.matches("other errno 1").count(),
+            3,
+            "{}",
+            out.ctx()
+        );
+        assert_eq!(out.leaks(), ["udp-dropped 3"], "{}", out.ctx());
+        let dropped: u64 = out
+            .kind("udp_dropped")
+            .iter()
+            .map(|l| l["packets"].as_u64().unwrap())
+            .sum();
+        assert_eq!(dropped, 3);
+        assert!(out.kind("quic").is_empty());
+        assert_eq!(out.receipt()["blocked"]["hosts"], serde_json::json!({}));
+        Ok(())
+    });
+}
+
+// --- 10. the child attacks the sandbox ---------------------------------------
+
+/// Each attempt prints `name=<exit code or outcome>`; then a curl that
+/// ignores the proxy, which must still be seen.
+const ATTACK_SH: &str = r#"
+nft delete table inet veris 2>/dev/null; echo "nft-delete=$?"
+nft flush ruleset 2>/dev/null; echo "nft-flush=$?"
+python3 -c '
+import socket
+s = socket.socket()
+try:
+    s.setsockopt(socket.SOL_SOCKET, 36, 0x76657269)
+    print("so-mark=set")
+except PermissionError:
+    print("so-mark=EPERM")
+'
+unshare -n true 2>/dev/null; echo "unshare-n=$?"
+unshare -rn true 2>/dev/null; echo "unshare-rn=$?"
+unshare -rn python3 -c '
+import socket
+try:
+    socket.create_connection(("203.0.113.7", 443), timeout=3)
+    print("inner=connected")
+except OSError as e:
+    print("inner=errno", e.errno)
+' 2>/dev/null
+ip link set lo down 2>/dev/null; echo "lo-down=$?"
+ip route del default 2>/dev/null; echo "route-del=$?"
+sed -n -E 's/^(CapEff|NoNewPrivs):[[:space:]]*/\1=/p' /proc/self/status
+curl -sS --max-time 20 --noproxy '*' -o /dev/null -w 'curl=%{http_code}\n' https://api.stripe.com/v1/charges -d amount=900
+"#;
+
+fn attack_result<'a>(stdout: &'a str, name: &str) -> &'a str {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= line in:\n{stdout}"))
+}
+
+#[test]
+fn isolated_child_cannot_undo_the_sandbox_and_the_rules_hold() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    for_both("attack", |r| {
+        if !r.child_tool_works("python3", &["-c", ""]) {
+            return Err("python3 not available to this uid".into());
+        }
+        let script = r.write("attack.sh", ATTACK_SH);
+        let out = r.isolated(&["--mode", "strict"], &["sh", script.to_str().unwrap()])?;
+        let stdout = &out.stdout;
+        for name in [
+            "nft-delete",
+            "nft-flush",
+            "unshare-n",
+            "unshare-rn",
+            "lo-down",
+            "route-del",
+        ] {
+            assert_ne!(
+                attack_result(stdout, name),
+                "0",
+                "{name} succeeded\n{}",
+                out.ctx()
+            );
+        }
+        assert_eq!(attack_result(stdout, "so-mark"), "EPERM", "{}", out.ctx());
+        assert!(
+            !stdout.contains("inner=connected"),
+            "a nested namespace reached something\n{}",
+            out.ctx()
+        );
+        assert_eq!(
+            attack_result(stdout, "CapEff"),
+            "0000000000000000",
+            "{}",
+            out.ctx()
+        );
+        assert_eq!(attack_result(stdout, "NoNewPrivs"), "1", "{}", out.ctx());
+
+        // After all that, the redirect still catches a client ignoring the proxy.
+        assert_eq!(attack_result(stdout, "curl"), "200", "{}", out.ctx());
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        out.assert_isolated_and_verified();
+        assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
+        assert_eq!(out.leaks(), Vec::<String>::new(), "{}", out.ctx());
+        Ok(())
+    });
+}
+
+// --- 11. nothing reaches the host -------------------------------------------
+
+/// Connects to each address in argv[2:] on port argv[1], sends a line and
+/// reads; prints `<addr> connected <n>` or `<addr> errno <n>`.
+const CONNECT_PY: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+for host in sys.argv[2:]:
+    s = socket.socket()
+    s.settimeout(10)
+    try:
+        s.connect((host, port))
+        s.sendall(b"PING\r\n")
+        print(host, "connected", len(s.recv(100)))
+    except OSError as e:
+        print(host, "errno", e.errno)
+    finally:
+        s.close()
+"#;
+
+#[test]
+fn isolated_child_reaches_no_listener_of_the_host() {
+    let Some(host_ip) = host_ipv4() else {
+        return skip("this host has no non-loopback IPv4 address");
+    };
+    for_both("host-listener", |r| {
+        if !r.child_tool_works("python3", &["-c", ""]) {
+            return Err("python3 not available to this uid".into());
+        }
+        let listener = TcpListener::bind("0.0.0.0:0").expect("binding 0.0.0.0:0");
+        let port = listener.local_addr().unwrap().port();
+        let script = r.write("connect.py", CONNECT_PY);
+        let host = host_ip.to_string();
+        let port_s = port.to_string();
+        let out = r.isolated(
+            &["--mode", "strict", "--allow-empty"],
+            &[
+                "python3",
+                script.to_str().unwrap(),
+                &port_s,
+                "127.0.0.1",
+                &host,
+            ],
+        )?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert_eq!(
+            received_a_connection(&listener),
+            None,
+            "the host's listener on port {port} received a connection from the isolated child\n{}",
+            out.ctx()
+        );
+        // 127.0.0.1 is the namespace's own loopback: nothing listens there.
+        assert!(out.stdout.contains("127.0.0.1 errno 111"), "{}", out.ctx());
+        // The host's address goes to the proxy, which refuses it (strict).
+        assert!(
+            out.stdout.contains(&format!("{host} connected 0")),
+            "{}",
+            out.ctx()
+        );
+        out.assert_isolated_and_verified();
+        let blocked = out.kind("blocked");
+        assert_eq!(blocked.len(), 1, "{blocked:?}\n{}", out.ctx());
+        assert_eq!(blocked[0]["dst"], format!("{host}:{port}"));
+        assert_eq!(
+            out.receipt()["blocked"]["hosts"][&host],
+            1,
+            "{}",
+            out.receipt()
+        );
+        assert!(out.kind("passthrough").is_empty());
+        Ok(())
+    });
+}
+
+// --- 12. contrast: the explicit tier ----------------------------------------
+
+#[test]
+fn explicit_tier_does_not_see_a_client_that_ignores_the_proxy() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    // A local listener stands in for the real api.stripe.com (`--connect-to`),
+    // so the direct connection stays on this machine and no name is resolved.
+    let stand_in = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
+    let port = stand_in.local_addr().unwrap().port();
+    let r = this_user("explicit");
+    let connect_to = format!("api.stripe.com:443:127.0.0.1:{port}");
+    let mut child: Vec<&str> = CHARGE_NOPROXY.to_vec();
+    child.splice(1..1, ["--connect-to", connect_to.as_str()]);
+    // Accept the direct connection and close it: curl fails its handshake.
+    let accepted = std::thread::spawn(move || {
+        stand_in.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        while Instant::now() < deadline {
+            match stand_in.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let mut hello = [0u8; 5];
+                    let _ = s.read_exact(&mut hello);
+                    return Some(hello[0]);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        }
+        None
+    });
+    let out = r.run(&["--tier", "explicit"], &child);
+    let first_byte = accepted.join().unwrap();
+    assert_eq!(
+        first_byte,
+        Some(0x16),
+        "the direct TLS connection bypassed veris and reached the stand-in\n{}",
+        out.ctx()
+    );
+    assert_eq!(
+        out.code,
+        Some(3),
+        "no request reached the twin\n{}",
+        out.ctx()
+    );
+    let receipt = out.receipt();
+    assert!(receipt.get("isolation").is_none(), "{receipt}");
+    assert_eq!(receipt["tier"], "explicit");
+    assert_eq!(receipt["integrity"]["status"], "verified", "{receipt}");
+    assert_eq!(out.entries("stripe"), Vec::<String>::new());
+    let leaks = out.leaks();
+    assert!(
+        leaks.contains(&"direct-egress-possible".to_string()),
+        "{leaks:?}"
+    );
+    assert!(
+        out.stderr.contains("interception: proxy (explicit)"),
+        "{}",
+        out.ctx()
+    );
+}
+
+// --- 13. the confined tier --------------------------------------------------
+
+/// Ok when `veris __confine` can confine here, else the binary's reason.
+fn landlock_ready() -> Result<(), String> {
+    let out = output_within(
+        &mut support::veris(["__confine", "--", "true"]),
+        RUN_TIMEOUT,
+    );
+    let (_, stderr) = support::text(&out);
+    match out.status.code() {
+        Some(0) => Ok(()),
+        _ if stderr.contains("cannot confine the command") => Err(format!(
+            "Landlock network rules unavailable: {}",
+            stderr.trim()
+        )),
+        code => panic!("`veris __confine -- true` exited {code:?}: {stderr}"),
+    }
+}
+
+#[test]
+fn confined_tier_refuses_direct_connects_and_sees_proxied_calls() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    if let Err(why) = landlock_ready() {
+        return skip(&why);
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
+    let port = listener.local_addr().unwrap().port();
+    let r = this_user("confined");
+    // The direct connect first (its exit code), then a curl that honours
+    // the proxy variables veris sets.
+    let script = format!(
+        "curl -sS --max-time 10 --noproxy '*' http://127.0.0.1:{port}/; echo \"direct=$?\"; \
+         curl -sS --max-time 20 -o /dev/null -w 'proxied=%{{http_code}}\\n' \
+         https://api.stripe.com/v1/charges -d amount=1300 -d currency=usd"
+    );
+    let out = r.run(&["--tier", "confined"], &["sh", "-c", &script]);
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert!(
+        out.stdout.contains("direct=7"),
+        "curl could not connect (exit 7)\n{}",
+        out.ctx()
+    );
+    assert_eq!(
+        received_a_connection(&listener),
+        None,
+        "the direct connect reached the listener\n{}",
+        out.ctx()
+    );
+    assert!(out.stdout.contains("proxied=200"), "{}", out.ctx());
+    let receipt = out.receipt();
+    assert_eq!(receipt["isolation"], "landlock", "{receipt}");
+    assert_eq!(receipt["tier"], "explicit", "{receipt}");
+    assert_eq!(receipt["integrity"]["status"], "verified", "{receipt}");
+    assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
+    let leaks = out.leaks();
+    assert!(
+        leaks.contains(&"tcp-proxy-port-any-host".to_string()),
+        "{leaks:?}"
+    );
+    assert!(
+        !leaks.contains(&"direct-egress-possible".to_string()),
+        "{leaks:?}"
+    );
+    assert!(
+        out.stderr
+            .contains("interception: proxy (explicit, confined)"),
+        "{}",
+        out.ctx()
+    );
+}
+
+// --- 14. --isolate, and falling back ----------------------------------------
+
+/// A PATH dir holding symlinks to just these programs (found on this PATH).
+fn path_with(dir: &TempDir, name: &str, programs: &[&str]) -> PathBuf {
+    let bin = dir.join(name);
+    std::fs::create_dir(&bin).expect("creating a PATH dir");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for program in programs {
+        let found = std::env::split_paths(&path)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{program} is not on PATH"));
+        std::os::unix::fs::symlink(&found, bin.join(program)).expect("symlinking a program");
+    }
+    bin
+}
+
+#[test]
+fn isolate_runs_isolated_or_fails_naming_the_missing_tool() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let r = this_user("isolate-flag");
+
+    // Where isolation works, --isolate just runs isolated.
+    let out = match r.isolated(&[], CHARGE_NOPROXY) {
+        Ok(out) => out,
+        Err(why) => return skip(&why),
+    };
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    out.assert_isolated_and_verified();
+    assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
+
+    // Without `nft` (or `ip`) on PATH the init step cannot isolate: exit 1
+    // naming the tool, and the child never starts.
+    let proxied = "touch started; curl -sS --max-time 20 -o /dev/null -w 'proxied=%{http_code}\\n' https://api.stripe.com/v1/charges -d amount=1400";
+    for (missing, present) in [
+        ("nft", ["curl", "sh", "touch", "ip"]),
+        ("ip", ["curl", "sh", "touch", "nft"]),
+    ] {
+        let path = path_with(&r.dir, &format!("no-{missing}"), &present);
+        let out = r.run_with(&["--isolate"], &["sh", "-c", proxied], RUN_TIMEOUT, |cmd| {
+            cmd.env("PATH", &path).current_dir(&r.work);
+        });
+        assert_eq!(out.code, Some(1), "{}", out.ctx());
+        assert!(
+            out.stderr.contains("cannot isolate the command")
+                && out.stderr.contains(&format!("`{missing}`")),
+            "the message names `{missing}`\n{}",
+            out.ctx()
+        );
+        assert!(
+            !r.work.join("started").exists(),
+            "the child ran although --isolate failed\n{}",
+            out.ctx()
+        );
+        assert!(out.receipt.is_none(), "{}", out.ctx());
+    }
+
+    // Default tier auto: falls back to confined, with one line saying so.
+    if let Err(why) = landlock_ready() {
+        return skip(&why);
+    }
+    let path = path_with(&r.dir, "no-tools", &["curl", "sh", "touch"]);
+    let out = r.run_with(&[], &["sh", "-c", proxied], RUN_TIMEOUT, |cmd| {
+        cmd.env("PATH", &path).current_dir(&r.work);
+    });
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    let notes: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("veris: not isolated"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{}", out.ctx());
+    assert!(out.stdout.contains("proxied=200"), "{}", out.ctx());
+    let receipt = out.receipt();
+    assert_eq!(receipt["isolation"], "landlock", "{receipt}");
+    assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
+    assert!(out.leaks().contains(&"tcp-proxy-port-any-host".to_string()));
+}
+
+// --- 15. exit codes, daemons ------------------------------------------------
+
+#[test]
+fn isolated_exit_code_passes_through_and_daemons_do_not_outlive_the_run() {
+    for_both("exit", |r| {
+        let out = r.isolated(&["--allow-empty"], &["sh", "-c", "exit 7"])?;
+        assert_eq!(out.code, Some(7), "{}", out.ctx());
+        out.assert_isolated_and_verified();
+
+        let out = r.isolated(&["--allow-empty"], &["sh", "-c", "kill -TERM $$"])?;
+        assert_eq!(out.code, Some(128 + 15), "shell convention\n{}", out.ctx());
+
+        // A daemon holding the run's stdout: the run returns promptly, and
+        // the pipe reaches EOF — every process of the namespace is gone.
+        let (mut cmd, _) = r.command(
+            &["--isolate", "--allow-empty"],
+            &["sh", "-c", "sleep 300 & echo started"],
+        );
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let started = Instant::now();
+        let mut run = Guard::spawn(&mut cmd);
+        let mut stdout = run.child().stdout.take().unwrap();
+        let mut stderr = run.child().stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stdout.read_to_string(&mut s);
+            let _ = tx.send(s);
+        });
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        });
+        let status = run.wait_timeout(Duration::from_secs(30));
+        let elapsed = started.elapsed();
+        assert!(
+            status.is_some(),
+            "veris run is still running after {elapsed:?} with a daemon left behind"
+        );
+        let stdout = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| {
+                panic!("the child's stdout stays open: the daemon outlived the run")
+            });
+        let stderr = err.join().unwrap();
+        assert_eq!(status.unwrap().code(), Some(0), "{stdout}\n{stderr}");
+        assert_eq!(stdout.trim(), "started", "{stderr}");
+        assert!(
+            elapsed < Duration::from_secs(30),
+            "took {elapsed:?}\n{stderr}"
+        );
+        Ok(())
+    });
+}
