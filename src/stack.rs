@@ -79,6 +79,18 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     pub grace: u64,
+    /// Seconds a client may take for a TLS handshake.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub handshake_timeout: u64,
+    /// Seconds a client may take to send a request head; an idle HTTP/1
+    /// keep-alive connection is closed after as long (HTTP/2: the ping
+    /// interval and deadline).
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub client_timeout: u64,
+    /// Client connections open at once (all listeners); more are closed on
+    /// accept. Default: half the open-file limit, at most 16384.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
     /// Seconds to wait for the twin's response head before answering 504.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub upstream_timeout: u64,
@@ -360,6 +372,20 @@ impl Stack {
                     ..UpstreamOptions::default()
                 },
                 grace: Duration::from_secs(args.grace),
+                limits: veris_proxy::Limits {
+                    handshake: Duration::from_secs(args.handshake_timeout.max(1)),
+                    request_head: Duration::from_secs(args.client_timeout.max(1)),
+                    // Each proxied connection holds two descriptors (client, upstream).
+                    max_connections: args
+                        .max_connections
+                        .unwrap_or_else(|| {
+                            let files = raised.0.unwrap_or(u64::MAX);
+                            usize::try_from(files / 2)
+                                .unwrap_or(usize::MAX)
+                                .clamp(64, 16384)
+                        })
+                        .max(1),
+                },
             },
             issuer,
             ledger.clone(),

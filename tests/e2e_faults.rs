@@ -180,3 +180,131 @@ fn connect_without_a_valid_port_is_refused_and_never_dialed() {
         "a bad CONNECT was dialed: {lines:?}"
     );
 }
+
+/// Reads until the server closes the connection (or `within` passes);
+/// true when it closed.
+fn closed_within(stream: &mut std::net::TcpStream, within: std::time::Duration) -> bool {
+    use std::io::Read;
+    let deadline = std::time::Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    while std::time::Instant::now() < deadline {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        stream
+            .set_read_timeout(Some(left.max(std::time::Duration::from_millis(10))))
+            .unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+#[test]
+fn slow_and_idle_clients_are_closed_and_none_is_taken_for_a_refusal() {
+    let mut serve = Serve::start(
+        "slowloris",
+        &["--client-timeout", "1", "--handshake-timeout", "1"],
+    );
+    let addr = serve.proxy_addr();
+    let generous = std::time::Duration::from_secs(15);
+
+    // Slowloris: a head that never ends.
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    slow.write_all(
+        b"GET http://api.stripe.com/v1/charges HTTP/1.1\r\nHost: api.stripe.com\r\nX-A: ",
+    )
+    .unwrap();
+    // Idle: connected, says nothing.
+    let mut idle = std::net::TcpStream::connect(addr).unwrap();
+    // A CONNECT, then no ClientHello.
+    let mut silent_tls = std::net::TcpStream::connect(addr).unwrap();
+    silent_tls
+        .write_all(b"CONNECT api.stripe.com:443 HTTP/1.1\r\nHost: api.stripe.com:443\r\n\r\n")
+        .unwrap();
+    // A keep-alive connection idle after one answered request.
+    let mut kept = std::net::TcpStream::connect(addr).unwrap();
+    kept.write_all(
+        b"GET http://api.stripe.com/v1/customers HTTP/1.1\r\nHost: api.stripe.com\r\n\r\n",
+    )
+    .unwrap();
+
+    assert!(
+        closed_within(&mut slow, generous),
+        "a head that never ends is closed"
+    );
+    assert!(
+        closed_within(&mut idle, generous),
+        "a silent connection is closed"
+    );
+    assert!(
+        closed_within(&mut silent_tls, generous),
+        "a CONNECT without a ClientHello is closed"
+    );
+    assert!(
+        closed_within(&mut kept, generous),
+        "an idle keep-alive connection is closed"
+    );
+
+    // The proxy still serves, and a client too slow for the handshake is
+    // not recorded as one that refused the veris certificate.
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    serve.stop();
+    let lines = serve.ledger_lines();
+    assert!(
+        !lines.iter().any(|l| l["kind"] == "trust_failure"),
+        "no trust failure recorded: {lines:?}"
+    );
+}
+
+#[test]
+fn connections_beyond_the_cap_are_closed_and_the_open_ones_go_on() {
+    let mut serve = Serve::start("maxconn", &["--max-connections", "3"]);
+    let addr = serve.proxy_addr();
+    let request =
+        b"GET http://api.stripe.com/v1/customers HTTP/1.1\r\nHost: api.stripe.com\r\n\r\n";
+    let mut held: Vec<std::net::TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            // Answered: the connection is admitted and open.
+            s.write_all(request).unwrap();
+            let mut buf = [0u8; 12];
+            use std::io::Read;
+            s.set_read_timeout(Some(DEADLINE)).unwrap();
+            s.read_exact(&mut buf).unwrap();
+            assert_eq!(&buf, b"HTTP/1.1 200");
+            s
+        })
+        .collect();
+    // The fourth is closed at once, without an answer.
+    let mut fourth = std::net::TcpStream::connect(addr).unwrap();
+    let _ = fourth.write_all(request);
+    assert!(
+        closed_within(&mut fourth, std::time::Duration::from_secs(15)),
+        "a connection over the cap is closed"
+    );
+    // The admitted ones still work.
+    held[0].write_all(request).unwrap();
+    {
+        use std::io::Read;
+        let mut buf = [0u8; 1];
+        held[0].read_exact(&mut buf).unwrap();
+    }
+    // One leaves: room for a new one (the permit is returned when the
+    // proxy notices the close).
+    drop(held.pop());
+    let status = wait_for("a free slot", DEADLINE, || {
+        let s = serve.vendor("GET", "api.stripe.com", "/v1/customers");
+        (s == 200).then_some(s)
+    });
+    assert_eq!(status, 200);
+    assert!(
+        std::fs::read_to_string(&serve.stderr_file)
+            .unwrap()
+            .contains("too many client connections open"),
+        "the refusal is logged"
+    );
+    serve.stop();
+}

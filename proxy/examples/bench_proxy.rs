@@ -80,6 +80,7 @@ async fn main() {
             twin_auth: None,
             upstream: UpstreamOptions::default(),
             grace: Duration::from_secs(1),
+            limits: veris_proxy::Limits::default(),
         },
         Arc::new(Issuer::new(Arc::new(ca), 100)),
         Arc::new(ledger),

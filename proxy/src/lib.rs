@@ -104,6 +104,35 @@ pub struct ProxyOptions {
     pub upstream: UpstreamOptions,
     /// How long in-flight requests may run after shutdown is asked for.
     pub grace: Duration,
+    /// Client timeouts and the connection cap.
+    pub limits: Limits,
+}
+
+/// How long a client may take, and how many may be connected at once: one
+/// slow or idle client must not hold what the others need (file
+/// descriptors, memory, the admin API's reachability).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A TLS handshake with a client (after CONNECT or a redirect). Running
+    /// out is not a refusal of our certificate: nothing is recorded.
+    pub handshake: Duration,
+    /// A request head, from the first byte the connection waits for; this
+    /// also ends an idle HTTP/1 keep-alive connection between requests. For
+    /// HTTP/2 it is the keep-alive ping's interval and deadline.
+    pub request_head: Duration,
+    /// Client connections open at once, over every listener; more are
+    /// closed as soon as they are accepted.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            handshake: Duration::from_secs(10),
+            request_head: Duration::from_secs(30),
+            max_connections: 4096,
+        }
+    }
 }
 
 /// The running proxy, shared by every connection task.
@@ -122,6 +151,11 @@ pub struct Proxy {
     resolve: Resolve,
     tasks: TaskTracker,
     cancel: CancellationToken,
+    limits: Limits,
+    /// One permit per open client connection ([`Limits::max_connections`]).
+    connections: Arc<tokio::sync::Semaphore>,
+    /// When the last "too many connections" warning was logged (Unix secs).
+    refused_warned: std::sync::atomic::AtomicU64,
 }
 
 /// Request headers worth keeping in the ledger (values redacted).
@@ -197,7 +231,30 @@ impl Proxy {
             resolve,
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
+            limits: options.limits,
+            connections: Arc::new(tokio::sync::Semaphore::new(options.limits.max_connections)),
+            refused_warned: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// A permit for one more client connection, or `None` (logged at most
+    /// once a second) when [`Limits::max_connections`] are open: the caller
+    /// closes the new one, and those already open go on undisturbed.
+    pub(crate) fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        use std::sync::atomic::Ordering;
+        let permit = self.connections.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if self.refused_warned.swap(now, Ordering::Relaxed) != now {
+                warn!(
+                    max = self.limits.max_connections,
+                    "too many client connections open; closing new ones until some end. Next: raise --max-connections (and the open-file limit)"
+                );
+            }
+        }
+        permit
     }
 
     pub fn identity(&self) -> &Identity {
@@ -324,10 +381,16 @@ impl Proxy {
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let start = match LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await {
-            Ok(start) => start,
-            Err(e) => {
+        let handshake = self.limits.handshake;
+        let hello = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+        let start = match tokio::time::timeout(handshake, hello).await {
+            Ok(Ok(start)) => start,
+            Ok(Err(e)) => {
                 info!(error = %e, "client sent no TLS ClientHello after CONNECT");
+                return;
+            }
+            Err(_) => {
+                info!("no TLS ClientHello within {handshake:?}; closing");
                 return;
             }
         };
@@ -344,9 +407,15 @@ impl Proxy {
                 return;
             }
         };
-        let tls = match start.into_stream(server_config(key)).await {
-            Ok(tls) => tls,
-            Err(e) => {
+        let tls = match tokio::time::timeout(handshake, start.into_stream(server_config(key))).await
+        {
+            Ok(Ok(tls)) => tls,
+            // A client too slow to finish is not one that refused our leaf.
+            Err(_) => {
+                info!(host = %name, "TLS handshake not finished within {handshake:?}; closing");
+                return;
+            }
+            Ok(Err(e)) => {
                 info!(error = %e, host = %name, "TLS handshake with the client failed");
                 // Our leaf was on its way: an alert or a hang-up now is a refusal of it.
                 if let Some(alert) = trust::classify(&e) {
@@ -362,7 +431,7 @@ impl Proxy {
             let leg = leg.clone();
             async move { Ok::<_, Infallible>(proxy.handle(req, leg).await) }
         });
-        if let Err(e) = serve_auto(tls, service, &self.cancel).await {
+        if let Err(e) = serve_auto(tls, service, &self.cancel, self.limits.request_head).await {
             debug!(error = %e, "intercepted connection ended with an error");
         }
     }
@@ -1096,8 +1165,15 @@ pub async fn serve(
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Some(permit) = proxy.admit() else {
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    proxy.tasks.spawn(client_connection(proxy.clone(), stream, peer));
+                    let connection = client_connection(proxy.clone(), stream, peer);
+                    proxy.tasks.spawn(async move {
+                        connection.await;
+                        drop(permit);
+                    });
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -1124,11 +1200,12 @@ pub async fn serve(
 
 async fn client_connection(proxy: Arc<Proxy>, stream: TcpStream, peer: SocketAddr) {
     let cancel = proxy.cancel.clone();
+    let head_timeout = proxy.limits.request_head;
     let service = service_fn(move |req: Request<Incoming>| {
         let proxy = proxy.clone();
         async move { Ok::<_, Infallible>(proxy.on_proxy_request(req, peer).await) }
     });
-    if let Err(e) = serve_http1(stream, service, &cancel).await {
+    if let Err(e) = serve_http1(stream, service, &cancel, head_timeout).await {
         debug!(error = %e, %peer, "client connection ended with an error");
     }
 }
@@ -1140,6 +1217,7 @@ pub(crate) async fn serve_auto<IO, S, B>(
     io: IO,
     service: S,
     cancel: &CancellationToken,
+    head_timeout: Duration,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -1150,7 +1228,17 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(head_timeout);
+    // HTTP/2 has no head timeout: a peer that stops answering pings is closed.
+    builder
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(head_timeout)
+        .keep_alive_timeout(head_timeout);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {
@@ -1162,12 +1250,15 @@ where
     }
 }
 
-/// Serves one HTTP/1.1 connection (upgrades allowed) until it ends; once
-/// `cancel` fires, in-flight requests finish and the connection closes.
+/// Serves one HTTP/1.1 connection (upgrades allowed) until it ends, or
+/// until a request head (or the next one, on an idle keep-alive
+/// connection) takes longer than `head_timeout`; once `cancel` fires,
+/// in-flight requests finish and the connection closes.
 pub(crate) async fn serve_http1<IO, S, B>(
     stream: IO,
     service: S,
     cancel: &CancellationToken,
+    head_timeout: Duration,
 ) -> Result<(), hyper::Error>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -1178,6 +1269,8 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(head_timeout)
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades();
     tokio::pin!(conn);

@@ -161,12 +161,17 @@ pub async fn serve(
         };
         match accepted {
             Ok((stream, peer)) => {
+                let Some(permit) = proxy.admit() else {
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let peer = canonical(peer);
                 let span = info_span!("transparent", listener, %peer);
-                proxy
-                    .tasks
-                    .spawn(state.clone().connection(stream, peer).instrument(span));
+                let connection = state.clone().connection(stream, peer).instrument(span);
+                proxy.tasks.spawn(async move {
+                    connection.await;
+                    drop(permit);
+                });
             }
             Err(e) => backoff(e).await,
         }
@@ -523,6 +528,7 @@ impl Transparent {
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let head_timeout = self.proxy.limits.request_head;
         let proxy = self.proxy.clone();
         let cancel = proxy.cancel.clone();
         let service = service_fn(move |req: Request<Incoming>| {
@@ -547,7 +553,7 @@ impl Transparent {
                 Ok(proxy.handle(req, Arc::new(leg)).await)
             }
         });
-        if let Err(e) = crate::serve_auto(io, service, &cancel).await {
+        if let Err(e) = crate::serve_auto(io, service, &cancel, head_timeout).await {
             debug!(error = %e, "redirected HTTP connection ended with an error");
         }
     }
@@ -1064,6 +1070,7 @@ mod lifecycle_tests {
                 twin_auth: None,
                 upstream: UpstreamOptions::default(),
                 grace: Duration::from_secs(1),
+                limits: crate::Limits::default(),
             },
             issuer,
             recorder.clone(),

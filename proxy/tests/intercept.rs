@@ -78,6 +78,7 @@ async fn start_proxy(setup: Setup, tag: &str) -> Harness {
                 ..UpstreamOptions::default()
             },
             grace: Duration::from_secs(2),
+            limits: veris_proxy::Limits::default(),
         },
         issuer,
         recorder.clone(),

@@ -123,6 +123,9 @@ async fn connection(
     }
 }
 
+/// How long a client may take to send a request head.
+const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn serve_io<I>(io: I, twin: Arc<Twin>, mut stop: watch::Receiver<bool>)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -131,7 +134,18 @@ where
         let twin = Arc::clone(&twin);
         async move { Ok::<_, Infallible>(twin.handle(req).await) }
     });
-    let builder = auto::Builder::new(TokioExecutor::new());
+    // A slow or idle client is closed after 30 s without a request head
+    // (HTTP/2: without answering a ping), so idle connections cannot pile up.
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(CLIENT_TIMEOUT);
+    builder
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(CLIENT_TIMEOUT)
+        .keep_alive_timeout(CLIENT_TIMEOUT);
     let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
