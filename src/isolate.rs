@@ -545,8 +545,11 @@ struct Counters {
 
 impl Counters {
     fn start() -> Counters {
+        use std::os::unix::process::CommandExt;
+        // A group of its own: the command's `kill(0, …)` must not reach it.
         let spawned = Command::new("nft")
             .arg("-i")
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -611,16 +614,25 @@ fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[Stri
         None => return Ok(1),
     };
     let trust_stores = mount_trust(&bundle, &extra_stores)?;
+    hide_daemon_sockets();
     crate::sys::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
     let exe = std::env::current_exe().context("finding the veris binary")?;
-    let mut pid1 = Command::new(exe)
-        .arg("__isolate-init")
-        .arg("--")
-        .args(command)
-        .env_clear()
-        .envs(env)
-        .spawn()
-        .context("starting the namespace's pid 1")?;
+    // Pid 1 and the command get a process group of their own: a command
+    // signalling its group (`kill(0, …)`) reaches neither this step nor its
+    // counter, and the signals `veris run` forwards here are passed on to it.
+    let mut pid1 = {
+        use std::os::unix::process::CommandExt;
+        Command::new(exe)
+            .arg("__isolate-init")
+            .arg("--")
+            .args(command)
+            .env_clear()
+            .envs(env)
+            .process_group(0)
+            .spawn()
+            .context("starting the namespace's pid 1")?
+    };
+    crate::sys::forward_signals_to(pid1.id());
     send(control, &FromInit::Started { trust_stores }, &[])?;
 
     let mut reported = 0;
@@ -660,11 +672,18 @@ fn report_drops(
     counters: &mut Counters,
     reported: &mut u64,
 ) -> Result<()> {
-    if let Some(total) = counters.udp_dropped() {
-        if total != *reported {
+    let alive = counters.nft.is_some();
+    match counters.udp_dropped() {
+        Some(total) if total != *reported => {
             *reported = total;
             send(control, &FromInit::UdpDropped { total }, &[])?;
         }
+        Some(_) => {}
+        // Datagrams are still dropped (the rules stay); only the count is lost.
+        None if alive => eprintln!(
+            "veris: the namespace's UDP drop counter stopped answering; later drops are not counted"
+        ),
+        None => {}
     }
     Ok(())
 }
@@ -693,13 +712,8 @@ fn mount_trust(bundle: &Path, extra: &[PathBuf]) -> Result<Vec<String>> {
             .ok()
             .filter(|r| r.is_file())
             .ok_or_else(|| anyhow!("--trust-file {}: not a file here", file.display()))?;
-        crate::sys::mount(
-            bundle.to_str(),
-            &real.to_string_lossy(),
-            None,
-            libc::MS_BIND,
-        )
-        .with_context(|| format!("--trust-file {}: cannot cover it", file.display()))?;
+        bind_read_only(bundle, &real)
+            .with_context(|| format!("--trust-file {}: cannot cover it", file.display()))?;
         covered.push(file.display().to_string());
         done.push(real);
     }
@@ -710,12 +724,7 @@ fn mount_trust(bundle: &Path, extra: &[PathBuf]) -> Result<Vec<String>> {
         if done.contains(&real) || !real.is_file() {
             continue;
         }
-        match crate::sys::mount(
-            bundle.to_str(),
-            &real.to_string_lossy(),
-            None,
-            libc::MS_BIND,
-        ) {
+        match bind_read_only(bundle, &real) {
             Ok(()) => {
                 covered.push((*store).to_string());
                 done.push(real);
@@ -724,6 +733,33 @@ fn mount_trust(bundle: &Path, extra: &[PathBuf]) -> Result<Vec<String>> {
         }
     }
     Ok(covered)
+}
+
+/// A fresh tmpfs over /run: the host's daemon sockets (Docker, systemd,
+/// D-Bus, nscd, ssh-agent under /run/user) are paths, which a network
+/// namespace does not separate, and any of them could carry traffic out.
+/// Sockets elsewhere (/tmp, a home dir) stay reachable (README).
+fn hide_daemon_sockets() {
+    if !Path::new("/run").is_dir() {
+        return;
+    }
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    if let Err(e) = crate::sys::mount(Some("tmpfs"), "/run", Some("tmpfs"), flags) {
+        eprintln!("veris: cannot hide the host's /run from the command: {e}");
+    }
+}
+
+/// Bind-mounts `bundle` over `target`, read-only: a write through the
+/// system store's path must not land in the state dir's bundle.
+fn bind_read_only(bundle: &Path, target: &Path) -> std::io::Result<()> {
+    let target = target.to_string_lossy();
+    crate::sys::mount(bundle.to_str(), &target, None, libc::MS_BIND)?;
+    crate::sys::mount(
+        None,
+        &target,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+    )
 }
 
 /// A plain-HTTP canary request through the redirect (TEST-NET, port 80).

@@ -111,6 +111,12 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     let finished = stack.finish_with(canary).await?;
     let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, &reqs, args.require.allow_empty);
+    // The file first: whatever happens to stderr, the receipt is kept.
+    if let Some(path) = &args.receipt {
+        write_private(path, &serde_json::to_vec_pretty(&report.receipt)?)
+            .with_context(|| format!("writing receipt {}", path.display()))?;
+    }
+    crate::sys::blocking_stdio();
     eprint!("{}", report.text);
     eprintln!(
         "\nledger: {} (verify it later: veris receipt --ledger {} --key {})",
@@ -118,10 +124,6 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         finished.ledger_path.display(),
         finished.key_id
     );
-    if let Some(path) = &args.receipt {
-        write_private(path, &serde_json::to_vec_pretty(&report.receipt)?)
-            .with_context(|| format!("writing receipt {}", path.display()))?;
-    }
     Ok(if report.exit_code != 0 {
         report.exit_code
     } else {
@@ -197,15 +199,16 @@ async fn isolated(
     );
     let pgid = isolation.pgid;
     let mut dropped = 0u64;
+    let mut signals = 0;
     let code = {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         loop {
-            tokio::select! {
-                event = isolation.next() => match event? {
-                    Event::Exited(code) => break code,
-                    Event::UdpDropped(total) => {
+            let forwarded = tokio::select! {
+                event = isolation.next() => match event {
+                    Ok(Event::Exited(code)) => break code,
+                    Ok(Event::UdpDropped(total)) => {
                         let new = total.saturating_sub(dropped);
                         dropped = total;
                         if new > 0 {
@@ -213,11 +216,29 @@ async fn isolated(
                                 warn!(error = %e, "cannot record dropped datagrams");
                             }
                         }
+                        continue;
+                    }
+                    // The receipt still comes: the canary below cannot be
+                    // probed without the init step, so it says unverified.
+                    Err(e) => {
+                        warn!(error = %e, "lost the isolated command");
+                        break 1;
                     }
                 },
-                _ = term.recv() => forward(pgid, libc::SIGTERM),
-                _ = int.recv() => forward(pgid, libc::SIGINT),
-            }
+                _ = term.recv() => libc::SIGTERM,
+                _ = int.recv() => libc::SIGINT,
+            };
+            signals += 1;
+            // The init step passes the first on to the command's group; a
+            // second ends the init step, and with it the whole namespace.
+            forward(
+                pgid,
+                if signals == 1 {
+                    forwarded
+                } else {
+                    libc::SIGKILL
+                },
+            );
         }
     };
     let answer = isolation

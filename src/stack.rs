@@ -257,7 +257,7 @@ impl Stack {
             veris_ca::trust::publish(&state_dir.join("trust"), &ca, system_bundle.as_deref())
                 .context("publishing trust material")?;
         let issuer = Arc::new(Issuer::new(ca.clone(), Issuer::DEFAULT_CAPACITY));
-        let roots = upstream_roots(system_bundle.as_deref(), &ca);
+        let (roots, passthrough_roots) = upstream_roots(system_bundle.as_deref(), &ca);
 
         // Seal key and ledger.
         let run_id = crate::random_hex(8)?;
@@ -367,6 +367,7 @@ impl Stack {
                 twin_auth,
                 upstream: UpstreamOptions {
                     roots,
+                    passthrough_roots: Some(passthrough_roots),
                     insecure_skip_verify: settings.insecure_skip_verify,
                     response_timeout: Duration::from_secs(args.upstream_timeout),
                     ..UpstreamOptions::default()
@@ -731,19 +732,23 @@ async fn routing(
 }
 
 /// Upstream roots: the system's plus ours (a TLS twin may use a veris leaf).
+/// Roots for TLS upstreams: for the twin, the system roots and the veris CA
+/// (a twin served with a veris leaf); for passthrough to real hosts, the
+/// system roots alone.
 fn upstream_roots(
     system_bundle: Option<&Path>,
     ca: &CertificateAuthority,
-) -> rustls::RootCertStore {
-    let mut roots = rustls::RootCertStore::empty();
+) -> (rustls::RootCertStore, rustls::RootCertStore) {
+    let mut system = rustls::RootCertStore::empty();
     if let Some(bundle) = system_bundle {
         if let Ok(iter) = CertificateDer::pem_file_iter(bundle) {
             let certs: Vec<_> = iter.filter_map(|c| c.ok()).collect();
-            roots.add_parsable_certificates(certs);
+            system.add_parsable_certificates(certs);
         }
     }
-    let _ = roots.add(ca.cert_der().clone());
-    roots
+    let mut twin = system.clone();
+    let _ = twin.add(ca.cert_der().clone());
+    (twin, system)
 }
 
 /// The seal key and the ledger for `role` (see [`Role`]). `serve` continues

@@ -83,16 +83,37 @@ pub fn mount(
     }
 }
 
-extern "C" fn ignore(_: libc::c_int) {}
+/// The process group job signals are passed on to (0: none yet).
+static FORWARD_TO: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// Job-control signals (INT, TERM, HUP, QUIT) no longer end this process.
-/// A handler rather than SIG_IGN: handlers reset at exec, so the commands
-/// this process starts still get the default action.
+extern "C" fn pass_on(signal: libc::c_int) {
+    let pgid = FORWARD_TO.load(std::sync::atomic::Ordering::Relaxed);
+    if pgid > 0 {
+        // SAFETY: kill(2) is async-signal-safe and takes integers only.
+        unsafe {
+            libc::kill(-pgid, signal);
+            // A stopped group would keep the signal pending forever.
+            libc::kill(-pgid, libc::SIGCONT);
+        }
+    }
+}
+
+/// Job-control signals (INT, TERM, HUP, QUIT) no longer end this process:
+/// they are passed on to the process group named by [`forward_signals_to`]
+/// (until then, dropped). A handler rather than SIG_IGN: handlers reset at
+/// exec, so the commands this process starts still get the default action.
 pub fn survive_job_signals() {
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-        // SAFETY: the handler is an `extern "C"` function that does nothing,
-        // which is async-signal-safe.
-        unsafe { libc::signal(signal, ignore as *const () as libc::sighandler_t) };
+        // SAFETY: the handler only reads an atomic and calls kill(2), which
+        // is async-signal-safe.
+        unsafe { libc::signal(signal, pass_on as *const () as libc::sighandler_t) };
+    }
+}
+
+/// From now on [`survive_job_signals`]' handler passes signals to `pgid`.
+pub fn forward_signals_to(pgid: u32) {
+    if let Ok(pgid) = i32::try_from(pgid) {
+        FORWARD_TO.store(pgid, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -242,5 +263,20 @@ pub fn restore_file_limit_at_exec(cmd: &mut tokio::process::Command, limit: File
             }
             Ok(())
         });
+    }
+}
+
+/// Clears O_NONBLOCK on stdout and stderr, which a child sharing them may
+/// have set: printing the receipt must not fail with EAGAIN.
+pub fn blocking_stdio() {
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: fcntl(2) on the process's own standard descriptors, with
+        // integer arguments only.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        }
     }
 }

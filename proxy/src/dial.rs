@@ -78,9 +78,65 @@ pub fn check_mark() -> io::Result<()> {
 static SYNTHETIC: OnceLock<Arc<crate::dns::Names>> = OnceLock::new();
 
 /// From now on dials and lookups of synthetic addresses go to the names
-/// `names` handed them out for (one isolated run per process).
+/// `names` handed them out for (one isolated run per process), and dials
+/// made for a client never reach this host's loopback: an isolated run's
+/// loopback is its own, so a client asking the proxy for "loopback" (a
+/// `CONNECT 127.0.0.1:…`, a name that resolves there) is asking for the
+/// host's.
 pub fn answer_synthetic_with(names: Arc<crate::dns::Names>) {
     let _ = SYNTHETIC.set(names);
+}
+
+/// True in an isolated run (the DNS stub's table is registered).
+pub fn isolated() -> bool {
+    SYNTHETIC.get().is_some()
+}
+
+/// Refuses a client's dial to `addr` where it would reach this host itself
+/// from an isolated run (loopback, or the unspecified address, which
+/// connects to the local host).
+fn refuse_host_for_client(addr: SocketAddr) -> io::Result<()> {
+    let ip = addr.ip().to_canonical();
+    if SYNTHETIC.get().is_some() && (ip.is_loopback() || ip.is_unspecified()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{addr} is the host's loopback: an isolated run's loopback is its own, and veris does not reach the host's for it"),
+        ));
+    }
+    Ok(())
+}
+
+/// Connects to the first of `addrs` that answers; the last error otherwise.
+async fn connect_first(addrs: Vec<SocketAddr>, for_client: bool) -> io::Result<TcpStream> {
+    let mut last = None;
+    for addr in addrs {
+        if for_client {
+            if let Err(e) = refuse_host_for_client(addr) {
+                last = Some(e);
+                continue;
+            }
+        }
+        match connect_addr(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address")
+    }))
+}
+
+/// A dial made for a client (a passthrough): [`connect`], except that from
+/// an isolated run it never reaches this host itself.
+pub async fn connect_for_client(addr: SocketAddr) -> io::Result<TcpStream> {
+    let addrs = unsynthesize(addr).await?.unwrap_or_else(|| vec![addr]);
+    connect_first(addrs, true).await
+}
+
+/// [`connect_host`] for a client (a tunnel): from an isolated run it never
+/// reaches this host itself.
+pub async fn connect_host_for_client(host: &str, port: u16) -> io::Result<TcpStream> {
+    connect_first(resolve(host, port).await?, true).await
 }
 
 /// The name a synthetic address stands for, when the stub handed it out.
@@ -116,19 +172,8 @@ async fn unsynthesize(addr: SocketAddr) -> io::Result<Option<Vec<SocketAddr>>> {
 /// Connects to `addr` (a synthetic address: to its name), marked when
 /// marking is on.
 pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let Some(real) = unsynthesize(addr).await? else {
-        return connect_addr(addr).await;
-    };
-    let mut last = None;
-    for addr in real {
-        match connect_addr(addr).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address")
-    }))
+    let addrs = unsynthesize(addr).await?.unwrap_or_else(|| vec![addr]);
+    connect_first(addrs, false).await
 }
 
 async fn connect_addr(addr: SocketAddr) -> io::Result<TcpStream> {
@@ -180,19 +225,7 @@ pub async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
 /// Resolves `host` ([`resolve`]) and connects to each address in turn until
 /// one answers; the last error otherwise.
 pub async fn connect_host(host: &str, port: u16) -> io::Result<TcpStream> {
-    let mut last = None;
-    for addr in resolve(host, port).await? {
-        match connect_addr(addr).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{host} resolved to no address"),
-        )
-    }))
+    connect_first(resolve(host, port).await?, false).await
 }
 
 /// A connector that dials one address whatever the URI names (the URI still
@@ -217,7 +250,8 @@ impl tower_service::Service<Uri> for PinnedConnector {
     fn call(&mut self, _: Uri) -> Self::Future {
         let (addr, timeout) = (self.addr, self.timeout);
         Box::pin(async move {
-            let stream = tokio::time::timeout(timeout, connect(addr))
+            // Only a client's passthrough is pinned to an address.
+            let stream = tokio::time::timeout(timeout, connect_for_client(addr))
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
             stream.set_nodelay(true)?;
@@ -231,6 +265,9 @@ impl tower_service::Service<Uri> for PinnedConnector {
 #[derive(Clone, Debug)]
 pub struct Connector {
     pub timeout: Duration,
+    /// Dials for clients' passthrough requests ([`connect_host_for_client`]),
+    /// not for the proxy's own (the twin).
+    pub for_client: bool,
 }
 
 impl tower_service::Service<Uri> for Connector {
@@ -243,7 +280,7 @@ impl tower_service::Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let timeout = self.timeout;
+        let (timeout, for_client) = (self.timeout, self.for_client);
         Box::pin(async move {
             let host = uri.host().ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}"))
@@ -252,7 +289,14 @@ impl tower_service::Service<Uri> for Connector {
                 Some("https") => 443,
                 _ => 80,
             });
-            let stream = tokio::time::timeout(timeout, connect_host(host, port))
+            let dial = async {
+                if for_client {
+                    connect_host_for_client(host, port).await
+                } else {
+                    connect_host(host, port).await
+                }
+            };
+            let stream = tokio::time::timeout(timeout, dial)
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
             stream.set_nodelay(true)?;

@@ -348,6 +348,9 @@ impl Proxy {
             info!(host = %leg.host, port = leg.port, %via, "a CONNECT meant for another proxy; handled as veris's own");
         }
         let route = self.router.route_connection(&leg.host);
+        if route == Route::Loopback && dial::isolated() {
+            return self.refuse_host_loopback(&leg, Some("CONNECT".into()), None);
+        }
         let passthrough_reason = match route {
             Route::Service(_) | Route::Canary => None,
             Route::Loopback => Some("loopback"),
@@ -447,7 +450,7 @@ impl Proxy {
         let started = Instant::now();
         let dial = tokio::time::timeout(
             self.connect_timeout,
-            dial::connect_host(&leg.host, leg.port),
+            dial::connect_host_for_client(&leg.host, leg.port),
         )
         .await;
         let mut origin = match dial {
@@ -538,11 +541,18 @@ impl Proxy {
             Route::Canary => self.canary(),
             Route::Service(service) => {
                 let service = service.clone();
-                let span = info_span!("request", service = %service.name, host = %leg.host, method = %req.method(), path = %path);
+                // Logs are not the ledger, but they must not carry secrets either.
+                let logged_path = redact::text(&path);
+                let span = info_span!("request", service = %service.name, host = %leg.host, method = %req.method(), path = %logged_path);
                 if let Some(refusal) = span.in_scope(|| self.screen(&service, &req, &leg)) {
                     return refusal;
                 }
                 self.forward(service, req, &leg).instrument(span).await
+            }
+            Route::Loopback if dial::isolated() => {
+                let method = req.method().to_string();
+                let path = req.uri().path().to_string();
+                self.refuse_host_loopback(&leg, Some(method), Some(path))
             }
             route @ (Route::Loopback | Route::Allowed) => {
                 let reason = if route == Route::Loopback {
@@ -927,7 +937,7 @@ impl Proxy {
         *up_req.headers_mut() = headers;
         let sent = match leg.origin {
             Some(origin) if leg.tls => self.upstream.send_via(origin, up_req).await,
-            _ => self.upstream.send(up_req, false).await,
+            _ => self.upstream.send_passthrough(up_req).await,
         };
         match sent {
             Ok(resp) => {
@@ -982,6 +992,34 @@ impl Proxy {
                 "sandbox_id": self.identity.sandbox_id,
                 "known_services": known,
             }),
+        )
+    }
+
+    /// An isolated run's client asking for loopback through the proxy: its
+    /// own loopback it reaches directly, so this can only mean the host's,
+    /// which veris never reaches for it. 403, recorded as blocked.
+    fn refuse_host_loopback(
+        &self,
+        leg: &Leg,
+        method: Option<String>,
+        path: Option<String>,
+    ) -> Response<ProxyBody> {
+        info!(host = %leg.host, port = leg.port, "refused a loopback destination from an isolated run");
+        let reason = "isolated run: the host's loopback is not reachable through veris (the run's own loopback is reached directly)";
+        self.record_or_log(Entry::Blocked {
+            host: leg.host.clone(),
+            port: leg.port,
+            tier: leg.tier,
+            method,
+            path,
+            reason: reason.into(),
+            dst: leg.headed_to(),
+        });
+        respond::error(
+            StatusCode::FORBIDDEN,
+            "veris_host_loopback",
+            format!("{}:{} is loopback: {reason}. Next: connect to the service on the run's own loopback, or give it a routed name", leg.host, leg.port),
+            json!({"host": leg.host}),
         )
     }
 

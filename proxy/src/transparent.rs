@@ -368,7 +368,8 @@ impl Transparent {
 
     /// Dials the original destination, bounded, registered as our own.
     async fn dial(&self, dst: SocketAddr) -> io::Result<OwnDial> {
-        match tokio::time::timeout(self.proxy.connect_timeout, dial::connect(dst)).await {
+        match tokio::time::timeout(self.proxy.connect_timeout, dial::connect_for_client(dst)).await
+        {
             Ok(Ok(stream)) => Ok(OwnDial::new(stream, &self.own_dials)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(io::Error::new(
@@ -686,8 +687,11 @@ impl Transparent {
                 (0, 0)
             }
         };
+        // The address the bytes went to: for a synthetic destination, the
+        // real one its name resolved to.
+        let reached = origin.stream.peer_addr().map(canonical).unwrap_or(dst);
         drop(origin);
-        proxy.record_passthrough(leg, reason, Some(dst), (up, down), started);
+        proxy.record_passthrough(leg, reason, Some(reached), (up, down), started);
     }
 }
 

@@ -47,7 +47,12 @@ pub enum UpstreamError {
 pub struct UpstreamOptions {
     /// Roots for TLS upstreams (system roots plus the veris CA for a TLS twin).
     pub roots: RootCertStore,
-    /// Skip certificate verification for TLS upstreams (test twins only).
+    /// Roots for clients' passthrough requests re-originated to real hosts:
+    /// the system roots, never the veris CA (`None`: `roots`).
+    pub passthrough_roots: Option<RootCertStore>,
+    /// Skip certificate verification for the twin (test twins only); never
+    /// for passthrough requests to real hosts, which carry the client's
+    /// real credentials.
     pub insecure_skip_verify: bool,
     pub connect_timeout: Duration,
     /// Time allowed for the response head; bodies stream without a limit.
@@ -58,6 +63,7 @@ impl Default for UpstreamOptions {
     fn default() -> Self {
         UpstreamOptions {
             roots: RootCertStore::empty(),
+            passthrough_roots: None,
             insecure_skip_verify: false,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(60),
@@ -65,15 +71,18 @@ impl Default for UpstreamOptions {
     }
 }
 
-/// The pooled client pair.
+/// The pooled clients: to the twin (`auto`, `h2c`) and for clients'
+/// passthrough requests (`passthrough`: its own dials and roots).
 pub struct Upstream {
     auto: Client<HttpsConnector<Connector>, ProxyBody>,
+    passthrough: Client<HttpsConnector<Connector>, ProxyBody>,
     h2c: Client<Connector, ProxyBody>,
     /// Plain-HTTP authorities that answered HTTP/2 with prior knowledge.
     h2c_origins: RwLock<HashSet<String>>,
     response_timeout: Duration,
     connect_timeout: Duration,
-    /// The TLS settings of `auto`, before ALPN, for one-off connections.
+    /// The TLS settings of `passthrough`, before ALPN, for one-off
+    /// connections (a client's passthrough pinned to its destination).
     tls: rustls::ClientConfig,
 }
 
@@ -83,6 +92,7 @@ impl Upstream {
         // carry the redirect's exemption mark (crate::dial).
         let http = Connector {
             timeout: options.connect_timeout,
+            for_client: false,
         };
         let tls = if options.insecure_skip_verify {
             rustls::ClientConfig::builder()
@@ -103,17 +113,39 @@ impl Upstream {
         let auto = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(https);
+        let passthrough_tls = rustls::ClientConfig::builder()
+            .with_root_certificates(
+                options
+                    .passthrough_roots
+                    .clone()
+                    .unwrap_or_else(|| options.roots.clone()),
+            )
+            .with_no_client_auth();
+        let passthrough = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(
+                hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(passthrough_tls.clone())
+                    .https_or_http()
+                    .enable_http1()
+                    .enable_http2()
+                    .wrap_connector(Connector {
+                        timeout: options.connect_timeout,
+                        for_client: true,
+                    }),
+            );
         let h2c = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(http);
         Upstream {
             auto,
+            passthrough,
             h2c,
             h2c_origins: RwLock::new(HashSet::new()),
             response_timeout: options.response_timeout,
             connect_timeout: options.connect_timeout,
-            tls,
+            tls: passthrough_tls,
         }
     }
 
@@ -167,9 +199,20 @@ impl Upstream {
         self.response_head(upstream, fut).await
     }
 
+    /// Sends a client's passthrough request to the real host its URI names
+    /// (dials for a client, verified against the passthrough roots).
+    pub async fn send_passthrough(
+        &self,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<hyper::body::Incoming>, UpstreamError> {
+        let upstream = display_origin(req.uri());
+        let fut = self.passthrough.request(req);
+        self.response_head(upstream, fut).await
+    }
+
     /// Sends a request over a connection of its own to `addr`, whatever its
     /// URI names: the URI's host still gives the TLS server name (verified
-    /// as [`Upstream::send`] verifies) and the Host header. Not pooled: it
+    /// as [`Upstream::send_passthrough`] verifies) and the Host header. Not pooled: it
     /// serves the rare re-originated request of a transparent passthrough,
     /// whose bytes must go where the client's were headed.
     pub async fn send_via(

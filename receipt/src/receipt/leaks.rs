@@ -172,12 +172,12 @@ fn coverage_leaks(c: &Coverage, workload_uid: Option<u32>) -> Vec<String> {
         out.push("ipv6-open".to_string());
     }
     // Root can rewrite the rules, run as the proxy uid or set its mark. An
-    // isolated child can do none of that, whatever its uid: it holds no
-    // capability, and its namespace has no interface but loopback, so
-    // without the rules nothing would leave either (it fails closed).
+    // isolated child can do none of that, whatever its uid (it holds no
+    // capability, and its namespace has no interface but loopback), but as
+    // uid 0 it still writes the host's own files — cron jobs, binaries,
+    // veris itself — for a host process to act on after the run.
     let marked = c.exempt.iter().any(|e| e.starts_with("mark"));
-    let isolated = c.isolation.as_deref() == Some("netns");
-    if !isolated && (workload_uid.is_none_or(|u| u == 0) || marked) {
+    if workload_uid.is_none_or(|u| u == 0) || marked {
         out.push("workload-root".to_string());
     }
     out
@@ -221,13 +221,15 @@ mod tests {
             coverage_leaks(&external, Some(1000)),
             ["coverage-unverified", "workload-root"]
         );
-        // An isolated child holds no capability, root or not.
+        // An isolated child holds no capability, but as root it writes the
+        // host's files.
         let isolated = Coverage {
             exempt: Vec::new(),
             isolation: Some("netns".into()),
             ..coverage()
         };
-        assert!(coverage_leaks(&isolated, Some(0)).is_empty());
+        assert!(coverage_leaks(&isolated, Some(1000)).is_empty());
+        assert_eq!(coverage_leaks(&isolated, Some(0)), ["workload-root"]);
     }
 
     #[test]
