@@ -268,14 +268,8 @@ impl Stack {
             .await
             .with_context(|| format!("binding the proxy to {}. Next: pick a free address with --listen (port 0 picks one)", settings.listen))?;
         let proxy_addr = listener.local_addr()?;
-        let (transparent_listeners, confined_coverage) = match confinement {
-            Confinement::Isolated(sockets) => {
-                let coverage = sockets.coverage();
-                (Some(isolated_listeners(sockets)?), Some(coverage))
-            }
-            Confinement::Landlock => (None, Some(landlock_coverage())),
-            Confinement::None => (bind_transparent(&args.transparent).await?, None),
-        };
+        let (transparent_listeners, confined_coverage) =
+            confined_listeners(confinement, &args.transparent).await?;
         let isolated = transparent_listeners
             .as_ref()
             .is_some_and(|l| l.dns.is_some());
@@ -373,20 +367,7 @@ impl Stack {
                     ..UpstreamOptions::default()
                 },
                 grace: Duration::from_secs(args.grace),
-                limits: veris_proxy::Limits {
-                    handshake: Duration::from_secs(args.handshake_timeout.max(1)),
-                    request_head: Duration::from_secs(args.client_timeout.max(1)),
-                    // Each proxied connection holds two descriptors (client, upstream).
-                    max_connections: args
-                        .max_connections
-                        .unwrap_or_else(|| {
-                            let files = raised.0.unwrap_or(u64::MAX);
-                            usize::try_from(files / 2)
-                                .unwrap_or(usize::MAX)
-                                .clamp(64, 16384)
-                        })
-                        .max(1),
-                },
+                limits: client_limits(args, raised.0),
             },
             issuer,
             ledger.clone(),
@@ -799,6 +780,45 @@ struct TransparentListeners {
     quic: Option<tokio::net::UdpSocket>,
     /// Isolated run: the DNS stub's sockets.
     dns: Option<(tokio::net::UdpSocket, TcpListener)>,
+}
+
+/// The transparent listeners (and the coverage to record) for how the
+/// run confines its child: made inside an isolated run's namespace, none
+/// for Landlock, else `serve`'s own (`--transparent`).
+async fn confined_listeners(
+    confinement: Confinement,
+    transparent: &crate::transparent::TransparentArgs,
+) -> Result<(
+    Option<TransparentListeners>,
+    Option<veris_receipt::Coverage>,
+)> {
+    Ok(match confinement {
+        Confinement::Isolated(sockets) => {
+            let coverage = sockets.coverage();
+            (Some(isolated_listeners(sockets)?), Some(coverage))
+        }
+        Confinement::Landlock => (None, Some(landlock_coverage())),
+        Confinement::None => (bind_transparent(transparent).await?, None),
+    })
+}
+
+/// Client timeouts and the connection cap from the flags; the cap defaults
+/// to half the open-file limit (a proxied connection holds two: client and
+/// upstream), within 64..=16384.
+fn client_limits(args: &ServeArgs, open_files: Option<u64>) -> veris_proxy::Limits {
+    veris_proxy::Limits {
+        handshake: Duration::from_secs(args.handshake_timeout.max(1)),
+        request_head: Duration::from_secs(args.client_timeout.max(1)),
+        max_connections: args
+            .max_connections
+            .unwrap_or_else(|| {
+                let files = open_files.unwrap_or(u64::MAX);
+                usize::try_from(files / 2)
+                    .unwrap_or(usize::MAX)
+                    .clamp(64, 16384)
+            })
+            .max(1),
+    }
 }
 
 /// An isolated run's sockets, as the transparent tier serves them.
