@@ -5,6 +5,20 @@
 //! vendor object ids (`cus_123`, `ch_…`, `pk_test_…` publishable keys) stay
 //! readable, because a receipt nobody can read proves nothing.
 //!
+//! What is recognised: credential header names; parameter names that mean a
+//! secret (`api_key`, `*token*`, `*secret*`, `*assertion*`, `pw`, `otp`,
+//! session ids, … — see `secret_param`) in query strings, in path
+//! parameters (`;jsessionid=`) and, for the unambiguous ones, in prose
+//! (`client_secret=…`); the credential after `Bearer` and after `Basic`
+//! (when it is base64 of `user:pass`); URL passwords; and key shapes
+//! wherever they stand, names included: Stripe (`sk_`/`rk_` live and test,
+//! `whsec_`), GitHub (`ghp_`…, `github_pat_`), Slack (`xox?-`, `xoxe.`,
+//! `xapp-`), Google (`ya29.`, `AIza`), SendGrid (`SG.`), AWS access key ids
+//! (`AKIA`/`ASIA` + 16), OpenAI and Anthropic keys (`sk-` + 20 mixed-case
+//! characters with a digit) and JWTs. Detection reads text percent-decoded
+//! once, as the server would (`sk%5Flive%5F…`), and replaces the encoded run.
+//! Everything is hand-written byte scanning: bounded, linear, no regex.
+//!
 //! Every function is idempotent: redacting redacted text changes nothing.
 
 use crate::entry::Entry;
@@ -32,11 +46,14 @@ const SECRET_HEADERS: &[&str] = &[
     "x-hub-signature",
     "x-hub-signature-256",
     "x-veris-token",
+    // GitHub's second factor on basic-auth requests.
+    "x-github-otp",
 ];
 
 /// Fragments that make a header name a credential wherever they appear
-/// (`x-custom-api-key`, `x-service-token`). Bare `key` is not one of them:
-/// `Idempotency-Key` is an ordinary request id worth keeping.
+/// (`x-custom-api-key`, `x-service-token`, `x-goog-iap-jwt-assertion`). Bare
+/// `key` is not one of them: `Idempotency-Key` is an ordinary request id
+/// worth keeping.
 const SECRET_HEADER_FRAGMENTS: &[&str] = &[
     "token",
     "secret",
@@ -47,6 +64,7 @@ const SECRET_HEADER_FRAGMENTS: &[&str] = &[
     "signature",
     "credential",
     "session",
+    "assertion",
 ];
 
 /// Returns the value to record for header `name`: [`REDACTED`] for
@@ -64,27 +82,91 @@ pub fn header_value(name: &str, value: &str) -> String {
 
 /// Redacts a query string (without the leading `?`): a parameter whose name
 /// looks like a credential becomes `name=[redacted]`; every other value still
-/// passes through [`text`]. Order, separators and names are kept.
+/// passes through [`text`], and so does every name, because a name can be a
+/// key itself (`?sk_live_…=1` becomes `[redacted]=1`). Order and separators
+/// are kept.
 pub fn query(q: &str) -> String {
     q.split('&')
         .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if secret_param(name) => format!("{name}={REDACTED}"),
-            Some((name, value)) => format!("{name}={}", text(value)),
+            Some((name, value)) => {
+                let secret = secret_param(
+                    &Decoded::new(name).bytes,
+                    &Decoded::new(value).bytes,
+                    Context::Param,
+                );
+                let value = if secret { REDACTED.into() } else { text(value) };
+                format!("{}={value}", text(name))
+            }
             None => text(pair),
         })
         .collect::<Vec<_>>()
         .join("&")
 }
 
-/// True when a query parameter name looks like it carries a credential.
-/// Names are percent-decoded, lower-cased and stripped of separators first,
-/// so `api_key`, `apiKey`, `api-key` and `api%5Fkey` are one name.
-fn secret_param(name: &str) -> bool {
-    let norm: String = percent_decode(name)
-        .chars()
+/// Where a `name=value` was found, which decides how much a name must say
+/// before its value is taken for a secret.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Context {
+    /// A query or form parameter, or a path parameter (`;jsessionid=`):
+    /// short names such as `key`, `code` and `pw` are secrets here.
+    Param,
+    /// Anywhere else in free text, where `code=404` is a status: only names
+    /// that cannot mean anything but a secret count.
+    Prose,
+}
+
+/// True when `name=value` carries a credential. Both are percent-decoded
+/// bytes; the name is lower-cased and stripped of separators first, so
+/// `api_key`, `apiKey`, `api-key` and `api%5Fkey` are one name.
+///
+/// Chosen by name, with the reason:
+/// - `pw`, `pwd`, `pass`, `passwd`, `passcode`, `*password*`,
+///   `*passphrase*`: passwords.
+/// - `*assertion*` (`client_assertion`, `saml_assertion`): a signed
+///   assertion is presented in place of a password (RFC 7521).
+/// - `otp`, `totp`: a one-time password is a live second factor until it
+///   is used or expires; short, but recorded it is replayable.
+/// - `pin` and `refresh` unless the value is a flag (`true`, `1`,
+///   `wait_for`): Elasticsearch's `refresh=wait_for` and a pinned item stay
+///   readable, a PIN or a refresh token does not.
+/// - `session`, `*sessionid*`, `*sessid*` (`jsessionid`, `PHPSESSID`): a
+///   session id is a bearer credential.
+///
+/// Not secrets, so kept: `nonce` (replay protection, echoed back in the id
+/// token by design), `state` (CSRF correlation, returned to the client in
+/// clear), and any name ending in `type` or `typehint`
+/// (`client_assertion_type`, `token_type_hint`): they say which kind of
+/// credential, not which one. Their values are still scanned by [`text`].
+fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
+    let norm: String = name
+        .iter()
         .filter(|c| c.is_ascii_alphanumeric())
-        .map(|c| c.to_ascii_lowercase())
+        .map(|c| char::from(c.to_ascii_lowercase()))
         .collect();
+    if norm.ends_with("type") || norm.ends_with("typehint") {
+        return false;
+    }
+    // Names that mean a secret wherever they stand.
+    const CONTAINS: &[&str] = &[
+        "token",
+        "secret",
+        "password",
+        "passphrase",
+        "apikey",
+        "signature",
+        "credential",
+        "accesskey",
+        "privatekey",
+        "assertion",
+        "sessionid",
+        "sessid",
+    ];
+    if CONTAINS.iter().any(|f| norm.contains(f)) {
+        return true;
+    }
+    if context == Context::Prose {
+        return false;
+    }
     const EXACT: &[&str] = &[
         "key",
         "auth",
@@ -96,155 +178,442 @@ fn secret_param(name: &str) -> bool {
         "pass",
         "passwd",
         "pwd",
+        "pw",
+        "passcode",
+        "otp",
+        "totp",
         "session",
-        "sessionid",
-        "assertion",
     ];
-    const CONTAINS: &[&str] = &[
-        "token",
-        "secret",
-        "password",
-        "apikey",
-        "signature",
-        "credential",
-        "accesskey",
-        "privatekey",
+    const UNLESS_FLAG: &[&str] = &["pin", "refresh"];
+    const FLAGS: &[&str] = &[
+        "true", "false", "1", "0", "yes", "no", "on", "off", "wait_for",
     ];
     EXACT.contains(&norm.as_str())
-        || CONTAINS.iter().any(|f| norm.contains(f))
+        || (UNLESS_FLAG.contains(&norm.as_str())
+            && !FLAGS.iter().any(|f| value.eq_ignore_ascii_case(f.as_bytes())))
         // `x-goog-api-key`, `subscription-key`, `access_key`: a name ending
         // in "key" is a key in a query string often enough to err this way.
         || norm.ends_with("key")
 }
 
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// Longer than any flag value of [`secret_param`]: a value cut to this
+/// length is a flag only if the whole value is.
+const FLAG_SCAN: usize = 10;
+
+/// Text as a server reads it after one round of percent-decoding, with the
+/// offset in the original of every decoded byte: detection runs on the
+/// decoded bytes, redaction replaces the original (encoded) run.
+struct Decoded<'a> {
+    src: &'a str,
+    bytes: Vec<u8>,
+    /// `at[k]` is where `bytes[k]` starts in `src`; `at[bytes.len()]` is
+    /// `src.len()`.
+    at: Vec<usize>,
 }
 
-/// Known secret shapes: (prefix, minimum body length). A match needs a token
-/// boundary before the prefix (start of text or a non-alphanumeric byte), so
-/// `task_live_…` is not taken for `sk_live_…`.
-const SECRET_PREFIXES: &[(&str, usize)] = &[
+impl<'a> Decoded<'a> {
+    fn new(src: &'a str) -> Self {
+        let b = src.as_bytes();
+        let mut bytes = Vec::with_capacity(b.len());
+        let mut at = Vec::with_capacity(b.len() + 1);
+        let mut i = 0;
+        while i < b.len() {
+            at.push(i);
+            let hex = |k: usize| b.get(k).and_then(|&c| char::from(c).to_digit(16));
+            match (b[i], hex(i + 1), hex(i + 2)) {
+                (b'%', Some(hi), Some(lo)) => {
+                    // Two hex digits: the value is below 256.
+                    bytes.push((hi * 16 + lo) as u8);
+                    i += 3;
+                }
+                (c, _, _) => {
+                    bytes.push(c);
+                    i += 1;
+                }
+            }
+        }
+        at.push(b.len());
+        Self { src, bytes, at }
+    }
+
+    /// The original with each decoded span `(start, end)` replaced by
+    /// [`REDACTED`]. Spans come in order and do not overlap.
+    fn replace(&self, spans: &[(usize, usize)]) -> String {
+        if spans.is_empty() {
+            return self.src.to_string();
+        }
+        let src = self.src.as_bytes();
+        let mut out = Vec::with_capacity(src.len());
+        let mut copied = 0;
+        for &(start, end) in spans {
+            let (start, end) = (self.at[start].max(copied), self.at[end].max(copied));
+            out.extend_from_slice(&src[copied..start]);
+            out.extend_from_slice(REDACTED.as_bytes());
+            copied = end;
+        }
+        out.extend_from_slice(&src[copied..]);
+        // Spans start and end next to ASCII bytes, so the cut never splits a
+        // character; should one ever, a replacement character beats a panic.
+        String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    }
+}
+
+/// Runs one scanner over the decoded view of `s` and redacts what it finds.
+fn redact_with(s: &str, find: fn(&[u8]) -> Vec<(usize, usize)>) -> String {
+    let decoded = Decoded::new(s);
+    let spans = find(&decoded.bytes);
+    decoded.replace(&spans)
+}
+
+/// What may follow a key prefix.
+#[derive(Clone, Copy)]
+enum Body {
+    /// At least `min` token bytes (letters, digits, `_`, `-`, `.`).
+    Token,
+    /// Exactly `min` upper-case letters and digits (AWS key ids).
+    Upper,
+    /// At least `min` letters, digits, `_` and `-`, with an upper-case
+    /// letter, a lower-case letter and a digit among them: random, unlike
+    /// host names (`sk-prod-cluster…`) and slugs (`sk-learn-…`).
+    Random,
+}
+
+/// Known secret shapes: (prefix, minimum body length, body). A match needs a
+/// token boundary before the prefix (start of text or a non-alphanumeric
+/// byte), so `task_live_…` is not taken for `sk_live_…`, and none after it.
+const SECRET_PREFIXES: &[(&str, usize, Body)] = &[
     // Stripe secret and restricted keys, webhook signing secrets.
-    ("sk_live_", 6),
-    ("sk_test_", 6),
-    ("rk_live_", 6),
-    ("rk_test_", 6),
-    ("whsec_", 6),
+    ("sk_live_", 6, Body::Token),
+    ("sk_test_", 6, Body::Token),
+    ("rk_live_", 6, Body::Token),
+    ("rk_test_", 6, Body::Token),
+    ("whsec_", 6, Body::Token),
     // GitHub tokens.
-    ("ghp_", 20),
-    ("gho_", 20),
-    ("ghu_", 20),
-    ("ghs_", 20),
-    ("ghr_", 20),
-    ("github_pat_", 20),
-    // Slack tokens.
-    ("xoxb-", 10),
-    ("xoxp-", 10),
-    ("xoxa-", 10),
-    ("xoxr-", 10),
-    ("xoxs-", 10),
+    ("ghp_", 20, Body::Token),
+    ("gho_", 20, Body::Token),
+    ("ghu_", 20, Body::Token),
+    ("ghs_", 20, Body::Token),
+    ("ghr_", 20, Body::Token),
+    ("github_pat_", 20, Body::Token),
+    // Slack tokens: bot, user, app, refresh, session, rotating, app-level.
+    ("xoxb-", 10, Body::Token),
+    ("xoxp-", 10, Body::Token),
+    ("xoxa-", 10, Body::Token),
+    ("xoxr-", 10, Body::Token),
+    ("xoxs-", 10, Body::Token),
+    ("xoxe.", 10, Body::Token),
+    ("xoxe-", 10, Body::Token),
+    ("xapp-", 10, Body::Token),
     // Google OAuth access tokens and API keys.
-    ("ya29.", 20),
-    ("AIza", 30),
+    ("ya29.", 20, Body::Token),
+    ("AIza", 30, Body::Token),
     // SendGrid API keys.
-    ("SG.", 20),
+    ("SG.", 20, Body::Token),
+    // AWS access key ids: long-term and temporary (STS).
+    ("AKIA", 16, Body::Upper),
+    ("ASIA", 16, Body::Upper),
+    // OpenAI (`sk-…`, `sk-proj-…`) and Anthropic (`sk-ant-…`) API keys.
+    ("sk-", 20, Body::Random),
 ];
 
 fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.'
 }
 
-/// Redacts secrets found anywhere in free text: known key shapes
-/// (`sk_live_…`, `sk_test_…`, `rk_live_…`, `rk_test_…`, `whsec_…`, GitHub,
-/// Slack, Google and SendGrid tokens) become [`REDACTED`]; `Bearer <token>`
-/// becomes `Bearer [redacted]`; a password in a URL (`https://u:p@host`)
-/// becomes `https://u:[redacted]@host`.
+fn is_base64url(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
+}
+
+/// Token bytes of an HTTP credential (RFC 7235 `token68`, leniently).
+fn is_token68(b: u8) -> bool {
+    is_token_byte(b) || matches!(b, b'~' | b'+' | b'/' | b'=')
+}
+
+/// True at a token boundary: the start of text or after a non-alphanumeric.
+fn boundary(b: &[u8], i: usize) -> bool {
+    i == 0 || !b[i - 1].is_ascii_alphanumeric()
+}
+
+/// Redacts secrets found anywhere in free text: the key shapes listed in
+/// the module doc become [`REDACTED`]; `Bearer <token>` becomes
+/// `Bearer [redacted]` and so does `Basic <base64 of user:pass>`; a secret
+/// `name=value` becomes `name=[redacted]`; a password in a URL
+/// (`https://u:p@host`) becomes `https://u:[redacted]@host`.
 pub fn text(s: &str) -> String {
-    let s = redact_prefixed(s);
-    let s = redact_bearer(&s);
+    let s = redact_with(s, key_shapes);
+    let s = redact_with(&s, jwts);
+    let s = redact_with(&s, auth_schemes);
+    let s = redact_with(&s, assignments);
     redact_userinfo(&s)
 }
 
-fn redact_prefixed(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = String::with_capacity(s.len());
-    let mut copied = 0;
+fn key_shapes(b: &[u8]) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    // Per shape, the first position where it may match again after a miss.
+    let mut retry = [0usize; SECRET_PREFIXES.len()];
     let mut i = 0;
     while i < b.len() {
-        let boundary = i == 0 || !b[i - 1].is_ascii_alphanumeric();
-        let hit = boundary
-            .then(|| {
-                SECRET_PREFIXES.iter().find_map(|(prefix, min)| {
-                    if !b[i..].starts_with(prefix.as_bytes()) {
-                        return None;
+        let mut hit = None;
+        if boundary(b, i) {
+            for (k, &(prefix, min, body)) in SECRET_PREFIXES.iter().enumerate() {
+                if i < retry[k] {
+                    continue;
+                }
+                match shape_end(b, i, prefix, min, body) {
+                    Ok(end) => {
+                        hit = Some(end);
+                        break;
                     }
-                    let body_start = i + prefix.len();
-                    let body = b[body_start..]
-                        .iter()
-                        .take_while(|&&c| is_token_byte(c))
-                        .count();
-                    (body >= *min).then_some(body_start + body)
-                })
-            })
-            .flatten();
+                    Err(until) => retry[k] = until,
+                }
+            }
+        }
         match hit {
             Some(end) => {
-                out.push_str(&s[copied..i]);
-                out.push_str(REDACTED);
-                copied = end;
+                spans.push((i, end));
                 i = end;
             }
             None => i += 1,
         }
     }
-    out.push_str(&s[copied..]);
-    out
+    spans
 }
 
-fn redact_bearer(s: &str) -> String {
-    const WORD: &str = "bearer ";
-    let lower = s.to_ascii_lowercase();
-    let b = s.as_bytes();
-    let mut out = String::with_capacity(s.len());
-    let mut copied = 0;
-    let mut from = 0;
-    while let Some(pos) = lower[from..].find(WORD) {
-        let start = from + pos;
-        let boundary = start == 0 || !b[start - 1].is_ascii_alphanumeric();
-        let mut tok = start + WORD.len();
-        while tok < b.len() && b[tok] == b' ' {
-            tok += 1;
-        }
-        let end = tok
-            + b[tok..]
-                .iter()
-                .take_while(|&&c| is_token_byte(c) || matches!(c, b'~' | b'+' | b'/' | b'='))
-                .count();
-        if boundary && end > tok && &s[tok..end] != REDACTED {
-            out.push_str(&s[copied..tok]);
-            out.push_str(REDACTED);
-            copied = end;
-        }
-        from = end.max(start + WORD.len());
+/// Where a key of this shape starting at `i` ends, or on a miss, the first
+/// position where the shape may match again. Work is bounded by the body on
+/// a match (which the caller skips), by `min` on a miss of a token or
+/// upper-case body, and by the run on a miss of a random body: a later
+/// start inside that run sees a shorter, no more mixed run, so the whole
+/// run is skipped.
+fn shape_end(b: &[u8], i: usize, prefix: &str, min: usize, body: Body) -> Result<usize, usize> {
+    if !b[i..].starts_with(prefix.as_bytes()) {
+        return Err(i + 1);
     }
-    out.push_str(&s[copied..]);
-    out
+    let start = i + prefix.len();
+    let rest = &b[start..];
+    let len = match body {
+        Body::Token => rest.iter().take_while(|&&c| is_token_byte(c)).count(),
+        Body::Upper => rest
+            .iter()
+            .take(min + 1)
+            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+            .count(),
+        Body::Random => {
+            let n = rest.iter().take_while(|&&c| is_base64url(c)).count();
+            let run = &rest[..n];
+            let mixed = run.iter().any(u8::is_ascii_uppercase)
+                && run.iter().any(u8::is_ascii_lowercase)
+                && run.iter().any(u8::is_ascii_digit);
+            if !mixed || n < min {
+                return Err(start + n);
+            }
+            n
+        }
+    };
+    let end = start + len;
+    let exact = matches!(body, Body::Upper);
+    let ends_cleanly = b.get(end).is_none_or(|c| !c.is_ascii_alphanumeric());
+    if len >= min && (!exact || len == min) && ends_cleanly {
+        Ok(end)
+    } else {
+        Err(i + 1)
+    }
+}
+
+/// JWTs (and JWEs): `eyJ` (base64 of `{"`) starting a header of at least 10
+/// base64url characters, a payload of at least 10, then a signature, which
+/// may be empty (`alg: none` is still a bearer token to a lax server), and
+/// for a JWE two more parts.
+fn jwts(b: &[u8]) -> Vec<(usize, usize)> {
+    let run = |from: usize| from + b[from..].iter().take_while(|&&c| is_base64url(c)).count();
+    let mut spans = Vec::new();
+    let mut i = 0;
+    // A failed header run fails for every later `eyJ` inside it too (same
+    // payload and signature after it), so it is not scanned again.
+    let mut skip_until = 0;
+    while i < b.len() {
+        if i < skip_until || !boundary(b, i) || !b[i..].starts_with(b"eyJ") {
+            i += 1;
+            continue;
+        }
+        let header_end = run(i);
+        let payload_end = (b.get(header_end) == Some(&b'.')).then(|| run(header_end + 1));
+        let found = payload_end
+            .filter(|&p| header_end - i >= 10 && p - header_end > 10 && b.get(p) == Some(&b'.'))
+            .map(|p| {
+                let mut end = run(p + 1);
+                // JWE: encrypted key, iv, ciphertext, tag; only non-empty
+                // parts extend the match, so a sentence's full stop does not.
+                while b.get(end) == Some(&b'.') && run(end + 1) > end + 1 {
+                    end = run(end + 1);
+                }
+                end
+            });
+        match found {
+            Some(end) => {
+                spans.push((i, end));
+                i = end;
+            }
+            None => {
+                skip_until = header_end;
+                i += 1;
+            }
+        }
+    }
+    spans
+}
+
+/// The credential after `Bearer` (any token) or `Basic` (base64 of
+/// `user:pass`, so that "basic auth failed" stays prose), separated by
+/// spaces or, in a query value, `+`.
+fn auth_schemes(b: &[u8]) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let scheme = [&b"bearer"[..], b"basic"].into_iter().find(|w| {
+            boundary(b, i)
+                && b[i..]
+                    .get(..w.len())
+                    .is_some_and(|h| h.eq_ignore_ascii_case(w))
+        });
+        let Some(word) = scheme else {
+            i += 1;
+            continue;
+        };
+        let after = i + word.len();
+        let tok = after
+            + b[after..]
+                .iter()
+                .take_while(|&&c| c == b' ' || c == b'+')
+                .count();
+        // A miss reads no more than `BASIC_SCAN` bytes, so a long run of
+        // `basic+basic+…` stays linear; a hit is skipped whole.
+        let token_len = |cap: usize| {
+            b[tok..]
+                .iter()
+                .take(cap)
+                .take_while(|&&c| is_token68(c))
+                .count()
+        };
+        let head = tok + token_len(BASIC_SCAN);
+        let credential =
+            tok > after && head > tok && (word == b"bearer" || basic_credential(&b[tok..head]));
+        if credential {
+            let end = tok + token_len(usize::MAX);
+            spans.push((tok, end));
+            i = end;
+        } else {
+            i = after;
+        }
+    }
+    spans
+}
+
+/// How much of a `Basic` credential is read for the `:` of `user:pass`:
+/// the base64 of a 300-byte user name.
+const BASIC_SCAN: usize = 400;
+
+/// True when `s` is base64 whose decoding holds a `:`, as `user:pass` does.
+fn basic_credential(s: &[u8]) -> bool {
+    let mut acc: u32 = 0;
+    let mut bits = 0;
+    for &c in s.iter().take_while(|&&c| c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return false,
+        };
+        acc = (acc << 6 | u32::from(v)) & 0xfff;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            if (acc >> bits) & 0xff == u32::from(b':') {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Bytes that end a value in `name=value`. `[` is one, so `[redacted]` is
+/// never a value and redaction is idempotent.
+fn ends_value(c: u8) -> bool {
+    c.is_ascii_whitespace()
+        || c.is_ascii_control()
+        || matches!(
+            c,
+            b'&' | b';'
+                | b','
+                | b'"'
+                | b'\''
+                | b'<'
+                | b'>'
+                | b'('
+                | b')'
+                | b'['
+                | b']'
+                | b'{'
+                | b'}'
+                | b'\\'
+                | b'|'
+                | b'`'
+                | b'#'
+                | b'?'
+        )
+}
+
+/// `name=value` in free text whose name says it is a secret. After `;`, `?`
+/// or `&` (path and query parameters, `; token=` in a header) every
+/// parameter name of [`secret_param`] counts, and a path parameter's value
+/// ends at `/`; elsewhere only the unambiguous names do.
+fn assignments(b: &[u8]) -> Vec<(usize, usize)> {
+    let is_name_byte = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.');
+    let mut spans = Vec::new();
+    let mut name_start = 0;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if is_name_byte(c) {
+            i += 1;
+            continue;
+        }
+        if c == b'=' && name_start < i {
+            let before = b[..name_start].iter().rev().find(|&&c| c != b' ');
+            let context = match before {
+                Some(b';' | b'?' | b'&') => Context::Param,
+                _ => Context::Prose,
+            };
+            // A path parameter's value ends with its segment.
+            let path_param = before == Some(&b';');
+            let ends = |c: u8| ends_value(c) || (path_param && c == b'/');
+            let value = i + 1;
+            let value_len = |cap: usize| {
+                b[value..]
+                    .iter()
+                    .take(cap)
+                    .take_while(|&&c| !ends(c))
+                    .count()
+            };
+            // The name decides; the value's first bytes only tell a flag
+            // (`pin=true`) from a secret. The whole value is measured only
+            // when it is redacted and skipped, so `a=a=a=…` stays linear.
+            let head = value_len(FLAG_SCAN);
+            if head > 0 && secret_param(&b[name_start..i], &b[value..value + head], context) {
+                let end = value + value_len(usize::MAX);
+                spans.push((value, end));
+                i = end;
+                name_start = end;
+                continue;
+            }
+        }
+        i += 1;
+        name_start = i;
+    }
+    spans
 }
 
 fn redact_userinfo(s: &str) -> String {
@@ -300,9 +669,13 @@ pub fn entry(entry: Entry) -> Entry {
             proxy_uid,
             workload_uid,
             twin_heads,
-            moved_aside,
+            mut moved_aside,
             coverage,
         } => {
+            if let Some(aside) = moved_aside.as_mut() {
+                aside.file = text(&aside.file);
+                aside.why = text(&aside.why);
+            }
             for field in [
                 &mut run_id,
                 &mut sandbox_id,
@@ -352,7 +725,7 @@ pub fn entry(entry: Entry) -> Entry {
             service: text(&service),
             host: text(&host),
             method: text(&method),
-            path: text(&path),
+            path: url(&path),
             query: q.map(|q| query(&q)),
             status,
             http: text(&http),
@@ -364,8 +737,10 @@ pub fn entry(entry: Entry) -> Entry {
             headers: headers
                 .into_iter()
                 .map(|(n, v)| {
+                    // A header name can be a key itself; judge the value
+                    // by the name as sent.
                     let v = header_value(&n, &v);
-                    (n, v)
+                    (text(&n), v)
                 })
                 .collect(),
             websocket,
@@ -671,6 +1046,337 @@ mod tests {
         ] {
             let once = text(&query(s));
             assert_eq!(text(&query(&once)), once);
+        }
+    }
+
+    const JWT: &str = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c";
+    const AWS_SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+
+    #[test]
+    fn query_names_for_passwords_assertions_and_one_time_codes_are_redacted() {
+        assert_eq!(
+            query("pw=hunter2&client_assertion=abc.def&saml_assertion=PHNhbWw&otp=123456&totp=654321"),
+            "pw=[redacted]&client_assertion=[redacted]&saml_assertion=[redacted]&otp=[redacted]&totp=[redacted]"
+        );
+        assert_eq!(
+            query("pin=1234&passcode=9876&passphrase=a&jsessionid=ABC&PHPSESSID=xyz"),
+            "pin=[redacted]&passcode=[redacted]&passphrase=[redacted]&jsessionid=[redacted]&PHPSESSID=[redacted]"
+        );
+        // `refresh` carries a refresh token unless it is a flag.
+        assert_eq!(query("refresh=1%2F%2F0gabc"), "refresh=[redacted]");
+    }
+
+    #[test]
+    fn query_names_that_are_not_secrets_stay_readable() {
+        for q in [
+            // Replay protection and CSRF correlation, echoed back in clear by design.
+            "nonce=n-0S6_WzA2Mj&state=af0ifjsldkj",
+            // Flags: Elasticsearch's `refresh=wait_for`, a pinned item.
+            "refresh=true&refresh=wait_for&pin=false",
+            // Which kind of credential, not the credential.
+            "client_assertion_type=urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+            "token_type_hint=refresh_token&grant_type=refresh_token",
+            "pinned=1&option=2",
+        ] {
+            assert_eq!(query(q), q);
+        }
+    }
+
+    #[test]
+    fn credentials_after_an_auth_scheme_are_redacted_under_any_name() {
+        assert_eq!(
+            query("x=Bearer%20abc123def456&y=2"),
+            "x=Bearer%20[redacted]&y=2"
+        );
+        assert_eq!(query("x=Bearer abc123def456"), "x=Bearer [redacted]");
+        assert_eq!(query("x=bearer+abc123def456"), "x=bearer+[redacted]");
+        assert_eq!(query("x=Basic%20dXNlcjpwYXNz"), "x=Basic%20[redacted]");
+        assert_eq!(text("Basic dXNlcjpwYXNzd29yZA=="), "Basic [redacted]");
+        assert_eq!(
+            header_value("X-Forwarded-Auth", "Basic dXNlcjpwYXNz"),
+            "Basic [redacted]"
+        );
+        // Only base64 of `user:pass` is a Basic credential; prose is kept.
+        assert_eq!(text("basic auth failed"), "basic auth failed");
+        assert_eq!(query("q=basic%20income"), "q=basic%20income");
+        assert_eq!(query("x=Bearer%20"), "x=Bearer%20");
+    }
+
+    #[test]
+    fn key_shaped_names_are_redacted() {
+        assert_eq!(query("sk_live_abc123def=1&limit=2"), "[redacted]=1&limit=2");
+        assert_eq!(query("sk_live_abc123def"), "[redacted]");
+        assert_eq!(query("sk_live_abc123key=1"), "[redacted]=[redacted]");
+        assert_eq!(query("AKIAIOSFODNN7EXAMPLE=1"), "[redacted]=1");
+        assert_eq!(text("/a;sk_live_abc123def=1/b"), "/a;[redacted]=1/b");
+        assert_eq!(
+            url("/v1/x?ghp_0123456789abcdefghijABCDEFGHIJ=1"),
+            "/v1/x?[redacted]=1"
+        );
+    }
+
+    #[test]
+    fn percent_encoded_key_shapes_are_redacted() {
+        assert_eq!(
+            text("/v1/keys/sk%5Flive%5Fabc123def/roll"),
+            "/v1/keys/[redacted]/roll"
+        );
+        assert_eq!(text("sk%5ftest%5fabcdef12"), REDACTED);
+        assert_eq!(query("q=sk%5Flive%5Fabcdef12&x=1"), "q=[redacted]&x=1");
+        assert_eq!(query("sk%5Flive%5Fabcdef12=1"), "[redacted]=1");
+        assert_eq!(
+            query("next=%2Fv1%2Fkeys%2Fsk_live_abcdef12%2Froll"),
+            "next=%2Fv1%2Fkeys%2F[redacted]%2Froll"
+        );
+        assert_eq!(text("%73k_live_abcdef12"), REDACTED);
+        for s in [
+            "task%5Flive%5Fabcdefgh",
+            "pk%5Ftest%5Fabcdefgh",
+            "100%",
+            "%zz%5",
+        ] {
+            assert_eq!(text(s), s);
+        }
+    }
+
+    #[test]
+    fn path_parameters_carrying_sessions_are_redacted() {
+        assert_eq!(
+            text("/shop/cart.jsp;jsessionid=ABC123DEF456"),
+            "/shop/cart.jsp;jsessionid=[redacted]"
+        );
+        assert_eq!(text("/a;sessionid=XYZ789/b"), "/a;sessionid=[redacted]/b");
+        assert_eq!(text("/a;token=abc;v=2"), "/a;token=[redacted];v=2");
+        assert_eq!(
+            url("/p;JSESSIONID=ABC123?limit=1"),
+            "/p;JSESSIONID=[redacted]?limit=1"
+        );
+        assert_eq!(
+            text("/a;jsessionid%3DABC123/b"),
+            "/a;jsessionid%3D[redacted]/b"
+        );
+        // Ordinary matrix parameters and media-type parameters are kept.
+        assert_eq!(
+            text("/cars;color=red;year=2012/x"),
+            "/cars;color=red;year=2012/x"
+        );
+        assert_eq!(
+            header_value("Content-Type", "text/plain; charset=utf-8"),
+            "text/plain; charset=utf-8"
+        );
+    }
+
+    #[test]
+    fn cloud_and_ai_token_shapes_are_redacted() {
+        for s in [
+            "AKIAIOSFODNN7EXAMPLE",
+            "ASIAY34FZKBOKMUTVV7A",
+            JWT,
+            "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z",
+            "sk-ant-api03-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zAA",
+            "sk-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z0123456789AB",
+            "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz0123",
+            "rk_live_51HqLyjWDarjtT1zdp7dc",
+            "ya29.a0AfH6SMBx0123456789abcdef",
+            "AIzaSyDdI0hCZtE6vySjMm-WEfRq3CPzqKqqsHI",
+            "xoxp-1234567890-1234567890-abcdef",
+            "xoxs-1234567890-abcdef",
+            "xapp-1-A0123456789-1234567890-abcdef0123",
+            "xoxe.xoxp-1-Mi0yLTEyMzQ1Njc4",
+        ] {
+            assert_eq!(text(s), REDACTED, "{s}");
+            assert_eq!(query(&format!("x={s}")), "x=[redacted]", "{s}");
+        }
+        assert_eq!(
+            text(&format!("id={} sig={JWT}.", "AKIAIOSFODNN7EXAMPLE")),
+            "id=[redacted] sig=[redacted]."
+        );
+        // An unsigned JWT (`alg: none`) is still a bearer token.
+        assert_eq!(
+            text("t=eyJhbGciOiJub25lIn0.eyJzdWIiOiIxMjM0NTY3ODkwIn0."),
+            "t=[redacted]"
+        );
+    }
+
+    #[test]
+    fn near_misses_of_token_shapes_stay_readable() {
+        for s in [
+            "AKIA1234",
+            "AKIAIOSFODNN7EXAMPLEX",
+            "AIDAIOSFODNN7EXAMPLE",
+            "xAKIAIOSFODNN7EXAMPLE",
+            "sk-prod-cluster.eu-west-1.amazonaws.com",
+            "sk-learn-preprocessing-pipeline",
+            "task-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z",
+            "eyJhbGciOiJIUzI1NiJ9",
+            "eyJhbGciOi.short.sig",
+            "da39a3ee5e6b4b0d3255bfef95601890afd80709",
+            // A bare 40-character base64 run is too common (digests, ids) to
+            // take for an AWS secret without its name.
+            AWS_SECRET,
+        ] {
+            assert_eq!(text(s), s);
+        }
+    }
+
+    #[test]
+    fn aws_secret_after_its_name_is_redacted() {
+        assert_eq!(
+            query(&format!(
+                "aws_secret_access_key={AWS_SECRET}&region=us-east-1"
+            )),
+            "aws_secret_access_key=[redacted]&region=us-east-1"
+        );
+        assert_eq!(
+            text(&format!(
+                "aws_secret_access_key={AWS_SECRET} region=us-east-1"
+            )),
+            "aws_secret_access_key=[redacted] region=us-east-1"
+        );
+        assert_eq!(
+            header_value("X-Debug", &format!("AWS_SECRET_ACCESS_KEY={AWS_SECRET}")),
+            "AWS_SECRET_ACCESS_KEY=[redacted]"
+        );
+        // Only names that always mean a secret are taken from prose.
+        assert_eq!(
+            text("failed: client_secret=abc123 status code=404"),
+            "failed: client_secret=[redacted] status code=404"
+        );
+        assert_eq!(
+            text("https://x/cb?code=abc&state=1"),
+            "https://x/cb?code=[redacted]&state=1"
+        );
+    }
+
+    #[test]
+    fn entry_redacts_every_recorded_field() {
+        use crate::entry::{ListenerTier, Mode, MovedAside};
+        let request = Entry::Request {
+            service: "stripe".into(),
+            host: "api.stripe.com".into(),
+            method: "GET".into(),
+            path: "/v1/keys/sk%5Flive%5Fabc123def;jsessionid=ABC123".into(),
+            query: Some("x=Bearer%20abc123&sk_live_abc123def=1".into()),
+            status: 200,
+            http: "HTTP/1.1".into(),
+            tier: ListenerTier::Explicit,
+            bytes_in: 0,
+            bytes_out: None,
+            duration_ms: 1,
+            upstream: format!("https://twin/s/x/{JWT}"),
+            headers: vec![
+                ("sk_live_abc123def".into(), "1".into()),
+                ("x-goog-iap-jwt-assertion".into(), "abc".into()),
+                ("x-github-otp".into(), "123456".into()),
+            ],
+            websocket: false,
+            client_gone: false,
+        };
+        let Entry::Request {
+            path,
+            query,
+            upstream,
+            headers,
+            ..
+        } = entry(request)
+        else {
+            panic!("kind changed");
+        };
+        assert_eq!(path, "/v1/keys/[redacted];jsessionid=[redacted]");
+        assert_eq!(query.as_deref(), Some("x=Bearer%20[redacted]&[redacted]=1"));
+        assert_eq!(upstream, "https://twin/s/x/[redacted]");
+        assert_eq!(
+            headers,
+            vec![
+                ("[redacted]".to_string(), "1".to_string()),
+                ("x-goog-iap-jwt-assertion".into(), REDACTED.into()),
+                ("x-github-otp".into(), REDACTED.into()),
+            ]
+        );
+
+        let session = Entry::Session {
+            run_id: "r".into(),
+            sandbox_id: "s".into(),
+            mode: Mode::Strict,
+            tier: ListenerTier::Explicit,
+            twin: "https://twin".into(),
+            pid: 1,
+            version: "1".into(),
+            listen: "127.0.0.1:0".into(),
+            recovered_torn_tail: None,
+            key_id: None,
+            public_key: None,
+            key_storage: None,
+            proxy_uid: None,
+            workload_uid: None,
+            twin_heads: None,
+            moved_aside: Some(Box::new(MovedAside {
+                file: "/s/ledger.jsonl.aside-1".into(),
+                head_seq: 1,
+                head_hash: "00".into(),
+                why: "sealed by another key; last line had token=abc123".into(),
+            })),
+            coverage: None,
+        };
+        let Entry::Session { moved_aside, .. } = entry(session) else {
+            panic!("kind changed");
+        };
+        assert_eq!(
+            moved_aside.map(|m| m.why),
+            Some("sealed by another key; last line had token=[redacted]".into())
+        );
+    }
+
+    #[test]
+    fn every_rule_is_idempotent() {
+        let inputs = [
+            "pw=a&client_assertion=b&otp=1&pin=1234&refresh=1%2F%2F0g",
+            "x=Bearer%20abc&y=Basic%20dXNlcjpwYXNz&z=bearer+abc",
+            "sk_live_abc123def=1&sk%5Flive%5Fabcdef12=2",
+            "/v1/keys/sk%5Flive%5Fabc123def/roll;jsessionid=ABC",
+            "/a;token=abc;v=2?code=x",
+            "AKIAIOSFODNN7EXAMPLE sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z",
+            JWT,
+            "aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "sk_live_abcdefBearer abc",
+            "Bearer abc/sk_live_zzzzzz",
+            "[redacted]=[redacted]&token=[redacted]",
+        ];
+        for s in inputs {
+            let q = query(s);
+            assert_eq!(query(&q), q, "query {s}");
+            let t = text(s);
+            assert_eq!(text(&t), t, "text {s}");
+            let u = url(s);
+            assert_eq!(url(&u), u, "url {s}");
+            let h = header_value("x-debug", s);
+            assert_eq!(header_value("x-debug", &h), h, "header {s}");
+        }
+    }
+
+    #[test]
+    fn adversarial_inputs_are_scanned_in_one_pass() {
+        // Many near-misses in a row: each scanner must stay linear, so these
+        // finish at once rather than after minutes.
+        for unit in [
+            "-eyJaaaaaaaaaaaa",
+            "eyJaaaaaaaaaaa.bbbbbbbbbbbb-",
+            "sk-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-",
+            "%5F",
+            "bearer ",
+            "basic ",
+            "basic+",
+            "pin=",
+            ";a=",
+            "a=",
+            "AKIA",
+            "https://",
+        ] {
+            let s = unit.repeat(200_000 / unit.len());
+            let once = text(&s);
+            assert_eq!(text(&once), once, "{unit}");
+            let q = query(&s);
+            assert_eq!(query(&q), q, "{unit}");
         }
     }
 }
