@@ -381,6 +381,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let mut c = Connector {
             timeout: Duration::from_secs(5),
+            for_client: false,
         };
         let io = c
             .call(

@@ -455,6 +455,10 @@ impl Proxy {
         .await;
         let mut origin = match dial {
             Ok(Ok(stream)) => stream,
+            // Refused by policy (the host's loopback from an isolated run).
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return self.refuse_host_loopback(&leg, Some("CONNECT".into()), None);
+            }
             Ok(Err(e)) => return self.tunnel_failed(&leg, reason, started, e.to_string()),
             Err(_) => return self.tunnel_failed(&leg, reason, started, "connect timed out".into()),
         };

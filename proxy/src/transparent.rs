@@ -666,6 +666,21 @@ impl Transparent {
             Some(dial) => dial,
             None => match self.dial(dst).await {
                 Ok(dial) => dial,
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    // Refused by policy (the host's loopback from an
+                    // isolated run): nothing passed, so it is a refusal.
+                    info!(error = %e, %dst, "refused a passthrough destination");
+                    proxy.record_or_log(Entry::Blocked {
+                        host: leg.host.clone(),
+                        port: leg.port,
+                        tier: leg.tier,
+                        method: None,
+                        path: None,
+                        reason: e.to_string(),
+                        dst: Some(dst.to_string()),
+                    });
+                    return;
+                }
                 Err(e) => {
                     info!(error = %e, %dst, "passthrough destination unreachable");
                     proxy.record_passthrough(leg, reason, Some(dst), (0, 0), started);
