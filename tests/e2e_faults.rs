@@ -308,3 +308,37 @@ fn connections_beyond_the_cap_are_closed_and_the_open_ones_go_on() {
     );
     serve.stop();
 }
+
+#[test]
+fn a_strict_connect_that_speaks_no_tls_is_refused_and_recorded() {
+    let mut serve = Serve::start("strict-notls", &["--mode", "strict"]);
+    let mut s = std::net::TcpStream::connect(serve.proxy_addr()).unwrap();
+    s.write_all(b"CONNECT unmapped.invalid:443 HTTP/1.1\r\nHost: unmapped.invalid:443\r\n\r\n")
+        .unwrap();
+    // The CONNECT is answered (the refusal would come inside TLS) ...
+    let mut head = [0u8; 12];
+    {
+        use std::io::Read;
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        s.read_exact(&mut head).unwrap();
+    }
+    assert_eq!(&head, b"HTTP/1.1 200");
+    // ... but the client speaks plain bytes, not TLS: closed, and recorded.
+    s.write_all(b"hello, not TLS\r\n\r\n").unwrap();
+    assert!(closed_within(&mut s, std::time::Duration::from_secs(15)));
+    serve.stop();
+    let lines = serve.ledger_lines();
+    let blocked: Vec<_> = lines.iter().filter(|l| l["kind"] == "blocked").collect();
+    assert_eq!(blocked.len(), 1, "{lines:?}");
+    assert_eq!(blocked[0]["host"], "unmapped.invalid");
+    assert_eq!(blocked[0]["method"], "CONNECT");
+    assert!(
+        blocked[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no TLS ClientHello"),
+        "{:?}",
+        blocked[0]
+    );
+    assert!(!lines.iter().any(|l| l["kind"] == "passthrough"));
+}

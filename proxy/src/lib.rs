@@ -379,6 +379,26 @@ impl Proxy {
         }
     }
 
+    /// Strict mode: a `CONNECT` to a host no service routes is terminated
+    /// only so its refusal reaches the client as words; a client that then
+    /// speaks no TLS is refused all the same, and that refusal is recorded.
+    fn record_unmapped_without_tls(&self, leg: &Leg, why: &str) {
+        if self.identity.mode != Mode::Strict
+            || self.router.route_connection(&leg.host) != Route::Unmapped
+        {
+            return;
+        }
+        self.record_or_log(Entry::Blocked {
+            host: leg.host.clone(),
+            port: leg.port,
+            tier: leg.tier,
+            method: Some("CONNECT".into()),
+            path: None,
+            reason: format!("strict mode: unmapped host, and {why}"),
+            dst: leg.headed_to(),
+        });
+    }
+
     /// Phase 4a: TLS with a minted leaf, then HTTP/1.1 or HTTP/2 by ALPN.
     async fn terminate<IO>(self: Arc<Self>, io: IO, leg: Leg)
     where
@@ -390,10 +410,12 @@ impl Proxy {
             Ok(Ok(start)) => start,
             Ok(Err(e)) => {
                 info!(error = %e, "client sent no TLS ClientHello after CONNECT");
+                self.record_unmapped_without_tls(&leg, "it sent no TLS ClientHello");
                 return;
             }
             Err(_) => {
                 info!("no TLS ClientHello within {handshake:?}; closing");
+                self.record_unmapped_without_tls(&leg, "no TLS ClientHello came in time");
                 return;
             }
         };
