@@ -129,19 +129,24 @@ fn confined_leaks(c: &Coverage) -> Vec<String> {
         "tcp-proxy-port-any-host".to_string(),
         "tcp-fastopen-mptcp-open".to_string(),
     ];
-    if c.quic != "sink" {
-        out.push("udp-quic-possible".to_string());
-    }
-    if c.udp_other != "dropped" {
-        out.push("udp-other-open".to_string());
-    }
-    if c.ip_other != "dropped" {
-        out.push("ip-other-open".to_string());
-    }
-    if c.dns != "stub" && c.dns != "none" {
-        out.push("dns-egress".to_string());
-    }
+    out.extend(open_channels(c));
     out
+}
+
+/// The channels besides TCP that a coverage leaves open: QUIC, other UDP,
+/// ICMP echo or raw IP, and queries to a real resolver — each can carry
+/// data out by itself.
+fn open_channels(c: &Coverage) -> Vec<String> {
+    let open = [
+        (c.quic != "sink", "udp-quic-possible"),
+        (c.udp_other != "dropped", "udp-other-open"),
+        (c.ip_other != "dropped", "ip-other-open"),
+        (c.dns != "stub" && c.dns != "none", "dns-egress"),
+    ];
+    open.iter()
+        .filter(|(is_open, _)| *is_open)
+        .map(|(_, note)| note.to_string())
+        .collect()
 }
 
 /// What the recorded rules leave open.
@@ -154,20 +159,7 @@ fn coverage_leaks(c: &Coverage, workload_uid: Option<u32>) -> Vec<String> {
     if c.tcp_ports.is_some() {
         out.push("tcp-other-ports-open".to_string());
     }
-    if c.quic != "sink" {
-        out.push("udp-quic-possible".to_string());
-    }
-    if c.udp_other != "dropped" {
-        out.push("udp-other-open".to_string());
-    }
-    if c.ip_other != "dropped" {
-        // ICMP echo or raw IP can carry data out.
-        out.push("ip-other-open".to_string());
-    }
-    if c.dns != "stub" && c.dns != "none" {
-        // Queries to a real resolver can carry data out by themselves.
-        out.push("dns-egress".to_string());
-    }
+    out.extend(open_channels(c));
     if !c.ipv6 {
         out.push("ipv6-open".to_string());
     }
