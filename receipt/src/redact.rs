@@ -160,12 +160,21 @@ fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
         "assertion",
         "sessionid",
         "sessid",
+        // Card data (`card[number]`, `card[cvc]`, `payment_method_data[card][cvv]`)
+        // and bank account numbers (`bank_account[account_number]`).
+        "cardnumber",
+        "cvc",
+        "cvv",
+        "accountnumber",
     ];
     if CONTAINS.iter().any(|f| norm.contains(f)) {
         return true;
     }
     if context == Context::Prose {
         return false;
+    }
+    if card_number(value) {
+        return true;
     }
     const EXACT: &[&str] = &[
         "key",
@@ -194,6 +203,36 @@ fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
         // `x-goog-api-key`, `subscription-key`, `access_key`: a name ending
         // in "key" is a key in a query string often enough to err this way.
         || norm.ends_with("key")
+}
+
+/// True for a payment card number: 12 to 19 digits (spaces and dashes
+/// between groups allowed) that pass the Luhn check. Applied to every
+/// parameter value whatever its name (`number=`, `pan=`, `cc=`): a
+/// numeric id passes only when its check digit happens to fit, and then
+/// the receipt says less, never something false.
+fn card_number(value: &[u8]) -> bool {
+    let digits: Vec<u8> = value
+        .iter()
+        .filter(|c| !matches!(c, b' ' | b'-'))
+        .copied()
+        .collect();
+    if !(12..=19).contains(&digits.len()) || !digits.iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, d)| {
+            let d = u32::from(d - b'0');
+            match (i % 2, d * 2) {
+                (0, _) => d,
+                (_, x) if x > 9 => x - 9,
+                (_, x) => x,
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
 }
 
 /// Longer than any flag value of [`secret_param`]: a value cut to this
@@ -878,6 +917,21 @@ pub fn entry(entry: Entry) -> Entry {
             name: text(&name),
             qtype,
         },
+        Entry::TlsAbandoned {
+            host,
+            port,
+            tier,
+            service,
+            stage,
+            alert,
+        } => Entry::TlsAbandoned {
+            host: text(&host),
+            port,
+            tier,
+            service: service.map(|s| text(&s)),
+            stage: text(&stage),
+            alert: alert.map(|a| text(&a)),
+        },
         // Hex digests and a fixed vocabulary: nothing to redact, and
         // rewriting a signature would break it.
         seal @ Entry::Seal { .. } => seal,
@@ -1100,6 +1154,20 @@ mod tests {
         assert_eq!(text("basic auth failed"), "basic auth failed");
         assert_eq!(query("q=basic%20income"), "q=basic%20income");
         assert_eq!(query("x=Bearer%20"), "x=Bearer%20");
+    }
+
+    #[test]
+    fn card_data_in_query_strings_and_forms_is_redacted() {
+        let q = query(
+            "card[number]=4000056655665556&card%5Bcvc%5D=314&card[exp_month]=12&number=4242%204242%204242%204242&cvv=123&bank_account[account_number]=000123456789",
+        );
+        for secret in ["4000056655665556", "314", "4242", "cvv=123", "000123456789"] {
+            assert!(!q.contains(secret), "{secret} in {q}");
+        }
+        assert!(q.contains("card[exp_month]=12"), "{q}");
+        // Digits that fail the Luhn check (an order id) stay readable.
+        assert_eq!(query("order=4242424242424241"), "order=4242424242424241");
+        assert_eq!(query("limit=100"), "limit=100");
     }
 
     #[test]
