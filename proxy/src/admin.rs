@@ -8,7 +8,8 @@
 //! - `GET /healthz`: open; `{"status":"ok"}`.
 //! - `GET /status`: run id, canary, sandbox, twin, mode, tier, proxy URL,
 //!   uptime, head seq and per-kind line counters since this run's session.
-//! - `GET /ledger?since=SEQ`: the ledger lines with `seq > SEQ`, as JSONL.
+//! - `GET /ledger?since=SEQ`: the ledger lines with `seq > SEQ`, as JSONL,
+//!   streamed from the file in chunks from the writer's index offset.
 //! - `GET /events`: server-sent events, one per ledger line as it is
 //!   committed (`id:` = seq, `event: line`, `data:` = the line), starting
 //!   after `Last-Event-ID` (or `?since=`) when given, else with new lines.
@@ -38,7 +39,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
-use veris_receipt::ledger::{Committed, Ledger, SealInfo};
+use veris_receipt::ledger::{Committed, Ledger, LineReader, RawLine, SealInfo};
 use veris_receipt::receipt::{self, Anchor, Check, Options, WindowSpec};
 use veris_receipt::seal::{PublicKeys, Sealer};
 
@@ -204,28 +205,106 @@ fn last_event_id(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Complete lines of the ledger file with `seq > since`, with their seq.
-async fn read_lines(admin: &Admin, since: u64) -> std::io::Result<Vec<(u64, String)>> {
-    let bytes = match tokio::fs::read(admin.ledger.path()).await {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e),
-    };
+/// Bytes of lines gathered before they are sent as one chunk of a body.
+const CHUNK: usize = 64 * 1024;
+
+/// How a streamed line is framed.
+#[derive(Clone, Copy)]
+enum Framing {
+    /// JSONL, as in the file.
+    Lines,
+    /// One server-sent event per line.
+    Events,
+}
+
+/// Opens the ledger file for [`send_lines`]; a missing file has no lines.
+fn open_ledger(admin: &Admin) -> std::io::Result<Option<std::fs::File>> {
+    match std::fs::File::open(admin.ledger.path()) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sends the complete lines of `file` with `seq > since` to `tx`, framed,
+/// in chunks of about [`CHUNK`] bytes, and returns the last seq sent (or
+/// `since`). It starts at the writer's index offset for `since` (falling
+/// back to the start when what is there is not the line expected: a file
+/// changed behind the writer's back) and stops at the file's length when it
+/// started (a partial last line is left out), so memory stays at one chunk
+/// whatever the ledger's size.
+/// Runs on a blocking thread; stops early when the receiver is gone.
+fn send_lines(
+    ledger: &Ledger,
+    mut file: std::fs::File,
+    since: u64,
+    framing: Framing,
+    tx: &mpsc::Sender<Bytes>,
+) -> std::io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
     #[derive(serde::Deserialize)]
     struct SeqOnly {
         seq: u64,
     }
-    let complete = match bytes.iter().rposition(|&b| b == b'\n') {
-        Some(i) => &bytes[..i],
-        None => return Ok(Vec::new()),
-    };
-    Ok(complete
-        .split(|&b| b == b'\n')
-        .filter_map(|raw| {
-            let seq = serde_json::from_slice::<SeqOnly>(raw).ok()?.seq;
-            (seq > since).then(|| (seq, String::from_utf8_lossy(raw).into_owned()))
-        })
-        .collect())
+    let seq_of = |raw: &[u8]| serde_json::from_slice::<SeqOnly>(raw).ok().map(|s| s.seq);
+    let (mut offset, written) = ledger.position_after(since);
+    // What the file holds now (a file changed behind the writer's back may
+    // be longer than what it wrote); lines appended later are not waited for.
+    let end = written.max(file.metadata()?.len());
+    let mut buf = Vec::new();
+    if offset > 0 {
+        file.seek(SeekFrom::Start(offset))?;
+        let mut probe = LineReader::at((&file).take(end.saturating_sub(offset)), offset);
+        let fits = matches!(probe.next_into(&mut buf)?, Some(RawLine::Line))
+            && seq_of(&buf).is_some_and(|s| s <= since.saturating_add(1));
+        if !fits {
+            offset = 0;
+        }
+        file.seek(SeekFrom::Start(offset))?;
+    }
+    let mut lines = LineReader::at((&file).take(end.saturating_sub(offset)), offset);
+    let mut chunk = Vec::with_capacity(CHUNK + 1024);
+    let mut last = since;
+    while let Some(raw) = lines.next_into(&mut buf)? {
+        if raw != RawLine::Line {
+            continue;
+        }
+        let Some(seq) = seq_of(&buf).filter(|s| *s > since) else {
+            continue;
+        };
+        match framing {
+            Framing::Lines => {
+                chunk.extend_from_slice(&buf);
+                chunk.push(b'\n');
+            }
+            Framing::Events => {
+                chunk.extend_from_slice(format!("id: {seq}\nevent: line\ndata: ").as_bytes());
+                chunk.extend_from_slice(&buf);
+                chunk.extend_from_slice(b"\n\n");
+            }
+        }
+        last = last.max(seq);
+        if chunk.len() >= CHUNK {
+            let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK + 1024));
+            if tx.blocking_send(Bytes::from(full)).is_err() {
+                return Ok(last);
+            }
+        }
+    }
+    if !chunk.is_empty() {
+        let _ = tx.blocking_send(Bytes::from(chunk));
+    }
+    Ok(last)
+}
+
+/// A response body fed by a channel of chunks.
+fn channel_body(rx: mpsc::Receiver<Bytes>) -> ProxyBody {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, body::BoxError>(Frame::data(b)), rx))
+    });
+    http_body_util::StreamBody::new(stream).boxed()
 }
 
 fn unreadable(e: std::io::Error) -> Response<ProxyBody> {
@@ -238,20 +317,8 @@ fn unreadable(e: std::io::Error) -> Response<ProxyBody> {
 }
 
 async fn status(admin: &Admin) -> Response<ProxyBody> {
-    let lines = match read_lines(admin, admin.session_seq.saturating_sub(1)).await {
-        Ok(l) => l,
-        Err(e) => return unreadable(e),
-    };
-    let mut counters = std::collections::BTreeMap::<String, u64>::new();
-    for (_, text) in &lines {
-        #[derive(serde::Deserialize)]
-        struct KindOnly {
-            kind: String,
-        }
-        if let Ok(k) = serde_json::from_str::<KindOnly>(text) {
-            *counters.entry(k.kind).or_default() += 1;
-        }
-    }
+    // Kept by the writer since this run's session line: no file read.
+    let counters = admin.ledger.counters();
     let id = &admin.identity;
     respond::json(
         StatusCode::OK,
@@ -277,17 +344,22 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
     )
 }
 
-async fn ledger_lines(admin: &Admin, since: u64) -> Response<ProxyBody> {
-    let lines = match read_lines(admin, since).await {
-        Ok(l) => l,
+async fn ledger_lines(admin: &Arc<Admin>, since: u64) -> Response<ProxyBody> {
+    let file = match open_ledger(admin) {
+        Ok(f) => f,
         Err(e) => return unreadable(e),
     };
-    let mut out = String::new();
-    for (_, text) in lines {
-        out.push_str(&text);
-        out.push('\n');
+    let (tx, rx) = mpsc::channel::<Bytes>(4);
+    if let Some(file) = file {
+        let admin = admin.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = send_lines(&admin.ledger, file, since, Framing::Lines, &tx) {
+                // The status is gone already: the body ends short.
+                warn!(error = %e, "reading the ledger for /ledger failed");
+            }
+        });
     }
-    let mut resp = Response::new(body::full(out));
+    let mut resp = Response::new(channel_body(rx));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/x-ndjson"),
@@ -426,12 +498,7 @@ fn events(
             }
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, body::BoxError>(Frame::data(b)), rx))
-    });
-    let mut resp = Response::new(http_body_util::StreamBody::new(stream).boxed());
+    let mut resp = Response::new(channel_body(rx));
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -443,24 +510,34 @@ fn events(
 
 /// Sends the file's lines after `last`; false when the client is gone or the
 /// file cannot be read (the stream then ends; the client resumes).
-async fn backlog(admin: &Admin, last: &mut u64, tx: &mpsc::Sender<Bytes>) -> bool {
-    let lines = match read_lines(admin, *last).await {
-        Ok(l) => l,
+async fn backlog(admin: &Arc<Admin>, last: &mut u64, tx: &mpsc::Sender<Bytes>) -> bool {
+    let file = match open_ledger(admin) {
+        Ok(Some(f)) => f,
+        Ok(None) => return true,
         Err(e) => {
             warn!(error = %e, "event stream cannot read the ledger");
             return false;
         }
     };
-    for (seq, text) in lines {
-        if seq <= *last {
-            continue;
+    let (admin, tx2, since) = (admin.clone(), tx.clone(), *last);
+    let sent = tokio::task::spawn_blocking(move || {
+        send_lines(&admin.ledger, file, since, Framing::Events, &tx2)
+    })
+    .await;
+    match sent {
+        Ok(Ok(seq)) => {
+            *last = seq;
+            !tx.is_closed()
         }
-        if tx.send(event(seq, &text)).await.is_err() {
-            return false;
+        Ok(Err(e)) => {
+            warn!(error = %e, "event stream cannot read the ledger");
+            false
         }
-        *last = seq;
+        Err(e) => {
+            warn!(error = %e, "event stream backlog task failed");
+            false
+        }
     }
-    true
 }
 
 #[cfg(test)]
@@ -485,6 +562,147 @@ mod tests {
             HeaderValue::from_static("Bearer abc"),
         );
         assert!(authorized(&h, "abc"));
+    }
+
+    /// A live admin API over a real ledger of `n` request lines (after a
+    /// session line), and its address.
+    async fn admin_over(dir: &std::path::Path, n: u64) -> (Arc<Admin>, std::net::SocketAddr) {
+        use veris_receipt::{Entry, ListenerTier, Mode};
+        let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).unwrap();
+        let ledger = Arc::new(ledger);
+        ledger
+            .append(Entry::Session {
+                run_id: "run_1".into(),
+                sandbox_id: "sbx_1".into(),
+                mode: Mode::Passthrough,
+                tier: ListenerTier::Explicit,
+                twin: "http://127.0.0.1:9/".into(),
+                pid: 1,
+                version: "0".into(),
+                listen: "127.0.0.1:1".into(),
+                recovered_torn_tail: None,
+                key_id: None,
+                public_key: None,
+                key_storage: None,
+                proxy_uid: None,
+                workload_uid: None,
+                twin_heads: None,
+                moved_aside: None,
+                coverage: None,
+            })
+            .unwrap();
+        let pending: Vec<_> = (0..n)
+            .map(|i| {
+                ledger.append_queued(Entry::Blocked {
+                    host: format!("host-{i}.example"),
+                    port: 443,
+                    tier: ListenerTier::Explicit,
+                    method: Some("GET".into()),
+                    path: Some(format!("/{}", "p".repeat(200))),
+                    reason: "strict".into(),
+                    dst: None,
+                })
+            })
+            .collect();
+        for p in pending {
+            p.await.unwrap();
+        }
+        let admin = Arc::new(Admin {
+            token: "tok".into(),
+            identity: Identity {
+                run_id: "run_1".into(),
+                sandbox_id: "sbx_1".into(),
+                canary: "c".into(),
+                mode: Mode::Passthrough,
+                tier: ListenerTier::Explicit,
+            },
+            proxy_url: "http://127.0.0.1:1".into(),
+            twin: "http://127.0.0.1:9".into(),
+            services: Vec::new(),
+            session_seq: 1,
+            ledger,
+            sealer: Arc::new(Sealer::ephemeral().unwrap()),
+            public_keys: dir.join("ledger.pub"),
+            started: Instant::now(),
+            receipt_checks: None,
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_admin(listener, admin.clone(), std::future::pending()));
+        (admin, addr)
+    }
+
+    /// `curl` against the admin API; the body as bytes.
+    async fn curl(addr: std::net::SocketAddr, path: &str) -> Vec<u8> {
+        let url = format!("http://{addr}{path}");
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", "--fail", "-H", "Authorization: Bearer tok", &url])
+            .env_remove("SSL_CERT_FILE")
+            .env_remove("REQUESTS_CA_BUNDLE")
+            .env_remove("CURL_CA_BUNDLE")
+            .env_remove("NODE_EXTRA_CA_CERTS")
+            .env("NO_PROXY", "*")
+            .output()
+            .await
+            .expect("curl runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ledger_since_streams_from_the_middle_of_a_multi_chunk_ledger() {
+        let dir = std::env::temp_dir().join(format!("veris-admin-ledger-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // ~300 bytes a line: several index entries and many 64 KiB chunks.
+        let n = 3 * veris_receipt::ledger::INDEX_EVERY + 100;
+        let (admin, addr) = admin_over(&dir, n).await;
+        let file = std::fs::read(admin.ledger.path()).unwrap();
+        assert!(file.len() > 10 * CHUNK, "{}", file.len());
+        let all: Vec<&[u8]> = file.split_inclusive(|&b| b == b'\n').collect();
+        for since in [
+            0,
+            1,
+            1500,
+            veris_receipt::ledger::INDEX_EVERY * 2,
+            n,
+            n + 1,
+            n + 50,
+        ] {
+            let body = curl(addr, &format!("/ledger?since={since}")).await;
+            let skip = (since as usize).min(all.len());
+            let want = all[skip..].concat();
+            assert!(
+                body == want,
+                "since={since}: {} bytes, want {}",
+                body.len(),
+                want.len()
+            );
+        }
+        // A file rewritten behind the writer's back (offsets moved): still
+        // the lines the file holds after `since`, found from the start.
+        let mut shifted = b"{\"v\":2,\"seq\":0}\n".repeat(50);
+        shifted.extend_from_slice(&file);
+        std::fs::write(admin.ledger.path(), &shifted).unwrap();
+        let body = curl(addr, "/ledger?since=2500").await;
+        let want = all[2500..].concat();
+        assert!(
+            body == want,
+            "shifted: {} bytes, want {}",
+            body.len(),
+            want.len()
+        );
+        // The counters come from the writer.
+        let status: serde_json::Value =
+            serde_json::from_slice(&curl(addr, "/status").await).unwrap();
+        assert_eq!(status["counters"]["blocked"], n);
+        assert_eq!(status["counters"]["session"], 1);
+        assert_eq!(status["head_seq"], n + 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

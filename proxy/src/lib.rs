@@ -549,7 +549,7 @@ impl Proxy {
             reason: reason.to_string(),
             dst: dst.map(|d| d.to_string()),
         };
-        if let Err(e) = self.recorder.record(entry) {
+        if let Err(e) = self.recorder.record(entry).wait() {
             warn!(error = %e, host = %leg.host, "passthrough could not be recorded");
         }
     }
@@ -643,7 +643,7 @@ impl Proxy {
             error: code.to_string(),
             tier: leg.tier,
         };
-        if let Err(e) = self.recorder.record(entry) {
+        if let Err(e) = self.recorder.record(entry).wait() {
             warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
             return Some(ledger_unavailable(&e, &service.name));
         }
@@ -825,7 +825,7 @@ impl Proxy {
             websocket && status == StatusCode::SWITCHING_PROTOCOLS,
             client_gone,
         );
-        if let Err(e) = self.recorder.record(entry) {
+        if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
             let _ = reply.send(ledger_unavailable(&e, &service));
             return;
@@ -871,7 +871,7 @@ impl Proxy {
             tier: line.tier,
             duration_ms,
         };
-        if let Err(e) = self.recorder.record(entry) {
+        if let Err(e) = self.recorder.record(entry).wait() {
             warn!(error = %e, "upstream error could not be recorded");
         }
         respond::error(
@@ -995,7 +995,7 @@ impl Proxy {
             reason: "strict mode: no service claims this host and path".into(),
             dst: leg.headed_to(),
         };
-        if let Err(e) = self.recorder.record(entry) {
+        if let Err(e) = self.recorder.record(entry).wait() {
             warn!(error = %e, "blocked request could not be recorded");
         }
         let known: Vec<&str> = self

@@ -127,7 +127,7 @@ fn record(recorder: &dyn Recorder, entries: Vec<Entry>) {
         {
             info!(host = host.as_deref().unwrap_or("-"), %dst, attempts, "QUIC attempt caught by the sink; the client falls back to TCP");
         }
-        if let Err(e) = recorder.record(entry) {
+        if let Err(e) = recorder.record(entry).wait() {
             warn!(error = %e, "a QUIC attempt could not be recorded");
         }
     }

@@ -2,25 +2,80 @@
 //! [`Recorder`]; the ledger implements it, tests use [`MemoryRecorder`]. A
 //! recorder error means the decision could not be made durable: the proxy then
 //! refuses vendor traffic (503) instead of serving it unrecorded.
+//!
+//! `record` hands the entry over and returns an [`Ack`]: async code awaits
+//! it (the ledger's writer thread does the `write(2)`, so no worker blocks on
+//! the file), code that is not async calls [`Ack::wait`].
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::task::{Context, Poll};
 
-use veris_receipt::ledger::Ledger;
+use veris_receipt::ledger::{Appending, Ledger};
 use veris_receipt::Entry;
 
 #[derive(Debug, thiserror::Error)]
 #[error("recording failed: {0}")]
 pub struct RecordError(pub String);
 
-/// Receives every decision; `record` returns once the entry is handed to durable storage.
+/// Receives every decision.
 pub trait Recorder: Send + Sync + 'static {
-    fn record(&self, entry: Entry) -> Result<u64, RecordError>;
+    /// Hands the entry over; the [`Ack`] resolves once it is handed to
+    /// durable storage (the kernel has the ledger line), with its seq.
+    fn record(&self, entry: Entry) -> Ack;
+}
+
+/// The answer to one [`Recorder::record`]: a future, or [`Ack::wait`] on a
+/// thread that may block. The entry is recorded whether or not it is awaited.
+#[must_use = "await the ack (or wait) before answering the client"]
+#[derive(Debug)]
+pub struct Ack(AckInner);
+
+#[derive(Debug)]
+enum AckInner {
+    Done(Option<Result<u64, RecordError>>),
+    Ledger(Appending),
+}
+
+impl Ack {
+    /// An ack already answered.
+    pub fn ready(result: Result<u64, RecordError>) -> Ack {
+        Ack(AckInner::Done(Some(result)))
+    }
+
+    /// Blocks this thread until the entry is recorded. For code that is not
+    /// async; an async caller awaits the ack instead.
+    pub fn wait(self) -> Result<u64, RecordError> {
+        match self.0 {
+            AckInner::Done(r) => r.unwrap_or_else(|| Err(RecordError("ack already taken".into()))),
+            AckInner::Ledger(a) => a.wait().map_err(ledger_error),
+        }
+    }
+}
+
+impl Future for Ack {
+    type Output = Result<u64, RecordError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            AckInner::Done(r) => Poll::Ready(
+                r.take()
+                    .unwrap_or_else(|| Err(RecordError("ack already taken".into()))),
+            ),
+            AckInner::Ledger(a) => Pin::new(a).poll(cx).map(|r| r.map_err(ledger_error)),
+        }
+    }
+}
+
+fn ledger_error(e: veris_receipt::LedgerError) -> RecordError {
+    RecordError(e.to_string())
 }
 
 impl Recorder for Ledger {
-    fn record(&self, entry: Entry) -> Result<u64, RecordError> {
-        self.append(entry).map_err(|e| RecordError(e.to_string()))
+    fn record(&self, entry: Entry) -> Ack {
+        Ack(AckInner::Ledger(self.append_queued(entry)))
     }
 }
 
@@ -55,7 +110,13 @@ impl MemoryRecorder {
 }
 
 impl Recorder for MemoryRecorder {
-    fn record(&self, entry: Entry) -> Result<u64, RecordError> {
+    fn record(&self, entry: Entry) -> Ack {
+        Ack::ready(self.push(entry))
+    }
+}
+
+impl MemoryRecorder {
+    fn push(&self, entry: Entry) -> Result<u64, RecordError> {
         if self.failing.load(Ordering::SeqCst) {
             return Err(RecordError("memory recorder set to fail".into()));
         }

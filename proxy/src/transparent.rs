@@ -820,7 +820,7 @@ impl Proxy {
     /// no response on which to refuse service).
     pub(crate) fn record_or_log(&self, entry: Entry) {
         let kind = entry.kind();
-        if let Err(e) = self.recorder.record(entry) {
+        if let Err(e) = self.recorder.record(entry).wait() {
             warn!(error = %e, kind, "ledger entry could not be recorded");
         }
     }

@@ -31,7 +31,7 @@ impl Proxy {
             service,
             alert,
         };
-        if let Err(e) = self.recorder.record(entry) {
+        if let Err(e) = self.recorder.record(entry).wait() {
             warn!(error = %e, "trust failure could not be recorded");
         }
     }

@@ -9,6 +9,29 @@ pub fn line_hash(bytes: &[u8]) -> String {
     hex(digest.as_ref())
 }
 
+/// [`line_hash`] of a line fed in pieces, for lines too long to hold.
+pub struct LineHasher(aws_lc_rs::digest::Context);
+
+impl LineHasher {
+    pub fn new() -> LineHasher {
+        LineHasher(aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256))
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(self) -> String {
+        hex(self.0.finish().as_ref())
+    }
+}
+
+impl Default for LineHasher {
+    fn default() -> LineHasher {
+        LineHasher::new()
+    }
+}
+
 /// Lower-case hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -49,5 +72,9 @@ mod tests {
         assert_eq!(unhex("abc"), None);
         assert!(is_sha256_hex(&line_hash(b"x")));
         assert!(!is_sha256_hex("abc"));
+        let mut h = LineHasher::new();
+        h.update(b"ab");
+        h.update(b"c");
+        assert_eq!(h.finish(), line_hash(b"abc"));
     }
 }

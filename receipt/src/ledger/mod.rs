@@ -1,0 +1,882 @@
+//! The ledger file: hash-chained lines in `ledger.jsonl`. The line format is
+//! documented in [`crate::entry`]; in short, every line is
+//! `{"v":2,"seq":N,"ts":"…","kind":"…",<fields>,"prev":"<sha256 hex of the previous line>"}\n`.
+//!
+//! - `write`: the [`Ledger`] writer. [`Ledger::append_queued`] resolves only
+//!   after the whole line was handed to the kernel, so a line the client
+//!   could have seen survives a proxy crash; a writer thread appends (lines
+//!   queued together share one `write(2)`), a sync thread fsyncs at most
+//!   every 50 ms, or [`Ledger::sync`] forces it. A failed write leaves no
+//!   partial line: the file is truncated back, every caller whose line was in
+//!   it gets the error (the proxy then answers `503
+//!   veris_ledger_unavailable`), and the next append retries normally. On
+//!   open, a torn last line (no trailing `\n`) is moved aside to
+//!   `<path>.torn-<seq>` and reported, never silently accepted or deleted.
+//!   Seals ([`Ledger::seal`]) are appended under the writer's lock, so the
+//!   head they sign is the line right before them. Live readers
+//!   ([`Ledger::subscribe`]) get every committed line, in seq order, after it
+//!   reached the kernel.
+//! - `read`: the verifying reader, a line at a time ([`scan`]), or all of
+//!   it ([`read`], [`read_bytes`]). It checks every line (JSON, `v`,
+//!   gapless `seq`, `prev` hash), reports problems by 1-based line number and
+//!   never panics on bad input.
+//!
+//! This module holds what both share: the types, the line encoding and the
+//! file helpers.
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::entry::Line;
+use crate::seal::SealReport;
+
+pub use crate::entry::TornTail;
+pub use crate::hash::line_hash;
+
+mod read;
+mod write;
+
+pub use read::{read, read_bytes, scan, scan_file, LineReader, RawLine, MAX_LINE, PROBLEM_CAP};
+pub use write::{Appending, Ledger, INDEX_EVERY};
+
+/// A line as committed: its seq and its exact text (without `\n`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub seq: u64,
+    pub text: Arc<str>,
+}
+
+/// A seal line as appended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SealInfo {
+    /// Seq of the seal line itself.
+    pub seq: u64,
+    /// Seq of the line it seals (`seq - 1`).
+    pub sealed_seq: u64,
+    /// Hash of the sealed line (the seal line's `prev`).
+    pub head: String,
+    pub signature: String,
+    pub key_id: String,
+    pub reason: String,
+    /// Hash of the seal line itself: the chain head right after it. A reader
+    /// who finds the line at `seq` of the file with this hash knows every
+    /// line up to it is what this proxy wrote.
+    #[serde(default)]
+    pub line_hash: String,
+    /// Set once the proxy found its file replaced, cut or extended behind its
+    /// back (see [`Ledger::seal`]); sticky for the proxy's lifetime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tampered: Option<String>,
+}
+
+/// What can go wrong with the ledger file.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("opening ledger {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading ledger {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("saving torn last line of {path} to {saved}")]
+    SaveTorn {
+        path: PathBuf,
+        saved: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing ledger {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("syncing ledger {path}")]
+    Sync {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("moving the unverifiable ledger {path} aside to {to}")]
+    MoveAside {
+        path: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encoding ledger line")]
+    Encode(#[source] serde_json::Error),
+    /// Another process (a second proxy on the same state dir) holds the ledger:
+    /// two writers would fork the chain.
+    #[error("ledger {path} is in use by another veris proxy; two writers would break its chain. Next: stop the other proxy or give this one its own --state-dir")]
+    Busy { path: PathBuf },
+}
+
+/// A defect found while reading a ledger.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Problem {
+    /// 1-based line number in the file.
+    pub line: usize,
+    /// The line's `seq` when it could be read.
+    pub seq: Option<u64>,
+    /// What is wrong, in words (`prev hash mismatch`, `seq gap: …`).
+    pub what: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}: {}", self.line, self.what)
+    }
+}
+
+/// The result of reading a ledger: the lines that parsed, in file order, and
+/// every problem found. `problems` empty and `torn_tail` absent means the
+/// chain verified from genesis to the last line.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerRead {
+    pub lines: Vec<Line>,
+    /// Sorted by line number; the first one is "the first bad line". A
+    /// streaming [`scan`] keeps the first few ([`PROBLEM_CAP`]).
+    pub problems: Vec<Problem>,
+    /// How many problems were found (kept or not).
+    pub problem_count: usize,
+    pub torn_tail: Option<TornTail>,
+    /// `seq` and line hash of the last complete line (0 and
+    /// [`GENESIS_PREV`] for an empty ledger): what the next line chains to.
+    pub head: (u64, String),
+    /// Byte length of the file up to and including the last `\n`.
+    pub good_len: u64,
+}
+
+impl LedgerRead {
+    /// The first bad line, if any.
+    pub fn first_problem(&self) -> Option<&Problem> {
+        self.problems.first()
+    }
+}
+
+/// What [`Ledger::open`] found in an existing file.
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    /// The `seq` the next append gets.
+    pub next_seq: u64,
+    /// A torn last line that was cut off; record it in the session line.
+    pub torn_tail: Option<TornTail>,
+    /// Where the torn bytes were saved.
+    pub torn_saved_to: Option<PathBuf>,
+    /// Chain problems in the existing file (the writer continues after them;
+    /// readers will keep reporting them).
+    pub problems: Vec<Problem>,
+    /// An earlier file this writer would not continue ([`Ledger::open_sealed_by`]).
+    pub moved_aside: Option<Box<crate::entry::MovedAside>>,
+}
+
+/// The exact bytes of a line (without `\n`), as the writer produces them.
+pub fn encode(line: &Line) -> Result<String, LedgerError> {
+    serde_json::to_string(line).map_err(LedgerError::Encode)
+}
+
+/// Current UTC time as RFC 3339 with milliseconds: `2026-11-29T07:28:19.123Z`.
+pub fn now_rfc3339() -> String {
+    format_ts(time::OffsetDateTime::now_utc())
+}
+
+fn format_ts(t: time::OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+/// `<path>.moved-<n>` for the first `n` not taken.
+fn aside_path(path: &Path) -> PathBuf {
+    let mut n = 1u32;
+    loop {
+        let candidate = PathBuf::from(format!("{}.moved-{n}", path.display()));
+        if !candidate.exists() || n == u32::MAX {
+            return candidate;
+        }
+        n += 1;
+    }
+}
+
+pub(crate) fn meta_identity(meta: &std::fs::Metadata) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        None
+    }
+}
+
+fn file_identity(file: &File) -> Option<(u64, u64)> {
+    file.metadata().ok().as_ref().and_then(meta_identity)
+}
+
+/// Why a proxy holding `own` could not vouch for this ledger, if it could not.
+pub fn unverifiable(read: &LedgerRead, own: &crate::seal::PublicKeys) -> Option<String> {
+    if let Some(p) = read.first_problem() {
+        return Some(format!("chain broken at {p}"));
+    }
+    let report = crate::seal::verify_lines(&read.lines, own);
+    unsealed_tail(&report, read.lines.last().map(|l| l.seq))
+}
+
+/// Why seals verified as `report` do not vouch for a chain (already found
+/// intact) whose last line has seq `last`: a bad seal, none, or lines after
+/// the last one.
+fn unsealed_tail(report: &SealReport, last: Option<u64>) -> Option<String> {
+    let last = last?;
+    if let Some((seq, fault)) = report.faults.first() {
+        return Some(format!("seal at seq {seq} {fault}"));
+    }
+    match report.last_valid {
+        None => Some("no seals".into()),
+        Some(v) if v != last => Some(format!(
+            "{} line(s) after the last seal (seq {v})",
+            last - v
+        )),
+        Some(_) => None,
+    }
+}
+
+/// Makes a newly created file's directory entry durable, so a crash right
+/// after creation cannot lose the whole ledger. Best effort: some
+/// filesystems refuse to fsync a directory, and the data itself is synced.
+fn sync_parent(path: &Path) {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+        tracing::debug!(dir = %dir.display(), error = %e, "could not fsync ledger directory");
+    }
+}
+
+/// Saves torn bytes to `<path>.torn-<seq>` (or `.torn-<seq>.<n>` if taken),
+/// never overwriting an earlier one.
+fn save_torn(path: &Path, seq: u64, tail: &mut impl Read) -> Result<PathBuf, LedgerError> {
+    let base = format!("{}.torn-{seq}", path.display());
+    let mut n = 0;
+    loop {
+        let candidate = if n == 0 {
+            PathBuf::from(&base)
+        } else {
+            PathBuf::from(format!("{base}.{n}"))
+        };
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&candidate)
+        {
+            Ok(mut f) => {
+                let res = std::io::copy(tail, &mut f).and_then(|_| f.sync_all());
+                sync_parent(&candidate);
+                return res
+                    .map(|()| candidate.clone())
+                    .map_err(|source| LedgerError::SaveTorn {
+                        path: path.to_path_buf(),
+                        saved: candidate,
+                        source,
+                    });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+            Err(source) => {
+                return Err(LedgerError::SaveTorn {
+                    path: path.to_path_buf(),
+                    saved: candidate,
+                    source,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{Entry, ListenerTier, Mode, GENESIS_PREV};
+    use crate::seal::Sealer;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> TempDir {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "veris-receipt-ledger-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::SeqCst)
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn session() -> Entry {
+        Entry::Session {
+            run_id: "run_1".into(),
+            sandbox_id: "sbx_a1b2c3".into(),
+            mode: Mode::Passthrough,
+            tier: ListenerTier::Transparent,
+            twin: "http://127.0.0.1:9/".into(),
+            pid: 42,
+            version: "0.1.0".into(),
+            listen: "127.0.0.1:8080".into(),
+            recovered_torn_tail: None,
+            key_id: None,
+            public_key: None,
+            key_storage: None,
+            proxy_uid: None,
+            workload_uid: None,
+            twin_heads: None,
+            moved_aside: None,
+            coverage: None,
+        }
+    }
+
+    fn request(path: &str) -> Entry {
+        Entry::Request {
+            service: "stripe".into(),
+            host: "api.stripe.com".into(),
+            method: "POST".into(),
+            path: path.into(),
+            query: Some("api_key=abc&limit=1".into()),
+            status: 200,
+            http: "HTTP/1.1".into(),
+            tier: ListenerTier::Transparent,
+            bytes_in: 10,
+            bytes_out: Some(20),
+            duration_ms: 3,
+            upstream: "http://127.0.0.1:9/s/sbx_a1b2c3/stripe/v1/charges".into(),
+            headers: vec![
+                ("authorization".into(), "Bearer sk_test_abcdefgh".into()),
+                ("idempotency-key".into(), "k1".into()),
+            ],
+            websocket: false,
+            client_gone: false,
+        }
+    }
+
+    #[test]
+    fn ledger_is_send_and_sync() {
+        fn assert<T: Send + Sync>() {}
+        assert::<Ledger>();
+    }
+
+    #[test]
+    fn appends_chain_and_verify() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, report) = Ledger::open(&path).unwrap();
+        assert_eq!(report.next_seq, 1);
+        assert!(report.torn_tail.is_none() && report.problems.is_empty());
+        assert_eq!(ledger.head(), (0, GENESIS_PREV.to_string()));
+        assert_eq!(ledger.append(session()).unwrap(), 1);
+        assert_eq!(ledger.append(request("/v1/charges")).unwrap(), 2);
+        ledger.sync().unwrap();
+        let read = read(&path).unwrap();
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
+        assert!(read.torn_tail.is_none());
+        assert_eq!(read.lines.len(), 2);
+        assert_eq!(read.lines[0].prev, GENESIS_PREV);
+        let bytes = std::fs::read(&path).unwrap();
+        let first = bytes.split(|&b| b == b'\n').next().unwrap();
+        assert_eq!(read.lines[1].prev, line_hash(first));
+        assert_eq!(ledger.head(), read.head);
+        assert_eq!(read.head.0, 2);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn new_ledger_is_0644() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let _ = Ledger::open(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        // The umask can only take bits away.
+        assert_eq!(mode & !0o644, 0, "mode {mode:o}");
+        assert_ne!(mode & 0o600, 0);
+    }
+
+    #[test]
+    fn secrets_never_reach_the_file() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger
+            .append(request("/v1/keys/sk_live_abcdefgh1234/roll"))
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("sk_live_"), "{text}");
+        assert!(!text.contains("sk_test_"), "{text}");
+        assert!(text.contains("api_key=[redacted]&limit=1"), "{text}");
+        assert!(text.contains(r#"["authorization","[redacted]"]"#), "{text}");
+        assert!(text.contains(r#"["idempotency-key","k1"]"#), "{text}");
+    }
+
+    #[test]
+    fn a_second_writer_is_refused_until_the_first_is_gone() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (first, _) = Ledger::open(&path).unwrap();
+        first.append(session()).unwrap();
+        let Err(err) = Ledger::open(&path) else {
+            panic!("a second writer must be refused")
+        };
+        assert!(matches!(err, LedgerError::Busy { .. }), "{err}");
+        assert!(err.to_string().contains("--state-dir"), "{err}");
+        drop(first);
+        let (second, report) = Ledger::open(&path).unwrap();
+        assert_eq!(report.next_seq, 2);
+        drop(second);
+    }
+
+    #[test]
+    fn reopen_continues_seq_and_chain() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        {
+            let (ledger, _) = Ledger::open(&path).unwrap();
+            ledger.append(session()).unwrap();
+            ledger.append(request("/v1/charges")).unwrap();
+        }
+        let (ledger, report) = Ledger::open(&path).unwrap();
+        assert_eq!(report.next_seq, 3);
+        assert_eq!(ledger.append(session()).unwrap(), 3);
+        let read = read(&path).unwrap();
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
+        let seqs: Vec<u64> = read.lines.iter().map(|l| l.seq).collect();
+        assert_eq!(seqs, [1, 2, 3]);
+    }
+
+    #[test]
+    fn failed_append_leaves_no_partial_line_and_recovers() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger.append(session()).unwrap();
+        let before = std::fs::read(&path).unwrap();
+        ledger.fail_next_write();
+        let err = ledger.append(request("/v1/charges")).unwrap_err();
+        assert!(matches!(err, LedgerError::Write { .. }), "{err:?}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "partial line left behind"
+        );
+        assert_eq!(ledger.head().0, 1);
+        // The disk "recovered": the same seq is used and the chain holds.
+        assert_eq!(ledger.append(request("/v1/charges")).unwrap(), 2);
+        let read = read(&path).unwrap();
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
+        assert!(read.torn_tail.is_none());
+        assert_eq!(read.lines.len(), 2);
+    }
+
+    #[test]
+    fn open_sets_a_torn_tail_aside() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        {
+            let (ledger, _) = Ledger::open(&path).unwrap();
+            ledger.append(session()).unwrap();
+            ledger.append(request("/v1/charges")).unwrap();
+        }
+        let good = std::fs::read(&path).unwrap();
+        let torn = br#"{"v":1,"seq":3,"ts":"2026-11-29T07:28:19.123Z","kind":"req"#;
+        let mut bytes = good.clone();
+        bytes.extend_from_slice(torn);
+        std::fs::write(&path, &bytes).unwrap();
+
+        let (ledger, report) = Ledger::open(&path).unwrap();
+        assert_eq!(
+            report.torn_tail,
+            Some(TornTail {
+                line: 3,
+                bytes: torn.len()
+            })
+        );
+        let saved = report.torn_saved_to.clone().unwrap();
+        assert_eq!(saved, dir.0.join("ledger.jsonl.torn-3"));
+        assert_eq!(std::fs::read(&saved).unwrap(), torn);
+        assert_eq!(std::fs::read(&path).unwrap(), good);
+        assert_eq!(report.next_seq, 3);
+        let mut s = session();
+        if let Entry::Session {
+            recovered_torn_tail,
+            ..
+        } = &mut s
+        {
+            *recovered_torn_tail = report.torn_tail;
+        }
+        assert_eq!(ledger.append(s).unwrap(), 3);
+        let read = read(&path).unwrap();
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
+        match &read.lines[2].entry {
+            Entry::Session {
+                recovered_torn_tail,
+                ..
+            } => assert_eq!(*recovered_torn_tail, report.torn_tail),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_second_torn_tail_with_the_same_seq_is_kept_too() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        std::fs::write(dir.0.join("ledger.jsonl.torn-1"), b"old").unwrap();
+        std::fs::write(&path, b"{\"v\":1").unwrap();
+        let (_ledger, report) = Ledger::open(&path).unwrap();
+        assert_eq!(
+            report.torn_saved_to,
+            Some(dir.0.join("ledger.jsonl.torn-1.1"))
+        );
+        assert_eq!(
+            std::fs::read(dir.0.join("ledger.jsonl.torn-1")).unwrap(),
+            b"old"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"");
+    }
+
+    #[test]
+    fn sync_thread_stops_on_drop() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        for _ in 0..10 {
+            ledger.append(request("/v1/charges")).unwrap();
+        }
+        drop(ledger); // joins the sync thread; a hang here fails the test run
+        assert_eq!(read(&path).unwrap().lines.len(), 10);
+    }
+
+    #[test]
+    fn concurrent_appends_stay_gapless() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        let ledger = Arc::new(ledger);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let l = Arc::clone(&ledger);
+                std::thread::spawn(move || {
+                    for _ in 0..25 {
+                        l.append(request("/v1/charges")).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let read = read(&path).unwrap();
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
+        assert_eq!(read.lines.len(), 100);
+        assert_eq!(read.head.0, 100);
+    }
+
+    /// Polls a future to completion on this thread.
+    fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut fut = std::pin::pin!(fut);
+        loop {
+            if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                return v;
+            }
+            std::thread::park();
+        }
+    }
+
+    #[test]
+    fn many_concurrent_appends_each_get_their_own_seq_and_stay_gapless() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        let ledger = Arc::new(ledger);
+        let (tasks, each) = (64, 50);
+        let threads: Vec<_> = (0..tasks)
+            .map(|t| {
+                let l = Arc::clone(&ledger);
+                std::thread::spawn(move || {
+                    // Queue them all first, so the writer sees crowds.
+                    let pending: Vec<_> = (0..each)
+                        .map(|i| {
+                            (
+                                format!("/t/{t}/{i}"),
+                                l.append_queued(request(&format!("/t/{t}/{i}"))),
+                            )
+                        })
+                        .collect();
+                    pending
+                        .into_iter()
+                        .map(|(p, a)| (p, block_on(a).unwrap()))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut got: Vec<(String, u64)> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let read = read(&path).unwrap();
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
+        assert_eq!(read.lines.len(), tasks * each);
+        got.sort_by_key(|(_, s)| *s);
+        let seqs: Vec<u64> = got.iter().map(|(_, s)| *s).collect();
+        assert_eq!(seqs, (1..=(tasks * each) as u64).collect::<Vec<_>>());
+        // Each caller's seq is the line holding its own entry.
+        for ((path, seq), line) in got.iter().zip(&read.lines) {
+            assert_eq!(line.seq, *seq);
+            match &line.entry {
+                Entry::Request { path: p, .. } => assert_eq!(p, path),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(ledger.counters()["request"], (tasks * each) as u64);
+    }
+
+    #[test]
+    fn a_failed_batch_errors_exactly_its_callers_and_leaves_no_partial_line() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger.append(session()).unwrap();
+        // A batch of three that is written.
+        ledger.pause_writes(true);
+        let ok: Vec<_> = (0..3)
+            .map(|i| ledger.append_queued(request(&format!("/ok/{i}"))))
+            .collect();
+        assert_eq!(ledger.queued(), 3);
+        ledger.pause_writes(false);
+        let ok: Vec<u64> = ok.into_iter().map(|a| a.wait().unwrap()).collect();
+        assert_eq!(ok, [2, 3, 4]);
+        let before = std::fs::read(&path).unwrap();
+        // A batch of four whose write fails half-way.
+        ledger.pause_writes(true);
+        let bad: Vec<_> = (0..4)
+            .map(|i| ledger.append_queued(request(&format!("/bad/{i}"))))
+            .collect();
+        ledger.fail_next_write();
+        ledger.pause_writes(false);
+        for a in bad {
+            let err = a.wait().unwrap_err();
+            assert!(matches!(err, LedgerError::Write { .. }), "{err:?}");
+        }
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "partial line left behind"
+        );
+        assert_eq!(ledger.head().0, 4);
+        // The next one continues the chain with the next seq.
+        assert_eq!(ledger.append(request("/after")).unwrap(), 5);
+        let read = read(&path).unwrap();
+        assert!(
+            read.problems.is_empty() && read.torn_tail.is_none(),
+            "{:?}",
+            read.problems
+        );
+        let paths: Vec<&str> = read
+            .lines
+            .iter()
+            .filter_map(|l| match &l.entry {
+                Entry::Request { path, .. } => Some(path.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(paths, ["/ok/0", "/ok/1", "/ok/2", "/after"]);
+    }
+
+    #[test]
+    fn the_ack_comes_after_the_bytes_are_in_the_file() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        let ledger = Arc::new(ledger);
+        // Others append meanwhile, so acks arrive from crowded batches.
+        let noise: Vec<_> = (0..4)
+            .map(|_| {
+                let l = Arc::clone(&ledger);
+                std::thread::spawn(move || {
+                    for _ in 0..100 {
+                        l.append(request("/noise")).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for i in 0..100 {
+            let mine = format!("/mine/{i}");
+            let seq = if i % 2 == 0 {
+                ledger.append(request(&mine)).unwrap()
+            } else {
+                block_on(ledger.append_queued(request(&mine))).unwrap()
+            };
+            let text = std::fs::read_to_string(&path).unwrap();
+            let line = text
+                .split_inclusive('\n')
+                .find(|l| l.contains(&format!("\"seq\":{seq},")))
+                .unwrap_or_else(|| panic!("seq {seq} not in the file at its ack"));
+            assert!(line.ends_with('\n') && line.contains(&mine), "{line}");
+        }
+        for t in noise {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn the_index_points_at_its_lines_across_reopen() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let n = INDEX_EVERY * 2 + 10;
+        {
+            let (ledger, _) = Ledger::open(&path).unwrap();
+            for _ in 0..n {
+                let _ = ledger.append_queued(request("/x"));
+            }
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        for _ in 0..5 {
+            ledger.append(request("/y")).unwrap();
+        }
+        let bytes_now = std::fs::read(&path).unwrap();
+        assert!(bytes_now.starts_with(&bytes));
+        for since in [
+            0,
+            1,
+            INDEX_EVERY - 1,
+            INDEX_EVERY,
+            INDEX_EVERY + 1,
+            2 * INDEX_EVERY + 3,
+            n + 2,
+        ] {
+            let (offset, len) = ledger.position_after(since);
+            assert_eq!(len, bytes_now.len() as u64);
+            let first: Line = serde_json::from_slice(
+                bytes_now[offset as usize..]
+                    .split(|&b| b == b'\n')
+                    .next()
+                    .unwrap(),
+            )
+            .unwrap();
+            assert!(
+                first.seq <= since + 1,
+                "since {since}: offset of seq {}",
+                first.seq
+            );
+            assert!(
+                since + 1 - first.seq < INDEX_EVERY,
+                "since {since}: seq {}",
+                first.seq
+            );
+        }
+    }
+
+    #[test]
+    fn subscribers_get_every_committed_line_in_order() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        let mut sub = ledger.subscribe();
+        ledger.append(session()).unwrap();
+        ledger.append(request("/v1/charges")).unwrap();
+        let sealer = Sealer::ephemeral().unwrap();
+        let seal = ledger.seal(&sealer, "demand").unwrap();
+        assert_eq!((seal.seq, seal.sealed_seq), (3, 2));
+        assert_eq!(seal.head, ledger.read_head_hash_of(2));
+        // Nothing new since: the head's seal is reused, not appended again.
+        assert_eq!(ledger.seal_head(&sealer, "demand").unwrap(), seal);
+        assert_eq!(ledger.seal_if_unsealed(&sealer, "interval").unwrap(), None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let c = sub.try_recv().unwrap();
+            assert_eq!(c.seq, i as u64 + 1);
+            assert_eq!(&*c.text, line);
+        }
+        assert!(sub.try_recv().is_err());
+        // A failed write is never announced.
+        ledger.fail_next_write();
+        assert!(ledger.append(request("/v1/x")).is_err());
+        assert!(sub.try_recv().is_err());
+    }
+
+    #[test]
+    fn timestamps_are_utc_millis() {
+        let ts = format_ts(time::macros::datetime!(2026-11-29 07:28:19.123456 UTC));
+        assert_eq!(ts, "2026-11-29T07:28:19.123Z");
+        let now = now_rfc3339();
+        assert_eq!(now.len(), 24, "{now}");
+        assert!(now.ends_with('Z'));
+    }
+
+    #[test]
+    fn unknown_kind_is_a_problem_but_chain_continues() {
+        let l1 = r#"{"v":1,"seq":1,"ts":"t","kind":"teleport","sig":"x","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#;
+        let l2 = format!(
+            r#"{{"v":1,"seq":2,"ts":"t","kind":"blocked","host":"x.test","port":443,"tier":"explicit","reason":"strict","prev":"{}"}}"#,
+            line_hash(l1.as_bytes())
+        );
+        let read = read_bytes(format!("{l1}\n{l2}\n").as_bytes());
+        assert_eq!(read.problems.len(), 1, "{:?}", read.problems);
+        assert_eq!(read.problems[0].line, 1);
+        assert_eq!(read.problems[0].what, "unknown kind `teleport`");
+        assert_eq!(read.lines.len(), 1);
+        assert_eq!(read.head.0, 2);
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        for bytes in [
+            &b""[..],
+            b"\n",
+            b"\n\n",
+            b"not json\n",
+            b"[1,2]\n{}",
+            b"{\"v\":1,\"seq\":18446744073709551615}\n{\"seq\":1}\n",
+            b"\xff\xfe\n",
+        ] {
+            let read = read_bytes(bytes);
+            if !bytes.is_empty() {
+                assert!(!read.problems.is_empty() || read.torn_tail.is_some());
+            }
+        }
+    }
+}

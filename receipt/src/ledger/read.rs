@@ -1,0 +1,470 @@
+//! The verifying reader. It walks a ledger line by line from any reader,
+//! holding one line (at most [`MAX_LINE`] bytes) and a few links of chain
+//! state, so its memory does not grow with the file: every line is checked
+//! (JSON, `v`, gapless `seq`, `prev` against the previous line's hash) and
+//! handed to a fold ([`scan`]); defects are reported by 1-based line number.
+//! [`read`] and [`read_bytes`] collect the lines for callers that want them
+//! all. It never panics on bad input.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+use crate::entry::{Line, TornTail, GENESIS_PREV, KINDS, READABLE_VERSIONS};
+use crate::hash::{line_hash, LineHasher};
+
+use super::{LedgerError, LedgerRead, Problem};
+
+/// The longest line the reader parses. The writer never writes a longer one
+/// (it refuses the entry), so a longer line is a problem, not an allocation.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// Problems kept by a streaming scan ([`scan`]); the count stays exact in
+/// [`LedgerRead::problem_count`]. A file of garbage must not cost a
+/// [`Problem`] per line of memory.
+pub const PROBLEM_CAP: usize = 1000;
+
+/// Reads and verifies a ledger file, keeping every line. A missing file is
+/// an empty ledger. Prefer [`scan_file`] with a fold where the lines are
+/// only summarized: this holds the whole history in memory.
+pub fn read(path: &Path) -> Result<LedgerRead, LedgerError> {
+    let mut lines = Vec::new();
+    let mut read = scan_file(path, usize::MAX, |line, _, _| lines.push(line))?;
+    read.lines = lines;
+    Ok(read)
+}
+
+/// Reads and verifies ledger bytes: JSON, `v`, gapless `seq` from 1, and
+/// `prev` against the previous line's hash. Unknown kinds and malformed
+/// lines are problems, never panics.
+pub fn read_bytes(bytes: &[u8]) -> LedgerRead {
+    let mut lines = Vec::new();
+    // Reading from a slice cannot fail.
+    let mut read = scan(bytes, usize::MAX, |line, _, _| lines.push(line)).unwrap_or_default();
+    read.lines = lines;
+    read
+}
+
+/// [`scan`] over a file; a missing file is an empty ledger.
+pub fn scan_file(
+    path: &Path,
+    problem_cap: usize,
+    visit: impl FnMut(Line, &str, u64),
+) -> Result<LedgerRead, LedgerError> {
+    let read_err = |source| LedgerError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::File::open(path) {
+        Ok(f) => scan(f, problem_cap, visit).map_err(read_err),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(scan(&[][..], problem_cap, visit).unwrap_or_default())
+        }
+        Err(e) => Err(read_err(e)),
+    }
+}
+
+/// Verifies a ledger from `reader`, line by line, and hands every line that
+/// parsed to `visit` with its hash and its byte offset in the file. The
+/// result has no `lines`; its problems (the first `problem_cap`, sorted by
+/// line), torn tail, head and good length are those of [`read_bytes`].
+pub fn scan<R: Read>(
+    reader: R,
+    problem_cap: usize,
+    mut visit: impl FnMut(Line, &str, u64),
+) -> std::io::Result<LedgerRead> {
+    let mut lines = LineReader::new(reader);
+    let mut v = Verifier::new(problem_cap);
+    let mut buf = Vec::new();
+    loop {
+        let start = lines.offset();
+        match lines.next_into(&mut buf)? {
+            None => return Ok(v.finish(0)),
+            Some(RawLine::Torn(n)) => return Ok(v.finish(n)),
+            Some(RawLine::Overlong { len, hash }) => v.overlong(hash, len),
+            Some(RawLine::Line) => {
+                if let Some((line, hash)) = v.line(&buf) {
+                    visit(line, &hash, start);
+                }
+            }
+        }
+        v.out.good_len = lines.offset();
+    }
+}
+
+/// What [`LineReader::next_into`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RawLine {
+    /// A complete line, now in the buffer (without its `\n`).
+    Line,
+    /// A complete line longer than [`MAX_LINE`]: its length and hash only.
+    Overlong { len: usize, hash: String },
+    /// Bytes after the last `\n` (a torn tail, or a line being written): how many.
+    Torn(usize),
+}
+
+/// Splits a ledger into lines without ever holding more than [`MAX_LINE`]
+/// bytes of one.
+pub struct LineReader<R> {
+    reader: BufReader<R>,
+    offset: u64,
+}
+
+impl<R: Read> LineReader<R> {
+    pub fn new(reader: R) -> LineReader<R> {
+        LineReader::at(reader, 0)
+    }
+
+    /// A reader already positioned at byte `offset` of the file.
+    pub fn at(reader: R, offset: u64) -> LineReader<R> {
+        LineReader {
+            reader: BufReader::with_capacity(64 * 1024, reader),
+            offset,
+        }
+    }
+
+    /// Byte offset of the next line.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Reads the next line into `buf` (cleared first); `None` at the end.
+    pub fn next_into(&mut self, buf: &mut Vec<u8>) -> std::io::Result<Option<RawLine>> {
+        buf.clear();
+        // Set once the line passed MAX_LINE: its bytes are hashed as they
+        // come and dropped.
+        let mut long: Option<(LineHasher, usize)> = None;
+        loop {
+            let chunk = match self.reader.fill_buf() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if chunk.is_empty() {
+                let n = long.map_or(buf.len(), |(_, n)| n);
+                return Ok((n > 0).then_some(RawLine::Torn(n)));
+            }
+            let (piece, end) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (&chunk[..i], true),
+                None => (chunk, false),
+            };
+            match &mut long {
+                Some((hasher, n)) => {
+                    hasher.update(piece);
+                    *n += piece.len();
+                }
+                None if buf.len() + piece.len() > MAX_LINE => {
+                    let mut hasher = LineHasher::new();
+                    hasher.update(buf);
+                    hasher.update(piece);
+                    long = Some((hasher, buf.len() + piece.len()));
+                    buf.clear();
+                }
+                None => buf.extend_from_slice(piece),
+            }
+            let used = piece.len() + usize::from(end);
+            self.reader.consume(used);
+            if end {
+                return Ok(Some(match long {
+                    Some((hasher, len)) => {
+                        self.offset += len as u64 + 1;
+                        RawLine::Overlong {
+                            len,
+                            hash: hasher.finish(),
+                        }
+                    }
+                    None => {
+                        self.offset += buf.len() as u64 + 1;
+                        RawLine::Line
+                    }
+                }));
+            }
+        }
+    }
+}
+
+/// What one complete line told the chain check.
+struct Link {
+    line: usize,
+    seq: Option<u64>,
+    /// Its `prev` does not match the line before it.
+    broken: bool,
+    /// `seq` differs from the expected one (a gap explains a prev mismatch).
+    gap: bool,
+}
+
+/// The chain state of a scan: the expected seq, the last hash, and the
+/// last two links, since a broken link is blamed on the line before it or
+/// after it (see [`Verifier::judge`]).
+struct Verifier {
+    out: LedgerRead,
+    problem_cap: usize,
+    line_no: usize,
+    expected_seq: u64,
+    last_hash: String,
+    /// The line before `pending`: `(line, seq)`.
+    before: Option<(usize, Option<u64>)>,
+    /// The newest link, judged once the next one is known.
+    pending: Option<Link>,
+    /// The pending link was already explained by the one before it.
+    skip_pending: bool,
+}
+
+impl Verifier {
+    fn new(problem_cap: usize) -> Verifier {
+        Verifier {
+            out: LedgerRead {
+                head: (0, GENESIS_PREV.to_string()),
+                ..LedgerRead::default()
+            },
+            problem_cap,
+            line_no: 0,
+            expected_seq: 1,
+            last_hash: GENESIS_PREV.to_string(),
+            before: None,
+            pending: None,
+            skip_pending: false,
+        }
+    }
+
+    fn problem(&mut self, line: usize, seq: Option<u64>, what: String) {
+        self.out.problem_count += 1;
+        let problems = &mut self.out.problems;
+        problems.push(Problem { line, seq, what });
+        // Problems arrive at most two lines late: sorting and cutting at
+        // twice the cap never drops one that belongs in the first `cap`.
+        if problems.len() >= self.problem_cap.saturating_mul(2) {
+            problems.sort_by_key(|p| p.line);
+            problems.truncate(self.problem_cap);
+        }
+    }
+
+    /// A line longer than [`MAX_LINE`]: a problem; the chain goes on with
+    /// its hash.
+    fn overlong(&mut self, hash: String, len: usize) {
+        self.line_no += 1;
+        let line = self.line_no;
+        self.problem(
+            line,
+            None,
+            format!("line of {len} bytes is longer than the {MAX_LINE}-byte limit"),
+        );
+        self.link(None, None, hash);
+    }
+
+    /// One complete line (without `\n`): the parsed line and its hash, if it
+    /// parsed.
+    fn line(&mut self, raw: &[u8]) -> Option<(Line, String)> {
+        self.line_no += 1;
+        let line_no = self.line_no;
+        let hash = line_hash(raw);
+        let mut parsed = None;
+        let (seq, prev) = if raw.is_empty() {
+            self.problem(line_no, None, "empty line".into());
+            (None, None)
+        } else {
+            match serde_json::from_slice::<Line>(raw) {
+                Ok(line) => {
+                    if !READABLE_VERSIONS.contains(&line.v) {
+                        self.problem(
+                            line_no,
+                            Some(line.seq),
+                            format!("unsupported version v={}", line.v),
+                        );
+                    }
+                    let found = (Some(line.seq), Some(line.prev.clone()));
+                    parsed = Some(line);
+                    found
+                }
+                Err(err) => {
+                    // Keep the chain check going with whatever fields exist.
+                    let value = serde_json::from_slice::<serde_json::Value>(raw).ok();
+                    let obj = value.as_ref().and_then(|v| v.as_object());
+                    let seq = obj.and_then(|o| o.get("seq")).and_then(|s| s.as_u64());
+                    let prev = obj
+                        .and_then(|o| o.get("prev"))
+                        .and_then(|p| p.as_str())
+                        .map(str::to_string);
+                    let what = match obj.and_then(|o| o.get("kind")).and_then(|k| k.as_str()) {
+                        None if obj.is_none() => "not a JSON object".to_string(),
+                        Some(kind) if !KINDS.contains(&kind) => format!("unknown kind `{kind}`"),
+                        _ => format!("malformed line: {err}"),
+                    };
+                    self.problem(line_no, seq, what);
+                    (seq, prev)
+                }
+            }
+        };
+        self.link(seq, prev, hash.clone());
+        parsed.map(|l| (l, hash))
+    }
+
+    fn link(&mut self, seq: Option<u64>, prev: Option<String>, hash: String) {
+        let line = self.line_no;
+        let broken = prev.as_deref().is_some_and(|p| p != self.last_hash);
+        let mut gap = false;
+        match seq {
+            Some(s) if s != self.expected_seq => {
+                gap = true;
+                let what = if s > self.expected_seq {
+                    format!(
+                        "seq gap: expected {}, found {s} ({} line(s) missing)",
+                        self.expected_seq,
+                        s - self.expected_seq
+                    )
+                } else {
+                    format!(
+                        "seq out of order: expected {}, found {s}",
+                        self.expected_seq
+                    )
+                };
+                self.problem(line, Some(s), what);
+                self.expected_seq = s.saturating_add(1);
+            }
+            Some(s) => self.expected_seq = s.saturating_add(1),
+            None => self.expected_seq = self.expected_seq.saturating_add(1),
+        }
+        let link = Link {
+            line,
+            seq,
+            broken,
+            gap,
+        };
+        if let Some(cur) = self.pending.take() {
+            self.judge(cur, Some(&link));
+        }
+        self.pending = Some(link);
+        self.out.head = (seq.unwrap_or(self.expected_seq - 1), hash.clone());
+        self.last_hash = hash;
+    }
+
+    /// Says which line a broken link is to blame on. An edit to line k
+    /// changes its hash, so line k+1's `prev` no longer matches; line k is
+    /// named ("altered"). If line k's own `prev` was edited too, both links
+    /// break and line k is still the one named. A broken link at a seq gap
+    /// is explained by the gap (lines deleted).
+    fn judge(&mut self, cur: Link, next: Option<&Link>) {
+        let skip = std::mem::take(&mut self.skip_pending);
+        if cur.broken && !skip {
+            match self.before {
+                None => self.problem(
+                    cur.line,
+                    cur.seq,
+                    "prev hash mismatch: first line does not start the chain".into(),
+                ),
+                Some(_) if cur.gap => self.problem(
+                    cur.line,
+                    cur.seq,
+                    "prev hash mismatch after the seq gap".into(),
+                ),
+                Some(_) if next.is_some_and(|n| n.broken && !n.gap) => {
+                    self.problem(
+                        cur.line,
+                        cur.seq,
+                        "prev hash mismatch (line altered: next line's prev does not match it either)"
+                            .into(),
+                    );
+                    self.skip_pending = true;
+                }
+                Some((line, seq)) => self.problem(
+                    line,
+                    seq,
+                    format!(
+                        "prev hash mismatch (line altered: its hash does not match line {}'s prev)",
+                        cur.line
+                    ),
+                ),
+            }
+        }
+        self.before = Some((cur.line, cur.seq));
+    }
+
+    fn finish(mut self, torn: usize) -> LedgerRead {
+        if let Some(cur) = self.pending.take() {
+            self.judge(cur, None);
+        }
+        let cap = self.problem_cap;
+        let mut out = self.out;
+        out.problems.sort_by_key(|p| p.line);
+        out.problems.truncate(cap);
+        if torn > 0 {
+            out.torn_tail = Some(TornTail {
+                line: self.line_no + 1,
+                bytes: torn,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small reader buffer makes lines cross chunk boundaries.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            let n = out.len().min(self.0.len()).min(7);
+            out[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_overlong_line_is_a_problem_and_the_chain_goes_on() {
+        let big = "x".repeat(MAX_LINE + 10);
+        let l2 = format!(
+            r#"{{"v":2,"seq":2,"ts":"t","kind":"udp_dropped","packets":1,"prev":"{}"}}"#,
+            line_hash(big.as_bytes())
+        );
+        let bytes = format!("{big}\n{l2}\n");
+        let read = read_bytes(bytes.as_bytes());
+        assert_eq!(read.problems.len(), 1, "{:?}", read.problems);
+        assert_eq!(read.problems[0].line, 1);
+        assert!(read.problems[0].what.contains("longer than"));
+        assert_eq!(read.lines.len(), 1);
+        assert_eq!(read.head, (2, line_hash(l2.as_bytes())));
+        assert_eq!(read.good_len, bytes.len() as u64);
+        // A torn overlong tail is counted, not kept.
+        let torn = format!("{l2}\n{big}");
+        let read = read_bytes(torn.as_bytes());
+        assert_eq!(read.torn_tail.map(|t| t.bytes), Some(big.len()));
+    }
+
+    #[test]
+    fn chunk_boundaries_change_nothing() {
+        let l1 = r#"{"v":1,"seq":1,"ts":"t","kind":"udp_dropped","packets":1,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#;
+        let l2 = format!(
+            r#"{{"v":1,"seq":3,"ts":"t","kind":"udp_dropped","packets":2,"prev":"{}"}}"#,
+            line_hash(b"other")
+        );
+        let text = format!("{l1}\n\nnot json\n{l2}\n{{\"torn");
+        let whole = read_bytes(text.as_bytes());
+        let mut lines = Vec::new();
+        let mut trickled = scan(Trickle(text.as_bytes()), usize::MAX, |l, _, _| {
+            lines.push(l)
+        })
+        .unwrap();
+        trickled.lines = lines;
+        assert_eq!(trickled.problems, whole.problems);
+        assert_eq!(trickled.lines, whole.lines);
+        assert_eq!(trickled.head, whole.head);
+        assert_eq!(trickled.torn_tail, whole.torn_tail);
+        assert_eq!(trickled.good_len, whole.good_len);
+        assert!(!whole.problems.is_empty());
+    }
+
+    #[test]
+    fn a_capped_scan_keeps_the_first_problems_and_counts_all() {
+        let text = "x\n".repeat(50);
+        let read = scan(text.as_bytes(), 3, |_, _, _| {}).unwrap();
+        assert_eq!(read.problems.len(), 3);
+        assert_eq!(read.problems[0].line, 1);
+        assert_eq!(
+            read.problem_count,
+            read_bytes(text.as_bytes()).problems.len()
+        );
+    }
+}

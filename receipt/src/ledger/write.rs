@@ -1,0 +1,871 @@
+//! The writer: one thread owns the file's appends. Callers redact their
+//! entry, queue it and get an [`Appending`] back, a future (or a blocking
+//! [`Appending::wait`]) that resolves once the line was handed to the
+//! kernel. The writer thread takes every line queued at that moment, gives
+//! each its seq, `ts` and `prev`, and writes them with one `write(2)` (group
+//! commit); each caller still gets its own seq, or its own error. A second
+//! thread fsyncs at most every [`SYNC_INTERVAL`] while there are unsynced
+//! writes; an append marks the file dirty and wakes that thread only when it
+//! sleeps with nothing to do, never cutting its pause short.
+//!
+//! Seals and file checks take the same write-side lock directly (they are
+//! rare and need the head they sign), so a seal signs the line right before
+//! it. The writer also keeps what readers ask for without reading the file:
+//! the head, per-kind counters since the newest session line, and a sparse
+//! seq → byte offset index (every [`INDEX_EVERY`] lines).
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::entry::{Entry, Line, LEDGER_VERSION};
+use crate::hash::line_hash;
+use crate::redact;
+use crate::seal::{PublicKeys, SealReport, Sealer};
+
+use super::read::{scan, MAX_LINE, PROBLEM_CAP};
+use super::{
+    aside_path, encode, file_identity, meta_identity, now_rfc3339, save_torn, sync_parent,
+    Committed, LedgerError, OpenReport, SealInfo,
+};
+
+/// How long the sync thread waits between two fsyncs while writes continue.
+const SYNC_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Lines a slow live reader may fall behind before it is told it lagged
+/// (it then re-reads the file from its last seq, so nothing is lost).
+const SUBSCRIBER_BUFFER: usize = 4096;
+
+/// One entry of the seq → offset index per this many lines.
+pub const INDEX_EVERY: u64 = 1024;
+
+/// Write-side state, behind the write lock.
+struct Writer {
+    file: File,
+    next_seq: u64,
+    head_hash: String,
+    /// Length of the file up to the last complete line we know of.
+    good_len: u64,
+    /// The newest seal line written by this writer.
+    last_seal: Option<SealInfo>,
+    /// A failed append may have left bytes past `good_len` that could not
+    /// be truncated yet; the next append truncates first.
+    needs_truncate: bool,
+    /// Device and inode of the file this writer appends to, to notice the
+    /// path being pointed at another file.
+    identity: Option<(u64, u64)>,
+    /// What the writer found done to its file behind its back (sticky).
+    tampered: Option<String>,
+    /// `(seq, offset)` of every [`INDEX_EVERY`]th line, ascending.
+    index: Vec<(u64, u64)>,
+    /// Lines per kind since (and with) the newest session line.
+    counters: BTreeMap<&'static str, u64>,
+    /// The batch being written, kept to reuse its allocation.
+    buf: Vec<u8>,
+    #[cfg(test)]
+    fail_next_write: bool,
+}
+
+/// Lines waiting for the writer thread.
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Job>,
+    /// The writer thread waits for work (only then does a push wake it).
+    idle: bool,
+    shutdown: bool,
+    /// Tests hold the writer thread back to queue a known batch.
+    #[cfg(test)]
+    paused: bool,
+}
+
+struct Job {
+    entry: Entry,
+    ack: Arc<AckSlot>,
+}
+
+#[derive(Default)]
+struct SyncState {
+    dirty: bool,
+    /// The sync thread waits for a dirty file (only then is it woken).
+    idle: bool,
+    shutdown: bool,
+}
+
+struct Shared {
+    writer: Mutex<Writer>,
+    queue: Mutex<Queue>,
+    work: Condvar,
+    sync_state: Mutex<SyncState>,
+    /// Wakes the sync thread when it waits for a dirty file.
+    dirty: Condvar,
+    /// Ends the sync thread's pause; notified on shutdown only.
+    stop: Condvar,
+    /// A second handle to the same file, so fsync never holds the write lock.
+    sync_file: File,
+    path: PathBuf,
+    /// Every committed line, for live readers (admin `/events`).
+    committed: tokio::sync::broadcast::Sender<Committed>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock cannot leave the state worse than a
+    // failed append, which the next append repairs.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        lock(&self.writer)
+    }
+
+    fn sync_now(&self) -> Result<(), LedgerError> {
+        self.sync_file
+            .sync_data()
+            .map_err(|source| LedgerError::Sync {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Marks the file dirty; wakes the sync thread only if it sleeps idle.
+    fn mark_dirty(&self) {
+        let mut st = lock(&self.sync_state);
+        st.dirty = true;
+        if st.idle {
+            self.dirty.notify_one();
+        }
+    }
+}
+
+/// The answer to one queued append.
+#[derive(Default)]
+struct AckSlot {
+    state: Mutex<AckState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct AckState {
+    result: Option<Result<u64, LedgerError>>,
+    waker: Option<Waker>,
+}
+
+impl AckSlot {
+    fn complete(&self, result: Result<u64, LedgerError>) {
+        let waker = {
+            let mut st = lock(&self.state);
+            st.result = Some(result);
+            st.waker.take()
+        };
+        self.done.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// A queued append: resolves to the line's seq once its bytes were handed
+/// to the kernel, or to the error that kept them out of the file (nothing
+/// of the line is left in it then). Dropping it does not cancel the append.
+#[must_use = "the line is written either way; await or wait for it to know it was"]
+pub struct Appending(Arc<AckSlot>);
+
+impl Appending {
+    /// Blocks the calling thread until the line is written. For threads
+    /// that are not async workers.
+    pub fn wait(self) -> Result<u64, LedgerError> {
+        let mut st = lock(&self.0.state);
+        loop {
+            if let Some(r) = st.result.take() {
+                return r;
+            }
+            st = self.0.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Future for Appending {
+    type Output = Result<u64, LedgerError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = lock(&self.0.state);
+        if let Some(r) = st.result.take() {
+            return Poll::Ready(r);
+        }
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl std::fmt::Debug for Appending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Appending").finish_non_exhaustive()
+    }
+}
+
+/// The append-only writer. `Send + Sync`; appends are serialized by its
+/// writer thread.
+pub struct Ledger {
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+    syncer: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("path", &self.shared.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the open scan found beyond [`OpenReport`]: the seals' verdict with
+/// the keys asked about, and the last line's seq.
+struct Found {
+    seals: SealReport,
+    last_seq: Option<u64>,
+    head: (u64, String),
+}
+
+impl Ledger {
+    /// Opens or creates the ledger (mode 0644), finds the head (last seq and
+    /// line hash), moves a torn last line aside into `<path>.torn-<seq>`
+    /// (kept, never deleted) and reports it, and starts the writer and sync
+    /// threads. The file is read once, a line at a time.
+    pub fn open(path: &Path) -> Result<(Ledger, OpenReport), LedgerError> {
+        Ledger::open_checking(path, None).map(|(l, r, _)| (l, r))
+    }
+
+    fn open_checking(
+        path: &Path,
+        own: Option<&PublicKeys>,
+    ) -> Result<(Ledger, OpenReport, Found), LedgerError> {
+        let open_err = |source| LedgerError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let read_err = |source| LedgerError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut opts = OpenOptions::new();
+        opts.read(true).append(true).create(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o644);
+        }
+        let existed = path.exists();
+        let mut file = opts.open(path).map_err(open_err)?;
+        // One writer per ledger: an advisory lock held for the writer's lifetime
+        // (released by the kernel if the process dies).
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(LedgerError::Busy {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(open_err(e)),
+        }
+        if !existed {
+            sync_parent(path);
+        }
+        let mut index = Vec::new();
+        let mut counters = BTreeMap::new();
+        let mut seals = SealReport::default();
+        let mut last_seq = None;
+        let read = scan(&file, PROBLEM_CAP, |line, _, offset| {
+            if line.seq % INDEX_EVERY == 1 && index.last().is_none_or(|(s, _)| *s < line.seq) {
+                index.push((line.seq, offset));
+            }
+            count(&mut counters, line.entry.kind());
+            if let Some(keys) = own {
+                seals.check(&line, keys);
+            }
+            last_seq = Some(line.seq);
+        })
+        .map_err(read_err)?;
+        let next_seq = read.head.0.saturating_add(1);
+        let mut torn_saved_to = None;
+        if read.torn_tail.is_some() {
+            file.seek(SeekFrom::Start(read.good_len))
+                .map_err(read_err)?;
+            let saved = save_torn(path, next_seq, &mut file)?;
+            file.set_len(read.good_len).map_err(open_err)?;
+            file.sync_all().map_err(open_err)?;
+            tracing::warn!(
+                ledger = %path.display(),
+                saved = %saved.display(),
+                "ledger had a torn last line; moved it aside"
+            );
+            torn_saved_to = Some(saved);
+        }
+        if let Some(p) = read.first_problem() {
+            tracing::warn!(ledger = %path.display(), problem = %p, problems = read.problem_count, "existing ledger does not verify");
+        }
+        let sync_file = file.try_clone().map_err(open_err)?;
+        let identity = file_identity(&file);
+        let shared = Arc::new(Shared {
+            writer: Mutex::new(Writer {
+                file,
+                next_seq,
+                head_hash: read.head.1.clone(),
+                good_len: read.good_len,
+                last_seal: None,
+                needs_truncate: false,
+                identity,
+                tampered: None,
+                index,
+                counters,
+                buf: Vec::new(),
+                #[cfg(test)]
+                fail_next_write: false,
+            }),
+            queue: Mutex::new(Queue::default()),
+            work: Condvar::new(),
+            sync_state: Mutex::new(SyncState::default()),
+            dirty: Condvar::new(),
+            stop: Condvar::new(),
+            sync_file,
+            path: path.to_path_buf(),
+            committed: tokio::sync::broadcast::channel(SUBSCRIBER_BUFFER).0,
+        });
+        let bg = Arc::clone(&shared);
+        let syncer = std::thread::Builder::new()
+            .name("veris-ledger-sync".into())
+            .spawn(move || sync_loop(&bg))
+            .map_err(open_err)?;
+        let mut ledger = Ledger {
+            shared: Arc::clone(&shared),
+            writer: None,
+            syncer: Some(syncer),
+        };
+        let bg = Arc::clone(&shared);
+        ledger.writer = Some(
+            std::thread::Builder::new()
+                .name("veris-ledger-write".into())
+                .spawn(move || write_loop(&bg))
+                .map_err(open_err)?,
+        );
+        let found = Found {
+            seals,
+            last_seq,
+            head: read.head.clone(),
+        };
+        let report = OpenReport {
+            next_seq,
+            torn_tail: read.torn_tail,
+            torn_saved_to,
+            problems: read.problems,
+            moved_aside: None,
+        };
+        Ok((ledger, report, found))
+    }
+
+    /// Opens the ledger like [`Ledger::open`], but continues an existing file
+    /// only when this proxy can vouch for all of it: an intact chain whose
+    /// seals all verify with `own` and whose last line is such a seal.
+    /// Anything else (a chain break, an unsealed tail, no seals, another
+    /// key) is moved aside to `<path>.moved-<n>` (kept, readable) and a new
+    /// chain starts; the report names the moved file and its head, for the
+    /// session line (DESIGN §7a.4). A proxy never seals over history it did
+    /// not write. The file is read once, a line at a time.
+    pub fn open_sealed_by(
+        path: &Path,
+        own: &PublicKeys,
+    ) -> Result<(Ledger, OpenReport), LedgerError> {
+        let (ledger, report, found) = Ledger::open_checking(path, Some(own))?;
+        let why = match report.problems.first() {
+            Some(p) => Some(format!("chain broken at {p}")),
+            None => super::unsealed_tail(&found.seals, found.last_seq),
+        };
+        let Some(why) = why else {
+            return Ok((ledger, report));
+        };
+        drop(ledger);
+        let to = aside_path(path);
+        std::fs::rename(path, &to).map_err(|source| LedgerError::MoveAside {
+            path: path.to_path_buf(),
+            to: to.clone(),
+            source,
+        })?;
+        sync_parent(path);
+        tracing::warn!(ledger = %path.display(), moved_to = %to.display(), %why, "existing ledger cannot be verified with this proxy's key; moved it aside and starting a new chain");
+        let (ledger, mut fresh) = Ledger::open(path)?;
+        fresh.torn_tail = report.torn_tail;
+        fresh.torn_saved_to = report.torn_saved_to;
+        fresh.moved_aside = Some(Box::new(crate::entry::MovedAside {
+            file: to.display().to_string(),
+            head_seq: found.head.0,
+            head_hash: found.head.1,
+            why,
+        }));
+        Ok((ledger, fresh))
+    }
+
+    /// Redacts the entry (on the caller's thread) and queues it for the
+    /// writer thread, which assigns `seq`, `ts` and `prev` and writes it.
+    /// The returned [`Appending`] resolves once the kernel has the line. On
+    /// failure nothing of the line is left in the file and the error is
+    /// returned; the next append retries normally.
+    pub fn append_queued(&self, entry: Entry) -> Appending {
+        let entry = redact::entry(entry);
+        let ack = Arc::new(AckSlot::default());
+        let mut q = lock(&self.shared.queue);
+        if q.shutdown {
+            drop(q);
+            ack.complete(Err(
+                self.write_error(std::io::Error::other("the ledger writer has stopped"))
+            ));
+            return Appending(ack);
+        }
+        q.jobs.push(Job {
+            entry,
+            ack: Arc::clone(&ack),
+        });
+        let wake = q.idle;
+        drop(q);
+        if wake {
+            self.shared.work.notify_one();
+        }
+        Appending(ack)
+    }
+
+    /// [`Ledger::append_queued`], waiting on this thread for the line to be
+    /// written. Returns its seq.
+    pub fn append(&self, entry: Entry) -> Result<u64, LedgerError> {
+        self.append_queued(entry).wait()
+    }
+
+    fn write_error(&self, source: std::io::Error) -> LedgerError {
+        LedgerError::Write {
+            path: self.shared.path.clone(),
+            source,
+        }
+    }
+
+    /// Appends a seal over the current head (whatever line is last, a seal
+    /// included) and returns it. `reason`: `interval`, `shutdown`, `demand`.
+    pub fn seal(&self, sealer: &Sealer, reason: &str) -> Result<SealInfo, LedgerError> {
+        let w = self.shared.writer();
+        self.seal_locked(w, sealer, reason)
+    }
+
+    /// Appends a seal only when lines were written since this writer's last
+    /// seal (or it never sealed and the ledger is not empty): the interval
+    /// timer's call, so an idle proxy writes nothing.
+    pub fn seal_if_unsealed(
+        &self,
+        sealer: &Sealer,
+        reason: &str,
+    ) -> Result<Option<SealInfo>, LedgerError> {
+        let w = self.shared.writer();
+        let head = w.next_seq - 1;
+        if head == 0 || w.last_seal.as_ref().is_some_and(|s| s.seq == head) {
+            return Ok(None);
+        }
+        self.seal_locked(w, sealer, reason).map(Some)
+    }
+
+    fn seal_locked(
+        &self,
+        mut w: MutexGuard<'_, Writer>,
+        sealer: &Sealer,
+        reason: &str,
+    ) -> Result<SealInfo, LedgerError> {
+        self.check_file(&mut w)?;
+        let sealed_seq = w.next_seq - 1;
+        let head = w.head_hash.clone();
+        let signature = sealer.sign(sealed_seq, &head);
+        let entry = Entry::Seal {
+            sealed_seq,
+            signature: signature.clone(),
+            key_id: sealer.key_id().to_string(),
+            reason: reason.to_string(),
+        };
+        let seq = w.append_now(&self.shared, entry)?;
+        let info = SealInfo {
+            seq,
+            sealed_seq,
+            head,
+            signature,
+            key_id: sealer.key_id().to_string(),
+            reason: reason.to_string(),
+            line_hash: w.head_hash.clone(),
+            tampered: w.tampered.clone(),
+        };
+        w.last_seal = Some(info.clone());
+        Ok(info)
+    }
+
+    /// A seal over the current head: the last one this writer appended when
+    /// nothing was written since, else a new one. As strong as a new seal
+    /// for a reader (the file must still hold a valid seal at `seq`, and a
+    /// file cut before it fails), without growing an idle ledger each time a
+    /// dashboard polls.
+    pub fn seal_head(&self, sealer: &Sealer, reason: &str) -> Result<SealInfo, LedgerError> {
+        let mut w = self.shared.writer();
+        self.check_file(&mut w)?;
+        let head = w.next_seq - 1;
+        if let Some(last) = w.last_seal.as_ref().filter(|s| s.seq == head) {
+            return Ok(last.clone());
+        }
+        self.seal_locked(w, sealer, reason)
+    }
+
+    /// What this writer found done to its file behind its back, if anything.
+    pub fn tampered(&self) -> Option<String> {
+        self.shared.writer().tampered.clone()
+    }
+
+    /// Looks for the file being replaced, cut or extended by someone else
+    /// (the workload may share the proxy's uid). A finding is recorded once
+    /// as a `tamper` line in this writer's own chain, kept for every later
+    /// seal ([`SealInfo::tampered`]) and logged; the reader of a live proxy
+    /// then fails the receipt even where the file looks whole.
+    fn check_file(&self, w: &mut Writer) -> Result<(), LedgerError> {
+        let path = &self.shared.path;
+        let finding = match std::fs::metadata(path) {
+            Err(e) => Some((
+                "replaced",
+                format!(
+                    "the ledger path no longer names the proxy's file ({})",
+                    e.kind()
+                ),
+            )),
+            Ok(meta) if w.identity.is_some() && meta_identity(&meta) != w.identity => Some((
+                "replaced",
+                "another file was put at the ledger path while the proxy wrote to its own".into(),
+            )),
+            Ok(_) => match w.file.metadata().map(|m| m.len()) {
+                Ok(len) if len < w.good_len => Some((
+                    "cut",
+                    format!(
+                        "the ledger file was cut to {len} bytes; the proxy had written {}",
+                        w.good_len
+                    ),
+                )),
+                Ok(len) if len > w.good_len && !w.needs_truncate => Some((
+                    "extended",
+                    format!(
+                        "{} byte(s) the proxy did not write were added to the ledger file",
+                        len - w.good_len
+                    ),
+                )),
+                _ => None,
+            },
+        };
+        let Some((what, detail)) = finding else {
+            return Ok(());
+        };
+        if w.tampered.is_some() {
+            return Ok(());
+        }
+        tracing::error!(ledger = %path.display(), what, %detail, "the ledger file was changed behind the proxy's back");
+        w.tampered = Some(format!("{what}: {detail}"));
+        if what != "replaced" {
+            // Appends land at the file's end (O_APPEND): track that end, so
+            // a failed write truncates back to it and nothing else.
+            w.good_len = w.file.metadata().map(|m| m.len()).unwrap_or(w.good_len);
+        }
+        let entry = Entry::Tamper {
+            what: what.to_string(),
+            detail,
+        };
+        w.append_now(&self.shared, entry).map(|_| ())
+    }
+
+    /// Every line committed from now on, in seq order. A receiver that falls
+    /// more than a few thousand lines behind gets `Lagged` and should re-read
+    /// the file from the last seq it saw.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Committed> {
+        self.shared.committed.subscribe()
+    }
+
+    /// Fsyncs now.
+    pub fn sync(&self) -> Result<(), LedgerError> {
+        self.shared.sync_now()
+    }
+
+    /// The ledger file.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// Last written seq (0 when empty) and that line's hash.
+    pub fn head(&self) -> (u64, String) {
+        let w = self.shared.writer();
+        (w.next_seq - 1, w.head_hash.clone())
+    }
+
+    /// Lines per kind since (and with) the newest session line in the file.
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        let w = self.shared.writer();
+        w.counters
+            .iter()
+            .map(|(k, n)| (k.to_string(), *n))
+            .collect()
+    }
+
+    /// Where to start reading for the lines after `since`: a byte offset at
+    /// or before the first line with a greater seq (from the sparse index;
+    /// the reader checks the seq of what it finds there), and the length of
+    /// the file up to the writer's last complete line.
+    pub fn position_after(&self, since: u64) -> (u64, u64) {
+        let w = self.shared.writer();
+        let i = w
+            .index
+            .partition_point(|(s, _)| *s <= since.saturating_add(1));
+        let offset = i.checked_sub(1).map_or(0, |i| w.index[i].1);
+        (offset, w.good_len)
+    }
+
+    /// The hash of line `seq` as read back from the file.
+    #[cfg(test)]
+    pub(super) fn read_head_hash_of(&self, seq: u64) -> String {
+        let bytes = std::fs::read(&self.shared.path).unwrap_or_default();
+        let line = bytes
+            .split(|&b| b == b'\n')
+            .nth(seq as usize - 1)
+            .unwrap_or(&[]);
+        line_hash(line)
+    }
+
+    /// Makes the next write fail after writing half its bytes.
+    #[cfg(test)]
+    pub(super) fn fail_next_write(&self) {
+        self.shared.writer().fail_next_write = true;
+    }
+
+    /// Holds queued lines back from the writer thread (`true`), or lets
+    /// them go as one batch (`false`).
+    #[cfg(test)]
+    pub(super) fn pause_writes(&self, paused: bool) {
+        lock(&self.shared.queue).paused = paused;
+        self.shared.work.notify_all();
+    }
+
+    /// Lines queued and not yet taken by the writer thread.
+    #[cfg(test)]
+    pub(super) fn queued(&self) -> usize {
+        lock(&self.shared.queue).jobs.len()
+    }
+}
+
+impl Queue {
+    #[cfg(test)]
+    fn held(&self) -> bool {
+        self.paused
+    }
+
+    #[cfg(not(test))]
+    fn held(&self) -> bool {
+        false
+    }
+}
+
+fn count(counters: &mut BTreeMap<&'static str, u64>, kind: &'static str) {
+    if kind == "session" {
+        counters.clear();
+    }
+    *counters.entry(kind).or_default() += 1;
+}
+
+impl Writer {
+    /// Writes one line now, on this thread (seals and tamper lines).
+    fn append_now(&mut self, shared: &Shared, entry: Entry) -> Result<u64, LedgerError> {
+        let slot = Arc::new(AckSlot::default());
+        self.commit(
+            shared,
+            vec![Job {
+                entry,
+                ack: Arc::clone(&slot),
+            }],
+        );
+        Appending(slot).wait()
+    }
+
+    /// Gives each job its seq, `ts` and `prev`, writes them all with one
+    /// `write_all`, and answers each job. A failed write truncates the file
+    /// back to the last good length: none of the batch is in the file, and
+    /// every job of it gets the error.
+    fn commit(&mut self, shared: &Shared, jobs: Vec<Job>) {
+        let path = &shared.path;
+        let write_err = |source: &std::io::Error| LedgerError::Write {
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        };
+        if self.needs_truncate {
+            if let Err(e) = self.file.set_len(self.good_len) {
+                for job in jobs {
+                    job.ack.complete(Err(write_err(&e)));
+                }
+                return;
+            }
+            self.needs_truncate = false;
+            tracing::info!(ledger = %path.display(), "ledger writable again");
+        }
+        let ts = now_rfc3339();
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let (mut seq, mut head) = (self.next_seq, self.head_hash.clone());
+        // (ack, seq, text, offset, kind)
+        let mut written = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let line = Line {
+                v: LEDGER_VERSION,
+                seq,
+                ts: ts.clone(),
+                entry: job.entry,
+                prev: head,
+            };
+            let text = match encode(&line) {
+                Ok(t) if t.len() <= MAX_LINE => t,
+                Ok(t) => {
+                    job.ack
+                        .complete(Err(write_err(&std::io::Error::other(format!(
+                            "a line of {} bytes is longer than the {MAX_LINE}-byte limit",
+                            t.len()
+                        )))));
+                    head = line.prev;
+                    continue;
+                }
+                Err(e) => {
+                    job.ack.complete(Err(e));
+                    head = line.prev;
+                    continue;
+                }
+            };
+            let offset = self.good_len + buf.len() as u64;
+            buf.extend_from_slice(text.as_bytes());
+            buf.push(b'\n');
+            head = line_hash(text.as_bytes());
+            written.push((job.ack, seq, text, offset, line.entry.kind()));
+            seq = seq.saturating_add(1);
+        }
+        if written.is_empty() {
+            self.buf = buf;
+            return;
+        }
+        if let Err(source) = self.write_batch(&buf) {
+            if let Err(e) = self.file.set_len(self.good_len) {
+                self.needs_truncate = true;
+                tracing::error!(ledger = %path.display(), error = %e, "could not truncate ledger after a failed write; will retry");
+            }
+            tracing::error!(ledger = %path.display(), error = %source, lines = written.len(), first_seq = self.next_seq, "ledger write failed");
+            for (ack, ..) in written {
+                ack.complete(Err(write_err(&source)));
+            }
+            self.buf = buf;
+            return;
+        }
+        self.good_len += buf.len() as u64;
+        self.head_hash = head;
+        self.next_seq = seq;
+        for (ack, seq, text, offset, kind) in written {
+            if seq % INDEX_EVERY == 1 {
+                self.index.push((seq, offset));
+            }
+            count(&mut self.counters, kind);
+            // Sent under the lock so live readers see lines in seq order; no
+            // receiver is not an error.
+            let _ = shared.committed.send(Committed {
+                seq,
+                text: Arc::from(text),
+            });
+            ack.complete(Ok(seq));
+        }
+        self.buf = buf;
+        shared.mark_dirty();
+    }
+
+    fn write_batch(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_write) {
+            self.file.write_all(&buf[..buf.len() / 2])?;
+            return Err(std::io::Error::other("injected write failure"));
+        }
+        self.file.write_all(buf)
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.work.notify_all();
+        if let Some(handle) = self.writer.take() {
+            let _ = handle.join();
+        }
+        lock(&self.shared.sync_state).shutdown = true;
+        self.shared.dirty.notify_all();
+        self.shared.stop.notify_all();
+        if let Some(handle) = self.syncer.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Takes every queued line and commits them as one batch, until shutdown
+/// (after writing what was queued before it).
+fn write_loop(shared: &Shared) {
+    let mut jobs = Vec::new();
+    loop {
+        {
+            let mut q = lock(&shared.queue);
+            while (q.jobs.is_empty() || q.held()) && !q.shutdown {
+                q.idle = true;
+                q = shared.work.wait(q).unwrap_or_else(|e| e.into_inner());
+                q.idle = false;
+            }
+            if q.jobs.is_empty() {
+                return;
+            }
+            std::mem::swap(&mut jobs, &mut q.jobs);
+        }
+        let batch = std::mem::take(&mut jobs);
+        shared.writer().commit(shared, batch);
+    }
+}
+
+/// Fsyncs while there are unsynced writes, at most once per
+/// [`SYNC_INTERVAL`]; a final fsync on shutdown.
+fn sync_loop(shared: &Shared) {
+    loop {
+        let mut st = lock(&shared.sync_state);
+        while !st.dirty && !st.shutdown {
+            st.idle = true;
+            st = shared.dirty.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.idle = false;
+        }
+        let shutdown = st.shutdown;
+        let dirty = std::mem::take(&mut st.dirty);
+        drop(st);
+        if dirty {
+            if let Err(e) = shared.sync_now() {
+                tracing::error!(ledger = %shared.path.display(), error = %e, "ledger fsync failed");
+                // Try again on the next round rather than forget the writes.
+                lock(&shared.sync_state).dirty = true;
+            }
+        }
+        if shutdown {
+            return;
+        }
+        // Batch: writes arriving during the pause share the next fsync.
+        // Appends do not notify `stop`, so only shutdown ends it early.
+        let st = lock(&shared.sync_state);
+        let _ = shared
+            .stop
+            .wait_timeout_while(st, SYNC_INTERVAL, |s| !s.shutdown);
+    }
+}
