@@ -257,16 +257,28 @@ impl Router {
 }
 
 /// Lower-cases, strips a port and IPv6 brackets, and a trailing dot.
+/// Idempotent: the proxy normalizes a leg's host once and routing does it
+/// again, so both must see the same name. Brackets come off only an IPv6
+/// literal; `[:x.localhost]` stays as written (no name, no address: it
+/// routes nowhere) rather than becoming `:x.localhost`, which a second pass
+/// would cut to the empty name while the dialer took it for loopback.
 pub fn normalize_host(host: &str) -> String {
     let host = host.trim();
     let bare = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or(rest)
+        let inside = rest.split(']').next().unwrap_or(rest);
+        if inside.parse::<std::net::Ipv6Addr>().is_ok() {
+            inside
+        } else {
+            // Up to and including the closing bracket; a port after it goes.
+            &host[..host.find(']').map_or(host.len(), |i| i + 1)]
+        }
     } else if host.matches(':').count() == 1 {
         host.split(':').next().unwrap_or(host)
     } else {
         host
     };
-    bare.trim_end_matches('.').to_ascii_lowercase()
+    bare.trim_end_matches(|c: char| c == '.' || c.is_whitespace())
+        .to_ascii_lowercase()
 }
 
 /// `localhost`, `*.localhost` and loopback literals.
@@ -559,5 +571,31 @@ mod tests {
         assert_eq!(normalize_host("[2001:db8::1]:443"), "2001:db8::1");
         assert_eq!(normalize_host("2001:db8::1"), "2001:db8::1");
         assert_eq!(normalize_host("203.0.113.9:80"), "203.0.113.9");
+    }
+
+    /// Found by the connect_target fuzz target: `CONNECT [:51.localhost]:99`
+    /// was `:51.localhost` to the dialer (loopback) and, normalized a second
+    /// time by routing, the empty name (unmapped, so passed through by mode
+    /// rather than as loopback).
+    #[test]
+    fn normalize_host_is_idempotent_and_brackets_only_come_off_addresses() {
+        for raw in [
+            "[:51.localhost]:99",
+            "[:api.stripe.com]",
+            "[x",
+            "[::1.]",
+            "[fe80::1%25eth0]:443",
+            "a :80",
+            "A.B.:1",
+            "x. .",
+            ":51.localhost",
+            "[2001:db8::1]:443",
+        ] {
+            let once = normalize_host(raw);
+            assert_eq!(normalize_host(&once), once, "{raw:?}");
+        }
+        assert_eq!(normalize_host("[:51.localhost]:99"), "[:51.localhost]");
+        assert!(!is_loopback(&normalize_host("[:51.localhost]:99")));
+        assert_eq!(normalize_host("[::1]:443"), "::1");
     }
 }

@@ -214,7 +214,8 @@ pub struct Events {
 impl Events {
     /// The next ledger lines: waits for at least one event, returns every
     /// event that arrived with it. Events whose data is not a ledger line
-    /// (other event types, a future format) are skipped and counted in `bad`.
+    /// (other event types, a future format) or that are over [`MAX_EVENT`]
+    /// are skipped and counted in `bad`.
     pub async fn next_batch(&mut self) -> Result<(Vec<Line>, usize), AdminError> {
         loop {
             let frame = match tokio::time::timeout(IDLE_TIMEOUT, self.body.frame()).await {
@@ -225,12 +226,14 @@ impl Events {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
+            let skipped = self.parser.oversized();
             let events = self.parser.feed(&data);
-            if events.is_empty() {
+            let skipped = self.parser.oversized() - skipped;
+            if events.is_empty() && skipped == 0 {
                 continue;
             }
             let mut lines = Vec::with_capacity(events.len());
-            let mut bad = 0;
+            let mut bad = skipped;
             for ev in events {
                 match serde_json::from_str::<Line>(&ev.data) {
                     Ok(line) => lines.push(line),
@@ -250,10 +253,17 @@ pub struct SseEvent {
     pub data: String,
 }
 
+/// The most bytes one event may hold (a line, or an event's data lines
+/// together). A ledger line is far smaller; a stream that sends more (a
+/// line that never ends) is not buffered without bound: the event is
+/// skipped and counted ([`SseParser::oversized`]).
+pub const MAX_EVENT: usize = 8 << 20;
+
 /// The text/event-stream framing (WHATWG HTML §9.2): fields per line,
 /// `data` lines joined by `\n`, an empty line dispatches, `:` lines are
 /// comments (keep-alives), `\r\n`, `\r` and `\n` all end a line.
-#[derive(Debug, Default)]
+/// Bounded: at most about twice its limit is held, however the stream runs.
+#[derive(Debug)]
 pub struct SseParser {
     buf: Vec<u8>,
     id: Option<String>,
@@ -261,9 +271,46 @@ pub struct SseParser {
     data: Option<String>,
     /// A `\r` ended the previous chunk: a `\n` opening this one belongs to it.
     after_cr: bool,
+    limit: usize,
+    /// The line being read is over the limit: its bytes are dropped.
+    long_line: bool,
+    /// The event being read went over the limit: it will not be dispatched.
+    skipping: bool,
+    oversized: usize,
+}
+
+impl Default for SseParser {
+    fn default() -> SseParser {
+        SseParser::with_limit(MAX_EVENT)
+    }
 }
 
 impl SseParser {
+    /// A parser that skips events (and lines) longer than `limit` bytes.
+    pub fn with_limit(limit: usize) -> SseParser {
+        SseParser {
+            buf: Vec::new(),
+            id: None,
+            event: None,
+            data: None,
+            after_cr: false,
+            limit,
+            long_line: false,
+            skipping: false,
+            oversized: 0,
+        }
+    }
+
+    /// Events skipped so far because they were over the limit.
+    pub fn oversized(&self) -> usize {
+        self.oversized
+    }
+
+    /// Bytes held for the line and event being read.
+    pub fn held(&self) -> usize {
+        self.buf.len() + self.data.as_ref().map_or(0, String::len)
+    }
+
     /// Feeds bytes; returns the events they completed.
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();
@@ -279,7 +326,11 @@ impl SseParser {
             if b == b'\n' || b == b'\r' {
                 let mut line = std::mem::take(&mut self.buf);
                 line.extend_from_slice(&chunk[start..i]);
-                self.line(&line, &mut out);
+                if std::mem::take(&mut self.long_line) || line.len() > self.limit {
+                    self.skip_event();
+                } else {
+                    self.line(&line, &mut out);
+                }
                 if b == b'\r' {
                     if i + 1 < chunk.len() {
                         if chunk[i + 1] == b'\n' {
@@ -293,13 +344,29 @@ impl SseParser {
             }
             i += 1;
         }
-        self.buf.extend_from_slice(&chunk[start..]);
+        let rest = &chunk[start..];
+        if self.long_line || self.buf.len() + rest.len() > self.limit {
+            // A line that does not end within the limit: drop what came.
+            self.long_line = true;
+            self.buf = Vec::new();
+        } else {
+            self.buf.extend_from_slice(rest);
+        }
         out
+    }
+
+    /// The event being read is over the limit: drop it whole.
+    fn skip_event(&mut self) {
+        self.skipping = true;
+        self.data = None;
+        self.event = None;
     }
 
     fn line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
         if line.is_empty() {
-            if let Some(data) = self.data.take() {
+            if std::mem::take(&mut self.skipping) {
+                self.oversized += 1;
+            } else if let Some(data) = self.data.take() {
                 out.push(SseEvent {
                     id: self.id.clone(),
                     event: self.event.take(),
@@ -307,6 +374,9 @@ impl SseParser {
                 });
             }
             self.event = None;
+            return;
+        }
+        if self.skipping {
             return;
         }
         if line[0] == b':' {
@@ -318,6 +388,10 @@ impl SseParser {
             None => (line.as_ref(), ""),
         };
         match field {
+            // Measured after the lossy decoding, which may triple the bytes.
+            "data" if self.data.as_ref().map_or(0, |d| d.len() + 1) + value.len() > self.limit => {
+                self.skip_event()
+            }
             "data" => match &mut self.data {
                 Some(d) => {
                     d.push('\n');
@@ -360,6 +434,34 @@ mod tests {
                 "split at {split}"
             );
         }
+    }
+
+    #[test]
+    fn events_over_the_limit_are_skipped_and_memory_stays_bounded() {
+        let mut p = SseParser::with_limit(64);
+        let long = "x".repeat(100);
+        let stream = format!(
+            "data: {long}\n\ndata: a\ndata: {}\ndata: b\n\nid: 7\ndata: ok\n\n",
+            "y".repeat(60)
+        );
+        let got = p.feed(stream.as_bytes());
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(
+            (got[0].id.as_deref(), got[0].data.as_str()),
+            (Some("7"), "ok")
+        );
+        assert_eq!(p.oversized(), 2);
+        // A line that never ends: fed 1 MB, the parser holds at most its limit.
+        let mut p = SseParser::with_limit(64);
+        for _ in 0..1024 {
+            assert!(p.feed(&[b'z'; 1024]).is_empty());
+            assert!(p.held() <= 64, "{}", p.held());
+        }
+        assert!(p
+            .feed(b"\n\ndata: next\n\n")
+            .iter()
+            .any(|e| e.data == "next"));
+        assert_eq!(p.oversized(), 1);
     }
 
     #[test]

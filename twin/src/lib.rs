@@ -21,6 +21,8 @@
 #![forbid(unsafe_code)]
 
 mod fixtures;
+#[doc(hidden)]
+pub mod fuzzing;
 mod log;
 mod server;
 mod template;

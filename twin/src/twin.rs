@@ -158,8 +158,10 @@ impl Twin {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Answers one request. Never fails: every problem becomes a JSON error response.
-    pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>>
+    /// Answers one request. Never fails: every problem becomes a JSON error
+    /// response. Public for the fuzz target that drives it in-process.
+    #[doc(hidden)]
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<Full<Bytes>>
     where
         B: hyper::body::Body<Data = Bytes>,
         B::Error: std::error::Error + Send + Sync + 'static,
@@ -616,7 +618,7 @@ fn json_response(
 }
 
 /// Parses a query string into a map (the last value of a repeated key wins).
-fn parse_query(query: Option<&str>) -> BTreeMap<String, String> {
+pub(crate) fn parse_query(query: Option<&str>) -> BTreeMap<String, String> {
     query
         .unwrap_or_default()
         .split('&')
@@ -633,7 +635,7 @@ fn form_decode(s: &str) -> String {
 }
 
 /// Parses a request body: JSON when it says or looks so, else a (Stripe-style) form.
-fn parse_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, String> {
+pub(crate) fn parse_body(headers: &HeaderMap, bytes: &[u8]) -> Result<Value, String> {
     let ctype = headers
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -1,0 +1,56 @@
+//! Inputs the fuzz targets (fuzz/, see fuzz/README.md) found, replayed on
+//! the path they broke, so the normal suite keeps them fixed.
+
+use http::Uri;
+use veris_proxy::config::{Flags, Settings};
+use veris_proxy::route::{is_loopback, normalize_host, Route};
+use veris_receipt::Mode;
+
+fn router() -> veris_proxy::route::Router {
+    Settings::from_flags(Flags {
+        listen: "127.0.0.1:8080",
+        twin: "http://127.0.0.1:1",
+        sandbox_id: "fuzz",
+        services: &[],
+        routes: &[],
+        mode: Mode::Strict,
+        allow_passthrough: &["@build".to_string()],
+    })
+    .expect("the catalog builds")
+    .router
+}
+
+/// connect_target, crash-6122aeb6: `CONNECT [:.localhost]:99`. The leg's
+/// host was `:.localhost`, which the dialer resolves as loopback, while
+/// routing normalized it again to the empty name and called it unmapped
+/// (passed through "by mode" instead of "loopback"). Now the bracketed
+/// non-address stays bracketed: neither loopback nor anything else.
+#[test]
+fn a_bracketed_non_address_connect_target_is_one_name_to_router_and_dialer() {
+    let router = router();
+    for target in [
+        "[:.localhost]:99",
+        "[:51.localhost]:99",
+        "[:api.stripe.com]:443",
+    ] {
+        let uri = Uri::try_from(target).expect("http accepts it, as hyper does");
+        let host = normalize_host(uri.authority().expect("authority").host());
+        assert_eq!(normalize_host(&host), host, "{target}");
+        let route = router.route_connection(&host);
+        assert_eq!(
+            is_loopback(&host),
+            route == Route::Loopback,
+            "{target}: {route:?}"
+        );
+        assert_eq!(route, Route::Unmapped, "{target}");
+    }
+    // Real addresses and names still route as before.
+    assert_eq!(
+        router.route_connection(&normalize_host("[::1]:443")),
+        Route::Loopback
+    );
+    assert!(matches!(
+        router.route_connection(&normalize_host("API.Stripe.com.:443")),
+        Route::Service(_)
+    ));
+}
