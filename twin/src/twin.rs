@@ -745,6 +745,31 @@ mod tests {
         assert!(parse_body(&HeaderMap::new(), ok.as_bytes()).is_ok());
     }
 
+    /// JSON bodies are bounded by serde_json's nesting limit (128): deeper
+    /// is a 400 with words, not a stack overflow; a body just inside parses.
+    #[test]
+    fn json_nested_beyond_the_limit_is_refused_with_a_message() {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let err = parse_body(&headers, deep.as_bytes()).unwrap_err();
+        assert!(err.contains("recursion limit"), "{err}");
+        let ok = format!("{}{}", "[".repeat(100), "]".repeat(100));
+        assert!(parse_body(&headers, ok.as_bytes()).is_ok());
+        // Sniffed as JSON without a content type: the same bound.
+        assert!(parse_body(&HeaderMap::new(), deep.as_bytes()).is_err());
+    }
+
+    /// A form body is bounded by the 1 MiB body cap in count, and by the
+    /// depth cap in nesting: 100,000 pairs parse, each key within 32 levels.
+    #[test]
+    fn many_form_pairs_parse_within_the_body_cap() {
+        let body = "a[]=1&".repeat(100_000);
+        assert!(body.len() <= MAX_BODY);
+        let v = parse_body(&HeaderMap::new(), body.as_bytes()).expect("parses");
+        assert_eq!(v["a"].as_array().map(Vec::len), Some(100_000));
+    }
+
     #[tokio::test]
     async fn a_dropped_hang_still_records_its_row() {
         let fixtures = Fixtures::from_json(
