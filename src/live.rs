@@ -41,11 +41,52 @@ const MAX_BODY: usize = 8 << 20;
 /// Bound on the twin rows read per service (pages of 1000).
 const TWIN_MAX_PAGES: usize = 100;
 
+/// The admin API's listener, bound with its token and files written before
+/// the session line (so a start that cannot bind it leaves the ledger as it
+/// was); `None` inside for none (a run: no token exists that a same-uid
+/// child could read).
+pub struct AdminListener {
+    bound: Option<(TcpListener, SocketAddr, String)>,
+    files: Vec<PathBuf>,
+}
+
+impl AdminListener {
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.bound.as_ref().map(|b| b.1)
+    }
+}
+
+/// Binds the admin listener and writes `admin.token` (0600, new each start)
+/// then `admin.addr`.
+pub async fn bind_admin(listen: Option<&str>, state_dir: &Path) -> Result<AdminListener> {
+    let Some(listen) = listen else {
+        return Ok(AdminListener {
+            bound: None,
+            files: Vec::new(),
+        });
+    };
+    let listener = TcpListener::bind(listen).await.with_context(|| {
+        format!(
+            "binding the admin API to {listen}. Next: pick a free address with --admin (port 0 picks one)"
+        )
+    })?;
+    let addr = listener.local_addr()?;
+    let token = crate::random_hex(32)?;
+    let token_path = state_dir.join(TOKEN_FILE);
+    let addr_path = state_dir.join(ADDR_FILE);
+    write_file(&token_path, format!("{token}\n").as_bytes(), 0o600)
+        .with_context(|| format!("writing {}", token_path.display()))?;
+    write_file(&addr_path, format!("{addr}\n").as_bytes(), 0o644)
+        .with_context(|| format!("writing {}", addr_path.display()))?;
+    Ok(AdminListener {
+        bound: Some((listener, addr, token)),
+        files: vec![addr_path, token_path],
+    })
+}
+
 /// What [`start_admin`] needs.
 pub struct AdminStart<'a> {
-    /// Where the admin API listens; `None` for none (a run: no token exists
-    /// that a same-uid child could read).
-    pub listen: Option<&'a str>,
+    pub listener: AdminListener,
     pub state_dir: &'a Path,
     pub proxy: &'a Arc<Proxy>,
     pub proxy_url: &'a str,
@@ -58,17 +99,14 @@ pub struct AdminStart<'a> {
 
 /// The running admin API and seal timer.
 pub struct AdminHandle {
-    pub addr: Option<SocketAddr>,
     sealer: Arc<Sealer>,
     server: Option<JoinHandle<std::io::Result<()>>>,
     timer: JoinHandle<()>,
     files: Vec<PathBuf>,
 }
 
-/// Starts the seal timer and, when `listen` is given, binds the admin
-/// listener, starts the API and writes `admin.token` (0600, new each start)
-/// then `admin.addr`.
-pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
+/// Starts the seal timer and, when the listener is bound, the API.
+pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
     let (ledger, sealer, mut rx) = (a.ledger.clone(), a.sealer.clone(), a.shutdown.clone());
     let timer = tokio::spawn(async move {
         let mut tick = tokio::time::interval(SEAL_INTERVAL);
@@ -84,22 +122,14 @@ pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
             }
         }
     });
-    let Some(listen) = a.listen else {
-        return Ok(AdminHandle {
-            addr: None,
+    let Some((listener, addr, token)) = a.listener.bound else {
+        return AdminHandle {
             sealer: a.sealer,
             server: None,
             timer,
             files: Vec::new(),
-        });
+        };
     };
-    let listener = TcpListener::bind(listen).await.with_context(|| {
-        format!(
-            "binding the admin API to {listen}. Next: pick a free address with --admin (port 0 picks one)"
-        )
-    })?;
-    let addr = listener.local_addr()?;
-    let token = crate::random_hex(32)?;
     let services = service_refs(a.proxy.router());
     let admin = Arc::new(Admin {
         token: token.clone(),
@@ -163,13 +193,6 @@ pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
             })
         }),
     });
-    let token_path = a.state_dir.join(TOKEN_FILE);
-    let addr_path = a.state_dir.join(ADDR_FILE);
-    write_file(&token_path, format!("{token}\n").as_bytes(), 0o600)
-        .with_context(|| format!("writing {}", token_path.display()))?;
-    write_file(&addr_path, format!("{addr}\n").as_bytes(), 0o644)
-        .with_context(|| format!("writing {}", addr_path.display()))?;
-
     let mut rx = a.shutdown.clone();
     let server = tokio::spawn(veris_proxy::admin::serve_admin(
         listener,
@@ -179,13 +202,12 @@ pub async fn start_admin(a: AdminStart<'_>) -> Result<AdminHandle> {
         },
     ));
     info!(%addr, "admin API listening");
-    Ok(AdminHandle {
-        addr: Some(addr),
+    AdminHandle {
         sealer: a.sealer,
         server: Some(server),
         timer,
-        files: vec![addr_path, token_path],
-    })
+        files: a.listener.files,
+    }
 }
 
 impl AdminHandle {

@@ -7,6 +7,7 @@ mod ca_cmd;
 mod check;
 mod confine;
 mod demo;
+mod handover;
 mod isolate;
 mod live;
 mod receipt_cmd;

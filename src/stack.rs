@@ -23,10 +23,10 @@ use veris_ca::{CertificateAuthority, Issuer, LoadOutcome};
 use veris_proxy::config::{Flags, Settings};
 use veris_proxy::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Proxy, ProxyOptions};
-use veris_receipt::ledger::{Ledger, SealInfo};
+use veris_receipt::ledger::{Ledger, OpenReport, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::seal::{PublicKeys, Sealer};
-use veris_receipt::{Entry, ListenerTier, Mode};
+use veris_receipt::{Coverage, Entry, ListenerTier, Mode};
 
 use crate::live::ServiceRef;
 
@@ -315,39 +315,58 @@ impl Stack {
         // The twin's log position now: the cross-check counts rows after it.
         let twin_heads = crate::live::twin_newest_ids(&services).await;
         let euid = crate::sys::euid();
-        let t = &args.transparent;
-        let session_seq = ledger
-            .append(Entry::Session {
-                run_id: identity.run_id.clone(),
-                sandbox_id: identity.sandbox_id.clone(),
-                mode: identity.mode,
-                tier: identity.tier,
-                twin: settings.twin_base.clone(),
-                pid: std::process::id(),
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                listen: proxy_addr.to_string(),
-                recovered_torn_tail: report.torn_tail,
-                key_id: Some(sealer.key_id().to_string()),
-                public_key: Some(sealer.public_key_hex()),
-                key_storage: Some(match role {
-                    Role::Serve => "file".into(),
-                    Role::Run => "memory".into(),
-                }),
-                proxy_uid: Some(if t.install_redirect || t.redirect_external {
-                    t.proxy_uid
-                } else {
-                    euid
-                }),
-                workload_uid: match role {
-                    // The child runs as this process's uid, but never sees the key.
-                    Role::Run => Some(euid),
-                    Role::Serve => t.workload_uid,
-                },
-                twin_heads: Some(twin_heads.clone()),
-                moved_aside: report.moved_aside,
-                coverage: coverage.map(Box::new),
-            })
-            .context("writing the session line to the ledger")?;
+
+        // Everything that can fail comes before the session line, so a start
+        // that fails leaves the ledger as it was: the admin listener and its
+        // files, then the files named on the command line (written while
+        // still root, as they may sit in root-owned dirs, after the rules
+        // are in: a workload that starts on the ready file is caught from its
+        // first byte), then the hand-over to the proxy uid.
+        let admin_listener = crate::live::bind_admin(
+            match role {
+                Role::Serve => Some(&args.admin),
+                Role::Run => None,
+            },
+            &state_dir,
+        )
+        .await?;
+        let announce = Announce {
+            proxy_url: &proxy_url,
+            identity: &identity,
+            twin_base: &settings.twin_base,
+            state_dir: &state_dir,
+            ledger: &ledger,
+            trust: &trust,
+            admin: admin_listener.addr(),
+            key_id: sealer.key_id(),
+            transparent: transparent_addrs,
+        };
+        announce.write(args)?;
+        if transparent_addrs.is_some() {
+            crate::transparent::drop_privileges(&args.transparent, &[&state_dir, &ca_dir])?;
+        }
+
+        let session = session_entry(SessionFacts {
+            args,
+            role,
+            identity: &identity,
+            twin: &settings.twin_base,
+            listen: proxy_addr,
+            report: &report,
+            sealer: &sealer,
+            twin_heads: &twin_heads,
+            euid,
+            coverage,
+        });
+        let session_seq = match ledger.append(session) {
+            Ok(seq) => seq,
+            Err(e) => {
+                if let Some(ready) = &args.ready_file {
+                    let _ = std::fs::remove_file(ready);
+                }
+                return Err(anyhow::Error::new(e).context("writing the session line to the ledger"));
+            }
+        };
         if let Some(r) = redirect.as_mut() {
             r.watch(ledger.clone());
         }
@@ -376,10 +395,7 @@ impl Stack {
         info!(twin = %twin_base, h2c, "twin upstream");
 
         let admin = crate::live::start_admin(crate::live::AdminStart {
-            listen: match role {
-                Role::Serve => Some(&args.admin),
-                Role::Run => None,
-            },
+            listener: admin_listener,
             state_dir: &state_dir,
             proxy: &proxy,
             proxy_url: &proxy_url,
@@ -388,27 +404,7 @@ impl Stack {
             ledger: ledger.clone(),
             sealer: sealer.clone(),
             shutdown: shutdown_rx.clone(),
-        })
-        .await?;
-
-        // Files named on the command line are written while still root (they
-        // may sit in root-owned dirs), after the rules are in: a workload
-        // that starts on the ready file is caught from its first byte.
-        let announce = Announce {
-            proxy_url: &proxy_url,
-            identity: &identity,
-            twin_base: &twin_base,
-            state_dir: &state_dir,
-            ledger: &ledger,
-            trust: &trust,
-            admin: admin.addr,
-            key_id: sealer.key_id(),
-            transparent: transparent_addrs,
-        };
-        announce.write(args)?;
-        if transparent_addrs.is_some() {
-            crate::transparent::drop_privileges(&args.transparent, &[&state_dir, &ca_dir])?;
-        }
+        });
 
         if let Some(r) = redirect.as_mut() {
             r.serving();
@@ -579,6 +575,56 @@ struct Announce<'a> {
     admin: Option<SocketAddr>,
     key_id: &'a str,
     transparent: Option<(SocketAddr, SocketAddr)>,
+}
+
+/// What the session line records, gathered by [`Stack::start`].
+struct SessionFacts<'a> {
+    args: &'a ServeArgs,
+    role: Role,
+    identity: &'a Identity,
+    twin: &'a str,
+    listen: SocketAddr,
+    report: &'a OpenReport,
+    sealer: &'a Sealer,
+    twin_heads: &'a BTreeMap<String, u64>,
+    /// The uid this process had before any privilege drop.
+    euid: u32,
+    coverage: Option<Coverage>,
+}
+
+/// The session line: who runs, how traffic is intercepted, which key seals.
+fn session_entry(f: SessionFacts<'_>) -> Entry {
+    let t = &f.args.transparent;
+    Entry::Session {
+        run_id: f.identity.run_id.clone(),
+        sandbox_id: f.identity.sandbox_id.clone(),
+        mode: f.identity.mode,
+        tier: f.identity.tier,
+        twin: f.twin.to_string(),
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        listen: f.listen.to_string(),
+        recovered_torn_tail: f.report.torn_tail,
+        key_id: Some(f.sealer.key_id().to_string()),
+        public_key: Some(f.sealer.public_key_hex()),
+        key_storage: Some(match f.role {
+            Role::Serve => "file".into(),
+            Role::Run => "memory".into(),
+        }),
+        proxy_uid: Some(if t.install_redirect || t.redirect_external {
+            t.proxy_uid
+        } else {
+            f.euid
+        }),
+        workload_uid: match f.role {
+            // The child runs as this process's uid, but never sees the key.
+            Role::Run => Some(f.euid),
+            Role::Serve => t.workload_uid,
+        },
+        twin_heads: Some(f.twin_heads.clone()),
+        moved_aside: f.report.moved_aside.clone(),
+        coverage: f.coverage.map(Box::new),
+    }
 }
 
 impl Announce<'_> {

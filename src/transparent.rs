@@ -411,7 +411,7 @@ pub fn drop_privileges(args: &TransparentArgs, owned_dirs: &[&Path]) -> Result<(
     } else if privileges::euid() == 0 && (args.install_redirect || args.redirect_external) {
         let gid = primary_gid(args.proxy_uid);
         for dir in owned_dirs {
-            chown_tree(dir, args.proxy_uid, gid)
+            crate::handover::hand_over(dir, args.proxy_uid, gid)
                 .with_context(|| format!("handing {} to uid {}", dir.display(), args.proxy_uid))?;
         }
         privileges::drop_to(args.proxy_uid, gid).context("dropping privileges")?;
@@ -555,18 +555,6 @@ fn primary_gid(uid: u32) -> u32 {
             })
         })
         .unwrap_or(uid)
-}
-
-/// `chown -R` without following symlinks, bounded by the tree's size.
-fn chown_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
-    let meta = std::fs::symlink_metadata(path)?;
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(path)? {
-            chown_tree(&entry?.path(), uid, gid)?;
-        }
-    }
-    Ok(())
 }
 
 mod privileges {

@@ -138,3 +138,29 @@ fn unknown_service_is_a_usage_error() {
     assert!(stderr.contains("nope"), "{stderr}");
     assert!(stderr.contains("Next:"), "{stderr}");
 }
+
+#[test]
+fn a_start_that_fails_writes_no_session_line() {
+    let dir = TempDir::new("failedstart");
+    let state = dir.join("state");
+    let ready = dir.join("ready.json");
+    let start = |admin: &str| {
+        let mut cmd = veris(["serve", "--listen", "127.0.0.1:0", "--admin", admin]);
+        cmd.arg("--state-dir")
+            .arg(&state)
+            .arg("--ready-file")
+            .arg(&ready);
+        output(&mut cmd)
+    };
+    // A first start that cannot bind its admin address (TEST-NET, not ours).
+    let out = start("192.0.2.1:1");
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("admin"), "{stderr}");
+    let ledger = std::fs::read_to_string(state.join("ledger.jsonl")).unwrap_or_default();
+    assert!(
+        !ledger.contains("\"kind\":\"session\""),
+        "a failed start recorded a session: {ledger}"
+    );
+    assert!(!ready.exists(), "a failed start announced itself ready");
+}

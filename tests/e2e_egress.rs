@@ -330,3 +330,47 @@ fn a_start_that_fails_after_installing_the_rules_takes_them_back_out() {
         "a failed start left the redirect behind"
     );
 }
+
+#[test]
+fn a_shared_state_dir_is_refused_before_anything_is_handed_over() {
+    if let Some(why) = sink_unavailable() {
+        return skip(&why);
+    }
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let dir = TempDir::new("sharedstate");
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let ns = Netns::create("sharedst");
+    let out = ns.output(
+        ns.command(bin())
+            .args([
+                "serve",
+                "--transparent",
+                "--install-redirect",
+                "--listen",
+                "127.0.0.1:0",
+                "--https-listen",
+                "[::]:0",
+                "--http-listen",
+                "[::]:0",
+                "--quic-listen",
+                "[::]:0",
+                "--admin",
+                "127.0.0.1:0",
+                "--state-dir",
+            ])
+            .arg(&shared),
+        CLIENT_TIMEOUT,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is shared"), "{stderr}");
+    assert_eq!(std::fs::metadata(&shared).unwrap().uid(), 0, "handed over");
+    let ledger = std::fs::read_to_string(shared.join("ledger.jsonl")).unwrap_or_default();
+    assert!(!ledger.contains("\"kind\":\"session\""), "{ledger}");
+    assert!(
+        !ns.has_veris_table(),
+        "a failed start left the redirect behind"
+    );
+}
