@@ -1,0 +1,322 @@
+//! The ledger's write and read paths, in figures (no assertions):
+//! 1. appends per second on one thread (each waits for its ack) and from 64
+//!    concurrent tokio tasks (each awaits its ack; the writer thread groups
+//!    what is queued into one write(2));
+//! 2. `veris receipt --ledger FILE --key FP` on a generated ledger of
+//!    LINES lines (valid chain, a seal every 1000 lines, a final seal):
+//!    wall time and peak RSS (from wait4's rusage);
+//! 3. `veris serve` on a state dir holding a ~25 MB ledger sealed by its own
+//!    key: time until ready, RSS (VmRSS) and peak (VmHWM) idle, after one
+//!    `/receipt`, and after five concurrent `/ledger` calls.
+//!
+//! `cargo build --release && cargo run --release --example bench_ledger -- [LINES]`
+//! (default 1,000,000; the binary is `target/release/veris`, or `$VERIS_BIN`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use veris_receipt::entry::{Entry, ListenerTier, Mode};
+use veris_receipt::ledger::Ledger;
+use veris_receipt::seal::Sealer;
+
+fn request(i: u64) -> Entry {
+    Entry::Request {
+        service: "stripe".into(),
+        host: "api.stripe.com".into(),
+        method: "POST".into(),
+        // 100 distinct paths: the receipt lists calls per path, so distinct
+        // paths are output, not ledger, size.
+        path: format!("/v1/charges/ch_{:012}", i % 100),
+        query: Some("expand[]=customer&limit=10".into()),
+        status: 200,
+        http: "HTTP/1.1".into(),
+        tier: ListenerTier::Explicit,
+        bytes_in: 512,
+        bytes_out: Some(2048),
+        duration_ms: 3,
+        upstream: "http://127.0.0.1:9/s/sbx_bench/stripe/v1/charges".into(),
+        headers: vec![
+            ("idempotency-key".into(), format!("key-{i}")),
+            (
+                "content-type".into(),
+                "application/x-www-form-urlencoded".into(),
+            ),
+        ],
+        websocket: false,
+        client_gone: false,
+    }
+}
+
+fn session(sealer: &Sealer) -> Entry {
+    Entry::Session {
+        run_id: "run_bench".into(),
+        sandbox_id: "sbx_bench".into(),
+        mode: Mode::Passthrough,
+        tier: ListenerTier::Explicit,
+        twin: "http://127.0.0.1:9/".into(),
+        pid: std::process::id(),
+        version: "bench".into(),
+        listen: "127.0.0.1:0".into(),
+        recovered_torn_tail: None,
+        key_id: Some(sealer.key_id().to_string()),
+        public_key: Some(sealer.public_key_hex()),
+        key_storage: Some("file".into()),
+        proxy_uid: Some(1),
+        workload_uid: Some(2),
+        twin_heads: None,
+        moved_aside: None,
+        coverage: None,
+    }
+}
+
+fn rate(n: u64, d: Duration) -> String {
+    format!(
+        "{:>9.0} lines/s ({n} in {:.2} s)",
+        n as f64 / d.as_secs_f64(),
+        d.as_secs_f64()
+    )
+}
+
+/// Writes a sealed ledger of about `lines` lines to `dir/ledger.jsonl`
+/// with the key in `dir` (seal.key, ledger.pub); returns the key id.
+fn generate(dir: &Path, lines: u64) -> String {
+    let sealer = Sealer::load_or_create(dir).expect("seal key");
+    let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).expect("open");
+    ledger.append(session(&sealer)).expect("session");
+    let mut written = 1;
+    while written < lines.saturating_sub(1) {
+        let batch = 999.min(lines - 1 - written);
+        let pending: Vec<_> = (0..batch)
+            .map(|i| ledger.append_queued(request(written + i)))
+            .collect();
+        for p in pending {
+            p.wait().expect("append");
+        }
+        written += batch;
+        let reason = if written + 1 >= lines.saturating_sub(1) {
+            "shutdown"
+        } else {
+            "interval"
+        };
+        ledger.seal(&sealer, reason).expect("seal");
+        written += 1;
+    }
+    sealer.key_id().to_string()
+}
+
+/// Runs a command and returns its wall time and peak RSS in KiB (from
+/// `/usr/bin/time -f %M`), and its stdout.
+fn timed(cmd: &mut Command) -> (Duration, u64, String) {
+    let start = Instant::now();
+    let out = cmd.output().expect("runs");
+    let wall = start.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let peak = stderr
+        .lines()
+        .rev()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("PEAK_KB=")
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0);
+    (
+        wall,
+        peak,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn proc_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)
+                .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0))
+        })
+        .unwrap_or(0)
+}
+
+fn curl(addr: &str, token: &str, path: &str) -> usize {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--noproxy",
+            "*",
+            "-H",
+            &format!("Authorization: Bearer {token}"),
+        ])
+        .arg(format!("http://{addr}{path}"))
+        .env_remove("SSL_CERT_FILE")
+        .env_remove("REQUESTS_CA_BUNDLE")
+        .env_remove("CURL_CA_BUNDLE")
+        .env_remove("NODE_EXTRA_CA_CERTS")
+        .output()
+        .expect("curl");
+    out.stdout.len()
+}
+
+fn main() {
+    let lines: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000)
+        .clamp(1000, 20_000_000);
+    let bin = std::env::var_os("VERIS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/veris"));
+    assert!(
+        bin.is_file(),
+        "no {}: cargo build --release first",
+        bin.display()
+    );
+    let root = std::env::temp_dir().join(format!("veris-bench-ledger-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).expect("temp dir");
+
+    // 1. Appends.
+    let n = 200_000u64;
+    {
+        let dir = root.join("one");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).unwrap();
+        let start = Instant::now();
+        for i in 0..n {
+            ledger.append(request(i)).unwrap();
+        }
+        println!(
+            "appends, 1 thread (each waits):   {}",
+            rate(n, start.elapsed())
+        );
+    }
+    {
+        let dir = root.join("many");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).unwrap();
+        let ledger = Arc::new(ledger);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let tasks = 64u64;
+        let start = Instant::now();
+        rt.block_on(async {
+            let handles: Vec<_> = (0..tasks)
+                .map(|t| {
+                    let l = ledger.clone();
+                    tokio::spawn(async move {
+                        for i in 0..n / tasks {
+                            l.append_queued(request(t * n + i)).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.await.unwrap();
+            }
+        });
+        println!(
+            "appends, 64 tasks (each awaits):  {}",
+            rate(n / tasks * tasks, start.elapsed())
+        );
+    }
+
+    // 2. veris receipt on a big sealed ledger.
+    let big = root.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    let start = Instant::now();
+    let key = generate(&big, lines);
+    let size = std::fs::metadata(big.join("ledger.jsonl"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    println!(
+        "generated {lines} lines ({:.0} MB) in {:.1} s",
+        size as f64 / 1e6,
+        start.elapsed().as_secs_f64()
+    );
+    let script = format!(
+        "/usr/bin/time -f PEAK_KB=%M {} receipt --ledger {} --key {key} >/dev/null",
+        bin.display(),
+        big.join("ledger.jsonl").display()
+    );
+    let (wall, peak, _) = timed(Command::new("sh").args(["-c", &script]));
+    println!(
+        "veris receipt ({lines} lines):      {:.2} s, peak RSS {:.1} MB",
+        wall.as_secs_f64(),
+        peak as f64 / 1024.0
+    );
+
+    // 3. veris serve on a ~25 MB ledger: ready time and memory around admin calls.
+    let state = root.join("serve");
+    std::fs::create_dir_all(&state).unwrap();
+    generate(&state, 25_000_000 / 440);
+    let ready = root.join("ready.json");
+    let start = Instant::now();
+    let mut child = Command::new(&bin)
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(&state)
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("veris serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let info = loop {
+        if let Some(v) = std::fs::read_to_string(&ready)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "veris serve not ready in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let ready_after = start.elapsed();
+    let pid = child.id();
+    let admin = info["admin"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let token = std::fs::read_to_string(state.join("admin.token"))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let mb = |kb: u64| kb as f64 / 1024.0;
+    println!(
+        "veris serve (25 MB ledger): ready in {:.2} s; idle RSS {:.1} MB (peak {:.1} MB)",
+        ready_after.as_secs_f64(),
+        mb(proc_kb(pid, "VmRSS:")),
+        mb(proc_kb(pid, "VmHWM:"))
+    );
+    let body = curl(&admin, &token, "/receipt");
+    std::thread::sleep(Duration::from_millis(300));
+    println!(
+        "  after /receipt ({body} bytes):    RSS {:.1} MB (peak {:.1} MB)",
+        mb(proc_kb(pid, "VmRSS:")),
+        mb(proc_kb(pid, "VmHWM:"))
+    );
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let (a, t) = (admin.clone(), token.clone());
+            std::thread::spawn(move || curl(&a, &t, "/ledger?since=0"))
+        })
+        .collect();
+    let sizes: Vec<usize> = calls.into_iter().map(|c| c.join().unwrap_or(0)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    println!(
+        "  after 5 concurrent /ledger ({} MB each): RSS {:.1} MB (peak {:.1} MB)",
+        sizes.first().copied().unwrap_or(0) / 1_000_000,
+        mb(proc_kb(pid, "VmRSS:")),
+        mb(proc_kb(pid, "VmHWM:"))
+    );
+    let _ = Command::new("kill").arg(pid.to_string()).status();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&root);
+}
