@@ -513,6 +513,61 @@ fn proc_kb(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// `veris twin` in a process group of its own, killed on drop.
+struct Twin {
+    child: Child,
+    pid: u32,
+    url: String,
+}
+
+impl Twin {
+    fn start(ctx: &Ctx) -> Result<Twin> {
+        use std::io::BufRead;
+        let mut child = Command::new(&ctx.bin)
+            .args(["twin", "--listen", "127.0.0.1:0"])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("VERIS_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("spawning veris twin")?;
+        let pid = child.id();
+        with_cleanup(|c| c.pgids.push(pid as i32));
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let mut twin = Twin {
+            child,
+            pid,
+            url: String::new(),
+        };
+        twin.url = rx
+            .recv_timeout(Duration::from_secs(20))
+            .map_err(|_| anyhow!("veris twin printed no URL within 20 s"))?
+            .trim()
+            .to_string();
+        if !twin.url.starts_with("http://127.0.0.1:") {
+            bail!("veris twin printed {:?}", twin.url);
+        }
+        Ok(twin)
+    }
+}
+
+impl Drop for Twin {
+    fn drop(&mut self) {
+        kill_group(self.pid as i32);
+        let _ = self.child.wait();
+        with_cleanup(|c| c.pgids.retain(|p| *p != self.pid as i32));
+    }
+}
+
 // ---------------------------------------------------------------- clients
 
 fn tls_config(ca: &CertificateDer<'static>, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
@@ -1072,7 +1127,7 @@ async fn load(ctx: &Ctx) -> Result<Vec<Row>> {
             "MISMATCH between client, ledger and twin".into()
         },
         format!(
-            "client 2xx {}, ledger request lines {}, twin rows {}; non-2xx {}, transport errors {}; {:.0} req/s, p50 {}, p99 {}; proxy peak RSS {}",
+            "client 2xx {}, ledger request lines {}, twin rows {}; non-2xx {}, transport errors {}; {:.0} req/s, p50 {}, p99 {}; serve peak RSS {} (proxy + built-in twin, whose object store keeps every customer created)",
             n(st.ok),
             n(in_ledger),
             n(twin_rows),
@@ -1647,10 +1702,10 @@ where
             }
         }
     }
-    let wrote = match tokio::time::timeout(Duration::from_secs(1), writer).await {
-        Ok(Ok((Ok(()), _))) => true,
-        _ => false,
-    };
+    let wrote = matches!(
+        tokio::time::timeout(Duration::from_secs(1), writer).await,
+        Ok(Ok((Ok(()), _)))
+    );
     let partial = if wrote {
         ""
     } else {
@@ -2103,7 +2158,10 @@ async fn bigledger(ctx: &Ctx) -> Result<Vec<Row>> {
     let target: u64 = 25 * 1024 * 1024 / ctx.scale as u64;
     let work = Work::new("bigledger")?;
     let state = work.path.join("state");
-    let mut serve = Serve::start(ctx, &work.path, &state, &[]).await?;
+    // The twin in a process of its own, so the RSS measured is the proxy's:
+    // the built-in twin keeps every object created in memory.
+    let twin = Twin::start(ctx)?;
+    let mut serve = Serve::start(ctx, &work.path, &state, &["--twin", &twin.url]).await?;
     let ledger = state.join("ledger.jsonl");
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
@@ -2233,7 +2291,7 @@ async fn bigledger(ctx: &Ctx) -> Result<Vec<Row>> {
     Ok(vec![Row::new(
         "big ledger served",
         format!(
-            "a {:.1} MB ledger ({} lines) made by {} HTTPS requests over 16 connections, then the admin API asked 5 times at once for each of `/receipt`, `/status`, `/ledger?since=1`; proxy VmRSS before, peak (VmHWM reset before each group) and after",
+            "a {:.1} MB ledger ({} lines) made by {} HTTPS requests over 16 connections (twin: a separate `veris twin` process, so the RSS is the proxy's alone), then the admin API asked 5 times at once for each of `/receipt`, `/status`, `/ledger?since=1`; proxy VmRSS before, peak (VmHWM reset before each group) and after",
             size as f64 / (1 << 20) as f64,
             n(lines as u64),
             n(st.ok)
@@ -2264,23 +2322,40 @@ async fn fuzz() -> Result<Vec<Row>> {
             v
         })
         .unwrap_or_default();
-    let table: Vec<String> = std::fs::read_to_string(&readme)
-        .unwrap_or_default()
+    let text = std::fs::read_to_string(&readme).unwrap_or_default();
+    // The "Runs and findings" section: its table rows and numbered findings.
+    let runs = text
+        .split_once("## Runs and findings")
+        .map(|(_, r)| r)
+        .unwrap_or("");
+    let (runs_part, findings_part) = runs.split_once("### Findings").unwrap_or((runs, ""));
+    let findings_part = findings_part.split("\n## ").next().unwrap_or("");
+    let findings_part = findings_part.split("\n### ").next().unwrap_or("");
+    let table: Vec<&str> = runs_part
         .lines()
         .filter(|l| l.trim_start().starts_with('|'))
-        .map(str::to_string)
         .collect();
-    for l in &table {
+    let findings: Vec<&str> = findings_part
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            t.split_once(". ")
+                .is_some_and(|(num, _)| !num.is_empty() && num.chars().all(|c| c.is_ascii_digit()))
+        })
+        .collect();
+    for l in table.iter().chain(&findings) {
         println!("{l}");
     }
     Ok(vec![Row::new(
         "fuzz",
-        "not run by this program (cargo-fuzz needs nightly); see `fuzz/README.md` for the targets, the hours run and the findings".into(),
+        "not run by this program (cargo-fuzz needs nightly): `fuzz/run.sh SECONDS`; see `fuzz/README.md` (Runs and findings) for the hours run".into(),
         true,
-        if readme.is_file() {
-            format!("fuzz/README.md has a table of {} line(s)", table.len())
-        } else {
+        if !readme.is_file() {
             "fuzz/README.md not written yet".into()
+        } else if table.len() > 2 {
+            format!("runs table in fuzz/README.md ({} rows); {} finding(s) listed", table.len() - 2, findings.len())
+        } else {
+            format!("no runs recorded in fuzz/README.md yet; {} finding(s) listed", findings.len())
         },
         format!("{} targets: {}", targets.len(), targets.join(", ")),
     )])
