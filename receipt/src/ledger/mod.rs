@@ -769,7 +769,7 @@ mod tests {
         {
             let (ledger, _) = Ledger::open(&path).unwrap();
             for _ in 0..n {
-                let _ = ledger.append_queued(request("/x"));
+                drop(ledger.append_queued(request("/x")));
             }
         }
         let bytes = std::fs::read(&path).unwrap();
