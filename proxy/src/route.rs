@@ -264,13 +264,13 @@ impl Router {
 /// would cut to the empty name while the dialer took it for loopback.
 pub fn normalize_host(host: &str) -> String {
     let host = host.trim();
-    let bare = if let Some(rest) = host.strip_prefix('[') {
-        let inside = rest.split(']').next().unwrap_or(rest);
-        if inside.parse::<std::net::Ipv6Addr>().is_ok() {
-            inside
-        } else {
+    let bare = if host.starts_with('[') {
+        match host.find(']') {
+            Some(end) if host[1..end].parse::<std::net::Ipv6Addr>().is_ok() => &host[1..end],
             // Up to and including the closing bracket; a port after it goes.
-            &host[..host.find(']').map_or(host.len(), |i| i + 1)]
+            Some(end) => &host[..=end],
+            // No closing bracket: not an address, kept as written.
+            None => host,
         }
     } else if host.matches(':').count() == 1 {
         host.split(':').next().unwrap_or(host)
@@ -584,6 +584,7 @@ mod tests {
             "[:api.stripe.com]",
             "[x",
             "[::1.]",
+            "[::1.",
             "[fe80::1%25eth0]:443",
             "a :80",
             "A.B.:1",

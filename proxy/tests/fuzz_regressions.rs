@@ -54,3 +54,14 @@ fn a_bracketed_non_address_connect_target_is_one_name_to_router_and_dialer() {
         Route::Service(_)
     ));
 }
+
+/// connect_target, crash-3e5d2f2f: `[::1.` (no closing bracket) was
+/// `[::1` after one pass and `::1`, loopback, after a second.
+#[test]
+fn an_unclosed_bracket_normalizes_once_and_for_all() {
+    for raw in ["[::1.", "[::1", "[127.0.0.1", "[:.localhost"] {
+        let once = normalize_host(raw);
+        assert_eq!(normalize_host(&once), once, "{raw:?}");
+    }
+    assert!(!is_loopback(&normalize_host("[::1.")));
+}
