@@ -39,6 +39,7 @@ pub mod clienthello;
 pub mod config;
 pub mod dial;
 pub mod dns;
+pub mod meter;
 pub mod quic;
 pub mod recorder;
 pub mod reserved;
@@ -442,22 +443,31 @@ impl Proxy {
             }
             Ok(Err(e)) => {
                 info!(error = %e, host = %name, "TLS handshake with the client failed");
-                // Our leaf was on its way: an alert or a hang-up now is a refusal of it.
-                if let Some(alert) = trust::classify(&e) {
-                    self.record_trust_failure(&name, &leg, alert);
+                // Our leaf was on its way: an alert naming it is a refusal,
+                // a close or another alert only an abandoned handshake.
+                if let Some(how) = trust::classify(&e) {
+                    self.record_handshake_failure(&name, &leg, how);
                 }
                 return;
             }
         };
+        // Plaintext bytes the client sent: none at all, and then its close,
+        // is how a client that rejects our leaf after the handshake (GnuTLS)
+        // leaves.
+        let (tls, meter) = meter::Metered::new(tls);
         let leg = Arc::new(leg);
         let proxy = self.clone();
+        let served = leg.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let proxy = proxy.clone();
-            let leg = leg.clone();
+            let leg = served.clone();
             async move { Ok::<_, Infallible>(proxy.handle(req, leg).await) }
         });
         if let Err(e) = serve_auto(tls, service, &self.cancel, self.limits.request_head).await {
             debug!(error = %e, "intercepted connection ended with an error");
+        }
+        if meter.read() == 0 && meter.peer_closed() {
+            self.record_tls_abandoned(&name, &leg, trust::Stage::NoRequest, None);
         }
     }
 
@@ -777,7 +787,7 @@ impl Proxy {
         })
     }
 
-    /// Phases 6 and 7, in their own task: send to the twin, record, then hand
+    /// Phases 6 to 8, in their own task: send to the twin, record, then relay
     /// the answer to the client's connection through `reply`. The ledger line
     /// is written before the response head is handed over; when the client
     /// has already gone, the line says so (`client_gone`) and nothing is sent.
@@ -817,19 +827,22 @@ impl Proxy {
         let status = resp.status();
         let client_gone = reply.is_closed();
         let service = line.service.clone();
+        let declared = content_length(resp.headers());
         let entry = line.into_entry(
             status,
             tally.bytes(),
-            content_length(resp.headers()),
+            declared,
             duration_ms,
             websocket && status == StatusCode::SWITCHING_PROTOCOLS,
             client_gone,
         );
-        if let Err(e) = self.recorder.record(entry).await {
-            warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
-            let _ = reply.send(ledger_unavailable(&e, &service));
-            return;
-        }
+        let seq = match self.record(entry, &service).await {
+            Ok(seq) => seq,
+            Err(refusal) => {
+                let _ = reply.send(refusal);
+                return;
+            }
+        };
         if client_gone {
             info!(
                 status = status.as_u16(),
@@ -838,11 +851,29 @@ impl Proxy {
             return;
         }
         info!(status = status.as_u16(), duration_ms, "forwarded");
-        if reply.send(self.relay(resp, client_upgrade)).is_err() {
+        let answer = Answer {
+            of: seq,
+            service,
+            declared,
+        };
+        if reply
+            .send(self.relay(resp, client_upgrade, answer))
+            .is_err()
+        {
             // The client left between the check above and now: its line says
             // the answer was handed over, which it was, to a closing connection.
             debug!("the client left as the answer was handed over");
         }
+    }
+
+    /// Phase 7: a vendor request's ledger line (its seq), before its answer
+    /// goes out. `Err` is the answer instead (503): the proxy does not serve
+    /// vendor traffic unrecorded.
+    async fn record(&self, entry: Entry, service: &str) -> Result<u64, Response<ProxyBody>> {
+        self.recorder.record(entry).await.map_err(|e| {
+            warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
+            ledger_unavailable(&e, service)
+        })
     }
 
     /// The twin failed: record it (the twin may still have executed the
@@ -882,13 +913,16 @@ impl Proxy {
         )
     }
 
-    /// The twin's answer as the client gets it: hop-by-hop headers dropped, the
-    /// body streamed, or for a WebSocket handshake both upgraded connections
-    /// spliced together in a tracked task.
+    /// Phase 8: the twin's answer as the client gets it: hop-by-hop headers
+    /// dropped, the body streamed (and watched: a body that ends short adds a
+    /// `response_incomplete` line after the request's, so the record says
+    /// what the client got), or for a WebSocket handshake both upgraded
+    /// connections spliced together in a tracked task.
     fn relay(
         &self,
         mut resp: Response<Incoming>,
         client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        answer: Answer,
     ) -> Response<ProxyBody> {
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(client_upgrade) = client_upgrade {
@@ -913,7 +947,38 @@ impl Proxy {
         let (mut parts, incoming) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, false);
         parts.version = Version::default();
-        Response::from_parts(parts, incoming.map_err(Into::into).boxed())
+        let body = meter::Delivered::new(incoming, self.on_short(answer));
+        Response::from_parts(parts, body.boxed())
+    }
+
+    /// What to do when a relayed body ends short: record it (handed over at
+    /// once, so it follows its request line), its ack awaited in a tracked
+    /// task (this runs in a body's poll or drop, which cannot wait).
+    fn on_short(&self, answer: Answer) -> meter::OnShort {
+        let recorder = self.recorder.clone();
+        let tasks = self.tasks.clone();
+        Box::new(move |bytes, cut| {
+            let reason = match cut {
+                meter::Cut::Source => "twin_cut",
+                meter::Cut::Dropped => "client_gone",
+            };
+            warn!(of = answer.of, bytes, declared = ?answer.declared, reason, "the response reached the client incomplete");
+            let entry = Entry::ResponseIncomplete {
+                of: answer.of,
+                service: answer.service,
+                bytes,
+                declared: answer.declared,
+                reason: reason.to_string(),
+            };
+            let ack = recorder.record(entry);
+            if tokio::runtime::Handle::try_current().is_ok() {
+                tasks.spawn(async move {
+                    if let Err(e) = ack.await {
+                        warn!(error = %e, "an incomplete response could not be recorded");
+                    }
+                });
+            }
+        })
     }
 
     /// Unmapped or allowed host seen as an HTTP request (plain HTTP, or inside a
@@ -1129,6 +1194,15 @@ struct Outbound {
     tally: Arc<Tally>,
     started: Instant,
     line: RequestLine,
+}
+
+/// Which recorded request a relayed answer belongs to.
+struct Answer {
+    /// The seq of its `request` line.
+    of: u64,
+    service: String,
+    /// The body length the twin declared.
+    declared: Option<u64>,
 }
 
 /// The fields of an [`Entry::Request`] known before the twin answers.

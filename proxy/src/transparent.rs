@@ -1516,6 +1516,90 @@ mod lifecycle_tests {
         );
     }
 
+    /// The `(stage, alert)` of each `tls_abandoned` line, and how many
+    /// `trust_failure` lines there are.
+    fn abandoned(entries: &[Entry]) -> (Vec<(String, Option<String>)>, usize) {
+        let stages = entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::TlsAbandoned {
+                    host,
+                    stage,
+                    alert,
+                    tier,
+                    service,
+                    ..
+                } => {
+                    assert_eq!(host, "api.stripe.com");
+                    assert_eq!(*tier, ListenerTier::Transparent);
+                    assert_eq!(service.as_deref(), Some("stripe"));
+                    Some((stage.clone(), alert.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let refusals = entries
+            .iter()
+            .filter(|e| matches!(e, Entry::TrustFailure { .. }))
+            .count();
+        (stages, refusals)
+    }
+
+    #[tokio::test]
+    async fn a_hello_then_a_close_is_an_abandoned_handshake_not_a_refusal() {
+        let f = fixture(Mode::Strict, "abandoned").await;
+        let sink = Untouched::new();
+        let mut client = f.redirect(sink.dst()).await;
+        client
+            .write_all(&hello_for("api.stripe.com"))
+            .await
+            .unwrap();
+        // Our flight arrives; the client leaves without a word.
+        let mut first = [0u8; 1];
+        client.read_exact(&mut first).await.unwrap();
+        drop(client);
+        let entries = f.entries(1).await;
+        assert_eq!(
+            abandoned(&entries),
+            (vec![("handshake".to_string(), None)], 0),
+            "{entries:?}"
+        );
+        sink.assert_untouched();
+    }
+
+    #[tokio::test]
+    async fn a_finished_handshake_closed_without_a_request_is_recorded() {
+        let f = fixture(Mode::Strict, "no-request").await;
+        let sink = Untouched::new();
+        let client = f.redirect(sink.dst()).await;
+        let mut tls = f.tls(client, "api.stripe.com").await;
+        tls.shutdown().await.unwrap();
+        drop(tls);
+        let entries = f.entries(1).await;
+        assert_eq!(
+            abandoned(&entries),
+            (vec![("no_request".to_string(), None)], 0),
+            "{entries:?}"
+        );
+        // A connection that did send its request is not flagged.
+        let client = f.redirect(sink.dst()).await;
+        let mut tls = f.tls(client, "api.stripe.com").await;
+        tls.write_all(
+            b"GET /v1/customers HTTP/1.1\r\nHost: api.stripe.com\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let resp = text(&read_all(&mut tls).await);
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        drop(tls);
+        let entries = f.entries(2).await;
+        assert!(matches!(entries[1], Entry::Request { .. }), "{entries:?}");
+        // Give a wrongly recorded close a chance to arrive before counting.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(abandoned(&f.recorder.entries()).0.len(), 1);
+        sink.assert_untouched();
+    }
+
     #[tokio::test]
     async fn garbage_after_a_tls_record_header_is_opaque() {
         let f = fixture(Mode::Strict, "bad-hello").await;

@@ -1,83 +1,141 @@
 //! Telling a client that refused our certificate from one that merely hung
-//! up. When a TLS handshake in which the proxy already sent its minted leaf
-//! fails, the client's alert (or its silence) says why: `unknown_ca` is the
-//! usual "this client does not trust the veris CA", the others name rarer
-//! causes. The classification is recorded per host as a ledger
-//! `trust_failure` line, which the receipt turns into a prescription.
+//! up, by evidence. When a TLS handshake in which the proxy already sent its
+//! minted leaf fails, only an alert that names the certificate
+//! ([`veris_receipt::entry::REFUSAL_ALERTS`]: `unknown_ca`, `bad_certificate`,
+//! `certificate_unknown`, ..., `access_denied`) is a refusal, recorded as a
+//! `trust_failure` that the receipt turns into a prescription. A close, a
+//! reset or an alert that names nothing about the certificate is recorded as
+//! a `tls_abandoned` handshake, and so is a connection that completes the
+//! handshake and closes without one request byte: notes in the receipt,
+//! never failures by themselves, since a client that gave up (a load tool
+//! cancelling, an aborted connection) closes the same way.
 //!
-//! Measured with curl 7.88 / OpenSSL 3.0 against this proxy under TLS 1.3:
-//! a client without the veris CA sends an encrypted `unknown_ca` alert, which
-//! rustls decrypts and reports as `AlertReceived(UnknownCA)`.
+//! Measured against this proxy: curl 7.88 / OpenSSL 3.0 without the veris
+//! CA sends an encrypted `unknown_ca`, which rustls reports as
+//! `AlertReceived(UnknownCA)`; Node 20 closes mid-handshake with no alert;
+//! wget (GnuTLS) finishes the handshake and closes with no alert and no
+//! request.
 
 use rustls::AlertDescription;
-use tracing::warn;
+use tracing::{info, warn};
+use veris_receipt::entry::is_refusal_alert;
 use veris_receipt::Entry;
 
 use crate::route::Route;
 use crate::{Leg, Proxy};
 
+/// How a handshake after our server flight ended, judged by its evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handshake {
+    /// An alert that names the certificate (its ledger name).
+    Refused(String),
+    /// A close, a reset, or an alert that names no certificate (its name).
+    Abandoned(Option<String>),
+}
+
+/// Where a TLS connection the client left without a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Before the handshake finished.
+    Handshake,
+    /// After the handshake, without one byte of request.
+    NoRequest,
+}
+
 impl Proxy {
-    /// Records that the client of `leg` refused the leaf minted for `name`.
-    pub(crate) fn record_trust_failure(&self, name: &str, leg: &Leg, alert: String) {
-        let service = match self.router.route_connection(name) {
+    fn routed_service(&self, name: &str) -> Option<String> {
+        match self.router.route_connection(name) {
             Route::Service(s) => Some(s.name.clone()),
             _ => None,
-        };
+        }
+    }
+
+    /// Records what the client of `leg` did after our leaf for `name` was
+    /// sent, when the handshake failed.
+    pub(crate) fn record_handshake_failure(&self, name: &str, leg: &Leg, how: Handshake) {
+        match how {
+            Handshake::Refused(alert) => self.record_trust_failure(name, leg, alert),
+            Handshake::Abandoned(alert) => {
+                self.record_tls_abandoned(name, leg, Stage::Handshake, alert)
+            }
+        }
+    }
+
+    /// Records that the client of `leg` refused the leaf minted for `name`.
+    pub(crate) fn record_trust_failure(&self, name: &str, leg: &Leg, alert: String) {
+        let service = self.routed_service(name);
         warn!(host = %name, %alert, ?service, "the client refused the veris certificate");
-        let entry = Entry::TrustFailure {
+        self.record_or_log(Entry::TrustFailure {
             host: name.to_string(),
             port: leg.port,
             tier: leg.tier,
             service,
             alert,
+        });
+    }
+
+    /// Records a TLS connection for `name` that the client left after our
+    /// leaf without a refusal alert and without a request.
+    pub(crate) fn record_tls_abandoned(
+        &self,
+        name: &str,
+        leg: &Leg,
+        stage: Stage,
+        alert: Option<String>,
+    ) {
+        let service = self.routed_service(name);
+        let stage = match stage {
+            Stage::Handshake => "handshake",
+            Stage::NoRequest => "no_request",
         };
-        if let Err(e) = self.recorder.record(entry).wait() {
-            warn!(error = %e, "trust failure could not be recorded");
-        }
+        info!(host = %name, stage, ?alert, "the client left after the veris certificate without a refusal alert or a request");
+        self.record_or_log(Entry::TlsAbandoned {
+            host: name.to_string(),
+            port: leg.port,
+            tier: leg.tier,
+            service,
+            stage: stage.to_string(),
+            alert,
+        });
     }
 }
 
-/// The `alert` value of a ledger `trust_failure` line for a failed handshake
-/// after our server flight, or `None` when the failure does not look like a
-/// refusal of our certificate (a protocol mismatch, garbage, our own error).
-pub fn classify(err: &std::io::Error) -> Option<String> {
+/// How a failed handshake after our server flight ended, or `None` when the
+/// failure says nothing about the client's view of our certificate (a
+/// protocol mismatch, garbage, our own error, a timeout).
+pub fn classify(err: &std::io::Error) -> Option<Handshake> {
     if let Some(tls) = err
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
     {
         return match tls {
-            rustls::Error::AlertReceived(alert) => Some(alert_name(*alert)),
+            rustls::Error::AlertReceived(alert) => {
+                let name = alert_name(*alert);
+                Some(if is_refusal_alert(&name) {
+                    Handshake::Refused(name)
+                } else {
+                    Handshake::Abandoned(Some(name))
+                })
+            }
             _ => None,
         };
     }
-    // A close or reset once the ClientHello was in and our flight was out:
-    // the client judged the certificate and left without saying why.
     match err.kind() {
         std::io::ErrorKind::UnexpectedEof
         | std::io::ErrorKind::ConnectionReset
         | std::io::ErrorKind::ConnectionAborted
-        | std::io::ErrorKind::BrokenPipe => Some(NO_ALERT.to_string()),
+        | std::io::ErrorKind::BrokenPipe => Some(Handshake::Abandoned(None)),
         _ => None,
     }
 }
 
-/// A close after the server flight with no alert.
-pub const NO_ALERT: &str = "no_alert";
-
-/// The ledger spelling of an alert: the names the issue lists, otherwise
-/// `other:<snake_case name>`.
+/// The ledger spelling of an alert: snake case of its rustls name, with
+/// `unknown_ca` for `UnknownCA`.
 pub fn alert_name(alert: AlertDescription) -> String {
-    let known = match alert {
-        AlertDescription::UnknownCA => "unknown_ca",
-        AlertDescription::BadCertificate => "bad_certificate",
-        AlertDescription::CertificateUnknown => "certificate_unknown",
-        AlertDescription::CertificateExpired => "certificate_expired",
-        AlertDescription::UnsupportedCertificate => "unsupported_certificate",
-        // A close_notify mid-handshake carries no reason either.
-        AlertDescription::CloseNotify => NO_ALERT,
-        other => return format!("other:{}", snake_case(&format!("{other:?}"))),
-    };
-    known.to_string()
+    match alert {
+        AlertDescription::UnknownCA => "unknown_ca".to_string(),
+        other => snake_case(&format!("{other:?}")),
+    }
 }
 
 fn snake_case(name: &str) -> String {
@@ -101,33 +159,57 @@ mod tests {
     }
 
     #[test]
-    fn alerts_are_named() {
+    fn alerts_that_name_the_certificate_are_refusals() {
         let cases = [
             (AlertDescription::UnknownCA, "unknown_ca"),
             (AlertDescription::BadCertificate, "bad_certificate"),
             (AlertDescription::CertificateUnknown, "certificate_unknown"),
             (AlertDescription::CertificateExpired, "certificate_expired"),
+            (AlertDescription::CertificateRevoked, "certificate_revoked"),
+            (AlertDescription::AccessDenied, "access_denied"),
             (
                 AlertDescription::UnsupportedCertificate,
                 "unsupported_certificate",
             ),
-            (AlertDescription::DecryptError, "other:decrypt_error"),
-            (AlertDescription::BadRecordMac, "other:bad_record_mac"),
+            (
+                AlertDescription::BadCertificateStatusResponse,
+                "bad_certificate_status_response",
+            ),
+            (
+                AlertDescription::BadCertificateHashValue,
+                "bad_certificate_hash_value",
+            ),
+            (
+                AlertDescription::CertificateUnobtainable,
+                "certificate_unobtainable",
+            ),
         ];
         for (alert, name) in cases {
             assert_eq!(
-                classify(&tls_err(rustls::Error::AlertReceived(alert))).as_deref(),
-                Some(name)
+                classify(&tls_err(rustls::Error::AlertReceived(alert))),
+                Some(Handshake::Refused(name.into()))
             );
         }
     }
 
     #[test]
-    fn silence_after_the_flight_is_no_alert_and_other_failures_are_not_refusals() {
+    fn other_alerts_and_silence_are_abandoned_and_the_rest_is_nothing() {
+        for (alert, name) in [
+            (AlertDescription::CloseNotify, "close_notify"),
+            (AlertDescription::UserCanceled, "user_canceled"),
+            (AlertDescription::HandshakeFailure, "handshake_failure"),
+            (AlertDescription::DecryptError, "decrypt_error"),
+            (AlertDescription::BadRecordMac, "bad_record_mac"),
+        ] {
+            assert_eq!(
+                classify(&tls_err(rustls::Error::AlertReceived(alert))),
+                Some(Handshake::Abandoned(Some(name.into())))
+            );
+        }
         let eof = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "tls handshake eof");
-        assert_eq!(classify(&eof).as_deref(), Some(NO_ALERT));
+        assert_eq!(classify(&eof), Some(Handshake::Abandoned(None)));
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert_eq!(classify(&reset).as_deref(), Some(NO_ALERT));
+        assert_eq!(classify(&reset), Some(Handshake::Abandoned(None)));
         let incompatible = tls_err(rustls::Error::PeerIncompatible(
             rustls::PeerIncompatible::NoCipherSuitesInCommon,
         ));

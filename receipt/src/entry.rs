@@ -2,22 +2,27 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 2; version 1 lines are still read)
+//! # File format (version 3; versions 1 and 2 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`2`); readers accept every
+//! - `v`: the format version, [`LEDGER_VERSION`] (`3`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
-//!   `tamper` and `check`; no version-1 field changed meaning);
+//!   `tamper` and `check`; version 3 added the kinds `tls_abandoned` and
+//!   `response_incomplete`, and
+//!   stopped writing `trust_failure` for a handshake that ended without a
+//!   certificate alert; no earlier field changed meaning, and a reader
+//!   judges an old `trust_failure` by its alert ([`is_refusal_alert`]));
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
 //! - `ts`: RFC 3339 UTC with milliseconds (`2026-11-29T07:28:19.123Z`);
 //! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`,
 //!   `trust_failure`, `ech`, `quic`, `seal`, `reserved_path`, `tamper`,
-//!   `check`, `redirect_change`, `udp_dropped`, followed by that kind's
+//!   `check`, `redirect_change`, `udp_dropped`, `dns`, `tls_abandoned`,
+//!   `response_incomplete`, followed by that kind's
 //!   fields (see [`Entry`]);
 //! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
 //!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
@@ -29,10 +34,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 2;
+pub const LEDGER_VERSION: u32 = 3;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -51,7 +56,33 @@ pub const KINDS: &[&str] = &[
     "redirect_change",
     "udp_dropped",
     "dns",
+    "tls_abandoned",
+    "response_incomplete",
 ];
+
+/// TLS alerts that name the certificate: a client that sends one after our
+/// leaf refused it (a `trust_failure`). rustls's `AlertDescription` names,
+/// in the ledger's spelling. `access_denied` is among them (the peer got a
+/// certificate and decided not to proceed); `certificate_required` is not
+/// (it is about client certificates, which the proxy never asks for).
+pub const REFUSAL_ALERTS: &[&str] = &[
+    "unknown_ca",
+    "bad_certificate",
+    "unsupported_certificate",
+    "certificate_revoked",
+    "certificate_expired",
+    "certificate_unknown",
+    "access_denied",
+    "bad_certificate_status_response",
+    "bad_certificate_hash_value",
+    "certificate_unobtainable",
+];
+
+/// True when `alert` (a `trust_failure`'s `alert`) is evidence that the
+/// client refused the certificate; `no_alert` and `other:…` are not.
+pub fn is_refusal_alert(alert: &str) -> bool {
+    REFUSAL_ALERTS.contains(&alert)
+}
 
 /// `prev` of the first line of a ledger.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -286,7 +317,10 @@ pub enum Entry {
         duration_ms: u64,
     },
     /// A client aborted the TLS handshake after the proxy offered its minted
-    /// leaf: the client does not trust the veris CA for this host.
+    /// leaf with an alert that names the certificate ([`REFUSAL_ALERTS`]):
+    /// the client does not trust the veris CA for this host. (Lines written
+    /// before version 3 may carry `no_alert` or `other:<alert>`: readers
+    /// take those as [`Entry::TlsAbandoned`] handshakes.)
     TrustFailure {
         host: String,
         port: u16,
@@ -294,9 +328,7 @@ pub enum Entry {
         /// The service the host is routed to, when it is a vendor host.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         service: Option<String>,
-        /// `unknown_ca`, `bad_certificate`, `certificate_unknown`,
-        /// `certificate_expired`, `unsupported_certificate`, `other:<alert>`
-        /// or `no_alert` (the client closed right after the server flight).
+        /// One of [`REFUSAL_ALERTS`] (`unknown_ca`, `bad_certificate`, ...).
         alert: String,
     },
     /// A signature over the chain head: `sealed_seq` is the seq of the line
@@ -376,6 +408,47 @@ pub enum Entry {
         /// Query type (`A`, `AAAA`, `TXT`, or the number).
         qtype: String,
     },
+    /// A TLS connection the proxy terminated that ended after our leaf was
+    /// sent with no request and no alert naming the certificate: not
+    /// evidence of a refusal (a client that gave up closes the same way),
+    /// so it never fails a receipt by itself; the receipt lists it.
+    TlsAbandoned {
+        host: String,
+        port: u16,
+        tier: ListenerTier,
+        /// The service the host is routed to, when it is a vendor host.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        service: Option<String>,
+        /// `handshake`: the client closed (or reset, or sent an alert that
+        /// names no certificate) before finishing the handshake;
+        /// `no_request`: the handshake finished and the client closed
+        /// without sending one byte (GnuTLS clients such as wget refuse a
+        /// certificate this way).
+        stage: String,
+        /// The alert the client sent, when it sent one (`handshake_failure`,
+        /// `close_notify`, ...); absent for a bare close or reset.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        alert: Option<String>,
+    },
+    /// The response body of a recorded request did not reach the client
+    /// whole. The `request` line (written when the head arrived, before the
+    /// client saw it) keeps its status; this line, written when the body
+    /// ended short, says what the client actually got.
+    ResponseIncomplete {
+        /// The `seq` of the `request` line it completes.
+        of: u64,
+        /// That request's service.
+        service: String,
+        /// Body bytes handed to the client's connection.
+        bytes: u64,
+        /// The length the twin declared (`Content-Length`), when it did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        declared: Option<u64>,
+        /// `twin_cut`: the twin's body ended early or with an error (the
+        /// client got a broken response); `client_gone`: the client left
+        /// before the body ended.
+        reason: String,
+    },
 }
 
 impl Entry {
@@ -397,6 +470,8 @@ impl Entry {
             Entry::RedirectChange { .. } => "redirect_change",
             Entry::UdpDropped { .. } => "udp_dropped",
             Entry::Dns { .. } => "dns",
+            Entry::TlsAbandoned { .. } => "tls_abandoned",
+            Entry::ResponseIncomplete { .. } => "response_incomplete",
         }
     }
 }

@@ -917,6 +917,19 @@ pub fn entry(entry: Entry) -> Entry {
             name: text(&name),
             qtype,
         },
+        Entry::ResponseIncomplete {
+            of,
+            service,
+            bytes,
+            declared,
+            reason,
+        } => Entry::ResponseIncomplete {
+            of,
+            service: text(&service),
+            bytes,
+            declared,
+            reason: text(&reason),
+        },
         Entry::TlsAbandoned {
             host,
             port,

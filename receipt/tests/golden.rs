@@ -656,3 +656,85 @@ fn a_version_1_receipt_still_reads() {
     assert_eq!(r.window.scope, receipt::Scope::All);
     assert_eq!(r.services["stripe"].requests, 1);
 }
+
+// --- evidence: what the record says when connections end early ------------
+
+/// Version-3 lines for connections that ended before a full exchange, beside
+/// a version-2 `trust_failure` without a certificate alert (an older proxy
+/// wrote those for any close during the handshake).
+fn evidence_ledger() -> String {
+    let tls =
+        |host: &str, service: Option<&str>, stage: &str, alert: Option<&str>| Entry::TlsAbandoned {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Transparent,
+            service: service.map(str::to_string),
+            stage: stage.into(),
+            alert: alert.map(str::to_string),
+        };
+    let trust = |host: &str, service: &str, alert: &str| Entry::TrustFailure {
+        host: host.into(),
+        port: 443,
+        tier: ListenerTier::Explicit,
+        service: Some(service.into()),
+        alert: alert.into(),
+    };
+    let mut lines = chain_v(
+        vec![
+            covered_session("sbx_evidence"),
+            request("stripe", "api.stripe.com", "POST", "/v1/charges", 200),
+            tls("api.stripe.com", Some("stripe"), "handshake", None),
+            tls(
+                "api.stripe.com",
+                Some("stripe"),
+                "handshake",
+                Some("user_canceled"),
+            ),
+            tls("api.stripe.com", Some("stripe"), "no_request", None),
+            trust("api.github.com", "github", "unknown_ca"),
+            tls("example.org", None, "no_request", None),
+        ],
+        3,
+    );
+    // An older proxy's line for a close without an alert: a note now.
+    let old = chain_v(vec![trust("api.hubapi.com", "hubspot", "no_alert")], 2);
+    let last: veris_receipt::Line = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    let mut line: veris_receipt::Line = serde_json::from_str(old.trim_end()).unwrap();
+    line.seq = last.seq + 1;
+    line.prev = line_hash(lines.lines().last().unwrap().as_bytes());
+    lines.push_str(&encode(&line).unwrap());
+    lines.push('\n');
+    lines
+}
+
+#[test]
+fn evidence_receipt_is_golden() {
+    let bytes = ledger_file("evidence.jsonl", evidence_ledger());
+    let read = ledger::read_bytes(&bytes);
+    assert!(read.problems.is_empty(), "{:?}", read.problems);
+    let r = build(&read, &Options::default());
+    golden("evidence.txt", &render_text(&r));
+    golden("evidence.json", &json(&r));
+    let back: receipt::Receipt = serde_json::from_str(&json(&r)).unwrap();
+    assert_eq!(back, r);
+    // Only github's alert names the certificate.
+    let refused: Vec<&str> = r.trust_failures.iter().map(|f| f.host.as_str()).collect();
+    assert_eq!(refused, ["api.github.com"]);
+    let notes: Vec<(&str, u64, u64)> = r
+        .tls_abandoned
+        .iter()
+        .map(|a| (a.host.as_str(), a.handshakes, a.no_request))
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            ("api.hubapi.com", 1, 0),
+            ("api.stripe.com", 2, 1),
+            ("example.org", 0, 1)
+        ]
+    );
+    let verdict = evaluate(&r, &[], false);
+    assert_eq!(verdict.exit_code, 3);
+    assert_eq!(verdict.lines.len(), 1, "{:?}", verdict.lines);
+    assert!(verdict.lines[0].contains("api.github.com"));
+}

@@ -120,6 +120,8 @@ impl Row {
             Entry::RedirectChange { .. } => "rules-changed",
             Entry::UdpDropped { .. } => "udp-dropped",
             Entry::Dns { .. } => "dns",
+            Entry::TlsAbandoned { .. } => "tls-abandoned",
+            Entry::ResponseIncomplete { service, .. } => service,
         }
     }
 
@@ -131,6 +133,7 @@ impl Row {
             | Entry::Passthrough { host, .. }
             | Entry::Blocked { host, .. }
             | Entry::TrustFailure { host, .. }
+            | Entry::TlsAbandoned { host, .. }
             | Entry::ReservedPath { host, .. }
             | Entry::Ech { host, .. } => Some(host),
             Entry::Quic { host, .. } => host.as_deref(),
@@ -505,7 +508,9 @@ impl App {
             | Entry::Check { .. }
             | Entry::RedirectChange { .. }
             | Entry::UdpDropped { .. }
-            | Entry::Dns { .. } => {}
+            | Entry::Dns { .. }
+            | Entry::TlsAbandoned { .. }
+            | Entry::ResponseIncomplete { .. } => {}
             Entry::Seal { sealed_seq, .. } => {
                 // Seals arrive every second while traffic flows: counted, not listed.
                 self.counts.sealed_seq = Some(*sealed_seq);

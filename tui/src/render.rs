@@ -356,7 +356,9 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         | Entry::Seal { .. }
         | Entry::Check { .. }
         | Entry::UdpDropped { .. }
-        | Entry::Dns { .. } => Style::new().fg(Color::DarkGray),
+        | Entry::Dns { .. }
+        | Entry::TlsAbandoned { .. } => Style::new().fg(Color::DarkGray),
+        Entry::ResponseIncomplete { .. } => Style::new().fg(Color::Red),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
@@ -435,6 +437,31 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 "TLS".into(),
                 format!("{host}:{port}  client refused the veris CA ({alert})"),
                 Cell::from("tls").red().bold(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::ResponseIncomplete {
+                of,
+                bytes,
+                declared,
+                reason,
+                ..
+            } => (
+                String::new(),
+                match declared {
+                    Some(d) => format!("response of #{of} incomplete ({reason}): {bytes} of {d} bytes"),
+                    None => format!("response of #{of} incomplete ({reason}): {bytes} bytes"),
+                },
+                Cell::from("cut").red(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::TlsAbandoned {
+                host, port, stage, ..
+            } => (
+                "TLS".into(),
+                format!("{host}:{port}  client left after our certificate ({stage}), no refusal alert"),
+                Cell::from("tls"),
                 String::new(),
                 String::new(),
             ),
@@ -780,6 +807,36 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 lines.push(kv("request", format!("{m} {p}")));
             }
             lines.push(kv("status", format!("421 refused ({reason})")));
+            lines.push(kv("tier", tier_word(*tier).to_string()));
+        }
+        Entry::ResponseIncomplete {
+            of,
+            service,
+            bytes,
+            declared,
+            reason,
+        } => {
+            lines.push(kv("request", format!("#{of} ({service})")));
+            lines.push(kv("delivered", format!("{bytes} bytes")));
+            if let Some(d) = declared {
+                lines.push(kv("declared", format!("{d} bytes")));
+            }
+            lines.push(kv("reason", reason.clone()));
+        }
+        Entry::TlsAbandoned {
+            host,
+            port,
+            tier,
+            service,
+            stage,
+            alert,
+        } => {
+            lines.push(kv("host", format!("{host}:{port}")));
+            if let Some(s) = service {
+                lines.push(kv("service", s.clone()));
+            }
+            lines.push(kv("stage", stage.clone()));
+            lines.push(kv("alert", alert.clone().unwrap_or_else(|| "none".into())));
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
         Entry::TrustFailure {

@@ -26,6 +26,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
         leaks: Vec::new(),
         services: BTreeMap::new(),
         trust_failures: Vec::new(),
+        tls_abandoned: Vec::new(),
         passthrough: HostCounts::default(),
         blocked: HostCounts::default(),
         upstream_errors: Vec::new(),
@@ -36,6 +37,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
     // (host, destination) -> count, for passthrough and blocked lines.
     let mut passed = BTreeMap::new();
     let mut blocked = BTreeMap::new();
+    let mut tls = super::tls::TlsTally::default();
     for line in &read.lines {
         if let Entry::Session {
             sandbox_id,
@@ -81,6 +83,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
                         status: *status,
                         tier: *tier,
                         client_gone: *client_gone,
+                        incomplete: None,
                     });
                 } else {
                     summary.capped = true;
@@ -126,6 +129,30 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
                 *receipt.blocked.hosts.entry(host.clone()).or_default() += 1;
                 *blocked.entry((host, dst.clone())).or_default() += 1;
             }
+            Entry::TrustFailure { .. } | Entry::TlsAbandoned { .. } => tls.add(&line.entry),
+            // Follows its request line; one whose request is before the
+            // window is not this window's.
+            Entry::ResponseIncomplete {
+                of,
+                service,
+                bytes,
+                declared,
+                reason,
+            } if wanted(service) => {
+                if let Some(summary) = receipt.services.get_mut(service) {
+                    let listed = summary.entries.binary_search_by_key(of, |e| e.seq);
+                    if let Ok(i) = listed {
+                        summary.entries[i].incomplete = Some(Incomplete {
+                            bytes: *bytes,
+                            declared: *declared,
+                            reason: reason.clone(),
+                        });
+                    }
+                    if listed.is_ok() || summary.entries.last().is_some_and(|e| e.seq < *of) {
+                        summary.incomplete += 1;
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -133,7 +160,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
     receipt.blocked.destinations = destinations(blocked);
 
     receipt.leaks = super::leaks::leaks(read, since, until);
-    receipt.trust_failures = trust_failures(read, since, until, &receipt.services);
+    (receipt.trust_failures, receipt.tls_abandoned) = tls.finish(&receipt.services);
     receipt
 }
 
@@ -170,77 +197,6 @@ fn window(read: &LedgerRead, options: &Options) -> Window {
         since_seq,
         until_seq: until,
         scope,
-    }
-}
-
-/// Trust failures per host in the window, with the requests that completed
-/// to the same host, each with its prescription.
-fn trust_failures(
-    read: &LedgerRead,
-    since: u64,
-    until: u64,
-    services: &BTreeMap<String, ServiceSummary>,
-) -> Vec<TrustFailure> {
-    let mut by_host: BTreeMap<String, TrustFailure> = BTreeMap::new();
-    for line in read
-        .lines
-        .iter()
-        .filter(|l| l.seq > since && l.seq <= until)
-    {
-        if let Entry::TrustFailure {
-            host,
-            service,
-            alert,
-            ..
-        } = &line.entry
-        {
-            let host = normalize_host(host);
-            let f = by_host.entry(host.clone()).or_insert_with(|| TrustFailure {
-                host,
-                refusals: 0,
-                completed: 0,
-                detail: String::new(),
-                service: None,
-                alerts: BTreeMap::new(),
-            });
-            f.refusals += 1;
-            if f.service.is_none() {
-                f.service = service.clone();
-            }
-            *f.alerts.entry(alert.clone()).or_default() += 1;
-        }
-    }
-    for f in by_host.values_mut() {
-        f.completed = services.values().filter_map(|s| s.hosts.get(&f.host)).sum();
-        let alerts: Vec<String> = f.alerts.iter().map(|(a, n)| format!("{a} ({n})")).collect();
-        f.detail = format!(
-            "alerts {}. Next: {}",
-            alerts.join(", "),
-            trust_next_step(&f.alerts)
-        );
-    }
-    by_host.into_values().collect()
-}
-
-/// What to do about refusals, judged by the most frequent alert.
-fn trust_next_step(alerts: &BTreeMap<String, u64>) -> &'static str {
-    let top = alerts
-        .iter()
-        .max_by_key(|(_, n)| **n)
-        .map_or("", |(a, _)| a.as_str());
-    match top {
-        "certificate_expired" => {
-            "the client thinks the veris leaf is expired: check the sandbox clock, or delete the CA dir so a fresh CA is minted"
-        }
-        "unsupported_certificate" => {
-            "the client rejects the veris leaf's key or usage (ECDSA P-256, serverAuth): configure it to accept ECDSA certificates"
-        }
-        _ => {
-            "the client does not trust the veris CA: point its CA setting at the veris bundle \
-             (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS: see the env file \
-             written by --write-env) or install the CA into the system store; SDKs that bundle their \
-             own CA (stripe-python, certifi copies) need their own setting; real certificate pinning cannot be fixed"
-        }
     }
 }
 
@@ -432,7 +388,7 @@ mod tests {
                 req(1, "/v1/customers"),
                 trust(2, "api.stripe.com", Some("stripe"), "unknown_ca"),
                 trust(3, "api.github.com", Some("github"), "unknown_ca"),
-                trust(4, "api.github.com", Some("github"), "no_alert"),
+                trust(4, "api.github.com", Some("github"), "bad_certificate"),
                 trust(5, "example.org", None, "unknown_ca"),
             ],
             head: (5, String::new()),
@@ -449,11 +405,11 @@ mod tests {
         assert!(!by_host["api.stripe.com"].is_fatal());
         let github = by_host["api.github.com"];
         assert_eq!((github.refusals, github.completed), (2, 0));
-        assert_eq!(github.alerts["no_alert"], 1);
+        assert_eq!(github.alerts["bad_certificate"], 1);
         assert!(github.is_fatal());
         assert!(github
             .detail
-            .starts_with("alerts no_alert (1), unknown_ca (1). Next: "));
+            .starts_with("alerts bad_certificate (1), unknown_ca (1). Next: "));
         // An unmapped host is not a vendor: never fatal.
         assert!(!by_host["example.org"].is_fatal());
         let text = render_text(&r);

@@ -29,6 +29,7 @@ mod integrity;
 mod leaks;
 mod require;
 mod text;
+mod tls;
 
 pub use build::build;
 pub use integrity::PROXY_NOT_LIVE;
@@ -41,7 +42,13 @@ pub use text::render_text;
 /// `client_gone` flag of a request, the `timeout` split of upstream errors
 /// and the `destinations` of passthrough and blocked hosts; a version-1
 /// receipt still deserializes (every addition has a default).
-pub const RECEIPT_VERSION: u32 = 2;
+///
+/// Version 3 added `tls_abandoned` (connections closed after our leaf
+/// with no alert naming it: notes, never failures; `trust_failures` then
+/// holds only refusals, an alert that names the certificate), and the
+/// `incomplete` of a request and a service (a response body that did not
+/// reach the client whole).
+pub const RECEIPT_VERSION: u32 = 3;
 
 /// Requests listed per service in the text receipt.
 pub const TEXT_ENTRY_CAP: usize = 20;
@@ -76,6 +83,10 @@ pub struct Receipt {
     /// Requests forwarded to the twin, per service.
     pub services: BTreeMap<String, ServiceSummary>,
     pub trust_failures: Vec<TrustFailure>,
+    /// Hosts whose clients closed after our leaf without a refusal alert
+    /// (during the handshake, or right after it with no request).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_abandoned: Vec<AbandonedTls>,
     pub passthrough: HostCounts,
     pub blocked: HostCounts,
     /// Vendor requests whose twin upstream failed (unreachable: it did not
@@ -165,6 +176,10 @@ pub struct ServiceSummary {
     /// Request count per `METHOD /path` (no query), for `--require-request`.
     #[serde(default)]
     pub calls: BTreeMap<String, u64>,
+    /// Requests among `requests` whose response body did not reach the
+    /// client whole (still counted: the twin got them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incomplete: u64,
     /// Oldest first, at most [`JSON_ENTRY_CAP`].
     pub entries: Vec<RequestEntry>,
     /// True when `requests` exceeds the entries listed.
@@ -181,6 +196,26 @@ pub struct RequestEntry {
     /// The client left before the twin's answer arrived (the twin executed it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub client_gone: bool,
+    /// The response body did not reach the client whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<Incomplete>,
+}
+
+/// How much of a response body reached the client, when not all of it did
+/// (ledger `response_incomplete`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incomplete {
+    /// Body bytes handed to the client's connection.
+    pub bytes: u64,
+    /// The length the twin declared, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<u64>,
+    /// `twin_cut` or `client_gone`.
+    pub reason: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Hosts seen, with a count each (connections for passthrough, requests for
@@ -233,6 +268,28 @@ impl TrustFailure {
     pub fn is_fatal(&self) -> bool {
         self.service.is_some() && self.refusals > 0 && self.completed == 0
     }
+}
+
+/// A host whose clients closed TLS connections after our leaf without an
+/// alert that names the certificate: not evidence of a refusal, never a
+/// failure by itself (ledger `tls_abandoned` lines, and `trust_failure`
+/// lines of older proxies without such an alert).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbandonedTls {
+    pub host: String,
+    /// The vendor service the host is routed to; absent for unmapped hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// Handshakes the client left before finishing.
+    pub handshakes: u64,
+    /// Connections closed right after the handshake without one request byte.
+    pub no_request: u64,
+    /// Requests to this host that reached the twin in the window.
+    pub completed: u64,
+    /// Handshakes left per alert the client sent (`none` for a bare close
+    /// or reset).
+    #[serde(default)]
+    pub alerts: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

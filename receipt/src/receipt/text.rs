@@ -52,6 +52,18 @@ fn destination_list(counts: &HostCounts) -> String {
         .join(", ")
 }
 
+/// ` (cut after 1234 of 5000 bytes)`: what the client got of a response.
+fn incomplete_text(i: &Incomplete) -> String {
+    let what = match i.reason.as_str() {
+        "client_gone" => "client left",
+        _ => "cut",
+    };
+    match i.declared {
+        Some(d) => format!(" ({what} after {} of {d} bytes)", i.bytes),
+        None => format!(" ({what} after {} bytes)", i.bytes),
+    }
+}
+
 /// The text receipt (DESIGN §8): title with the twin id, interception and
 /// integrity, leaks, the count line, then per service its count and its
 /// requests `METHOD /path -> status` oldest first (newest last), at most
@@ -108,10 +120,19 @@ pub fn render_text(r: &Receipt) -> String {
         let _ = writeln!(out, "{total} request(s) reached the twin:");
     }
     for (name, s) in &r.services {
-        let _ = writeln!(out, "  {name}: {} request(s)", s.requests);
+        let incomplete = match s.incomplete {
+            0 => String::new(),
+            n => format!(", {n} answered incomplete"),
+        };
+        let _ = writeln!(out, "  {name}: {} request(s){incomplete}", s.requests);
         for e in s.entries.iter().take(TEXT_ENTRY_CAP) {
             let gone = if e.client_gone { " (client gone)" } else { "" };
-            let _ = writeln!(out, "    {} {} -> {}{gone}", e.method, e.path, e.status);
+            let cut = e.incomplete.as_ref().map_or(String::new(), incomplete_text);
+            let _ = writeln!(
+                out,
+                "    {} {} -> {}{gone}{cut}",
+                e.method, e.path, e.status
+            );
         }
         let shown = s.entries.len().min(TEXT_ENTRY_CAP) as u64;
         if s.requests > shown {
@@ -163,6 +184,9 @@ pub fn render_text(r: &Receipt) -> String {
             "trust failure: {}: {} refusal(s), {} completed: {}",
             f.host, f.refusals, f.completed, f.detail
         ));
+    }
+    for a in &r.tls_abandoned {
+        extra.push(super::tls::abandoned_text(a));
     }
     if !r.passthrough.hosts.is_empty() {
         extra.push(format!("passthrough: {}", destination_list(&r.passthrough)));
