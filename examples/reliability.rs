@@ -985,6 +985,16 @@ async fn run(opts: Opts) -> bool {
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
+    let dirty = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    let rev = if dirty {
+        format!("{rev} + uncommitted changes")
+    } else {
+        rev
+    };
     println!(
         "veris reliability run {} — binary {} (git {rev}), {} cores, kernel {}, {}, seed {}{}",
         today(),
