@@ -748,6 +748,10 @@ impl Proxy {
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers, websocket);
         headers.remove(header::HOST);
+        // Only the proxy speaks in `X-Veris-*` headers: whatever the client
+        // sent under that prefix (its own sandbox, service, original
+        // authorization...) never reaches the twin.
+        strip_veris_headers(&mut headers);
         let original_host = if (leg.tls && leg.port == 443) || (!leg.tls && leg.port == 80) {
             leg.host.clone()
         } else {
@@ -763,9 +767,6 @@ impl Proxy {
             headers.insert("x-veris-sandbox", v);
         }
         if let Some(auth) = &self.twin_auth {
-            // Only the proxy says what the client's authorization was: a value
-            // the client put there itself would read as its own to the twin.
-            headers.remove(ORIGINAL_AUTHORIZATION);
             if let Some(original) = headers.remove(header::AUTHORIZATION) {
                 headers.insert(ORIGINAL_AUTHORIZATION, original);
             }
@@ -1180,6 +1181,18 @@ fn content_length(headers: &http::HeaderMap) -> Option<u64> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
+}
+
+/// Removes every `X-Veris-*` header (the prefix is the proxy's to the twin).
+fn strip_veris_headers(headers: &mut http::HeaderMap) {
+    let names: Vec<header::HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("x-veris-"))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
 }
 
 /// Where the client's own `Authorization` travels when the proxy sends the
