@@ -173,17 +173,17 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
                             .await,
                         );
                     }
-                    if let Ok(read) = veris_receipt::ledger::read(&path) {
-                        let heads = session_twin_heads(&read, w.until);
-                        let since = w.since.max(latest_session_since(&read, w.until));
+                    // Streamed: the ledger is read a line at a time, never held.
+                    if let Ok(facts) = SessionFacts::of_file(&path, w.until) {
+                        let since = w.since.max(facts.since);
                         checks.push(
-                            twin_cross_check(
-                                &read,
+                            twin_cross_check_file(
+                                &path,
                                 since,
                                 w.until,
                                 &services,
-                                heads.as_ref(),
-                                Some(&path),
+                                facts.twin_heads.as_ref(),
+                                true,
                             )
                             .await,
                         );
@@ -428,30 +428,89 @@ pub fn probe_path(tier: ListenerTier, proxy_url: &str) -> ProbePath {
 /// `(method, path)` → count: a multiset of calls.
 type Calls = BTreeMap<(String, String), u64>;
 
-/// `seq - 1` of the newest session line at or before `until` (0 without
-/// one): a live twin cross-check covers the window from there, since the
-/// twin's log position is only known for the latest session.
-pub fn latest_session_since(read: &LedgerRead, until: u64) -> u64 {
-    read.lines
-        .iter()
-        .rev()
-        .filter(|l| l.seq <= until)
-        .find(|l| matches!(l.entry, Entry::Session { .. }))
-        .map_or(0, |l| l.seq.saturating_sub(1))
+/// What the newest session line at or before a window's end says, and the
+/// public keys every session line offers.
+#[derive(Debug, Default)]
+pub struct SessionFacts {
+    /// `seq - 1` of that session line (0 without one).
+    pub since: u64,
+    /// The twin log position it recorded.
+    pub twin_heads: Option<BTreeMap<String, u64>>,
+    /// `public_key` of every session line, in file order.
+    pub public_keys: Vec<String>,
+    /// The first two lines and the head: what a ledger id is read from.
+    pub prefix: LedgerRead,
 }
 
-/// The twin log position recorded in the newest session line at or before
-/// `until`: the twin cross-check counts rows after it.
-pub fn session_twin_heads(read: &LedgerRead, until: u64) -> Option<BTreeMap<String, u64>> {
-    read.lines
-        .iter()
-        .rev()
-        .filter(|l| l.seq <= until)
-        .find_map(|l| match &l.entry {
-            Entry::Session { twin_heads, .. } => Some(twin_heads.clone()),
-            _ => None,
-        })
-        .flatten()
+impl SessionFacts {
+    fn add(&mut self, line: &veris_receipt::Line, until: u64) {
+        if let Entry::Session {
+            twin_heads,
+            public_key,
+            ..
+        } = &line.entry
+        {
+            if let Some(k) = public_key {
+                self.public_keys.push(k.clone());
+            }
+            if line.seq <= until {
+                self.since = line.seq.saturating_sub(1);
+                self.twin_heads = twin_heads.clone();
+            }
+        }
+    }
+
+    /// Reads them from the file a line at a time: only the first two lines
+    /// and lines that mention a session are parsed (any line holding a
+    /// `session` line's tag holds the word).
+    pub fn of_file(path: &Path, until: u64) -> Result<SessionFacts, veris_receipt::LedgerError> {
+        use veris_receipt::ledger::{LineReader, RawLine};
+        let mut f = SessionFacts::default();
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(f),
+            Err(source) => {
+                return Err(veris_receipt::LedgerError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        let mut lines = LineReader::new(file);
+        let mut buf = Vec::new();
+        let mut head_hash = None;
+        let mut n = 0u64;
+        while let Some(raw) =
+            lines
+                .next_into(&mut buf)
+                .map_err(|source| veris_receipt::LedgerError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?
+        {
+            let hash = match raw {
+                RawLine::Line => None,
+                RawLine::Overlong { hash, .. } => Some(hash),
+                RawLine::Torn(_) => break,
+            };
+            n += 1;
+            if n <= 2 || buf.windows(7).any(|w| w == b"session") {
+                if let Ok(line) = serde_json::from_slice::<veris_receipt::Line>(&buf) {
+                    if f.prefix.lines.len() < 2 && n <= 2 {
+                        f.prefix.lines.push(line.clone());
+                    }
+                    f.add(&line, until);
+                }
+            }
+            if n == 1 {
+                head_hash = Some(hash.unwrap_or_else(|| veris_receipt::ledger::line_hash(&buf)));
+            }
+        }
+        if n == 1 {
+            f.prefix.head = (1, head_hash.unwrap_or_default());
+        }
+        Ok(f)
+    }
 }
 
 /// What the ledger says per service in a window: requests forwarded to the
@@ -496,16 +555,20 @@ impl Expected {
         }
     }
 
-    fn of(read: &LedgerRead, since: u64, until: u64) -> Expected {
+    /// From the file, a line at a time: lines outside the window are
+    /// skipped after reading their seq.
+    fn of_file(
+        path: &Path,
+        since: u64,
+        until: u64,
+    ) -> Result<Expected, veris_receipt::LedgerError> {
         let mut e = Expected::default();
-        for line in read
-            .lines
-            .iter()
-            .filter(|l| l.seq > since && l.seq <= until)
-        {
-            e.add(line);
-        }
-        e
+        veris_receipt::ledger::scan_file(path, 0, |line, _, _| {
+            if line.seq > since && line.seq <= until {
+                e.add(&line);
+            }
+        })?;
+        Ok(e)
     }
 }
 
@@ -547,9 +610,32 @@ fn describe(calls: &Calls) -> String {
 ///
 /// A twin whose log cannot be read, or a session whose start position is
 /// unknown, makes the check `unverified`, never `ok`.
-pub async fn twin_cross_check(
-    read: &LedgerRead,
+///
+/// The ledger file is read a line at a time; with `refresh`, it is re-read
+/// for requests in flight at the window's edge.
+pub async fn twin_cross_check_file(
+    path: &Path,
     since: u64,
+    until: u64,
+    services: &[ServiceRef],
+    heads: Option<&BTreeMap<String, u64>>,
+    refresh: bool,
+) -> Check {
+    match Expected::of_file(path, since, until) {
+        Ok(expected) => {
+            cross_check(expected, until, services, heads, refresh.then_some(path)).await
+        }
+        Err(e) => Check {
+            name: "twin_cross_check".into(),
+            status: CheckStatus::Unverified,
+            detail: format!("cannot read the ledger to cross-check the twin ({e})"),
+        },
+    }
+}
+
+/// [`twin_cross_check_file`] with the ledger's side already counted.
+async fn cross_check(
+    expected: Expected,
     until: u64,
     services: &[ServiceRef],
     heads: Option<&BTreeMap<String, u64>>,
@@ -566,7 +652,6 @@ pub async fn twin_cross_check(
             "the twin's log position when the session started is unknown, so its rows cannot be matched to this window".into(),
         );
     };
-    let expected = Expected::of(read, since, until);
     let mut unreadable = Vec::new();
     let mut accounted = Vec::new();
     let mut extras: BTreeMap<String, Calls> = BTreeMap::new();
@@ -632,10 +717,9 @@ pub async fn twin_cross_check(
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
-            let Ok(later) = veris_receipt::ledger::read(path) else {
+            let Ok(after) = Expected::of_file(path, until, u64::MAX) else {
                 break;
             };
-            let after = Expected::of(&later, until, u64::MAX);
             for (service, rows) in extras.iter_mut() {
                 for calls in [after.sure.get(service), after.maybe.get(service)]
                     .into_iter()

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use veris_receipt::ledger::{self, LedgerRead};
+use veris_receipt::ledger::LedgerRead;
 use veris_receipt::receipt::{
     self, Anchor, Check, CheckStatus, Options, Receipt, Requirement, WindowSpec,
 };
@@ -97,7 +97,11 @@ pub fn report(
     reqs: &[Requirement],
     allow_empty: bool,
 ) -> Report {
-    let receipt = receipt::build(read, options);
+    judge(receipt::build(read, options), reqs, allow_empty)
+}
+
+/// Renders and judges a built receipt. The verdict lines follow the text.
+pub fn judge(receipt: Receipt, reqs: &[Requirement], allow_empty: bool) -> Report {
     let mut text = receipt::render_text(&receipt);
     let verdict = receipt::evaluate(&receipt, reqs, allow_empty);
     if !verdict.lines.is_empty() {
@@ -176,7 +180,7 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
             })
             .collect();
     }
-    let read = match &live {
+    match &live {
         Some(live) => {
             let status = live
                 .status()
@@ -189,10 +193,10 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
                 .seal()
                 .await
                 .context("asking the live proxy for a fresh seal")?;
-            let read = ledger::read(&path)
+            let facts = crate::live::SessionFacts::of_file(&path, fresh.seq)
                 .with_context(|| format!("reading ledger {}", path.display()))?;
             if let Some(b) = &baseline {
-                b.check_ledger(&read)?;
+                b.check_ledger(&facts.prefix)?;
             }
             options.proxy_live = true;
             options.until = Some(fresh.seq);
@@ -204,18 +208,15 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
             // The twin's log position is known for the latest session (from
             // its session line) or a baseline inside it; earlier sessions of
             // the window count with the checks their proxy recorded.
-            let session_since = crate::live::latest_session_since(&read, fresh.seq);
+            let session_since = facts.since;
             let (since, heads) = match &baseline {
                 Some(b) if b.ledger.is_some() && b.seq >= session_since => {
                     (b.seq, Some(b.twin.clone()))
                 }
-                _ => (
-                    since.max(session_since),
-                    crate::live::session_twin_heads(&read, fresh.seq),
-                ),
+                _ => (since.max(session_since), facts.twin_heads.clone()),
             };
             options.external_checks = live_checks(
-                &read,
+                &path,
                 &LiveRun {
                     tier: status.tier,
                     proxy_url: &status.proxy_url,
@@ -246,22 +247,28 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
                 seal: fresh,
                 public_key: status.public_key.clone().unwrap_or_default(),
             };
-            read
         }
         None => {
-            let read = ledger::read(&path)
+            // What must be known before the fold: the ledger id, and the
+            // keys the session lines offer (a cheap first pass).
+            let facts = crate::live::SessionFacts::of_file(&path, u64::MAX)
                 .with_context(|| format!("reading ledger {}", path.display()))?;
             if let Some(b) = &baseline {
-                b.check_ledger(&read)?;
+                b.check_ledger(&facts.prefix)?;
             }
             if let Some(pin) = &pin {
-                options.anchor =
-                    Anchor::Pinned(pinned_keys(pin, &read, options.hint_keys.as_ref()));
+                options.anchor = Anchor::Pinned(offered_keys(
+                    pin,
+                    &facts.public_keys,
+                    options.hint_keys.as_ref(),
+                ));
             }
-            read
         }
     };
-    let report = report(&read, &options, &reqs, args.require.allow_empty);
+    // The receipt is a fold over the file, a line at a time.
+    let built = receipt::build_file(&path, &options)
+        .with_context(|| format!("reading ledger {}", path.display()))?;
+    let report = judge(built, &reqs, args.require.allow_empty);
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&report.receipt)?);
         // Verdict lines still reach a person, on stderr.
@@ -285,9 +292,9 @@ fn parse_pin(arg: &str) -> Result<Pin> {
     Pin::parse(&text).with_context(|| format!("reading the key pin in {arg}"))
 }
 
-/// The raw keys the ledger's session lines and `ledger.pub` offer, narrowed
-/// to those the pin names (by their hash, so an offered key cannot lie).
-pub fn pinned_keys(pin: &Pin, read: &LedgerRead, hint: Option<&PublicKeys>) -> PublicKeys {
+/// The raw keys offered (by session lines, then `ledger.pub`), narrowed to
+/// those the pin names.
+pub fn offered_keys(pin: &Pin, offered: &[String], hint: Option<&PublicKeys>) -> PublicKeys {
     let hint_hex: Vec<String> = hint
         .map(|h| {
             h.keys
@@ -296,15 +303,7 @@ pub fn pinned_keys(pin: &Pin, read: &LedgerRead, hint: Option<&PublicKeys>) -> P
                 .collect()
         })
         .unwrap_or_default();
-    let offered = read
-        .lines
-        .iter()
-        .filter_map(|l| match &l.entry {
-            veris_receipt::Entry::Session { public_key, .. } => public_key.as_deref(),
-            _ => None,
-        })
-        .chain(hint_hex.iter().map(String::as_str));
-    pin.select(offered)
+    pin.select(offered.iter().chain(hint_hex.iter()).map(String::as_str))
 }
 
 /// The public keys in `ledger.pub` beside a ledger file, if there is one.
@@ -339,12 +338,7 @@ pub struct LiveRun<'a> {
 
 /// The checks that need the network: the canary along the run's
 /// interception path, and the twin cross-check of the window.
-pub async fn live_checks(
-    read: &LedgerRead,
-    run: &LiveRun<'_>,
-    since: u64,
-    until: u64,
-) -> Vec<Check> {
+pub async fn live_checks(ledger: &Path, run: &LiveRun<'_>, since: u64, until: u64) -> Vec<Check> {
     let path = crate::live::probe_path(run.tier, run.proxy_url);
     // Inside the sandbox the env file names the run the workload belongs to.
     let expected = std::env::var("VERIS_CANARY")
@@ -357,9 +351,15 @@ pub async fn live_checks(
         canary.status = CheckStatus::Failed;
         canary.detail = "the live proxy's canary is not the one in VERIS_CANARY: this environment belongs to another run".into();
     }
-    let twin =
-        crate::live::twin_cross_check(read, since, until, run.services, run.twin_heads, run.ledger)
-            .await;
+    let twin = crate::live::twin_cross_check_file(
+        ledger,
+        since,
+        until,
+        run.services,
+        run.twin_heads,
+        run.ledger.is_some(),
+    )
+    .await;
     vec![canary, twin]
 }
 

@@ -507,24 +507,15 @@ impl Stack {
         // No traffic can arrive now: the window is exact.
         let since = self.session_seq.saturating_sub(1);
         let head = self.ledger.head().0;
-        let twin = match veris_receipt::ledger::read(self.ledger.path()) {
-            Ok(read) => {
-                crate::live::twin_cross_check(
-                    &read,
-                    since,
-                    head,
-                    &self.services,
-                    self.twin_heads.as_ref(),
-                    None,
-                )
-                .await
-            }
-            Err(e) => Check {
-                name: "twin_cross_check".into(),
-                status: CheckStatus::Unverified,
-                detail: format!("cannot read the ledger to cross-check the twin ({e})"),
-            },
-        };
+        let twin = crate::live::twin_cross_check_file(
+            self.ledger.path(),
+            since,
+            head,
+            &self.services,
+            self.twin_heads.as_ref(),
+            false,
+        )
+        .await;
         let checks = vec![canary, twin];
         for c in &checks {
             let entry = Entry::Check {

@@ -149,7 +149,21 @@ async fn route(
         );
         return resp;
     }
-    let since = query_u64(req.uri().query(), "since");
+    let since = match query_u64(req.uri().query(), "since") {
+        Ok(since) => since,
+        // A typo must not widen a receipt's window to the whole ledger.
+        Err(bad) => {
+            return respond::error(
+                StatusCode::BAD_REQUEST,
+                "veris_bad_since",
+                format!(
+                    "`since` must be a line number (0 to {}), not {bad:?}",
+                    u64::MAX
+                ),
+                json!({}),
+            )
+        }
+    };
     match (method, path.as_str()) {
         (Method::GET, "/status") => status(&admin).await,
         (Method::GET, "/ledger") => ledger_lines(&admin, since.unwrap_or(0)).await,
@@ -190,12 +204,22 @@ fn authorized(headers: &HeaderMap, token: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn query_u64(query: Option<&str>, name: &str) -> Option<u64> {
-    query?
+/// The parameter `name` as a number: `Ok(None)` when absent, `Err` with the
+/// value when it is there but not a `u64`.
+fn query_u64(query: Option<&str>, name: &str) -> Result<Option<u64>, String> {
+    let Some(value) = query
+        .unwrap_or("")
         .split('&')
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| *k == name)
-        .and_then(|(_, v)| v.parse().ok())
+        .map(|(_, v)| v)
+    else {
+        return Ok(None);
+    };
+    value
+        .parse()
+        .map(Some)
+        .map_err(|_| value.chars().take(40).collect())
 }
 
 fn last_event_id(headers: &HeaderMap) -> Option<u64> {
@@ -406,19 +430,11 @@ async fn receipt_json(admin: &Admin, since: Option<u64>) -> Response<ProxyBody> 
         Err(resp) => return resp,
     };
     let since = since.unwrap_or(admin.session_seq.saturating_sub(1));
-    let path = admin.ledger.path().to_path_buf();
     let keys_path = admin.public_keys.clone();
-    let read = tokio::task::spawn_blocking(move || {
-        let read = veris_receipt::ledger::read(&path)?;
-        let keys = PublicKeys::load(&keys_path).ok();
-        Ok::<_, veris_receipt::LedgerError>((read, keys))
-    })
-    .await;
-    let (read, keys) = match read {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return unreadable(std::io::Error::other(e.to_string())),
-        Err(e) => return unreadable(std::io::Error::other(e.to_string())),
-    };
+    let keys = tokio::task::spawn_blocking(move || PublicKeys::load(&keys_path).ok())
+        .await
+        .ok()
+        .flatten();
     let external_checks = match &admin.receipt_checks {
         Some(hook) => {
             hook(ReceiptWindow {
@@ -441,8 +457,15 @@ async fn receipt_json(admin: &Admin, since: Option<u64>) -> Response<ProxyBody> 
         hint_keys: keys,
         external_checks,
     };
-    let r = receipt::build(&read, &options);
-    respond::json(StatusCode::OK, json!(r))
+    // A fold over the file, a line at a time: memory does not grow with
+    // the ledger, and nothing of it is kept after the answer.
+    let path = admin.ledger.path().to_path_buf();
+    let built = tokio::task::spawn_blocking(move || receipt::build_file(&path, &options)).await;
+    match built {
+        Ok(Ok(r)) => respond::json(StatusCode::OK, json!(r)),
+        Ok(Err(e)) => unreadable(std::io::Error::other(e.to_string())),
+        Err(e) => unreadable(std::io::Error::other(e.to_string())),
+    }
 }
 
 /// One SSE event for a ledger line.
@@ -707,9 +730,14 @@ mod tests {
 
     #[test]
     fn since_is_read_from_the_query() {
-        assert_eq!(query_u64(Some("since=12&x=1"), "since"), Some(12));
-        assert_eq!(query_u64(Some("x=1"), "since"), None);
-        assert_eq!(query_u64(None, "since"), None);
-        assert_eq!(query_u64(Some("since=abc"), "since"), None);
+        assert_eq!(query_u64(Some("since=12&x=1"), "since"), Ok(Some(12)));
+        assert_eq!(query_u64(Some("x=1"), "since"), Ok(None));
+        assert_eq!(query_u64(None, "since"), Ok(None));
+        for bad in ["abc", "-1", "99999999999999999999999", ""] {
+            assert_eq!(
+                query_u64(Some(&format!("since={bad}")), "since"),
+                Err(bad.to_string())
+            );
+        }
     }
 }

@@ -1,64 +1,133 @@
 //! Building a receipt from a ledger window: what reached the twin, leaks,
 //! trust failures. Integrity is computed in `integrity`.
+//!
+//! The receipt is a fold: a [`Builder`] takes the verified lines one at a
+//! time ([`Builder::line`], e.g. from [`crate::ledger::scan`]) and keeps
+//! only what the receipt reports (counts, the listed requests up to
+//! [`JSON_ENTRY_CAP`] per service, findings), so its memory does not grow
+//! with the ledger. [`build`] folds a read that holds every line.
 
 use std::collections::BTreeMap;
 
-use crate::entry::Entry;
+use crate::entry::{Entry, Line};
 use crate::ledger::LedgerRead;
 
+use super::integrity::{Evidence, FileFacts, Keys};
 use super::*;
 
 /// Builds the receipt for a window of a verified read. Mode, tier and twin
 /// come from the newest session line at or before the window end.
 pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
-    let window = window(read, options);
-    let (since, until) = (window.since_seq, window.until_seq);
-    let wanted = |service: &str| options.service.as_deref().is_none_or(|s| s == service);
+    let mut b = Builder::new(options);
+    for (i, line) in read.lines.iter().enumerate() {
+        // The line's hash: the next line's `prev`, or the head's for the
+        // last (only read where the chain holds; the chain check fails the
+        // receipt otherwise).
+        let hash = match read.lines.get(i + 1) {
+            Some(next) => next.prev.as_str(),
+            None => read.head.1.as_str(),
+        };
+        b.line(line, hash);
+    }
+    b.finish(read)
+}
 
-    let mut receipt = Receipt {
-        version: RECEIPT_VERSION,
-        twin: None,
-        window,
-        mode: None,
-        tier: None,
-        isolation: None,
-        integrity: integrity::integrity(read, options, &window),
-        leaks: Vec::new(),
-        services: BTreeMap::new(),
-        trust_failures: Vec::new(),
-        tls_abandoned: Vec::new(),
-        passthrough: HostCounts::default(),
-        blocked: HostCounts::default(),
-        upstream_errors: Vec::new(),
-        seal_key: None,
-        reserved_paths: BTreeMap::new(),
-    };
+/// Builds the receipt for a ledger file by streaming it through a
+/// [`Builder`]: memory does not grow with the file. A missing file is an
+/// empty ledger.
+pub fn build_file(
+    path: &std::path::Path,
+    options: &Options,
+) -> Result<Receipt, crate::LedgerError> {
+    let mut b = Builder::new(options);
+    let read = crate::ledger::scan_file(path, crate::ledger::PROBLEM_CAP, |line, hash, _| {
+        b.line(&line, hash)
+    })?;
+    Ok(b.finish(&read))
+}
 
+/// What the receipt says about one window, gathered line by line; a new
+/// session line starts it over when the window is the latest session.
+#[derive(Default)]
+struct WindowFold {
+    since: u64,
+    services: BTreeMap<String, ServiceSummary>,
+    upstream_errors: Vec<UpstreamErrorEntry>,
+    reserved_paths: BTreeMap<String, u64>,
+    passthrough: HostCounts,
+    blocked: HostCounts,
     // (host, destination) -> count, for passthrough and blocked lines.
-    let mut passed = BTreeMap::new();
-    let mut blocked = BTreeMap::new();
-    let mut tls = super::tls::TlsTally::default();
-    for line in &read.lines {
-        if let Entry::Session {
-            sandbox_id,
-            mode,
-            tier,
-            key_id,
-            coverage,
-            ..
-        } = &line.entry
-        {
-            if line.seq <= until {
-                receipt.twin = Some(sandbox_id.clone());
-                receipt.mode = Some(*mode);
-                receipt.tier = Some(*tier);
-                receipt.isolation = coverage.as_ref().and_then(|c| c.isolation.clone());
-                receipt.seal_key = key_id.clone();
+    passed: BTreeMap<(String, Option<String>), u64>,
+    blocked_at: BTreeMap<(String, Option<String>), u64>,
+    tls: super::tls::TlsTally,
+    evidence: Evidence,
+    /// The lines the leaks are judged by, condensed: one per kind and host.
+    leak_lines: Vec<Line>,
+}
+
+/// The receipt as a fold over verified lines, in file order.
+pub struct Builder<'o> {
+    options: &'o Options,
+    keys: Keys,
+    /// Lines with a greater seq are after the window.
+    until: u64,
+    /// The last line's seq (the window's end without `until`).
+    last: u64,
+    /// The newest session line at or before the window end.
+    session: Option<Line>,
+    /// The live anchor's seal line was looked for (`Some`) and found (`true`).
+    live_seal: Option<bool>,
+    w: WindowFold,
+}
+
+impl<'o> Builder<'o> {
+    pub fn new(options: &'o Options) -> Builder<'o> {
+        let since = match options.scope {
+            WindowSpec::Since(s) => s,
+            WindowSpec::All | WindowSpec::LatestSession => 0,
+        };
+        Builder {
+            options,
+            keys: Keys::of(options),
+            until: options.until.unwrap_or(u64::MAX),
+            last: 0,
+            session: None,
+            live_seal: None,
+            w: WindowFold {
+                since,
+                ..WindowFold::default()
+            },
+        }
+    }
+
+    /// Takes the next verified line and its hash.
+    pub fn line(&mut self, line: &Line, hash: &str) {
+        self.last = line.seq;
+        if let Anchor::Live { seal, .. } = &self.options.anchor {
+            if self.live_seal.is_none() && line.seq >= seal.seq {
+                self.live_seal = Some(super::integrity::is_live_seal(seal, line, hash));
             }
         }
-        if line.seq <= since || line.seq > until {
-            continue;
+        if line.seq > self.until {
+            return;
         }
+        if let Entry::Session { .. } = &line.entry {
+            self.session = Some(line.clone());
+            if self.options.scope == WindowSpec::LatestSession {
+                self.w = WindowFold {
+                    since: line.seq.saturating_sub(1),
+                    ..WindowFold::default()
+                };
+            }
+        }
+        if line.seq <= self.w.since {
+            return;
+        }
+        self.w.evidence.line(line, &self.keys);
+        self.leak_line(line);
+        let options = self.options;
+        let wanted = |service: &str| options.service.as_deref().is_none_or(|s| s == service);
+        let w = &mut self.w;
         match &line.entry {
             Entry::Request {
                 service,
@@ -70,7 +139,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
                 client_gone,
                 ..
             } if wanted(service) => {
-                let summary = receipt.services.entry(service.clone()).or_default();
+                let summary = w.services.entry(service.clone()).or_default();
                 summary.requests += 1;
                 *summary.hosts.entry(normalize_host(host)).or_default() += 1;
                 let path = strip_query(path);
@@ -98,7 +167,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
                 error,
                 tier,
                 ..
-            } if wanted(service) => receipt.upstream_errors.push(UpstreamErrorEntry {
+            } if wanted(service) => w.upstream_errors.push(UpstreamErrorEntry {
                 seq: line.seq,
                 service: service.clone(),
                 host: normalize_host(host),
@@ -114,22 +183,21 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
                 path,
                 ..
             } if wanted(service) => {
-                *receipt
-                    .reserved_paths
+                *w.reserved_paths
                     .entry(format!("{service} {method} {}", strip_query(path)))
                     .or_default() += 1;
             }
             Entry::Passthrough { host, dst, .. } => {
                 let host = normalize_host(host);
-                *receipt.passthrough.hosts.entry(host.clone()).or_default() += 1;
-                *passed.entry((host, dst.clone())).or_default() += 1;
+                *w.passthrough.hosts.entry(host.clone()).or_default() += 1;
+                *w.passed.entry((host, dst.clone())).or_default() += 1;
             }
             Entry::Blocked { host, dst, .. } => {
                 let host = normalize_host(host);
-                *receipt.blocked.hosts.entry(host.clone()).or_default() += 1;
-                *blocked.entry((host, dst.clone())).or_default() += 1;
+                *w.blocked.hosts.entry(host.clone()).or_default() += 1;
+                *w.blocked_at.entry((host, dst.clone())).or_default() += 1;
             }
-            Entry::TrustFailure { .. } | Entry::TlsAbandoned { .. } => tls.add(&line.entry),
+            Entry::TrustFailure { .. } | Entry::TlsAbandoned { .. } => w.tls.add(&line.entry),
             // Follows its request line; one whose request is before the
             // window is not this window's.
             Entry::ResponseIncomplete {
@@ -139,7 +207,7 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
                 declared,
                 reason,
             } if wanted(service) => {
-                if let Some(summary) = receipt.services.get_mut(service) {
+                if let Some(summary) = w.services.get_mut(service) {
                     let listed = summary.entries.binary_search_by_key(of, |e| e.seq);
                     if let Ok(i) = listed {
                         summary.entries[i].incomplete = Some(Incomplete {
@@ -156,12 +224,116 @@ pub fn build(read: &LedgerRead, options: &Options) -> Receipt {
             _ => {}
         }
     }
-    receipt.passthrough.destinations = destinations(passed);
-    receipt.blocked.destinations = destinations(blocked);
 
-    receipt.leaks = super::leaks::leaks(read, since, until);
-    (receipt.trust_failures, receipt.tls_abandoned) = tls.finish(&receipt.services);
-    receipt
+    /// Keeps what the leaks are judged by, one line per kind (and host):
+    /// the leaks say whether a kind occurred, which hosts, and sums.
+    fn leak_line(&mut self, line: &Line) {
+        let lines = &mut self.w.leak_lines;
+        let same = |l: &Line| -> bool {
+            match (&l.entry, &line.entry) {
+                (Entry::RedirectChange { .. }, Entry::RedirectChange { .. })
+                | (Entry::Passthrough { .. }, Entry::Passthrough { .. })
+                | (Entry::UdpDropped { .. }, Entry::UdpDropped { .. }) => true,
+                (Entry::Ech { host: a, .. }, Entry::Ech { host: b, .. }) => {
+                    normalize_host(a) == normalize_host(b)
+                }
+                (Entry::Quic { host: a, .. }, Entry::Quic { host: b, .. }) => {
+                    a.as_deref().map(normalize_host) == b.as_deref().map(normalize_host)
+                }
+                _ => false,
+            }
+        };
+        match &line.entry {
+            Entry::RedirectChange { .. }
+            | Entry::Passthrough { .. }
+            | Entry::Ech { .. }
+            | Entry::Quic { .. }
+            | Entry::UdpDropped { .. } => {}
+            _ => return,
+        }
+        match lines.iter_mut().find(|l| same(l)) {
+            None => lines.push(line.clone()),
+            Some(kept) => match (&mut kept.entry, &line.entry) {
+                (Entry::Quic { attempts, .. }, Entry::Quic { attempts: more, .. }) => {
+                    *attempts = attempts.saturating_add(*more);
+                }
+                (Entry::UdpDropped { packets }, Entry::UdpDropped { packets: more }) => {
+                    *packets = packets.saturating_add(*more);
+                }
+                _ => {}
+            },
+        }
+    }
+
+    /// The receipt. `read` gives what the whole file says (chain problems,
+    /// torn tail, head); its `lines` are not used.
+    pub fn finish(self, read: &LedgerRead) -> Receipt {
+        let until = self.options.until.map_or(self.last, |u| u.min(self.last));
+        let w = self.w;
+        let (since, scope) = match self.options.scope {
+            WindowSpec::All => (0, Scope::All),
+            WindowSpec::Since(s) => (s, Scope::Baseline),
+            WindowSpec::LatestSession => (w.since, Scope::Session),
+        };
+        let window = Window {
+            since_seq: since,
+            until_seq: until,
+            scope,
+        };
+        let facts = FileFacts {
+            read,
+            session: self.session.as_ref(),
+            live_seal_found: self.live_seal == Some(true),
+        };
+        let integrity =
+            super::integrity::integrity(w.evidence, &self.keys, &facts, self.options, &window);
+        let (twin, mode, tier, isolation, seal_key) = match self.session.as_ref().map(|l| &l.entry)
+        {
+            Some(Entry::Session {
+                sandbox_id,
+                mode,
+                tier,
+                key_id,
+                coverage,
+                ..
+            }) => (
+                Some(sandbox_id.clone()),
+                Some(*mode),
+                Some(*tier),
+                coverage.as_ref().and_then(|c| c.isolation.clone()),
+                key_id.clone(),
+            ),
+            _ => (None, None, None, None, None),
+        };
+        // The leaks read the newest session line and the condensed lines.
+        let mut leak_read = LedgerRead::default();
+        leak_read.lines.extend(self.session);
+        leak_read.lines.extend(w.leak_lines);
+        let leaks = super::leaks::leaks(&leak_read, since, until);
+        let mut passthrough = w.passthrough;
+        passthrough.destinations = destinations(w.passed);
+        let mut blocked = w.blocked;
+        blocked.destinations = destinations(w.blocked_at);
+        let (trust_failures, tls_abandoned) = w.tls.finish(&w.services);
+        Receipt {
+            version: RECEIPT_VERSION,
+            twin,
+            window,
+            mode,
+            tier,
+            isolation,
+            integrity,
+            leaks,
+            services: w.services,
+            trust_failures,
+            tls_abandoned,
+            passthrough,
+            blocked,
+            upstream_errors: w.upstream_errors,
+            seal_key,
+            reserved_paths: w.reserved_paths,
+        }
+    }
 }
 
 fn destinations(counts: BTreeMap<(String, Option<String>), u64>) -> Vec<Destination> {
@@ -169,35 +341,6 @@ fn destinations(counts: BTreeMap<(String, Option<String>), u64>) -> Vec<Destinat
         .into_iter()
         .map(|((host, dst), count)| Destination { host, dst, count })
         .collect()
-}
-
-/// The window `(since, until]` the options ask for: until the given end or
-/// the last line; from the latest session at or before it (the default),
-/// the whole file, or a baseline.
-fn window(read: &LedgerRead, options: &Options) -> Window {
-    let last = read.lines.last().map_or(0, |l| l.seq);
-    let until = options.until.map_or(last, |u| u.min(last));
-    let (since_seq, scope) = match options.scope {
-        WindowSpec::All => (0, Scope::All),
-        WindowSpec::Since(s) => (s, Scope::Baseline),
-        WindowSpec::LatestSession => {
-            let session = read
-                .lines
-                .iter()
-                .rev()
-                .filter(|l| l.seq <= until)
-                .find(|l| matches!(l.entry, Entry::Session { .. }));
-            (
-                session.map_or(0, |l| l.seq.saturating_sub(1)),
-                Scope::Session,
-            )
-        }
-    };
-    Window {
-        since_seq,
-        until_seq: until,
-        scope,
-    }
 }
 
 #[cfg(test)]
@@ -229,6 +372,56 @@ mod tests {
             },
             prev: String::new(),
         }
+    }
+
+    /// The streaming fold over a file gives the receipt the whole read gives,
+    /// for every golden ledger and several windows and anchors.
+    #[test]
+    fn streaming_equals_the_whole_read_on_the_golden_ledgers() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("jsonl") {
+                continue;
+            }
+            let read = crate::ledger::read(&path).unwrap();
+            let last = read.head.0;
+            let keys = crate::seal::PublicKeys::parse(
+                &std::fs::read_to_string(dir.join("ledger.pub")).unwrap_or_default(),
+            );
+            for scope in [
+                WindowSpec::LatestSession,
+                WindowSpec::All,
+                WindowSpec::Since(last / 2),
+            ] {
+                for until in [None, Some(last.saturating_sub(1)), Some(last + 5)] {
+                    for pinned in [false, true] {
+                        let options = Options {
+                            scope,
+                            until,
+                            anchor: if pinned {
+                                Anchor::Pinned(keys.clone())
+                            } else {
+                                Anchor::None
+                            },
+                            hint_keys: Some(keys.clone()),
+                            ..Options::default()
+                        };
+                        let whole = build(&read, &options);
+                        let streamed = build_file(&path, &options).unwrap();
+                        assert_eq!(
+                            streamed,
+                            whole,
+                            "{} {scope:?} {until:?} {pinned}",
+                            path.display()
+                        );
+                        n += 1;
+                    }
+                }
+            }
+        }
+        assert!(n >= 18, "golden ledgers found: {}", n / 18);
     }
 
     #[test]

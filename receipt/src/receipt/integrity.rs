@@ -13,7 +13,7 @@
 //! reader, or recorded by the proxy before its final seal).
 
 use crate::entry::{Entry, Line, TornTail};
-use crate::ledger::LedgerRead;
+use crate::ledger::{LedgerRead, SealInfo};
 use crate::seal::{self, PublicKeys};
 
 use super::*;
@@ -29,17 +29,192 @@ fn check(name: &str, status: CheckStatus, detail: impl Into<String>) -> Check {
     }
 }
 
-/// The lines of the window `(since, until]`, as one slice of the read (the
-/// file order is the seq order wherever the chain holds).
-pub(super) fn window_lines<'a>(read: &'a LedgerRead, w: &Window) -> &'a [Line] {
-    let start = read.lines.partition_point(|l| l.seq <= w.since_seq);
-    let end = read.lines.partition_point(|l| l.seq <= w.until_seq);
-    &read.lines[start..end.max(start)]
+/// A recorded `check` line: its status, detail and seq.
+type Recorded = (String, String, u64);
+
+/// One session's part of the window (or the lines before the first
+/// session line of a window that starts mid-session).
+#[derive(Debug, Default)]
+struct Segment {
+    /// Seq of its first line, and whether that line is a session line.
+    first: Option<(u64, bool)>,
+    /// The newest recorded `canary` and `twin_cross_check` lines.
+    canary: Option<Recorded>,
+    twin: Option<Recorded>,
+}
+
+/// What the integrity checks need from a window, gathered a line at a time
+/// ([`Evidence::line`]); its size depends on the number of sessions and
+/// findings, not on the number of lines.
+#[derive(Debug, Default)]
+pub(super) struct Evidence {
+    recovered: Vec<String>,
+    moved: Vec<String>,
+    tampered: Vec<String>,
+    redirects: Vec<String>,
+    has_seals: bool,
+    seals: seal::SealReport,
+    /// `unclosed_session` state: the open session, whether the last line
+    /// was its final seal, the first seq of the window, the first session
+    /// found open when the next one began.
+    open: Option<u64>,
+    last_was_final: bool,
+    first_seq: Option<u64>,
+    unclosed: Option<u64>,
+    segments: Vec<Segment>,
+}
+
+/// The seal keys a window's seals are checked with, decided by the anchor.
+pub(super) struct Keys {
+    keys: Result<PublicKeys, &'static str>,
+    anchored: bool,
+    whose: &'static str,
+}
+
+impl Keys {
+    pub(super) fn of(options: &Options) -> Keys {
+        match &options.anchor {
+            Anchor::Live { seal, public_key } => Keys {
+                keys: match PublicKeys::from_hex(public_key) {
+                    Some(k) if k.key_id == seal.key_id => Ok(PublicKeys { keys: vec![k] }),
+                    _ => {
+                        Err("the live proxy's public key does not match the key of its fresh seal")
+                    }
+                },
+                anchored: true,
+                whose: "the live proxy's key",
+            },
+            Anchor::Pinned(keys) => Keys {
+                keys: Ok(keys.clone()),
+                anchored: true,
+                whose: "the pinned key",
+            },
+            Anchor::None => Keys {
+                keys: Ok(options.hint_keys.clone().unwrap_or_default()),
+                anchored: false,
+                whose: "ledger.pub",
+            },
+        }
+    }
+}
+
+impl Evidence {
+    /// One line of the window, in file order.
+    pub(super) fn line(&mut self, l: &Line, keys: &Keys) {
+        self.first_seq.get_or_insert(l.seq);
+        let starts_segment = matches!(l.entry, Entry::Session { .. }) || self.segments.is_empty();
+        if starts_segment && self.segments.last().is_none_or(|s| s.first.is_some()) {
+            self.segments.push(Segment::default());
+        }
+        if let Some(seg) = self.segments.last_mut() {
+            seg.first
+                .get_or_insert((l.seq, matches!(l.entry, Entry::Session { .. })));
+        }
+        match &l.entry {
+            Entry::Session {
+                recovered_torn_tail,
+                moved_aside,
+                ..
+            } => {
+                if let Some(t) = recovered_torn_tail {
+                    self.recovered.push(format!(
+                        "torn line {} ({} bytes) set aside at restart (seq {})",
+                        t.line, t.bytes, l.seq
+                    ));
+                }
+                if let Some(m) = moved_aside {
+                    self.moved.push(format!(
+                        "an earlier ledger the proxy could not verify ({}) was moved to {} (head seq {}, hash {}) before seq {}",
+                        m.why, m.file, m.head_seq, m.head_hash, l.seq
+                    ));
+                }
+                if let Some(s) = self.open.filter(|_| !self.last_was_final) {
+                    self.unclosed.get_or_insert(s);
+                }
+                self.open = Some(l.seq);
+                self.last_was_final = false;
+            }
+            Entry::Tamper { what, detail } => {
+                self.tampered
+                    .push(format!("{what}: {detail} (seq {})", l.seq));
+            }
+            Entry::RedirectChange { detail } => {
+                self.redirects.push(format!("seq {}: {detail}", l.seq));
+            }
+            Entry::Check {
+                name,
+                status,
+                detail,
+                ..
+            } => {
+                if let Some(seg) = self.segments.last_mut() {
+                    let r = Some((status.clone(), detail.clone(), l.seq));
+                    match name.as_str() {
+                        "canary" => seg.canary = r,
+                        "twin_cross_check" => seg.twin = r,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        match &l.entry {
+            Entry::Seal { reason, .. } => {
+                self.has_seals = true;
+                if let Ok(k) = &keys.keys {
+                    self.seals.check(l, k);
+                }
+                self.last_was_final = reason == "shutdown";
+            }
+            Entry::Session { .. } => {}
+            _ => self.last_was_final = false,
+        }
+    }
+
+    /// The seq of a session of the window that does not end with its final
+    /// seal (a `shutdown` seal as its last line before the next session).
+    fn unclosed_session(&self) -> Option<u64> {
+        if self.unclosed.is_some() {
+            return self.unclosed;
+        }
+        // A window that starts mid-session (a baseline) is judged by its end.
+        match self.open {
+            Some(s) if !self.last_was_final => Some(s),
+            None if !self.last_was_final => self.first_seq,
+            _ => None,
+        }
+    }
+}
+
+/// What the whole file (not only the window) tells the integrity checks.
+pub(super) struct FileFacts<'a> {
+    /// The chain problems, torn tail and head of the read (its `lines` unused).
+    pub read: &'a LedgerRead,
+    /// The newest session line at or before the window end.
+    pub session: Option<&'a Line>,
+    /// For a live anchor: whether the file's line at the fresh seal's seq
+    /// is that seal, byte for byte.
+    pub live_seal_found: bool,
+}
+
+/// Whether `line` (with hash `hash`) is the seal the live proxy returned.
+pub(super) fn is_live_seal(seal: &SealInfo, line: &Line, hash: &str) -> bool {
+    line.seq == seal.seq
+        && line.prev == seal.head
+        && matches!(&line.entry, Entry::Seal { signature, key_id, .. }
+            if *signature == seal.signature && *key_id == seal.key_id)
+        && (seal.line_hash.is_empty() || hash == seal.line_hash)
 }
 
 /// Every integrity check of a window and the verdict they add up to.
-pub(super) fn integrity(read: &LedgerRead, options: &Options, w: &Window) -> Integrity {
-    let lines = window_lines(read, w);
+pub(super) fn integrity(
+    ev: Evidence,
+    keys: &Keys,
+    facts: &FileFacts<'_>,
+    options: &Options,
+    w: &Window,
+) -> Integrity {
+    let read = facts.read;
     let mut checks = vec![chain_check(read)];
     if let Some(TornTail { line, bytes }) = read.torn_tail {
         checks.push(check(
@@ -48,46 +223,17 @@ pub(super) fn integrity(read: &LedgerRead, options: &Options, w: &Window) -> Int
             format!("torn last line {line} ({bytes} bytes) not counted"),
         ));
     }
-    let mut recovered = Vec::new();
-    let mut moved = Vec::new();
-    for l in lines {
-        if let Entry::Session {
-            recovered_torn_tail,
-            moved_aside,
-            ..
-        } = &l.entry
-        {
-            if let Some(t) = recovered_torn_tail {
-                recovered.push(format!(
-                    "torn line {} ({} bytes) set aside at restart (seq {})",
-                    t.line, t.bytes, l.seq
-                ));
-            }
-            if let Some(m) = moved_aside {
-                moved.push(format!(
-                    "an earlier ledger the proxy could not verify ({}) was moved to {} (head seq {}, hash {}) before seq {}",
-                    m.why, m.file, m.head_seq, m.head_hash, l.seq
-                ));
-            }
-        }
-    }
-    if !recovered.is_empty() {
+    if !ev.recovered.is_empty() {
         checks.push(check(
             "recovered_tail",
             CheckStatus::Ok,
-            recovered.join("; "),
+            ev.recovered.join("; "),
         ));
     }
-    if !moved.is_empty() {
-        checks.push(check("moved_aside", CheckStatus::Ok, moved.join("; ")));
+    if !ev.moved.is_empty() {
+        checks.push(check("moved_aside", CheckStatus::Ok, ev.moved.join("; ")));
     }
-    let mut tampered: Vec<String> = lines
-        .iter()
-        .filter_map(|l| match &l.entry {
-            Entry::Tamper { what, detail } => Some(format!("{what}: {detail} (seq {})", l.seq)),
-            _ => None,
-        })
-        .collect();
+    let mut tampered = ev.tampered.clone();
     if let Anchor::Live { seal, .. } = &options.anchor {
         if let Some(t) = &seal.tampered {
             if tampered.is_empty() {
@@ -105,35 +251,28 @@ pub(super) fn integrity(read: &LedgerRead, options: &Options, w: &Window) -> Int
             ),
         ));
     }
-    let changes: Vec<String> = lines
-        .iter()
-        .filter_map(|l| match &l.entry {
-            Entry::RedirectChange { detail } => Some(format!("seq {}: {detail}", l.seq)),
-            _ => None,
-        })
-        .collect();
-    if !changes.is_empty() {
+    if !ev.redirects.is_empty() {
         checks.push(check(
             "redirect",
             CheckStatus::Failed,
             format!(
                 "the kernel redirect changed while the proxy ran, so traffic may have escaped it ({})",
-                changes.join("; ")
+                ev.redirects.join("; ")
             ),
         ));
     }
-    let seals = seals_check(read, lines, options, w);
+    let seals = seals_check(&ev, keys, facts, options, w);
     // Custody only matters once the seals themselves hold: it is the last
     // reason an offline verdict could still be forged.
     let seals_ok = seals.status == CheckStatus::Ok;
     checks.push(seals);
     if seals_ok && !matches!(options.anchor, Anchor::Live { .. }) {
-        if let Some(c) = custody_check(lines, read, w) {
+        if let Some(c) = custody_check(facts.session) {
             checks.push(c);
         }
     }
     for name in ["canary", "twin_cross_check"] {
-        checks.push(network_check(name, lines, options, w));
+        checks.push(network_check(name, &ev.segments, options));
     }
     verdict(checks)
 }
@@ -188,52 +327,31 @@ fn chain_check(read: &LedgerRead) -> Check {
     }
 }
 
-/// The hash of the line at `index` of the read: the next line's `prev`, or
-/// the head hash for the last line. Only meaningful where the chain holds
-/// (the chain check fails the receipt otherwise).
-fn hash_at(read: &LedgerRead, index: usize) -> Option<&str> {
-    match read.lines.get(index + 1) {
-        Some(next) => Some(next.prev.as_str()),
-        None if index + 1 == read.lines.len() => Some(read.head.1.as_str()),
-        None => None,
-    }
-}
-
 /// Every seal in the window must verify with the anchor's key, and the
 /// window must be covered: up to the live proxy's fresh seal (whose line in
 /// the file must be byte-for-byte the one the proxy wrote), or, offline, up
 /// to each session's final (`shutdown`) seal.
-fn seals_check(read: &LedgerRead, lines: &[Line], options: &Options, w: &Window) -> Check {
+fn seals_check(
+    ev: &Evidence,
+    keys: &Keys,
+    facts: &FileFacts<'_>,
+    options: &Options,
+    w: &Window,
+) -> Check {
     let name = "seals";
-    let (keys, anchored, whose) = match &options.anchor {
-        Anchor::Live { seal, public_key } => match PublicKeys::from_hex(public_key) {
-            Some(k) if k.key_id == seal.key_id => {
-                (PublicKeys { keys: vec![k] }, true, "the live proxy's key")
-            }
-            _ => {
-                return check(
-                    name,
-                    CheckStatus::Failed,
-                    "the live proxy's public key does not match the key of its fresh seal",
-                )
-            }
-        },
-        Anchor::Pinned(keys) => (keys.clone(), true, "the pinned key"),
-        Anchor::None => (
-            options.hint_keys.clone().unwrap_or_default(),
-            false,
-            "ledger.pub",
-        ),
+    let (anchored, whose) = (keys.anchored, keys.whose);
+    let key_set = match &keys.keys {
+        Ok(k) => k,
+        Err(why) => return check(name, CheckStatus::Failed, *why),
     };
-    let has_seals = lines.iter().any(|l| matches!(l.entry, Entry::Seal { .. }));
-    if keys.is_empty() {
+    if key_set.is_empty() {
         return match &options.anchor {
             Anchor::Pinned(_) => check(
                 name,
                 CheckStatus::Failed,
                 "no session of this ledger names the pinned key: it is not the ledger that key sealed",
             ),
-            _ if !has_seals => check(name, CheckStatus::Unverified, "ledger has no seals"),
+            _ if !ev.has_seals => check(name, CheckStatus::Unverified, "ledger has no seals"),
             _ => check(
                 name,
                 CheckStatus::Unverified,
@@ -241,7 +359,7 @@ fn seals_check(read: &LedgerRead, lines: &[Line], options: &Options, w: &Window)
             ),
         };
     }
-    let report = seal::verify_lines(lines, &keys);
+    let report = &ev.seals;
     if let Some((seq, fault)) = report.faults.first() {
         let detail = match fault {
             seal::SealFault::UnknownKey => format!(
@@ -255,16 +373,7 @@ fn seals_check(read: &LedgerRead, lines: &[Line], options: &Options, w: &Window)
         return check(name, CheckStatus::Failed, detail);
     }
     if let Anchor::Live { seal, .. } = &options.anchor {
-        let index = read.lines.partition_point(|l| l.seq < seal.seq);
-        let matches = read.lines.get(index).is_some_and(|l| {
-            l.seq == seal.seq
-                && l.prev == seal.head
-                && matches!(&l.entry, Entry::Seal { signature, key_id, .. }
-                    if *signature == seal.signature && *key_id == seal.key_id)
-                && (seal.line_hash.is_empty()
-                    || hash_at(read, index) == Some(seal.line_hash.as_str()))
-        });
-        if !matches {
+        if !facts.live_seal_found {
             return check(
                 name,
                 CheckStatus::Failed,
@@ -296,7 +405,7 @@ fn seals_check(read: &LedgerRead, lines: &[Line], options: &Options, w: &Window)
             ),
         );
     }
-    if let Some(open) = unclosed_session(lines) {
+    if let Some(open) = ev.unclosed_session() {
         return check(
             name,
             CheckStatus::Unverified,
@@ -320,47 +429,17 @@ fn seals_check(read: &LedgerRead, lines: &[Line], options: &Options, w: &Window)
     )
 }
 
-/// The seq of a session in `lines` that does not end with its final seal
-/// (a `shutdown` seal as its last line before the next session).
-fn unclosed_session(lines: &[Line]) -> Option<u64> {
-    let mut open: Option<u64> = None;
-    let mut last_was_final = false;
-    for l in lines {
-        match &l.entry {
-            Entry::Session { .. } => {
-                if let Some(s) = open.filter(|_| !last_was_final) {
-                    return Some(s);
-                }
-                open = Some(l.seq);
-                last_was_final = false;
-            }
-            Entry::Seal { reason, .. } => last_was_final = reason == "shutdown",
-            _ => last_was_final = false,
-        }
-    }
-    // A window that starts mid-session (a baseline) is judged by its end.
-    match open {
-        Some(s) if !last_was_final => Some(s),
-        None if !last_was_final && !lines.is_empty() => lines.first().map(|l| l.seq),
-        _ => None,
-    }
-}
-
 /// Offline, a key on disk is only as private as the uid that can read it: a
 /// workload sharing the proxy's uid could have re-signed everything.
-fn custody_check(lines: &[Line], read: &LedgerRead, w: &Window) -> Option<Check> {
-    let session = lines
-        .iter()
-        .rev()
-        .chain(read.lines.iter().rev().filter(|l| l.seq <= w.since_seq))
-        .find(|l| matches!(l.entry, Entry::Session { .. }))?;
+/// `session`: the newest session line at or before the window end.
+fn custody_check(session: Option<&Line>) -> Option<Check> {
     let Entry::Session {
         key_storage,
         proxy_uid,
         workload_uid,
         tier,
         ..
-    } = &session.entry
+    } = &session?.entry
     else {
         return None;
     };
@@ -387,17 +466,14 @@ fn custody_check(lines: &[Line], read: &LedgerRead, w: &Window) -> Option<Check>
 /// the one the proxy recorded before its final seal; for earlier sessions
 /// (whose proxy and twin are gone), the recorded one. Recorded results count
 /// only when the seals are anchored. The worst session decides.
-fn network_check(name: &str, lines: &[Line], options: &Options, _w: &Window) -> Check {
+fn network_check(name: &str, segments: &[Segment], options: &Options) -> Check {
     let anchored = !matches!(options.anchor, Anchor::None);
-    let mut segments: Vec<&[Line]> = Vec::new();
-    let mut start = 0;
-    for (i, l) in lines.iter().enumerate() {
-        if matches!(l.entry, Entry::Session { .. }) && i > start {
-            segments.push(&lines[start..i]);
-            start = i;
-        }
-    }
-    segments.push(&lines[start..]);
+    let empty = [Segment::default()];
+    let segments = if segments.is_empty() {
+        &empty[..]
+    } else {
+        segments
+    };
     let last = segments.len() - 1;
     let mut results = Vec::new();
     for (i, segment) in segments.iter().enumerate() {
@@ -407,20 +483,13 @@ fn network_check(name: &str, lines: &[Line], options: &Options, _w: &Window) -> 
                 continue;
             }
         }
-        let recorded = segment.iter().rev().find_map(|l| match &l.entry {
-            Entry::Check {
-                name: n,
-                status,
-                detail,
-                ..
-            } if n == name => Some((status, detail, l.seq)),
-            _ => None,
-        });
-        let what = match segment.first() {
-            Some(l) if matches!(l.entry, Entry::Session { .. }) => {
-                format!("the session at seq {}", l.seq)
-            }
-            Some(l) => format!("the lines from seq {}", l.seq),
+        let recorded = match name {
+            "canary" => segment.canary.as_ref(),
+            _ => segment.twin.as_ref(),
+        };
+        let what = match segment.first {
+            Some((seq, true)) => format!("the session at seq {seq}"),
+            Some((seq, false)) => format!("the lines from seq {seq}"),
             None => "an empty window".into(),
         };
         results.push(match recorded {

@@ -31,7 +31,7 @@ mod require;
 mod text;
 mod tls;
 
-pub use build::build;
+pub use build::{build, build_file, Builder};
 pub use integrity::PROXY_NOT_LIVE;
 pub use require::{evaluate, Requirement, RequirementError, Verdict};
 pub use text::render_text;
