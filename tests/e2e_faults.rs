@@ -155,28 +155,35 @@ fn a_deeply_nested_form_body_is_refused_and_the_proxy_lives_on() {
     assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
 }
 
-/// A CONNECT without a valid port is refused, never dialed as 443.
+/// A CONNECT (or an absolute-form request) without a valid host and port is
+/// refused, never dialed as 443 (or 80).
 #[test]
 fn connect_without_a_valid_port_is_refused_and_never_dialed() {
     use std::io::Read;
     let serve = Serve::start("connect-port", &[]);
-    for target in [
-        "example.org:99999",
-        "example.org:65536",
-        "example.org:",
-        "example.org:0",
+    for request in [
+        "CONNECT example.org:99999",
+        "CONNECT example.org:65536",
+        "CONNECT example.org:",
+        "CONNECT example.org:0",
+        "CONNECT :443",
+        "GET http://api.stripe.com:99999/v1/customers",
+        "GET http://example.org:0/",
     ] {
+        let target = request.split_once(' ').unwrap().1;
         let mut s = std::net::TcpStream::connect(serve.proxy_addr()).unwrap();
         s.set_read_timeout(Some(DEADLINE)).unwrap();
-        write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").unwrap();
+        write!(s, "{request} HTTP/1.1\r\nHost: {target}\r\n\r\n").unwrap();
         let mut head = [0u8; 12];
         let n = s.read(&mut head).unwrap_or(0);
         let head = String::from_utf8_lossy(&head[..n]).to_string();
-        assert!(head.starts_with("HTTP/1.1 400"), "{target}: {head:?}");
+        assert!(head.starts_with("HTTP/1.1 400"), "{request}: {head:?}");
     }
     let lines = serve.ledger_lines();
     assert!(
-        !lines.iter().any(|l| l["kind"] == "passthrough"),
+        !lines
+            .iter()
+            .any(|l| l["kind"] == "passthrough" || l["kind"] == "request"),
         "a bad CONNECT was dialed: {lines:?}"
     );
 }

@@ -360,195 +360,196 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         | Entry::TlsAbandoned { .. } => Style::new().fg(Color::DarkGray),
         Entry::ResponseIncomplete { .. } => Style::new().fg(Color::Red),
     };
-    let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
-        match &row.entry {
-            Entry::Request {
-                method,
-                path,
-                query,
-                status,
-                duration_ms,
-                bytes_in,
-                bytes_out,
-                websocket,
-                ..
-            } => (
-                if *websocket {
-                    format!("{method} ws")
-                } else {
-                    method.clone()
-                },
-                match query {
-                    Some(q) => format!("{path}?{q}"),
-                    None => path.clone(),
-                },
-                Cell::from(status.to_string()).style(status_style(*status)),
-                latency(*duration_ms),
-                format!(
-                    "{}/{}",
-                    human_bytes(*bytes_in),
-                    bytes_out.map_or("?".into(), human_bytes)
-                ),
+    let (method, what, status, lat, bytes): (String, String, Cell, String, String) = match &row
+        .entry
+    {
+        Entry::Request {
+            method,
+            path,
+            query,
+            status,
+            duration_ms,
+            bytes_in,
+            bytes_out,
+            websocket,
+            ..
+        } => (
+            if *websocket {
+                format!("{method} ws")
+            } else {
+                method.clone()
+            },
+            match query {
+                Some(q) => format!("{path}?{q}"),
+                None => path.clone(),
+            },
+            Cell::from(status.to_string()).style(status_style(*status)),
+            latency(*duration_ms),
+            format!(
+                "{}/{}",
+                human_bytes(*bytes_in),
+                bytes_out.map_or("?".into(), human_bytes)
             ),
-            Entry::UpstreamError {
-                method,
-                path,
-                status,
-                error,
-                duration_ms,
-                ..
-            } => (
-                method.clone(),
-                format!("{path}  {error}"),
-                Cell::from(status.to_string()).style(status_style(*status).bold()),
-                latency(*duration_ms),
-                String::new(),
+        ),
+        Entry::UpstreamError {
+            method,
+            path,
+            status,
+            error,
+            duration_ms,
+            ..
+        } => (
+            method.clone(),
+            format!("{path}  {error}"),
+            Cell::from(status.to_string()).style(status_style(*status).bold()),
+            latency(*duration_ms),
+            String::new(),
+        ),
+        Entry::Passthrough {
+            host,
+            port,
+            bytes_in,
+            bytes_out,
+            duration_ms,
+            ..
+        } => (
+            "TUNNEL".into(),
+            format!("{host}:{port}"),
+            Cell::from("tun").dark_gray(),
+            latency(*duration_ms),
+            format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
+        ),
+        Entry::Blocked {
+            host,
+            port,
+            method,
+            path,
+            ..
+        } => (
+            method.clone().unwrap_or_else(|| "CONNECT".into()),
+            format!("{host}:{port}{}", path.as_deref().unwrap_or("")),
+            Cell::from("421").style(status_style(421).bold()),
+            String::new(),
+            String::new(),
+        ),
+        Entry::TrustFailure {
+            host, port, alert, ..
+        } => (
+            "TLS".into(),
+            format!("{host}:{port}  client refused the veris CA ({alert})"),
+            Cell::from("tls").red().bold(),
+            String::new(),
+            String::new(),
+        ),
+        Entry::ResponseIncomplete {
+            of,
+            bytes,
+            declared,
+            reason,
+            ..
+        } => (
+            String::new(),
+            match declared {
+                Some(d) => format!("response of #{of} incomplete ({reason}): {bytes} of {d} bytes"),
+                None => format!("response of #{of} incomplete ({reason}): {bytes} bytes"),
+            },
+            Cell::from("cut").red(),
+            String::new(),
+            String::new(),
+        ),
+        Entry::TlsAbandoned {
+            host, port, stage, ..
+        } => (
+            "TLS".into(),
+            format!("{host}:{port}  client left after our certificate ({stage}), no refusal alert"),
+            Cell::from("tls"),
+            String::new(),
+            String::new(),
+        ),
+        Entry::Session { pid, listen, .. } => (
+            String::new(),
+            format!("proxy started (pid {pid}, listening on {listen})"),
+            Cell::from(""),
+            String::new(),
+            String::new(),
+        ),
+        Entry::Quic {
+            host,
+            dst,
+            attempts,
+        } => (
+            "UDP".into(),
+            format!(
+                "{}{dst}  {attempts} QUIC attempt(s) dropped",
+                host.as_deref().map(|h| format!("{h} ")).unwrap_or_default()
             ),
-            Entry::Passthrough {
-                host,
-                port,
-                bytes_in,
-                bytes_out,
-                duration_ms,
-                ..
-            } => (
-                "TUNNEL".into(),
-                format!("{host}:{port}"),
-                Cell::from("tun").dark_gray(),
-                latency(*duration_ms),
-                format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
-            ),
-            Entry::Blocked {
-                host,
-                port,
-                method,
-                path,
-                ..
-            } => (
-                method.clone().unwrap_or_else(|| "CONNECT".into()),
-                format!("{host}:{port}{}", path.as_deref().unwrap_or("")),
-                Cell::from("421").style(status_style(421).bold()),
-                String::new(),
-                String::new(),
-            ),
-            Entry::TrustFailure {
-                host, port, alert, ..
-            } => (
-                "TLS".into(),
-                format!("{host}:{port}  client refused the veris CA ({alert})"),
-                Cell::from("tls").red().bold(),
-                String::new(),
-                String::new(),
-            ),
-            Entry::ResponseIncomplete {
-                of,
-                bytes,
-                declared,
-                reason,
-                ..
-            } => (
-                String::new(),
-                match declared {
-                    Some(d) => format!("response of #{of} incomplete ({reason}): {bytes} of {d} bytes"),
-                    None => format!("response of #{of} incomplete ({reason}): {bytes} bytes"),
-                },
-                Cell::from("cut").red(),
-                String::new(),
-                String::new(),
-            ),
-            Entry::TlsAbandoned {
-                host, port, stage, ..
-            } => (
-                "TLS".into(),
-                format!("{host}:{port}  client left after our certificate ({stage}), no refusal alert"),
-                Cell::from("tls"),
-                String::new(),
-                String::new(),
-            ),
-            Entry::Session { pid, listen, .. } => (
-                String::new(),
-                format!("proxy started (pid {pid}, listening on {listen})"),
-                Cell::from(""),
-                String::new(),
-                String::new(),
-            ),
-            Entry::Quic {
-                host,
-                dst,
-                attempts,
-            } => (
-                "UDP".into(),
-                format!(
-                    "{}{dst}  {attempts} QUIC attempt(s) dropped",
-                    host.as_deref().map(|h| format!("{h} ")).unwrap_or_default()
-                ),
-                Cell::from("quic").dark_gray(),
-                String::new(),
-                String::new(),
-            ),
-            Entry::Ech { host, port, .. } => (
-                "TLS".into(),
-                format!("{host}:{port}  ClientHello carried ECH"),
-                Cell::from("ech").yellow(),
-                String::new(),
-                String::new(),
-            ),
-            Entry::ReservedPath {
-                method,
-                path,
-                status,
-                error,
-                ..
-            } => (
-                method.clone(),
-                format!("{path}  {error} (answered by the proxy)"),
-                Cell::from(status.to_string()).style(status_style(*status)),
-                String::new(),
-                String::new(),
-            ),
-            Entry::Tamper { what, .. } => (
-                String::new(),
-                format!("ledger file {what} behind the proxy's back"),
-                Cell::from("!").red().bold(),
-                String::new(),
-                String::new(),
-            ),
-            Entry::RedirectChange { detail } => (
-                String::new(),
-                format!("kernel rules changed: {detail}"),
-                Cell::from("!").red().bold(),
-                String::new(),
-                String::new(),
-            ),
-            Entry::Dns { name, qtype } => (
-                qtype.clone(),
-                format!("DNS {name} (answered by the stub)"),
-                Cell::from(""),
-                String::new(),
-                String::new(),
-            ),
-            Entry::UdpDropped { packets } => (
-                String::new(),
-                format!("{packets} UDP datagram(s) dropped by the rules"),
-                Cell::from(""),
-                String::new(),
-                String::new(),
-            ),
-            Entry::Check { name, status, .. } => (
-                String::new(),
-                format!("{name}: {status}"),
-                Cell::from(""),
-                String::new(),
-                String::new(),
-            ),
-            Entry::Seal { sealed_seq, .. } => (
-                String::new(),
-                format!("sealed through seq {sealed_seq}"),
-                Cell::from(""),
-                String::new(),
-                String::new(),
-            ),
-        };
+            Cell::from("quic").dark_gray(),
+            String::new(),
+            String::new(),
+        ),
+        Entry::Ech { host, port, .. } => (
+            "TLS".into(),
+            format!("{host}:{port}  ClientHello carried ECH"),
+            Cell::from("ech").yellow(),
+            String::new(),
+            String::new(),
+        ),
+        Entry::ReservedPath {
+            method,
+            path,
+            status,
+            error,
+            ..
+        } => (
+            method.clone(),
+            format!("{path}  {error} (answered by the proxy)"),
+            Cell::from(status.to_string()).style(status_style(*status)),
+            String::new(),
+            String::new(),
+        ),
+        Entry::Tamper { what, .. } => (
+            String::new(),
+            format!("ledger file {what} behind the proxy's back"),
+            Cell::from("!").red().bold(),
+            String::new(),
+            String::new(),
+        ),
+        Entry::RedirectChange { detail } => (
+            String::new(),
+            format!("kernel rules changed: {detail}"),
+            Cell::from("!").red().bold(),
+            String::new(),
+            String::new(),
+        ),
+        Entry::Dns { name, qtype } => (
+            qtype.clone(),
+            format!("DNS {name} (answered by the stub)"),
+            Cell::from(""),
+            String::new(),
+            String::new(),
+        ),
+        Entry::UdpDropped { packets } => (
+            String::new(),
+            format!("{packets} UDP datagram(s) dropped by the rules"),
+            Cell::from(""),
+            String::new(),
+            String::new(),
+        ),
+        Entry::Check { name, status, .. } => (
+            String::new(),
+            format!("{name}: {status}"),
+            Cell::from(""),
+            String::new(),
+            String::new(),
+        ),
+        Entry::Seal { sealed_seq, .. } => (
+            String::new(),
+            format!("sealed through seq {sealed_seq}"),
+            Cell::from(""),
+            String::new(),
+            String::new(),
+        ),
+    };
     let mut cells = vec![
         Cell::from(time).dark_gray(),
         Cell::from(row.label().to_string()).style(label_style),

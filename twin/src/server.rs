@@ -145,7 +145,9 @@ where
         .http2()
         .timer(hyper_util::rt::TokioTimer::new())
         .keep_alive_interval(CLIENT_TIMEOUT)
-        .keep_alive_timeout(CLIENT_TIMEOUT);
+        .keep_alive_timeout(CLIENT_TIMEOUT)
+        // As large a request head as the proxy lets through (64 KiB).
+        .max_header_list_size(64 * 1024);
     let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
