@@ -521,31 +521,52 @@ impl Proxy {
             Err(_) => return self.tunnel_failed(&leg, reason, started, "connect timed out".into()),
         };
         let dst = origin.peer_addr().ok();
+        // Recorded when it opens: a tunnel still open when the proxy stops
+        // is in the ledger too; its `tunnel_close` line adds the bytes.
+        let open = match self.record_passthrough(&leg, reason, dst, (0, 0), started) {
+            Ok(seq) => seq,
+            Err(e) => return ledger_unavailable(&e, "passthrough"),
+        };
         let proxy = self.clone();
         let span = info_span!("tunnel", host = %leg.host, port = leg.port);
         self.tasks.spawn(
             async move {
-                let (up, down) = match on_upgrade.await {
+                let (bytes, error) = match on_upgrade.await {
                     Ok(upgraded) => {
-                        let mut client = TokioIo::new(upgraded);
-                        match tokio::io::copy_bidirectional(&mut client, &mut origin).await {
-                            Ok((up, down)) => (up, down),
-                            Err(e) => {
-                                debug!(error = %e, "tunnel closed with an error");
-                                (0, 0)
-                            }
-                        }
+                        let (mut client, meter) = meter::Metered::new(TokioIo::new(upgraded));
+                        let error = tokio::io::copy_bidirectional(&mut client, &mut origin)
+                            .await
+                            .err()
+                            .map(|e| e.to_string());
+                        ((meter.read(), meter.written()), error)
                     }
-                    Err(e) => {
-                        debug!(error = %e, "CONNECT upgrade failed");
-                        (0, 0)
-                    }
+                    Err(e) => ((0, 0), Some(format!("CONNECT upgrade failed: {e}"))),
                 };
-                proxy.record_passthrough(&leg, reason, dst, (up, down), started);
+                proxy.record_tunnel_close(open, bytes, started, error);
             }
             .instrument(span),
         );
         Response::new(body::empty())
+    }
+
+    /// The `tunnel_close` line of the tunnel whose `passthrough` line is `of`.
+    pub(crate) fn record_tunnel_close(
+        &self,
+        of: u64,
+        (bytes_in, bytes_out): (u64, u64),
+        started: Instant,
+        error: Option<String>,
+    ) {
+        if let Some(e) = &error {
+            debug!(error = %e, "tunnel closed with an error");
+        }
+        self.record_or_log(Entry::TunnelClose {
+            of,
+            bytes_in,
+            bytes_out,
+            duration_ms: started.elapsed().as_millis() as u64,
+            error,
+        });
     }
 
     fn tunnel_failed(
@@ -555,7 +576,7 @@ impl Proxy {
         started: Instant,
         error: String,
     ) -> Response<ProxyBody> {
-        self.record_passthrough(leg, reason, leg.origin, (0, 0), started);
+        let _ = self.record_passthrough(leg, reason, leg.origin, (0, 0), started);
         respond::error(
             StatusCode::BAD_GATEWAY,
             "veris_passthrough_unreachable",
@@ -574,7 +595,7 @@ impl Proxy {
         dst: Option<SocketAddr>,
         (bytes_in, bytes_out): (u64, u64),
         started: Instant,
-    ) {
+    ) -> Result<u64, RecordError> {
         let entry = Entry::Passthrough {
             host: leg.host.clone(),
             port: leg.port,
@@ -585,9 +606,11 @@ impl Proxy {
             reason: reason.to_string(),
             dst: dst.map(|d| d.to_string()),
         };
-        if let Err(e) = self.recorder.record(entry).wait() {
+        let recorded = self.recorder.record(entry).wait();
+        if let Err(e) = &recorded {
             warn!(error = %e, host = %leg.host, "passthrough could not be recorded");
         }
+        recorded
     }
 
     /// Phase 3 again, per request: a terminated connection or plain HTTP may
@@ -1066,7 +1089,7 @@ impl Proxy {
                     .map(|info| info.remote_addr())
                     .or(leg.origin);
                 let bytes = (tally.bytes(), bytes_out);
-                self.record_passthrough(leg, reason, dst, bytes, started);
+                let _ = self.record_passthrough(leg, reason, dst, bytes, started);
                 let (mut parts, incoming) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, false);
                 parts.version = Version::default();

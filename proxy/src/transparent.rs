@@ -640,7 +640,8 @@ impl Transparent {
     /// tried) for a client that never spoke.
     fn record_opaque_pass(&self, dst: SocketAddr, reason: &str, started: Instant) {
         let leg = opaque_leg(dst);
-        self.proxy
+        let _ = self
+            .proxy
             .record_passthrough(&leg, reason, Some(dst), (0, 0), started);
     }
 
@@ -649,7 +650,7 @@ impl Transparent {
     /// relay both ways, and record the address dialed with the bytes moved.
     async fn relay(
         &self,
-        mut client: TcpStream,
+        client: TcpStream,
         first: Vec<u8>,
         leg: &Leg,
         reason: &str,
@@ -683,30 +684,33 @@ impl Transparent {
                 }
                 Err(e) => {
                     info!(error = %e, %dst, "passthrough destination unreachable");
-                    proxy.record_passthrough(leg, reason, Some(dst), (0, 0), started);
+                    let _ = proxy.record_passthrough(leg, reason, Some(dst), (0, 0), started);
                     return;
                 }
             },
         };
-        let replayed = first.len() as u64;
-        let (up, down) = match origin.stream.write_all(&first).await {
-            Ok(()) => match tokio::io::copy_bidirectional(&mut client, &mut origin.stream).await {
-                Ok((up, down)) => (up + replayed, down),
-                Err(e) => {
-                    debug!(error = %e, "passthrough closed with an error");
-                    (replayed, 0)
-                }
-            },
-            Err(e) => {
-                debug!(error = %e, "replaying the first bytes failed");
-                (0, 0)
-            }
-        };
-        // The address the bytes went to: for a synthetic destination, the
-        // real one its name resolved to.
+        // The address the bytes go to: for a synthetic destination, the
+        // real one its name resolved to. Recorded when the tunnel opens (a
+        // tunnel still open when the proxy stops is in the ledger too); no
+        // byte passes unrecorded.
         let reached = origin.stream.peer_addr().map(canonical).unwrap_or(dst);
+        let Ok(open) = proxy.record_passthrough(leg, reason, Some(reached), (0, 0), started) else {
+            return;
+        };
+        let (mut client, meter) = crate::meter::Metered::new(client);
+        let (replayed, error) = match origin.stream.write_all(&first).await {
+            Ok(()) => (
+                first.len() as u64,
+                tokio::io::copy_bidirectional(&mut client, &mut origin.stream)
+                    .await
+                    .err()
+                    .map(|e| e.to_string()),
+            ),
+            Err(e) => (0, Some(format!("replaying the first bytes failed: {e}"))),
+        };
+        let up = replayed + meter.read();
         drop(origin);
-        proxy.record_passthrough(leg, reason, Some(reached), (up, down), started);
+        proxy.record_tunnel_close(open, (up, meter.written()), started, error);
     }
 }
 

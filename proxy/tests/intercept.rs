@@ -643,7 +643,7 @@ async fn strict_mode_refuses_unmapped_hosts_with_421_in_words() {
 }
 
 #[tokio::test]
-async fn loopback_connect_is_tunneled_and_recorded_at_close() {
+async fn loopback_connect_is_tunneled_and_recorded_at_open_and_close() {
     let echo = start_echo(Arc::default()).await;
     let port: u16 = echo.rsplit(':').next().unwrap().parse().unwrap();
     let twin = start_twin().await;
@@ -664,26 +664,36 @@ async fn loopback_connect_is_tunneled_and_recorded_at_close() {
         v["headers"].get("x-veris-service").is_none(),
         "a tunnel is not intercepted"
     );
-    drop(s);
-    let _ = conn.await;
-    let entries = h.recorder.wait_for(1).await;
-    match &entries[..] {
+    // Recorded while still open (a tunnel open when the proxy stops is in
+    // the ledger too).
+    match &h.recorder.entries()[..] {
         [Entry::Passthrough {
             host,
             port: p,
             reason,
-            bytes_in,
-            bytes_out,
+            bytes_in: 0,
+            bytes_out: 0,
             dst,
             ..
         }] => {
             assert_eq!(host, "127.0.0.1");
             assert_eq!(*p, port);
             assert_eq!(reason, "loopback");
-            assert!(*bytes_in > 0 && *bytes_out > 0);
             // The address the tunnel's dial connected to.
             assert_eq!(dst.as_deref(), Some(format!("127.0.0.1:{port}").as_str()));
         }
+        other => panic!("{other:?}"),
+    }
+    drop(s);
+    let _ = conn.await;
+    let entries = h.recorder.wait_for(2).await;
+    match &entries[1] {
+        Entry::TunnelClose {
+            of: 1,
+            bytes_in,
+            bytes_out,
+            ..
+        } => assert!(*bytes_in > 0 && *bytes_out > 0, "{:?}", entries[1]),
         other => panic!("{other:?}"),
     }
 }

@@ -10,8 +10,9 @@
 //! - `v`: the format version, [`LEDGER_VERSION`] (`3`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
-//!   `tamper` and `check`; version 3 added the kinds `tls_abandoned` and
-//!   `response_incomplete`, and
+//!   `tamper` and `check`; version 3 added the kinds `tls_abandoned`,
+//!   `response_incomplete` and `tunnel_close`, wrote `passthrough` when a
+//!   tunnel opens (bytes then 0) rather than when it closes, and
 //!   stopped writing `trust_failure` for a handshake that ended without a
 //!   certificate alert; no earlier field changed meaning, and a reader
 //!   judges an old `trust_failure` by its alert ([`is_refusal_alert`]));
@@ -22,7 +23,7 @@
 //! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`,
 //!   `trust_failure`, `ech`, `quic`, `seal`, `reserved_path`, `tamper`,
 //!   `check`, `redirect_change`, `udp_dropped`, `dns`, `tls_abandoned`,
-//!   `response_incomplete`, followed by that kind's
+//!   `response_incomplete`, `tunnel_close`, followed by that kind's
 //!   fields (see [`Entry`]);
 //! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
 //!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
@@ -273,7 +274,9 @@ pub enum Entry {
         client_gone: bool,
     },
     /// A connection to an unmapped host tunneled to its real destination;
-    /// written when the tunnel closes.
+    /// written when the tunnel opens (bytes 0; its `tunnel_close` line says
+    /// what moved), or when the destination could not be reached. Lines
+    /// before version 3 were written at the close, with the bytes.
     Passthrough {
         host: String,
         port: u16,
@@ -449,6 +452,20 @@ pub enum Entry {
         /// before the body ended.
         reason: String,
     },
+    /// A tunnel whose `passthrough` line was written when it opened has
+    /// closed: the bytes counted on the client's side, also when the copy
+    /// ended with an error. A tunnel still open when the proxy stopped has
+    /// none.
+    TunnelClose {
+        /// The `seq` of the `passthrough` line it closes.
+        of: u64,
+        bytes_in: u64,
+        bytes_out: u64,
+        duration_ms: u64,
+        /// Why the copy ended early (a reset, a failed upgrade), if it did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
 }
 
 impl Entry {
@@ -472,6 +489,7 @@ impl Entry {
             Entry::Dns { .. } => "dns",
             Entry::TlsAbandoned { .. } => "tls_abandoned",
             Entry::ResponseIncomplete { .. } => "response_incomplete",
+            Entry::TunnelClose { .. } => "tunnel_close",
         }
     }
 }

@@ -917,6 +917,19 @@ pub fn entry(entry: Entry) -> Entry {
             name: text(&name),
             qtype,
         },
+        Entry::TunnelClose {
+            of,
+            bytes_in,
+            bytes_out,
+            duration_ms,
+            error,
+        } => Entry::TunnelClose {
+            of,
+            bytes_in,
+            bytes_out,
+            duration_ms,
+            error: error.map(|e| text(&e)),
+        },
         Entry::ResponseIncomplete {
             of,
             service,

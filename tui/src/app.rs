@@ -122,6 +122,7 @@ impl Row {
             Entry::Dns { .. } => "dns",
             Entry::TlsAbandoned { .. } => "tls-abandoned",
             Entry::ResponseIncomplete { service, .. } => service,
+            Entry::TunnelClose { .. } => "tunnel-close",
         }
     }
 
@@ -510,7 +511,8 @@ impl App {
             | Entry::UdpDropped { .. }
             | Entry::Dns { .. }
             | Entry::TlsAbandoned { .. }
-            | Entry::ResponseIncomplete { .. } => {}
+            | Entry::ResponseIncomplete { .. }
+            | Entry::TunnelClose { .. } => {}
             Entry::Seal { sealed_seq, .. } => {
                 // Seals arrive every second while traffic flows: counted, not listed.
                 self.counts.sealed_seq = Some(*sealed_seq);

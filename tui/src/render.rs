@@ -359,6 +359,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         | Entry::Dns { .. }
         | Entry::TlsAbandoned { .. } => Style::new().fg(Color::DarkGray),
         Entry::ResponseIncomplete { .. } => Style::new().fg(Color::Red),
+        Entry::TunnelClose { .. } => Style::new().fg(Color::DarkGray),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) = match &row
         .entry
@@ -440,6 +441,22 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
             Cell::from("tls").red().bold(),
             String::new(),
             String::new(),
+        ),
+        Entry::TunnelClose {
+            of,
+            bytes_in,
+            bytes_out,
+            duration_ms,
+            error,
+        } => (
+            String::new(),
+            match error {
+                Some(e) => format!("tunnel #{of} closed ({e})"),
+                None => format!("tunnel #{of} closed"),
+            },
+            Cell::from("tun").dark_gray(),
+            latency(*duration_ms),
+            format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
         ),
         Entry::ResponseIncomplete {
             of,
@@ -809,6 +826,23 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             }
             lines.push(kv("status", format!("421 refused ({reason})")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
+        }
+        Entry::TunnelClose {
+            of,
+            bytes_in,
+            bytes_out,
+            duration_ms,
+            error,
+        } => {
+            lines.push(kv("tunnel", format!("#{of}")));
+            lines.push(kv(
+                "bytes",
+                format!("{bytes_in} from the client, {bytes_out} to it"),
+            ));
+            lines.push(kv("open for", format!("{duration_ms} ms")));
+            if let Some(e) = error {
+                lines.push(kv("error", e.clone()));
+            }
         }
         Entry::ResponseIncomplete {
             of,
