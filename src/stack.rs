@@ -1012,6 +1012,7 @@ async fn start_builtin_twin(
         log: None,
         credential: Some(credential.clone()),
     })?;
+    twin.redact_paths_with(veris_receipt::redact::text);
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .context("binding the built-in twin")?;

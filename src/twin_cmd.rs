@@ -54,6 +54,8 @@ pub async fn twin(args: TwinArgs) -> Result<u8> {
         log: args.log.clone(),
         credential,
     })?;
+    // The request log is a file others read: no key in a path reaches it.
+    twin.redact_paths_with(veris_receipt::redact::text);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| {

@@ -376,7 +376,9 @@ impl Proxy {
         }
         let route = self.router.route_connection(&leg.host);
         if route == Route::Loopback && dial::isolated() {
-            return self.refuse_host_loopback(&leg, Some("CONNECT".into()), None);
+            return self
+                .refuse_host_loopback(&leg, Some("CONNECT".into()), None)
+                .await;
         }
         let passthrough_reason = match route {
             Route::Service(_) | Route::Canary => None,
@@ -409,7 +411,7 @@ impl Proxy {
     /// Strict mode: a `CONNECT` to a host no service routes is terminated
     /// only so its refusal reaches the client as words; a client that then
     /// speaks no TLS is refused all the same, and that refusal is recorded.
-    fn record_unmapped_without_tls(&self, leg: &Leg, why: &str) {
+    async fn record_unmapped_without_tls(&self, leg: &Leg, why: &str) {
         if self.identity.mode != Mode::Strict
             || self.router.route_connection(&leg.host) != Route::Unmapped
         {
@@ -423,7 +425,8 @@ impl Proxy {
             path: None,
             reason: format!("strict mode: unmapped host, and {why}"),
             dst: leg.headed_to(),
-        });
+        })
+        .await;
     }
 
     /// Phase 4a: TLS with a minted leaf, then HTTP/1.1 or HTTP/2 by ALPN.
@@ -437,12 +440,14 @@ impl Proxy {
             Ok(Ok(start)) => start,
             Ok(Err(e)) => {
                 info!(error = %e, "client sent no TLS ClientHello after CONNECT");
-                self.record_unmapped_without_tls(&leg, "it sent no TLS ClientHello");
+                self.record_unmapped_without_tls(&leg, "it sent no TLS ClientHello")
+                    .await;
                 return;
             }
             Err(_) => {
                 info!("no TLS ClientHello within {handshake:?}; closing");
-                self.record_unmapped_without_tls(&leg, "no TLS ClientHello came in time");
+                self.record_unmapped_without_tls(&leg, "no TLS ClientHello came in time")
+                    .await;
                 return;
             }
         };
@@ -472,7 +477,7 @@ impl Proxy {
                 // Our leaf was on its way: an alert naming it is a refusal,
                 // a close or another alert only an abandoned handshake.
                 if let Some(how) = trust::classify(&e) {
-                    self.record_handshake_failure(&name, &leg, how);
+                    self.record_handshake_failure(&name, &leg, how).await;
                 }
                 return;
             }
@@ -493,7 +498,8 @@ impl Proxy {
             debug!(error = %e, "intercepted connection ended with an error");
         }
         if meter.read() == 0 && meter.peer_closed() {
-            self.record_tls_abandoned(&name, &leg, trust::Stage::NoRequest, None);
+            self.record_tls_abandoned(&name, &leg, trust::Stage::NoRequest, None)
+                .await;
         }
     }
 
@@ -515,15 +521,28 @@ impl Proxy {
             Ok(Ok(stream)) => stream,
             // Refused by policy (the host's loopback from an isolated run).
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                return self.refuse_host_loopback(&leg, Some("CONNECT".into()), None);
+                return self
+                    .refuse_host_loopback(&leg, Some("CONNECT".into()), None)
+                    .await;
             }
-            Ok(Err(e)) => return self.tunnel_failed(&leg, reason, started, e.to_string()),
-            Err(_) => return self.tunnel_failed(&leg, reason, started, "connect timed out".into()),
+            Ok(Err(e)) => {
+                return self
+                    .tunnel_failed(&leg, reason, started, e.to_string())
+                    .await
+            }
+            Err(_) => {
+                return self
+                    .tunnel_failed(&leg, reason, started, "connect timed out".into())
+                    .await
+            }
         };
         let dst = origin.peer_addr().ok();
         // Recorded when it opens: a tunnel still open when the proxy stops
         // is in the ledger too; its `tunnel_close` line adds the bytes.
-        let open = match self.record_passthrough(&leg, reason, dst, (0, 0), started) {
+        let open = match self
+            .record_passthrough(&leg, reason, dst, (0, 0), started)
+            .await
+        {
             Ok(seq) => seq,
             Err(e) => return ledger_unavailable(&e, "passthrough"),
         };
@@ -542,7 +561,7 @@ impl Proxy {
                     }
                     Err(e) => ((0, 0), Some(format!("CONNECT upgrade failed: {e}"))),
                 };
-                proxy.record_tunnel_close(open, bytes, started, error);
+                proxy.record_tunnel_close(open, bytes, started, error).await;
             }
             .instrument(span),
         );
@@ -550,7 +569,7 @@ impl Proxy {
     }
 
     /// The `tunnel_close` line of the tunnel whose `passthrough` line is `of`.
-    pub(crate) fn record_tunnel_close(
+    pub(crate) async fn record_tunnel_close(
         &self,
         of: u64,
         (bytes_in, bytes_out): (u64, u64),
@@ -566,17 +585,20 @@ impl Proxy {
             bytes_out,
             duration_ms: started.elapsed().as_millis() as u64,
             error,
-        });
+        })
+        .await;
     }
 
-    fn tunnel_failed(
+    async fn tunnel_failed(
         &self,
         leg: &Leg,
         reason: &str,
         started: Instant,
         error: String,
     ) -> Response<ProxyBody> {
-        let _ = self.record_passthrough(leg, reason, leg.origin, (0, 0), started);
+        let _ = self
+            .record_passthrough(leg, reason, leg.origin, (0, 0), started)
+            .await;
         respond::error(
             StatusCode::BAD_GATEWAY,
             "veris_passthrough_unreachable",
@@ -588,7 +610,7 @@ impl Proxy {
     /// Records a passthrough: the name the client gave (`leg.host`) beside
     /// `dst`, the address actually dialed (DESIGN §7a.11; `None` when no
     /// dial connected), and the bytes `(in, out)` moved.
-    fn record_passthrough(
+    async fn record_passthrough(
         &self,
         leg: &Leg,
         reason: &str,
@@ -606,7 +628,7 @@ impl Proxy {
             reason: reason.to_string(),
             dst: dst.map(|d| d.to_string()),
         };
-        let recorded = self.recorder.record(entry).wait();
+        let recorded = self.recorder.record(entry).await;
         if let Err(e) = &recorded {
             warn!(error = %e, host = %leg.host, "passthrough could not be recorded");
         }
@@ -617,7 +639,7 @@ impl Proxy {
     /// carry requests for several services (path prefixes on a shared host).
     async fn handle(self: Arc<Self>, req: Request<Incoming>, leg: Arc<Leg>) -> Response<ProxyBody> {
         if leg.sni_host {
-            if let Some(refusal) = self.sni_host_mismatch(&req, &leg) {
+            if let Some(refusal) = self.sni_host_mismatch(&req, &leg).await {
                 return refusal;
             }
         }
@@ -629,7 +651,11 @@ impl Proxy {
                 // Logs are not the ledger, but they must not carry secrets either.
                 let logged_path = redact::text(&path);
                 let span = info_span!("request", service = %service.name, host = %leg.host, method = %req.method(), path = %logged_path);
-                if let Some(refusal) = span.in_scope(|| self.screen(&service, &req, &leg)) {
+                if let Some(refusal) = self
+                    .screen(&service, &req, &leg)
+                    .instrument(span.clone())
+                    .await
+                {
                     return refusal;
                 }
                 self.forward(service, req, &leg).instrument(span).await
@@ -638,6 +664,7 @@ impl Proxy {
                 let method = req.method().to_string();
                 let path = req.uri().path().to_string();
                 self.refuse_host_loopback(&leg, Some(method), Some(path))
+                    .await
             }
             route @ (Route::Loopback | Route::Allowed) => {
                 let reason = if route == Route::Loopback {
@@ -650,7 +677,7 @@ impl Proxy {
                 match self.name_mismatch(&leg, route).await {
                     None => self.pass(req, &leg, reason).await,
                     Some(why) if self.identity.mode == Mode::Strict => {
-                        self.refuse_mismatch(req, &leg, why)
+                        self.refuse_mismatch(req, &leg, why).await
                     }
                     // Let through by the mode, not by the name.
                     Some(_) => self.pass(req, &leg, "mode").await,
@@ -659,7 +686,7 @@ impl Proxy {
             Route::Unmapped if self.identity.mode == Mode::Passthrough => {
                 self.pass(req, &leg, "mode").await
             }
-            Route::Unmapped => self.refuse(req, &leg),
+            Route::Unmapped => self.refuse(req, &leg).await,
         }
     }
 
@@ -668,7 +695,7 @@ impl Proxy {
     /// (`…/s/{sandbox}/{service}/veris/…`), and dot-segments could be resolved
     /// out of the service's prefix. Each refusal is recorded as its own kind,
     /// never as a vendor call; `None` lets the request through.
-    fn screen(
+    async fn screen(
         &self,
         service: &Service,
         req: &Request<Incoming>,
@@ -702,7 +729,7 @@ impl Proxy {
             error: code.to_string(),
             tier: leg.tier,
         };
-        if let Err(e) = self.recorder.record(entry).wait() {
+        if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
             return Some(ledger_unavailable(&e, &service.name));
         }
@@ -867,7 +894,7 @@ impl Proxy {
                 return;
             }
             Err(e) => {
-                let refusal = self.upstream_failed(e, line, duration_ms);
+                let refusal = self.upstream_failed(e, line, duration_ms).await;
                 // Recorded either way; only a client still there gets the answer.
                 let _ = reply.send(refusal);
                 return;
@@ -928,7 +955,7 @@ impl Proxy {
 
     /// The twin failed: record it (the twin may still have executed the
     /// request, DESIGN §7a.8) and say so in words.
-    fn upstream_failed(
+    async fn upstream_failed(
         &self,
         e: UpstreamError,
         line: RequestLine,
@@ -952,7 +979,7 @@ impl Proxy {
             tier: line.tier,
             duration_ms,
         };
-        if let Err(e) = self.recorder.record(entry).wait() {
+        if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "upstream error could not be recorded");
         }
         respond::error(
@@ -1089,18 +1116,23 @@ impl Proxy {
                     .map(|info| info.remote_addr())
                     .or(leg.origin);
                 let bytes = (tally.bytes(), bytes_out);
-                let _ = self.record_passthrough(leg, reason, dst, bytes, started);
+                let _ = self
+                    .record_passthrough(leg, reason, dst, bytes, started)
+                    .await;
                 let (mut parts, incoming) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, false);
                 parts.version = Version::default();
                 Response::from_parts(parts, incoming.map_err(Into::into).boxed())
             }
-            Err(e) => self.tunnel_failed(leg, reason, started, e.to_string()),
+            Err(e) => {
+                self.tunnel_failed(leg, reason, started, e.to_string())
+                    .await
+            }
         }
     }
 
     /// Strict mode: 421 in words, recorded as blocked.
-    fn refuse(&self, req: Request<Incoming>, leg: &Leg) -> Response<ProxyBody> {
+    async fn refuse(&self, req: Request<Incoming>, leg: &Leg) -> Response<ProxyBody> {
         let entry = Entry::Blocked {
             host: leg.host.clone(),
             port: leg.port,
@@ -1110,7 +1142,7 @@ impl Proxy {
             reason: "strict mode: no service claims this host and path".into(),
             dst: leg.headed_to(),
         };
-        if let Err(e) = self.recorder.record(entry).wait() {
+        if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "blocked request could not be recorded");
         }
         let known: Vec<&str> = self
@@ -1139,7 +1171,7 @@ impl Proxy {
     /// An isolated run's client asking for loopback through the proxy: its
     /// own loopback it reaches directly, so this can only mean the host's,
     /// which veris never reaches for it. 403, recorded as blocked.
-    fn refuse_host_loopback(
+    async fn refuse_host_loopback(
         &self,
         leg: &Leg,
         method: Option<String>,
@@ -1155,7 +1187,8 @@ impl Proxy {
             path,
             reason: reason.into(),
             dst: leg.headed_to(),
-        });
+        })
+        .await;
         respond::error(
             StatusCode::FORBIDDEN,
             "veris_host_loopback",
@@ -1167,7 +1200,7 @@ impl Proxy {
     /// Strict mode, transparent tier: a request whose Host is a loopback or
     /// allowed name but whose connection was headed elsewhere (`why`).
     /// 421 in words, recorded as blocked with that destination.
-    fn refuse_mismatch(
+    async fn refuse_mismatch(
         &self,
         req: Request<Incoming>,
         leg: &Leg,
@@ -1182,7 +1215,8 @@ impl Proxy {
             path: Some(req.uri().path().to_string()),
             reason: format!("strict mode: name does not match the destination: {why}"),
             dst: leg.headed_to(),
-        });
+        })
+        .await;
         respond::json(
             StatusCode::MISDIRECTED_REQUEST,
             json!({

@@ -92,7 +92,7 @@ pub async fn serve(
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = sweep.tick() => record(recorder.as_ref(), sink.expire(Instant::now())),
+            _ = sweep.tick() => record(recorder.as_ref(), sink.expire(Instant::now())).await,
             received = socket.recv_from(&mut buf) => match received {
                 Ok((n, peer)) => {
                     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
@@ -104,7 +104,7 @@ pub async fn serve(
                         continue;
                     }
                     let data = buf.get(..n).unwrap_or_default();
-                    record(recorder.as_ref(), sink.datagram(peer, data, Instant::now()));
+                    record(recorder.as_ref(), sink.datagram(peer, data, Instant::now())).await;
                 }
                 Err(e) => {
                     warn!(error = %e, "receiving on the QUIC sink failed");
@@ -113,11 +113,11 @@ pub async fn serve(
             },
         }
     }
-    record(recorder.as_ref(), sink.drain());
+    record(recorder.as_ref(), sink.drain()).await;
     Ok(())
 }
 
-fn record(recorder: &dyn Recorder, entries: Vec<Entry>) {
+async fn record(recorder: &dyn Recorder, entries: Vec<Entry>) {
     for entry in entries {
         if let Entry::Quic {
             host,
@@ -127,7 +127,7 @@ fn record(recorder: &dyn Recorder, entries: Vec<Entry>) {
         {
             info!(host = host.as_deref().unwrap_or("-"), %dst, attempts, "QUIC attempt caught by the sink; the client falls back to TCP");
         }
-        if let Err(e) = recorder.record(entry).wait() {
+        if let Err(e) = recorder.record(entry).await {
             warn!(error = %e, "a QUIC attempt could not be recorded");
         }
     }

@@ -272,10 +272,10 @@ impl Transparent {
                 self.http(Rewind::new(bytes, client), peer, dst).await;
             }
             Sniff::Spoke(Protocol::Opaque) => self.opaque(client, bytes, dst, dial, started).await,
-            Sniff::Silent => self.silent(dst, dial, started),
+            Sniff::Silent => self.silent(dst, dial, started).await,
             Sniff::Closed => match dial {
                 // We reached the destination for a client that then left.
-                Some(_) => self.record_opaque_pass(dst, "opaque", started),
+                Some(_) => self.record_opaque_pass(dst, "opaque", started).await,
                 None => debug!(%dst, "the client closed before sending anything"),
             },
         }
@@ -412,15 +412,17 @@ impl Transparent {
             Verdict::Pass(reason) => self.pass_tls(client, hello, leg, reason, started).await,
             Verdict::Refuse(reason) => {
                 info!(host = %leg.host, %dst, %reason, "refused a redirected TLS connection (recorded as blocked). Next: route the host to a twin service, allow it, or connect to an address its name stands for; passthrough mode lets it through, recorded");
-                self.proxy.record_or_log(Entry::Blocked {
-                    host: leg.host.clone(),
-                    port: leg.port,
-                    tier: leg.tier,
-                    method: None,
-                    path: None,
-                    reason,
-                    dst: leg.headed_to(),
-                });
+                self.proxy
+                    .record_or_log(Entry::Blocked {
+                        host: leg.host.clone(),
+                        port: leg.port,
+                        tier: leg.tier,
+                        method: None,
+                        path: None,
+                        reason,
+                        dst: leg.headed_to(),
+                    })
+                    .await;
             }
         }
     }
@@ -509,12 +511,14 @@ impl Transparent {
         started: Instant,
     ) {
         if hello.ech {
-            self.proxy.record_or_log(Entry::Ech {
-                host: leg.host.clone(),
-                port: leg.port,
-                tier: leg.tier,
-                dst: leg.origin.map(|o| o.to_string()),
-            });
+            self.proxy
+                .record_or_log(Entry::Ech {
+                    host: leg.host.clone(),
+                    port: leg.port,
+                    tier: leg.tier,
+                    dst: leg.origin.map(|o| o.to_string()),
+                })
+                .await;
         }
         self.relay(client, hello.raw, &leg, reason, None, started)
             .await;
@@ -598,7 +602,7 @@ impl Transparent {
             }
             Err(reason) => {
                 info!(%dst, %reason, "refused a redirected opaque connection");
-                self.record_opaque_block(dst, reason);
+                self.record_opaque_block(dst, reason).await;
             }
         }
     }
@@ -606,7 +610,7 @@ impl Transparent {
     /// A client that sent nothing in time: refused (strict mode, vendor
     /// addresses), or — passthrough, nobody spoke on the dial we opened
     /// either — closed and recorded, so an idle pair holds no task forever.
-    fn silent(&self, dst: SocketAddr, dial: Option<OwnDial>, started: Instant) {
+    async fn silent(&self, dst: SocketAddr, dial: Option<OwnDial>, started: Instant) {
         match self.opaque_verdict(dst) {
             Err(reason) => {
                 let reason = format!(
@@ -614,35 +618,38 @@ impl Transparent {
                     self.waits.hello
                 );
                 info!(%dst, %reason, "refused a silent redirected connection");
-                self.record_opaque_block(dst, reason);
+                self.record_opaque_block(dst, reason).await;
             }
             Ok(reason) => {
                 // `dial` is `None` when the destination did not answer.
                 info!(%dst, reached = dial.is_some(), "neither side spoke; closing");
-                self.record_opaque_pass(dst, reason, started);
+                self.record_opaque_pass(dst, reason, started).await;
             }
         }
     }
 
-    fn record_opaque_block(&self, dst: SocketAddr, reason: String) {
-        self.proxy.record_or_log(Entry::Blocked {
-            host: dst_name(dst),
-            port: dst.port(),
-            tier: ListenerTier::Transparent,
-            method: None,
-            path: None,
-            reason,
-            dst: Some(dst.to_string()),
-        });
+    async fn record_opaque_block(&self, dst: SocketAddr, reason: String) {
+        self.proxy
+            .record_or_log(Entry::Blocked {
+                host: dst_name(dst),
+                port: dst.port(),
+                tier: ListenerTier::Transparent,
+                method: None,
+                path: None,
+                reason,
+                dst: Some(dst.to_string()),
+            })
+            .await;
     }
 
     /// A passthrough that moved nothing: the destination was dialed (or
     /// tried) for a client that never spoke.
-    fn record_opaque_pass(&self, dst: SocketAddr, reason: &str, started: Instant) {
+    async fn record_opaque_pass(&self, dst: SocketAddr, reason: &str, started: Instant) {
         let leg = opaque_leg(dst);
         let _ = self
             .proxy
-            .record_passthrough(&leg, reason, Some(dst), (0, 0), started);
+            .record_passthrough(&leg, reason, Some(dst), (0, 0), started)
+            .await;
     }
 
     /// Phase 4 of a passthrough: dial the original destination (or use the
@@ -671,20 +678,24 @@ impl Transparent {
                     // Refused by policy (the host's loopback from an
                     // isolated run): nothing passed, so it is a refusal.
                     info!(error = %e, %dst, "refused a passthrough destination");
-                    proxy.record_or_log(Entry::Blocked {
-                        host: leg.host.clone(),
-                        port: leg.port,
-                        tier: leg.tier,
-                        method: None,
-                        path: None,
-                        reason: e.to_string(),
-                        dst: Some(dst.to_string()),
-                    });
+                    proxy
+                        .record_or_log(Entry::Blocked {
+                            host: leg.host.clone(),
+                            port: leg.port,
+                            tier: leg.tier,
+                            method: None,
+                            path: None,
+                            reason: e.to_string(),
+                            dst: Some(dst.to_string()),
+                        })
+                        .await;
                     return;
                 }
                 Err(e) => {
                     info!(error = %e, %dst, "passthrough destination unreachable");
-                    let _ = proxy.record_passthrough(leg, reason, Some(dst), (0, 0), started);
+                    let _ = proxy
+                        .record_passthrough(leg, reason, Some(dst), (0, 0), started)
+                        .await;
                     return;
                 }
             },
@@ -693,8 +704,14 @@ impl Transparent {
         // real one its name resolved to. Recorded when the tunnel opens (a
         // tunnel still open when the proxy stops is in the ledger too); no
         // byte passes unrecorded.
-        let reached = origin.stream.peer_addr().map(canonical).unwrap_or(dst);
-        let Ok(open) = proxy.record_passthrough(leg, reason, Some(reached), (0, 0), started) else {
+        let reached = match dial::synthetic_name(dst.ip()) {
+            Some(_) => origin.stream.peer_addr().map(canonical).unwrap_or(dst),
+            None => dst,
+        };
+        let Ok(open) = proxy
+            .record_passthrough(leg, reason, Some(reached), (0, 0), started)
+            .await
+        else {
             return;
         };
         let (mut client, meter) = crate::meter::Metered::new(client);
@@ -710,7 +727,9 @@ impl Transparent {
         };
         let up = replayed + meter.read();
         drop(origin);
-        proxy.record_tunnel_close(open, (up, meter.written()), started, error);
+        proxy
+            .record_tunnel_close(open, (up, meter.written()), started, error)
+            .await;
     }
 }
 
@@ -789,7 +808,7 @@ impl Proxy {
     /// Transparent TLS: the Host a request names must be the SNI the
     /// connection was routed by, or a client could reach one vendor's twin
     /// under another vendor's certificate. `Some` is the 502 refusal.
-    pub(crate) fn sni_host_mismatch<B>(
+    pub(crate) async fn sni_host_mismatch<B>(
         &self,
         req: &Request<B>,
         leg: &Leg,
@@ -808,7 +827,8 @@ impl Proxy {
             path: Some(req.uri().path().to_string()),
             reason: format!("Host {host} disagrees with the TLS SNI"),
             dst: leg.headed_to(),
-        });
+        })
+        .await;
         Some(respond::error(
             StatusCode::BAD_GATEWAY,
             "veris_sni_host_mismatch",
@@ -822,9 +842,9 @@ impl Proxy {
 
     /// Records an entry whose loss only costs a log line (the connection has
     /// no response on which to refuse service).
-    pub(crate) fn record_or_log(&self, entry: Entry) {
+    pub(crate) async fn record_or_log(&self, entry: Entry) {
         let kind = entry.kind();
-        if let Err(e) = self.recorder.record(entry).wait() {
+        if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, kind, "ledger entry could not be recorded");
         }
     }
@@ -1269,24 +1289,32 @@ mod lifecycle_tests {
         client.shutdown().await.unwrap();
         assert_eq!(read_all(&mut client).await, b"pong");
         assert_eq!(got.recv().await.unwrap(), b"\x00\x01opaque");
-        let entries = f.entries(1).await;
-        match &entries[0] {
-            Entry::Passthrough {
+        let entries = f.entries(2).await;
+        match &entries[..2] {
+            [Entry::Passthrough {
                 host,
                 port: p,
                 tier,
-                bytes_in,
-                bytes_out,
+                bytes_in: 0,
+                bytes_out: 0,
                 reason,
                 dst: d,
                 ..
-            } => {
+            }, Entry::TunnelClose {
+                of,
+                bytes_in,
+                bytes_out,
+                error: None,
+                ..
+            }] => {
                 assert_eq!(host, "0.0.0.0");
                 assert_eq!(*p, port);
                 assert_eq!(*tier, ListenerTier::Transparent);
-                assert_eq!((*bytes_in, *bytes_out), (8, 4));
                 assert_eq!(reason, "opaque");
                 assert_eq!(d.as_deref(), Some(dst.to_string().as_str()));
+                // The close line counts what moved, the replayed first bytes too.
+                assert_eq!(*of, 1);
+                assert_eq!((*bytes_in, *bytes_out), (8, 4));
             }
             other => panic!("{other:?}"),
         }

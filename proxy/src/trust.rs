@@ -52,17 +52,18 @@ impl Proxy {
 
     /// Records what the client of `leg` did after our leaf for `name` was
     /// sent, when the handshake failed.
-    pub(crate) fn record_handshake_failure(&self, name: &str, leg: &Leg, how: Handshake) {
+    pub(crate) async fn record_handshake_failure(&self, name: &str, leg: &Leg, how: Handshake) {
         match how {
-            Handshake::Refused(alert) => self.record_trust_failure(name, leg, alert),
+            Handshake::Refused(alert) => self.record_trust_failure(name, leg, alert).await,
             Handshake::Abandoned(alert) => {
                 self.record_tls_abandoned(name, leg, Stage::Handshake, alert)
+                    .await
             }
         }
     }
 
     /// Records that the client of `leg` refused the leaf minted for `name`.
-    pub(crate) fn record_trust_failure(&self, name: &str, leg: &Leg, alert: String) {
+    pub(crate) async fn record_trust_failure(&self, name: &str, leg: &Leg, alert: String) {
         let service = self.routed_service(name);
         warn!(host = %name, %alert, ?service, "the client refused the veris certificate");
         self.record_or_log(Entry::TrustFailure {
@@ -71,12 +72,13 @@ impl Proxy {
             tier: leg.tier,
             service,
             alert,
-        });
+        })
+        .await;
     }
 
     /// Records a TLS connection for `name` that the client left after our
     /// leaf without a refusal alert and without a request.
-    pub(crate) fn record_tls_abandoned(
+    pub(crate) async fn record_tls_abandoned(
         &self,
         name: &str,
         leg: &Leg,
@@ -96,7 +98,8 @@ impl Proxy {
             service,
             stage: stage.to_string(),
             alert,
-        });
+        })
+        .await;
     }
 }
 

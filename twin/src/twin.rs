@@ -67,6 +67,9 @@ pub struct Twin {
     credential: Option<String>,
     state: Mutex<State>,
     ids: IdGen,
+    /// Applied to each path before it reaches the request log (see
+    /// [`Twin::redact_paths_with`]).
+    redact_path: std::sync::OnceLock<fn(&str) -> String>,
 }
 
 impl std::fmt::Debug for Twin {
@@ -138,7 +141,16 @@ impl Twin {
                 store: HashMap::new(),
             }),
             ids: IdGen::new(),
+            redact_path: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Makes the request log keep `redact(path)` instead of the path: a
+    /// vendor's path may carry a key (`/v1/keys/sk_live_…/roll`), and the log
+    /// is a file others read. The veris binary passes its ledger redaction
+    /// (the twin crate depends on no workspace crate); the first call wins.
+    pub fn redact_paths_with(&self, redact: fn(&str) -> String) {
+        let _ = self.redact_path.set(redact);
     }
 
     /// Rows of one (sandbox, service), oldest first (all of them).
@@ -542,9 +554,13 @@ impl Recorder {
         }
         self.done = true;
         let duration_ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let path = std::mem::take(&mut self.path);
         let row = NewRow {
             method: std::mem::take(&mut self.method),
-            path: std::mem::take(&mut self.path),
+            path: match self.twin.redact_path.get() {
+                Some(redact) => redact(&path),
+                None => path,
+            },
             status,
             tier: self.tier,
             duration_ms,
@@ -796,6 +812,28 @@ mod tests {
             (rows[0].status, rows[0].tier, rows[0].path.as_str()),
             (None, Tier::Fault, "/hang")
         );
+    }
+
+    #[tokio::test]
+    async fn the_request_log_keeps_the_redacted_path() {
+        fn hide_keys(path: &str) -> String {
+            path.replace("sk_live_abc", "[redacted]")
+        }
+        let twin = Twin::new(TwinOptions {
+            fixtures: Fixtures::builtin(),
+            sandbox: None,
+            log: None,
+            credential: None,
+        })
+        .expect("twin builds");
+        twin.redact_paths_with(hide_keys);
+        let req = Request::post("/s/sbx/stripe/v1/keys/sk_live_abc/roll")
+            .body(Full::new(Bytes::new()))
+            .expect("request builds");
+        let _ = Arc::clone(&twin).handle(req).await;
+        let rows = twin.requests("sbx", "stripe");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].path, "/v1/keys/[redacted]/roll");
     }
 
     #[test]
