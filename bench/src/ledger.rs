@@ -9,7 +9,7 @@
 //!    key: time until ready, RSS (VmRSS) and peak (VmHWM) idle, after one
 //!    `/receipt`, and after five concurrent `/ledger` calls.
 //!
-//! `cargo build --release && cargo run --release --example bench_ledger -- [LINES]`
+//! `cargo build --release && cargo run --release -p veris-bench -- ledger [LINES]`
 //! (default 1,000,000; the binary is `target/release/veris`, or `$VERIS_BIN`).
 
 use std::path::{Path, PathBuf};
@@ -159,15 +159,15 @@ fn curl(addr: &str, token: &str, path: &str) -> usize {
     out.stdout.len()
 }
 
-fn main() {
-    let lines: u64 = std::env::args()
-        .nth(1)
+pub fn main(args: &[String]) {
+    let lines: u64 = args
+        .first()
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000)
         .clamp(1000, 20_000_000);
     let bin = std::env::var_os("VERIS_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/veris"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/veris"));
     assert!(
         bin.is_file(),
         "no {}: cargo build --release first",
