@@ -1,16 +1,28 @@
 //! `veris-bench`: prints figures, asserts nothing (BENCHMARKS.md).
 //!
 //!     cargo build --release && cargo run --release -p veris-bench -- [proxy|ledger|all] [ARGS]
+//!
+//! `proxy` runs veris against direct and peer proxies (`proxy.rs`; `--help`
+//! for its flags), `ledger` the ledger at scale (`ledger.rs`), `all` both.
 
 mod ledger;
+mod load;
+mod peers;
+mod procstat;
+mod proxy;
+mod report;
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "all".into());
     let rest: Vec<String> = args.collect();
     match what.as_str() {
+        "proxy" => proxy::main(&rest),
         "ledger" => ledger::main(&rest),
-        "all" => ledger::main(&rest),
+        "all" => {
+            proxy::main(&rest);
+            ledger::main(&rest);
+        }
         other => {
             eprintln!("veris-bench: unknown scenario group {other:?} (proxy, ledger, all)");
             std::process::exit(1);

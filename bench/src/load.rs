@@ -1,0 +1,480 @@
+//! The load generator: hyper 1 client connections over tokio-rustls, driven by
+//! tokio tasks in this process.
+//!
+//! An [`Endpoint`] is one way to reach the twin's `GET /v1/customers` (an
+//! empty list from the fixtures: a small JSON body, and no object created):
+//! straight to the twin over TLS, or through a proxy — TCP to the proxy,
+//! `CONNECT api.stripe.com:443`, TLS with SNI `api.stripe.com` verified
+//! against that proxy's CA, then the request with `Host: api.stripe.com`.
+//! The twin receives the same request either way (the proxies rewrite it to
+//! `/s/{sandbox}/stripe/v1/customers`, which the direct path asks for itself).
+//!
+//! Each [`Scenario`] run is bounded by a request count and a deadline, records
+//! every latency (the request's, plus the dial for new-connection requests),
+//! and counts answers other than 200 and errors.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// The vendor host every proxied request names.
+pub const VENDOR_HOST: &str = "api.stripe.com";
+/// The vendor path; the twin answers it from its fixtures with an empty list.
+pub const VENDOR_PATH: &str = "/v1/customers";
+/// The sandbox the twin is addressed with (veris's default with a named twin).
+pub const SANDBOX: &str = "sbx_local";
+
+type Body = Empty<Bytes>;
+
+/// The four load shapes of the issue, in the order they are run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// HTTP/1.1 keep-alive, 16 connections, each with one request in flight.
+    KeepAlive,
+    /// 16 workers; each request is a new TCP connection, CONNECT, TLS
+    /// handshake, one HTTP/1.1 request, close.
+    NewConnection,
+    /// One HTTP/2 connection (ALPN h2) with 16 concurrent streams.
+    Http2,
+    /// One keep-alive HTTP/1.1 connection, one request at a time.
+    Latency,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 4] = [
+        Scenario::KeepAlive,
+        Scenario::NewConnection,
+        Scenario::Http2,
+        Scenario::Latency,
+    ];
+
+    /// The name `--only` takes.
+    pub fn key(self) -> &'static str {
+        match self {
+            Scenario::KeepAlive => "keep-alive",
+            Scenario::NewConnection => "new-conn",
+            Scenario::Http2 => "h2",
+            Scenario::Latency => "c1",
+        }
+    }
+
+    /// The row title in the tables.
+    pub fn title(self) -> &'static str {
+        match self {
+            Scenario::KeepAlive => "keep-alive HTTP/1.1, 16 conns",
+            Scenario::NewConnection => "new connection per request, 16 workers",
+            Scenario::Http2 => "HTTP/2, 16 streams on 1 conn",
+            Scenario::Latency => "c=1 keep-alive latency",
+        }
+    }
+
+    pub fn from_key(key: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.key() == key)
+    }
+
+    /// Requests in flight at once.
+    pub fn concurrency(self) -> usize {
+        match self {
+            Scenario::Latency => 1,
+            _ => 16,
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Default)]
+pub struct RunResult {
+    /// Requests answered (any status).
+    pub answered: u64,
+    /// Answers other than 200.
+    pub not_ok: u64,
+    /// Requests that failed (dial, CONNECT, TLS, HTTP); the first one's message.
+    pub errors: u64,
+    pub first_error: Option<String>,
+    pub elapsed: Duration,
+    /// Every answered request's latency, sorted.
+    pub latencies: Vec<Duration>,
+}
+
+impl RunResult {
+    pub fn per_second(&self) -> f64 {
+        self.answered as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    pub fn percentile(&self, p: f64) -> Option<Duration> {
+        if self.latencies.is_empty() {
+            return None;
+        }
+        let rank = ((p / 100.0) * self.latencies.len() as f64).ceil() as usize;
+        Some(self.latencies[rank.clamp(1, self.latencies.len()) - 1])
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.answered += other.answered;
+        self.not_ok += other.not_ok;
+        self.errors += other.errors;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+        self.latencies.extend(other.latencies);
+    }
+}
+
+/// One worker's counts, merged into the [`RunResult`] at the end.
+#[derive(Default)]
+struct Tally {
+    answered: u64,
+    not_ok: u64,
+    errors: u64,
+    first_error: Option<String>,
+    latencies: Vec<Duration>,
+}
+
+impl Tally {
+    fn answer(&mut self, status: StatusCode, started: Instant) {
+        self.latencies.push(started.elapsed());
+        self.answered += 1;
+        if status != StatusCode::OK {
+            self.not_ok += 1;
+        }
+    }
+
+    fn error(&mut self, e: anyhow::Error) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(format!("{e:#}"));
+        }
+    }
+}
+
+/// How requests reach the twin.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    /// TLS straight to the twin at this address.
+    Direct(SocketAddr),
+    /// CONNECT through the proxy at this address.
+    Proxy(SocketAddr),
+}
+
+/// One path to the twin, with the TLS settings of its trust anchor.
+#[derive(Clone)]
+pub struct Endpoint {
+    via: Via,
+    /// ALPN `http/1.1` only, and `h2` only: the scenario picks the protocol.
+    h1: TlsConnector,
+    h2: TlsConnector,
+    server_name: ServerName<'static>,
+    /// `Host` (HTTP/1.1) and `:authority` (HTTP/2).
+    authority: String,
+    path: String,
+}
+
+impl Endpoint {
+    /// Straight to a TLS twin whose certificate names 127.0.0.1 and chains to `ca`.
+    pub fn direct(twin: SocketAddr, ca: &Path) -> Result<Endpoint> {
+        Ok(Endpoint {
+            via: Via::Direct(twin),
+            h1: connector(ca, b"http/1.1")?,
+            h2: connector(ca, b"h2")?,
+            server_name: ServerName::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST).into()),
+            authority: twin.to_string(),
+            path: format!("/s/{SANDBOX}/stripe{VENDOR_PATH}"),
+        })
+    }
+
+    /// Through an intercepting proxy whose leaves chain to `ca`.
+    pub fn proxied(proxy: SocketAddr, ca: &Path) -> Result<Endpoint> {
+        Ok(Endpoint {
+            via: Via::Proxy(proxy),
+            h1: connector(ca, b"http/1.1")?,
+            h2: connector(ca, b"h2")?,
+            server_name: ServerName::try_from(VENDOR_HOST)?.to_owned(),
+            authority: VENDOR_HOST.to_string(),
+            path: VENDOR_PATH.to_string(),
+        })
+    }
+
+    /// TCP, CONNECT when proxied, then the TLS handshake.
+    pub async fn dial(&self, h2: bool) -> Result<TlsStream<TcpStream>> {
+        let (Via::Direct(addr) | Via::Proxy(addr)) = self.via;
+        let mut tcp = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        tcp.set_nodelay(true)?;
+        if let Via::Proxy(_) = self.via {
+            connect_tunnel(&mut tcp).await?;
+        }
+        let tls = if h2 { &self.h2 } else { &self.h1 };
+        let stream = tls
+            .connect(self.server_name.clone(), tcp)
+            .await
+            .context("TLS handshake")?;
+        if h2 && stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+            bail!("the server did not negotiate h2 by ALPN");
+        }
+        Ok(stream)
+    }
+
+    async fn h1(&self) -> Result<hyper::client::conn::http1::SendRequest<Body>> {
+        let io = TokioIo::new(self.dial(false).await?);
+        let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    async fn h2(&self) -> Result<hyper::client::conn::http2::SendRequest<Body>> {
+        let io = TokioIo::new(self.dial(true).await?);
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    fn request(&self, h2: bool) -> Result<Request<Body>> {
+        let builder = if h2 {
+            Request::get(format!("https://{}{}", self.authority, self.path))
+        } else {
+            Request::get(&self.path).header(http::header::HOST, &self.authority)
+        };
+        Ok(builder.body(Empty::new())?)
+    }
+
+    /// One request on an HTTP/1.1 connection: its status once the body is read.
+    async fn get_h1(
+        &self,
+        sender: &mut hyper::client::conn::http1::SendRequest<Body>,
+    ) -> Result<StatusCode> {
+        sender.ready().await?;
+        let res = sender.send_request(self.request(false)?).await?;
+        let status = res.status();
+        res.into_body().collect().await?;
+        Ok(status)
+    }
+
+    async fn get_h2(
+        &self,
+        sender: &mut hyper::client::conn::http2::SendRequest<Body>,
+    ) -> Result<StatusCode> {
+        sender.ready().await?;
+        let res = sender.send_request(self.request(true)?).await?;
+        let status = res.status();
+        res.into_body().collect().await?;
+        Ok(status)
+    }
+
+    /// A few requests that mint the proxy's leaf and fill its upstream pool,
+    /// so the first measured run does not pay for them.
+    pub async fn warm_up(&self) -> Result<()> {
+        let mut h1 = self.h1().await?;
+        let mut h2 = self.h2().await?;
+        for _ in 0..20 {
+            let status = self.get_h1(&mut h1).await?;
+            if status != StatusCode::OK {
+                bail!("warm-up request answered {status}");
+            }
+            self.get_h2(&mut h2).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs `scenario` until `requests` are answered or `limit` has passed.
+    /// Connections a scenario keeps open are dialed before the clock starts;
+    /// `started` is called right then (the caller's CPU snapshot).
+    pub async fn run(
+        &self,
+        scenario: Scenario,
+        requests: u64,
+        limit: Duration,
+        started: impl FnOnce(),
+    ) -> Result<RunResult> {
+        let budget = Arc::new(AtomicI64::new(requests as i64));
+        let mut tasks = tokio::task::JoinSet::new();
+        let workers = scenario.concurrency();
+        let clock;
+        match scenario {
+            Scenario::KeepAlive | Scenario::Latency => {
+                let mut senders = Vec::with_capacity(workers);
+                for _ in 0..workers {
+                    senders.push(self.h1().await.context("opening a keep-alive connection")?);
+                }
+                started();
+                clock = Instant::now();
+                let deadline = clock + limit;
+                for mut sender in senders {
+                    let (this, budget) = (self.clone(), budget.clone());
+                    tasks.spawn(async move {
+                        let mut tally = Tally::default();
+                        while take(&budget, deadline) {
+                            let t = Instant::now();
+                            match this.get_h1(&mut sender).await {
+                                Ok(status) => tally.answer(status, t),
+                                Err(e) => {
+                                    tally.error(e);
+                                    // The connection is likely gone: dial again.
+                                    match this.h1().await {
+                                        Ok(s) => sender = s,
+                                        Err(e) => {
+                                            tally.error(e);
+                                            break;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        tally
+                    });
+                }
+            }
+            Scenario::NewConnection => {
+                started();
+                clock = Instant::now();
+                let deadline = clock + limit;
+                for _ in 0..workers {
+                    let (this, budget) = (self.clone(), budget.clone());
+                    tasks.spawn(async move {
+                        let mut tally = Tally::default();
+                        while take(&budget, deadline) {
+                            let t = Instant::now();
+                            let once = async {
+                                let mut sender = this.h1().await?;
+                                this.get_h1(&mut sender).await
+                            };
+                            match once.await {
+                                Ok(status) => tally.answer(status, t),
+                                Err(e) => tally.error(e),
+                            }
+                        }
+                        tally
+                    });
+                }
+            }
+            Scenario::Http2 => {
+                let sender = self.h2().await.context("opening the HTTP/2 connection")?;
+                started();
+                clock = Instant::now();
+                let deadline = clock + limit;
+                for _ in 0..workers {
+                    let (this, budget, mut sender) = (self.clone(), budget.clone(), sender.clone());
+                    tasks.spawn(async move {
+                        let mut tally = Tally::default();
+                        while take(&budget, deadline) {
+                            let t = Instant::now();
+                            match this.get_h2(&mut sender).await {
+                                Ok(status) => tally.answer(status, t),
+                                Err(e) => {
+                                    tally.error(e);
+                                    if sender.is_closed() {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        tally
+                    });
+                }
+            }
+        }
+        let mut result = RunResult::default();
+        while let Some(tally) = tasks.join_next().await {
+            result.merge(tally.map_err(|e| anyhow!("a load task panicked: {e}"))?);
+        }
+        result.elapsed = clock.elapsed();
+        result.latencies.sort_unstable();
+        Ok(result)
+    }
+
+    /// Opens `n` TLS connections (CONNECT and handshake, then nothing), at
+    /// most 32 handshakes at a time, and returns them held open.
+    pub async fn hold_idle(&self, n: usize) -> Result<Vec<TlsStream<TcpStream>>> {
+        let mut held = Vec::with_capacity(n);
+        let mut pending = tokio::task::JoinSet::new();
+        let mut started = 0;
+        while held.len() < n {
+            while started < n && pending.len() < 32 {
+                let this = self.clone();
+                pending.spawn(async move { this.dial(false).await });
+                started += 1;
+            }
+            match pending.join_next().await {
+                Some(done) => held.push(done.map_err(|e| anyhow!("a dial task panicked: {e}"))??),
+                None => break,
+            }
+        }
+        Ok(held)
+    }
+}
+
+/// Takes one request from the budget unless it is spent or the deadline passed.
+fn take(budget: &AtomicI64, deadline: Instant) -> bool {
+    Instant::now() < deadline && budget.fetch_sub(1, Ordering::Relaxed) > 0
+}
+
+/// `CONNECT api.stripe.com:443` on `tcp`; Ok once the proxy answered 200.
+async fn connect_tunnel(tcp: &mut TcpStream) -> Result<()> {
+    let head = format!("CONNECT {VENDOR_HOST}:443 HTTP/1.1\r\nHost: {VENDOR_HOST}:443\r\n\r\n");
+    tcp.write_all(head.as_bytes()).await?;
+    // The proxy sends nothing after its answer head until the client speaks
+    // TLS, so reading up to the blank line consumes exactly the answer.
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 256];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tcp.read(&mut chunk).await?;
+        if n == 0 {
+            bail!("the proxy closed the connection during CONNECT");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > 16 * 1024 {
+            bail!("the proxy's CONNECT answer has no end");
+        }
+    }
+    let status_line = String::from_utf8_lossy(&buf[..buf.len().min(64)]).to_string();
+    let mut words = status_line.split_whitespace();
+    words.next();
+    if words.next() != Some("200") {
+        bail!(
+            "CONNECT answered {:?}",
+            status_line.lines().next().unwrap_or("")
+        );
+    }
+    Ok(())
+}
+
+/// A TLS client trusting only the certificates in `ca`, offering one ALPN protocol.
+fn connector(ca: &Path, alpn: &[u8]) -> Result<TlsConnector> {
+    let mut roots = RootCertStore::empty();
+    for cert in
+        CertificateDer::pem_file_iter(ca).with_context(|| format!("reading {}", ca.display()))?
+    {
+        roots.add(cert.with_context(|| format!("parsing {}", ca.display()))?)?;
+    }
+    let mut config = ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    // Every new connection pays a full handshake: resumption would hide the
+    // cost of the leaf and its signature, and most SDKs do not resume.
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(TlsConnector::from(Arc::new(config)))
+}
