@@ -494,7 +494,7 @@ impl SessionFacts {
                 RawLine::Torn(_) => break,
             };
             n += 1;
-            if n <= 2 || buf.windows(7).any(|w| w == b"session") {
+            if n <= 2 || veris_receipt::ledger::mentions(&buf, b"session") {
                 if let Ok(line) = serde_json::from_slice::<veris_receipt::Line>(&buf) {
                     if f.prefix.lines.len() < 2 && n <= 2 {
                         f.prefix.lines.push(line.clone());

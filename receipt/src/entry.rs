@@ -59,6 +59,7 @@ pub const KINDS: &[&str] = &[
     "dns",
     "tls_abandoned",
     "response_incomplete",
+    "tunnel_close",
 ];
 
 /// TLS alerts that name the certificate: a client that sends one after our
@@ -171,21 +172,27 @@ pub enum ListenerTier {
 ///
 /// `prev` is the SHA-256 (lower-case hex) of the previous line's bytes, without
 /// its trailing newline; the first line has [`GENESIS_PREV`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Its serde form (written and read in one pass, without an intermediate
+/// tree) is in the `wire` module: the entry's variant name goes under
+/// `kind`, its fields beside the line's own.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Line {
     pub v: u32,
     pub seq: u64,
     /// RFC 3339 UTC with milliseconds, e.g. `2026-11-29T07:28:19.123Z`.
     pub ts: String,
-    #[serde(flatten)]
     pub entry: Entry,
     pub prev: String,
 }
 
 /// What was decided. Every text field is redacted before it is built (see the
 /// `redact` module); the writer redacts again as a last line of defence.
+///
+/// On its own it serializes externally tagged (`{"request":{...}}`); in a
+/// ledger line ([`Line`]) the tag is the line's `kind` field.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Entry {
     /// A proxy started writing to this ledger.
     Session {

@@ -10,6 +10,7 @@ pub mod ledger;
 pub mod receipt;
 pub mod redact;
 pub mod seal;
+mod wire;
 
 pub use entry::{
     Coverage, Entry, Line, ListenerTier, Mode, MovedAside, TornTail, GENESIS_PREV, LEDGER_VERSION,

@@ -38,7 +38,9 @@ pub use crate::hash::line_hash;
 mod read;
 mod write;
 
-pub use read::{read, read_bytes, scan, scan_file, LineReader, RawLine, MAX_LINE, PROBLEM_CAP};
+pub use read::{
+    mentions, read, read_bytes, scan, scan_file, LineReader, RawLine, MAX_LINE, PROBLEM_CAP,
+};
 pub use write::{Appending, Ledger, INDEX_EVERY};
 
 /// A line as committed: its seq and its exact text (without `\n`).

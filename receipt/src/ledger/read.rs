@@ -91,6 +91,11 @@ pub fn scan<R: Read>(
     }
 }
 
+/// Whether `word` occurs in `line` (a cheap test before parsing a line).
+pub fn mentions(line: &[u8], word: &[u8]) -> bool {
+    memchr::memmem::find(line, word).is_some()
+}
+
 /// What [`LineReader::next_into`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum RawLine {
@@ -143,7 +148,7 @@ impl<R: Read> LineReader<R> {
                 let n = long.map_or(buf.len(), |(_, n)| n);
                 return Ok((n > 0).then_some(RawLine::Torn(n)));
             }
-            let (piece, end) = match chunk.iter().position(|&b| b == b'\n') {
+            let (piece, end) = match memchr::memchr(b'\n', chunk) {
                 Some(i) => (&chunk[..i], true),
                 None => (chunk, false),
             };

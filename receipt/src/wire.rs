@@ -1,0 +1,506 @@
+//! The JSON form of a ledger [`Line`]: `{"v":..,"seq":..,"ts":..,"kind":..,
+//! <the kind's fields>,"prev":..}`, written and read without an
+//! intermediate tree.
+//!
+//! [`Entry`] derives serde as an externally tagged enum; the line puts its
+//! variant name under `kind` and its fields beside `v`, `seq`, `ts` and
+//! `prev`. Derived code for that shape (`#[serde(flatten)]` of an internally
+//! tagged enum) buffers every line into serde's `Content` tree twice before
+//! building the entry, which made parsing most of a reader's time. Here a
+//! line whose `kind` comes before the kind's fields (every line the writer
+//! ever wrote) is read in one pass: the fields go straight to the variant's
+//! derived visitor, while `prev` (and any line field that comes late) is
+//! taken out on the way. A line with kind fields before `kind` (a
+//! hand-made file) is read through `serde_json::Value` instead: slower,
+//! same result.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{
+    self, DeserializeSeed, Deserializer, EnumAccess, IntoDeserializer, MapAccess, VariantAccess,
+    Visitor,
+};
+use serde::ser::{self, Impossible, SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+
+use crate::entry::{Entry, Line};
+
+impl Serialize for Line {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("v", &self.v)?;
+        map.serialize_entry("seq", &self.seq)?;
+        map.serialize_entry("ts", &self.ts)?;
+        self.entry.serialize(KindAndFields(&mut map))?;
+        map.serialize_entry("prev", &self.prev)?;
+        map.end()
+    }
+}
+
+/// Serializes an [`Entry`] (a struct variant) into an open map: `kind`,
+/// then its fields.
+struct KindAndFields<'m, M>(&'m mut M);
+
+/// The fields of the variant, into the same map.
+struct Fields<'m, M>(&'m mut M);
+
+fn not_a_struct_variant<E: ser::Error>() -> E {
+    E::custom("a ledger entry must be a struct variant")
+}
+
+impl<'m, M: SerializeMap> Serializer for KindAndFields<'m, M> {
+    type Ok = ();
+    type Error = M::Error;
+    type SerializeSeq = Impossible<(), M::Error>;
+    type SerializeTuple = Impossible<(), M::Error>;
+    type SerializeTupleStruct = Impossible<(), M::Error>;
+    type SerializeTupleVariant = Impossible<(), M::Error>;
+    type SerializeMap = Impossible<(), M::Error>;
+    type SerializeStruct = Impossible<(), M::Error>;
+    type SerializeStructVariant = Fields<'m, M>;
+
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Fields<'m, M>, M::Error> {
+        self.0.serialize_entry("kind", variant)?;
+        Ok(Fields(self.0))
+    }
+
+    fn serialize_bool(self, _: bool) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_i8(self, _: i8) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_i16(self, _: i16) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_i32(self, _: i32) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_i64(self, _: i64) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_u8(self, _: u8) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_u16(self, _: u16) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_u32(self, _: u32) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_u64(self, _: u64) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_f32(self, _: f32) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_f64(self, _: f64) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_char(self, _: char) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_str(self, _: &str) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_bytes(self, _: &[u8]) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_none(self) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_some<T: ?Sized + Serialize>(self, _: &T) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_unit(self) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_unit_struct(self, _: &'static str) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_unit_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+    ) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_newtype_variant<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, M::Error> {
+        Err(not_a_struct_variant())
+    }
+    fn serialize_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStruct, M::Error> {
+        Err(not_a_struct_variant())
+    }
+}
+
+impl<M: SerializeMap> ser::SerializeStructVariant for Fields<'_, M> {
+    type Ok = ();
+    type Error = M::Error;
+
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), M::Error> {
+        self.0.serialize_entry(key, value)
+    }
+
+    fn end(self) -> Result<(), M::Error> {
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for Line {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Line, D::Error> {
+        d.deserialize_map(LineVisitor)
+    }
+}
+
+/// A map key, borrowed from the input when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key<'de>, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s.to_string())))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+/// The line's own fields, wherever they come in the object.
+#[derive(Default)]
+struct Head {
+    v: Option<u32>,
+    seq: Option<u64>,
+    ts: Option<String>,
+    prev: Option<String>,
+}
+
+impl Head {
+    /// Takes the value of `key` if it is a line field; `false` otherwise.
+    fn take<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
+        fn set<T, E: de::Error>(
+            slot: &mut Option<T>,
+            value: T,
+            name: &'static str,
+        ) -> Result<(), E> {
+            if slot.is_some() {
+                return Err(E::duplicate_field(name));
+            }
+            *slot = Some(value);
+            Ok(())
+        }
+        match key {
+            "v" => set(&mut self.v, map.next_value()?, "v")?,
+            "seq" => set(&mut self.seq, map.next_value()?, "seq")?,
+            "ts" => set(&mut self.ts, map.next_value()?, "ts")?,
+            "prev" => set(&mut self.prev, map.next_value()?, "prev")?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn finish<E: de::Error>(self, entry: Entry) -> Result<Line, E> {
+        Ok(Line {
+            v: self.v.ok_or_else(|| E::missing_field("v"))?,
+            seq: self.seq.ok_or_else(|| E::missing_field("seq"))?,
+            ts: self.ts.ok_or_else(|| E::missing_field("ts"))?,
+            entry,
+            prev: self.prev.ok_or_else(|| E::missing_field("prev"))?,
+        })
+    }
+}
+
+struct LineVisitor;
+
+impl<'de> Visitor<'de> for LineVisitor {
+    type Value = Line;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a ledger line (a JSON object)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Line, A::Error> {
+        let mut head = Head::default();
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            if head.take(&key, &mut map)? {
+                continue;
+            }
+            if key == "kind" {
+                let Key(tag) = map.next_value::<Key<'de>>()?;
+                let entry = Entry::deserialize(Tagged {
+                    tag,
+                    rest: Rest {
+                        map: &mut map,
+                        head: &mut head,
+                    },
+                })?;
+                return head.finish(entry);
+            }
+            // A kind field before `kind`: collect the rest as values.
+            let mut fields = serde_json::Map::new();
+            fields.insert(key.into_owned(), map.next_value()?);
+            let mut tag: Option<String> = None;
+            while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+                if head.take(&key, &mut map)? {
+                    continue;
+                }
+                if key == "kind" {
+                    if tag.is_some() {
+                        return Err(de::Error::duplicate_field("kind"));
+                    }
+                    tag = Some(map.next_value()?);
+                } else {
+                    fields.insert(key.into_owned(), map.next_value()?);
+                }
+            }
+            let tag = tag.ok_or_else(|| de::Error::missing_field("kind"))?;
+            let mut tagged = serde_json::Map::new();
+            tagged.insert(tag, serde_json::Value::Object(fields));
+            let entry =
+                Entry::deserialize(serde_json::Value::Object(tagged)).map_err(de::Error::custom)?;
+            return head.finish(entry);
+        }
+        Err(de::Error::missing_field("kind"))
+    }
+}
+
+/// The entries after `kind`, with the line's own fields taken out.
+struct Rest<'a, A> {
+    map: &'a mut A,
+    head: &'a mut Head,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for Rest<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        while let Some(Key(key)) = self.map.next_key::<Key<'de>>()? {
+            if self.head.take(&key, self.map)? {
+                continue;
+            }
+            if key == "kind" {
+                return Err(de::Error::duplicate_field("kind"));
+            }
+            let key: de::value::CowStrDeserializer<'_, A::Error> = key.into_deserializer();
+            return seed.deserialize(key).map(Some);
+        }
+        Ok(None)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+}
+
+/// `kind` and the rest of the line, as the externally tagged enum [`Entry`]
+/// expects them.
+struct Tagged<'a, 'de, A> {
+    tag: Cow<'de, str>,
+    rest: Rest<'a, A>,
+}
+
+impl<'de, A: MapAccess<'de>> Deserializer<'de> for Tagged<'_, 'de, A> {
+    type Error = A::Error;
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        visitor.visit_enum(self)
+    }
+
+    fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, A::Error> {
+        Err(de::Error::custom("a ledger entry is read as an enum"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map struct identifier ignored_any
+    }
+}
+
+impl<'a, 'de, A: MapAccess<'de>> EnumAccess<'de> for Tagged<'a, 'de, A> {
+    type Error = A::Error;
+    type Variant = Rest<'a, A>;
+
+    fn variant_seed<V: DeserializeSeed<'de>>(
+        self,
+        seed: V,
+    ) -> Result<(V::Value, Rest<'a, A>), A::Error> {
+        let tag: de::value::CowStrDeserializer<'_, A::Error> = self.tag.into_deserializer();
+        Ok((seed.deserialize(tag)?, self.rest))
+    }
+}
+
+impl<'de, A: MapAccess<'de>> VariantAccess<'de> for Rest<'_, A> {
+    type Error = A::Error;
+
+    fn unit_variant(self) -> Result<(), A::Error> {
+        Err(de::Error::custom("a ledger entry has fields"))
+    }
+
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, _seed: T) -> Result<T::Value, A::Error> {
+        Err(de::Error::custom("a ledger entry has named fields"))
+    }
+
+    fn tuple_variant<V: Visitor<'de>>(
+        self,
+        _len: usize,
+        _visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        Err(de::Error::custom("a ledger entry has named fields"))
+    }
+
+    fn struct_variant<V: Visitor<'de>>(
+        self,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        visitor.visit_map(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::entry::{Entry, Line, ListenerTier};
+
+    fn line() -> Line {
+        Line {
+            v: 3,
+            seq: 7,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry: Entry::Blocked {
+                host: "x.test".into(),
+                port: 443,
+                tier: ListenerTier::Explicit,
+                method: None,
+                path: Some("/a\"b".into()),
+                reason: "strict".into(),
+                dst: None,
+            },
+            prev: "ab".repeat(32),
+        }
+    }
+
+    #[test]
+    fn the_written_form_is_the_v3_line() {
+        let text = serde_json::to_string(&line()).unwrap();
+        assert_eq!(
+            text,
+            format!(
+                r#"{{"v":3,"seq":7,"ts":"2026-11-29T07:28:19.123Z","kind":"blocked","host":"x.test","port":443,"tier":"explicit","path":"/a\"b","reason":"strict","prev":"{}"}}"#,
+                "ab".repeat(32)
+            )
+        );
+        assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), line());
+    }
+
+    #[test]
+    fn any_field_order_reads_the_same() {
+        let prev = "ab".repeat(32);
+        for text in [
+            format!(
+                r#"{{"prev":"{prev}","kind":"blocked","host":"x.test","port":443,"tier":"explicit","path":"/a\"b","reason":"strict","ts":"2026-11-29T07:28:19.123Z","seq":7,"v":3}}"#
+            ),
+            format!(
+                r#"{{"host":"x.test","v":3,"port":443,"kind":"blocked","tier":"explicit","seq":7,"path":"/a\"b","reason":"strict","ts":"2026-11-29T07:28:19.123Z","prev":"{prev}","extra":[1]}}"#
+            ),
+            format!(
+                r#"{{"v":3,"seq":7,"ts":"2026-11-29T07:28:19.123Z","kind":"blocked","unknown":{{"a":1}},"host":"x.test","port":443,"tier":"explicit","path":"/a\"b","reason":"strict","prev":"{prev}"}}"#
+            ),
+        ] {
+            assert_eq!(
+                serde_json::from_str::<Line>(&text).unwrap(),
+                line(),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_lines_are_errors() {
+        let prev = "ab".repeat(32);
+        for text in [
+            r#"{"v":3,"seq":7,"ts":"t","prev":"p"}"#.to_string(),
+            r#"{"v":3,"seq":7,"ts":"t","kind":"teleport","prev":"p"}"#.to_string(),
+            format!(r#"{{"v":3,"seq":7,"ts":"t","kind":"blocked","kind":"blocked","host":"x","port":1,"tier":"explicit","reason":"r","prev":"{prev}"}}"#),
+            format!(r#"{{"v":3,"seq":7,"seq":8,"ts":"t","kind":"blocked","host":"x","port":1,"tier":"explicit","reason":"r","prev":"{prev}"}}"#),
+            format!(r#"{{"v":3,"ts":"t","kind":"blocked","host":"x","port":1,"tier":"explicit","reason":"r","prev":"{prev}"}}"#),
+            r#"{"v":3,"seq":7,"ts":"t","kind":"blocked","host":"x","tier":"explicit","reason":"r","prev":"p"}"#.to_string(),
+            "[1,2]".to_string(),
+        ] {
+            assert!(serde_json::from_str::<Line>(&text).is_err(), "{text}");
+        }
+    }
+}
