@@ -39,6 +39,10 @@ pub const VENDOR_PATH: &str = "/v1/customers";
 /// The sandbox the twin is addressed with (veris's default with a named twin).
 pub const SANDBOX: &str = "sbx_local";
 
+/// A dial (TCP, CONNECT, TLS) or a request that takes longer has failed:
+/// no run waits on a stuck peer for more than its time limit plus this.
+const STUCK: Duration = Duration::from_secs(10);
+
 type Body = Empty<Bytes>;
 
 /// The four load shapes of the issue, in the order they are run.
@@ -211,6 +215,12 @@ impl Endpoint {
 
     /// TCP, CONNECT when proxied, then the TLS handshake.
     pub async fn dial(&self, h2: bool) -> Result<TlsStream<TcpStream>> {
+        tokio::time::timeout(STUCK, self.dial_now(h2))
+            .await
+            .map_err(|_| anyhow!("no TLS connection after {STUCK:?}"))?
+    }
+
+    async fn dial_now(&self, h2: bool) -> Result<TlsStream<TcpStream>> {
         let (Via::Direct(addr) | Via::Proxy(addr)) = self.via;
         let mut tcp = TcpStream::connect(addr)
             .await
@@ -250,11 +260,19 @@ impl Endpoint {
     }
 
     fn request(&self, h2: bool) -> Result<Request<Body>> {
-        let builder = if h2 {
+        let mut builder = if h2 {
             Request::get(format!("https://{}{}", self.authority, self.path))
         } else {
             Request::get(&self.path).header(http::header::HOST, &self.authority)
         };
+        if let Via::Direct(_) = self.via {
+            // What a proxy adds on its way to the twin, so the twin does
+            // the same work on every path.
+            builder = builder
+                .header("x-veris-original-host", VENDOR_HOST)
+                .header("x-veris-service", "stripe")
+                .header("x-veris-sandbox", SANDBOX);
+        }
         Ok(builder.body(Empty::new())?)
     }
 
@@ -263,22 +281,32 @@ impl Endpoint {
         &self,
         sender: &mut hyper::client::conn::http1::SendRequest<Body>,
     ) -> Result<StatusCode> {
-        sender.ready().await?;
-        let res = sender.send_request(self.request(false)?).await?;
-        let status = res.status();
-        res.into_body().collect().await?;
-        Ok(status)
+        let exchange = async {
+            sender.ready().await?;
+            let res = sender.send_request(self.request(false)?).await?;
+            let status = res.status();
+            res.into_body().collect().await?;
+            Ok(status)
+        };
+        tokio::time::timeout(STUCK, exchange)
+            .await
+            .map_err(|_| anyhow!("no answer after {STUCK:?}"))?
     }
 
     async fn get_h2(
         &self,
         sender: &mut hyper::client::conn::http2::SendRequest<Body>,
     ) -> Result<StatusCode> {
-        sender.ready().await?;
-        let res = sender.send_request(self.request(true)?).await?;
-        let status = res.status();
-        res.into_body().collect().await?;
-        Ok(status)
+        let exchange = async {
+            sender.ready().await?;
+            let res = sender.send_request(self.request(true)?).await?;
+            let status = res.status();
+            res.into_body().collect().await?;
+            Ok(status)
+        };
+        tokio::time::timeout(STUCK, exchange)
+            .await
+            .map_err(|_| anyhow!("no answer after {STUCK:?}"))?
     }
 
     /// A few requests that mint the proxy's leaf and fill its upstream pool,

@@ -119,17 +119,43 @@ fn number(text: &str) -> Result<u64> {
         .with_context(|| format!("{text:?} is not a number\n\n{USAGE}"))
 }
 
-pub fn main(args: &[String]) {
+/// Runs the proxy benchmarks; false when they could not run (the error is printed).
+pub fn main(args: &[String]) -> bool {
     let result = parse(args).and_then(|o| {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .context("starting the tokio runtime")?
-            .block_on(run(o))
+            .block_on(async {
+                // On SIGINT/SIGTERM the run is dropped: its children are
+                // killed and its temp dir removed on the way out.
+                tokio::select! {
+                    result = run(o) => result,
+                    signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
+                }
+            })
     });
-    if let Err(e) = result {
-        eprintln!("veris-bench proxy: {e:#}");
-        std::process::exit(1);
+    match result {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("veris-bench proxy: {e:#}");
+            false
+        }
+    }
+}
+
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        // Without handlers the default action stops the process anyway.
+        _ => std::future::pending().await,
     }
 }
 
