@@ -48,11 +48,11 @@ pub struct CheckArgs {
         long,
         value_name = "TOKEN",
         env = "VERIS_CANARY",
-        hide_env_values = true,
-        conflicts_with = "any_run"
+        hide_env_values = true
     )]
     pub expect_canary: Option<String>,
-    /// Accept any veris proxy, whatever run it belongs to.
+    /// Accept any veris proxy, whatever run it belongs to: no canary is
+    /// compared, not even one from $VERIS_CANARY or --expect-canary.
     #[arg(long)]
     pub any_run: bool,
     /// Probe the kernel redirect (TLS to a TEST-NET address) even when a proxy URL is known.
@@ -275,9 +275,11 @@ pub fn canary_verdict(
 
 /// `veris check`.
 pub async fn check(args: CheckArgs) -> Result<u8> {
+    // --any-run wins over a canary from the environment: sourcing a run's
+    // env file sets VERIS_CANARY, and `--any-run` must still mean any run.
     let expected = match (&args.expect_canary, args.any_run) {
-        (Some(t), _) if !t.is_empty() => Some(t.clone()),
         (_, true) => None,
+        (Some(t), false) if !t.is_empty() => Some(t.clone()),
         _ => {
             eprintln!("veris check: no canary to expect. Next: pass --expect-canary TOKEN (or set VERIS_CANARY from the run's env file), or --any-run");
             return Ok(crate::EXIT_USAGE);

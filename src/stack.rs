@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use veris_ca::env::{EnvFormat, EnvSpec};
 use veris_ca::trust::TrustFiles;
 use veris_ca::{CertificateAuthority, Issuer, LoadOutcome};
-use veris_proxy::config::{Flags, Settings};
+use veris_proxy::config::{Flags, Overrides, Settings};
 use veris_proxy::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::ledger::{Ledger, OpenReport, SealInfo};
@@ -35,7 +35,10 @@ pub const DEFAULT_SANDBOX: &str = "sbx_local";
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
-    /// JSON config file (DESIGN §3); excludes --twin/--services/--route.
+    /// JSON config file (DESIGN §3). Flags given with it override the
+    /// file's field of the same meaning (--listen, --sandbox, --mode,
+    /// --allow-passthrough, --ca-dir); --twin, --services and --route are
+    /// errors with it (the routes live in the file).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Proxy listen address [serve: 127.0.0.1:8080, run/demo: 127.0.0.1:0].
@@ -50,7 +53,10 @@ pub struct ServeArgs {
     /// Catalog services to route (comma-separated); default: the whole catalog.
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
     pub services: Vec<String>,
-    /// Extra route, repeatable: SERVICE=HOST[/PREFIX].
+    /// Route, repeatable: SERVICE=HOST[/PREFIX], added to the catalog
+    /// services (all of them, or --services). A route for a host (and
+    /// prefix) the catalog claims takes that claim over; the catalog's other
+    /// hosts and prefixes stay.
     #[arg(long = "route", value_name = "SERVICE=HOST[/PREFIX]")]
     pub routes: Vec<String>,
     /// What happens to hosts no service claims.
@@ -105,6 +111,15 @@ pub struct ServeArgs {
 pub enum ModeArg {
     Passthrough,
     Strict,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Strict => Mode::Strict,
+            ModeArg::Passthrough => Mode::Passthrough,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -688,22 +703,32 @@ async fn routing(
     // it execute (and log) a vendor request.
     let mut builtin_twin_credential = None;
     let settings = if let Some(path) = &args.config {
-        if args.twin.is_some() || !args.services.is_empty() || !args.routes.is_empty() {
-            bail!("--config cannot be combined with --twin, --services or --route. Next: put the routes in the config file");
+        let clashes: Vec<&str> = [
+            (args.twin.is_some(), "--twin (upstream.base_url)"),
+            (!args.services.is_empty(), "--services (services)"),
+            (!args.routes.is_empty(), "--route (services)"),
+        ]
+        .into_iter()
+        .filter_map(|(given, what)| given.then_some(what))
+        .collect();
+        if !clashes.is_empty() {
+            bail!(
+                "{} and --config {} both say where traffic goes. Next: put the routes in the config file, or drop --config",
+                clashes.join(", "),
+                path.display()
+            );
         }
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
-        let mut settings = Settings::from_json(&text, &path.display().to_string())?;
-        if let Some(l) = &args.listen {
-            settings.listen = l.clone();
-        }
-        if let Some(m) = args.mode {
-            settings.mode = match m {
-                ModeArg::Strict => Mode::Strict,
-                ModeArg::Passthrough => Mode::Passthrough,
-            };
-        }
-        settings
+        // Flags win over the file, for every field both can set.
+        let overrides = Overrides {
+            listen: args.listen.as_deref(),
+            sandbox_id: args.sandbox.as_deref(),
+            mode: args.mode.map(Mode::from),
+            allow_passthrough: (!args.allow_passthrough.is_empty())
+                .then_some(args.allow_passthrough.as_slice()),
+        };
+        Settings::from_json_with(&text, &path.display().to_string(), overrides)?
     } else {
         let listen = args
             .listen
@@ -728,10 +753,7 @@ async fn routing(
             sandbox_id: &sandbox,
             services: &args.services,
             routes: &args.routes,
-            mode: match args.mode {
-                Some(ModeArg::Strict) => Mode::Strict,
-                _ => Mode::Passthrough,
-            },
+            mode: args.mode.map_or(Mode::Passthrough, Mode::from),
             allow_passthrough: &args.allow_passthrough,
         })?
     };

@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{command, output, text, veris, TempDir, DEADLINE};
+use support::{command, output, text, veris, Serve, TempDir, DEADLINE};
 
 #[test]
 fn demo_makes_four_calls_and_prints_the_receipt() {
@@ -163,4 +163,115 @@ fn a_start_that_fails_writes_no_session_line() {
         "a failed start recorded a session: {ledger}"
     );
     assert!(!ready.exists(), "a failed start announced itself ready");
+}
+
+#[test]
+fn check_any_run_accepts_any_run_even_with_a_canary_in_the_env() {
+    // After sourcing a run's env file VERIS_CANARY is always set; --any-run
+    // must still accept whatever veris proxy answers (M7).
+    let mut serve = Serve::start("anyrun", &[]);
+    let mut cmd = veris(["check", "--any-run", "--proxy", &serve.proxy_url]);
+    cmd.env("VERIS_CANARY", "cnry_00000000000000000000000000000000");
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("veris check: ok"), "{stdout}");
+    // Without --any-run the other run's canary still fails the check.
+    let mut cmd = veris(["check", "--proxy", &serve.proxy_url]);
+    cmd.env("VERIS_CANARY", "cnry_00000000000000000000000000000000");
+    let out = output(&mut cmd);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    serve.stop();
+}
+
+#[test]
+fn a_config_error_is_printed_once() {
+    let dir = TempDir::new("cfgonce");
+    let cfg = dir.join("veris-v2.json");
+    std::fs::write(
+        &cfg,
+        r#"{"version": 2, "sandbox_id": "sbx_x", "upstream": {"base_url": "http://127.0.0.1:9"}, "services": [{"name": "a", "hosts": ["a.test"]}]}"#,
+    )
+    .unwrap();
+    let mut cmd = veris(["serve", "--listen", "127.0.0.1:0", "--config"]);
+    cmd.arg(&cfg).arg("--state-dir").arg(dir.join("state"));
+    let out = support::output_within(&mut cmd, DEADLINE);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert_eq!(
+        stderr.matches("unsupported version 2").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("Next:").count(), 1, "{stderr}");
+    assert!(stderr.contains("veris-v2.json"), "{stderr}");
+}
+
+/// A config file for a twin that is not there (nothing is forwarded).
+fn config_file(dir: &TempDir, sandbox: &str, mode: &str) -> std::path::PathBuf {
+    let cfg = dir.join("veris.json");
+    std::fs::write(
+        &cfg,
+        serde_json::json!({
+            "version": 1,
+            "sandbox_id": sandbox,
+            "mode": mode,
+            "upstream": {"base_url": "http://127.0.0.1:9"},
+            "services": [{"name": "stripe", "hosts": ["api.stripe.com"]}],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    cfg
+}
+
+#[test]
+fn flags_override_the_config_file_sandbox_and_mode_alike() {
+    let dir = TempDir::new("cfgflags");
+    let cfg = config_file(&dir, "sbx_cfg", "passthrough");
+    let cfg = cfg.to_str().unwrap();
+    let mut serve = Serve::start_in(
+        dir,
+        &["--config", cfg, "--sandbox", "sbx_flag", "--mode", "strict"],
+    );
+    assert_eq!(serve.ready["sandbox_id"], "sbx_flag", "{}", serve.ready);
+    let out = output(&mut veris([
+        "check",
+        "--any-run",
+        "--proxy",
+        &serve.proxy_url,
+    ]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("sandbox sbx_flag") && stdout.contains("strict mode"),
+        "{stdout}"
+    );
+    // Strict mode really applies: an unmapped host is refused with 421.
+    assert_eq!(serve.vendor("GET", "example.com", "/"), 421);
+    serve.stop();
+    let session = serve
+        .ledger_lines()
+        .into_iter()
+        .find(|l| l["kind"] == "session")
+        .expect("a session line");
+    assert_eq!(session["sandbox_id"], "sbx_flag", "{session}");
+    assert_eq!(session["mode"], "strict", "{session}");
+}
+
+#[test]
+fn routes_with_a_config_file_are_an_error_naming_both() {
+    let dir = TempDir::new("cfgroute");
+    let cfg = config_file(&dir, "sbx_cfg", "strict");
+    let mut cmd = veris(["serve", "--listen", "127.0.0.1:0", "--config"]);
+    cmd.arg(&cfg)
+        .args(["--twin", "http://127.0.0.1:9", "--state-dir"])
+        .arg(dir.join("state"));
+    let out = support::output_within(&mut cmd, DEADLINE);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("--twin") && stderr.contains("veris.json") && stderr.contains("Next:"),
+        "{stderr}"
+    );
 }

@@ -26,10 +26,12 @@ pub enum ConfigError {
         message: String,
         fix: String,
     },
+    /// An error in a file: its name, then the error. The inner error is
+    /// part of this message and deliberately not a `source()`, or a report
+    /// that prints the chain (`{:#}`) would print it twice.
     #[error("{source_name}: {inner}")]
     InFile {
         source_name: String,
-        #[source]
         inner: Box<ConfigError>,
     },
 }
@@ -108,10 +110,36 @@ pub struct Settings {
 impl Settings {
     /// Parses and validates a config file's text; `source_name` (the path) prefixes every error.
     pub fn from_json(text: &str, source_name: &str) -> Result<Settings, ConfigError> {
-        let file: ConfigFile = serde_json::from_str(text).map_err(|e| ConfigError::Parse {
+        Settings::from_json_with(text, source_name, Overrides::default())
+    }
+
+    /// [`Settings::from_json`], with flags overriding the file's fields.
+    pub fn from_json_with(
+        text: &str,
+        source_name: &str,
+        overrides: Overrides<'_>,
+    ) -> Result<Settings, ConfigError> {
+        let mut file: ConfigFile = serde_json::from_str(text).map_err(|e| ConfigError::Parse {
             source_name: source_name.to_string(),
             message: e.to_string(),
         })?;
+        // A flag's value is checked under the flag's name, before the file's
+        // name prefixes the rest.
+        if let Some(listen) = overrides.listen {
+            validate_listen("--listen", listen)?;
+            file.listen = Some(listen.to_string());
+        }
+        if let Some(sandbox) = overrides.sandbox_id {
+            validate_sandbox("--sandbox", sandbox)?;
+            file.sandbox_id = sandbox.to_string();
+        }
+        if let Some(mode) = overrides.mode {
+            file.mode = Some(mode);
+        }
+        if let Some(allow) = overrides.allow_passthrough {
+            parse_allow(allow)?;
+            file.allow_passthrough = allow.to_vec();
+        }
         Settings::from_file(file).map_err(|inner| ConfigError::InFile {
             source_name: source_name.to_string(),
             inner: Box::new(inner),
@@ -127,8 +155,8 @@ impl Settings {
             ));
         }
         let listen = file.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-        validate_listen(&listen)?;
-        validate_sandbox(&file.sandbox_id)?;
+        validate_listen("listen", &listen)?;
+        validate_sandbox("sandbox_id", &file.sandbox_id)?;
         let upstream = file.upstream.ok_or_else(|| {
             invalid(
                 "upstream",
@@ -214,13 +242,16 @@ impl Settings {
     }
 
     /// Settings from flags: catalog services (`--services a,b`, empty = the whole
-    /// catalog) plus explicit `--route SERVICE=HOST[/PREFIX]` claims.
+    /// catalog) plus `--route SERVICE=HOST[/PREFIX]` claims, which add to the
+    /// catalog: a route for a host and prefix a catalog service claims takes
+    /// that claim over (a route without a prefix takes over the catalog's
+    /// whole-host claim on that host; the catalog's other prefixes stay).
     pub fn from_flags(flags: Flags<'_>) -> Result<Settings, ConfigError> {
-        validate_listen(flags.listen)?;
-        validate_sandbox(flags.sandbox_id)?;
+        validate_listen("--listen", flags.listen)?;
+        validate_sandbox("--sandbox", flags.sandbox_id)?;
         let twin_base = validate_base_url("--twin", flags.twin)?;
         let mut services: Vec<Service> = Vec::new();
-        let mut claims = Vec::new();
+        let mut catalog_claims = Vec::new();
         let add = |name: &str, services: &mut Vec<Service>| {
             if !services.iter().any(|s| s.name == name) {
                 services.push(Service {
@@ -229,7 +260,7 @@ impl Settings {
                 });
             }
         };
-        let names: Vec<&str> = if flags.services.is_empty() && flags.routes.is_empty() {
+        let names: Vec<&str> = if flags.services.is_empty() {
             catalog::names()
         } else {
             flags.services.iter().map(String::as_str).collect()
@@ -247,13 +278,14 @@ impl Settings {
             })?;
             add(name, &mut services);
             for (host, prefixes) in entry.claims {
-                claims.push(Claim {
+                catalog_claims.push(Claim {
                     service: name.to_string(),
                     host: HostPattern::Exact((*host).to_string()),
                     prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
                 });
             }
         }
+        let mut route_claims = Vec::new();
         for raw in flags.routes {
             let (name, target) = raw.split_once('=').ok_or_else(|| {
                 invalid(
@@ -270,12 +302,15 @@ impl Settings {
             let host = HostPattern::parse(host)
                 .map_err(|m| invalid("--route", m, "write --route SERVICE=HOST[/PREFIX]"))?;
             add(name, &mut services);
-            claims.push(Claim {
+            take_over(&mut catalog_claims, &host, prefix);
+            route_claims.push(Claim {
                 service: name.to_string(),
                 host,
                 prefixes: prefix.map(|p| vec![p.to_string()]).unwrap_or_default(),
             });
         }
+        let mut claims = catalog_claims;
+        claims.append(&mut route_claims);
         let allow = parse_allow(flags.allow_passthrough)?;
         let router = Router::new(services, claims, &allow)?;
         Ok(Settings {
@@ -290,6 +325,39 @@ impl Settings {
             canary_token: None,
         })
     }
+}
+
+/// Removes from the catalog's claims what a `--route` for `host` (and
+/// `prefix`, or the whole host) claims, so the route takes it over; a claim
+/// left without prefixes is dropped (an empty list would mean the whole host).
+fn take_over(catalog_claims: &mut Vec<Claim>, host: &HostPattern, prefix: Option<&str>) {
+    // "" stands for the whole host, as "/" does.
+    let key = |p: &str| p.trim_end_matches('/').to_string();
+    let wanted = prefix.map(key).unwrap_or_default();
+    catalog_claims.retain_mut(|claim| {
+        if &claim.host != host {
+            return true;
+        }
+        if claim.prefixes.is_empty() {
+            return !wanted.is_empty();
+        }
+        claim.prefixes.retain(|p| key(p) != wanted);
+        !claim.prefixes.is_empty()
+    });
+}
+
+/// Flags given together with a config file. Each one overrides the file's
+/// field of the same meaning (flags win, for every field they share).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Overrides<'a> {
+    /// `--listen` over `listen`.
+    pub listen: Option<&'a str>,
+    /// `--sandbox` over `sandbox_id` (and so over the service upstreams built from it).
+    pub sandbox_id: Option<&'a str>,
+    /// `--mode` over `mode`.
+    pub mode: Option<Mode>,
+    /// `--allow-passthrough` (when given) over `allow_passthrough`.
+    pub allow_passthrough: Option<&'a [String]>,
 }
 
 /// The flag form of a config.
@@ -331,20 +399,20 @@ fn parse_allow(raw: &[String]) -> Result<Vec<HostPattern>, ConfigError> {
     Ok(out)
 }
 
-fn validate_listen(listen: &str) -> Result<(), ConfigError> {
+fn validate_listen(field: &str, listen: &str) -> Result<(), ConfigError> {
     listen
         .parse::<std::net::SocketAddr>()
         .map(|_| ())
         .map_err(|_| {
             invalid(
-                "listen",
+                field,
                 format!("{listen:?} is not an IP:port address"),
                 "write e.g. \"127.0.0.1:8080\" (port 0 picks a free port)",
             )
         })
 }
 
-fn validate_sandbox(id: &str) -> Result<(), ConfigError> {
+fn validate_sandbox(field: &str, id: &str) -> Result<(), ConfigError> {
     if id.is_empty()
         || id.len() > 128
         || !id
@@ -352,7 +420,7 @@ fn validate_sandbox(id: &str) -> Result<(), ConfigError> {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     {
         return Err(invalid(
-            "sandbox_id",
+            field,
             format!("{id:?} is not a valid sandbox id"),
             "use 1-128 characters from [A-Za-z0-9_-], e.g. \"sbx_a1b2c3\"",
         ));
@@ -520,6 +588,24 @@ mod tests {
         assert!(e.contains("listen"), "{e}");
     }
 
+    #[test]
+    fn a_file_error_prints_its_message_once() {
+        let e = Settings::from_json(
+            r#"{"version":2,"sandbox_id":"s","upstream":{"base_url":"http://x"},"services":[{"name":"a","hosts":["a.com"]}]}"#,
+            "cfg.json",
+        )
+        .unwrap_err();
+        // What `anyhow`'s `{:#}` prints: each error of the chain, joined.
+        let mut chain = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            chain.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        assert_eq!(chain.matches("unsupported version 2").count(), 1, "{chain}");
+        assert_eq!(chain.matches("Next:").count(), 1, "{chain}");
+    }
+
     fn flags<'a>(services: &'a [String], routes: &'a [String]) -> Flags<'a> {
         Flags {
             listen: "127.0.0.1:0",
@@ -576,6 +662,89 @@ mod tests {
         assert_eq!(s.router.route("api.acme.test", "/v1"), Route::Unmapped);
         assert!(matches!(s.router.route("acme.dev", "/"), Route::Service(_)));
         assert!(Settings::from_flags(flags(&[], &["acme".into()])).is_err());
+        // A route adds to the catalog, it does not replace it (M7): without
+        // --services the whole catalog is still routed.
+        assert!(
+            matches!(s.router.route("api.stripe.com", "/v1/charges"), Route::Service(x) if x.name == "stripe")
+        );
+        assert_eq!(s.router.services().len(), catalog::CATALOG.len() + 1);
+    }
+
+    #[test]
+    fn a_route_takes_over_the_catalog_claim_on_its_host() {
+        let s = Settings::from_flags(flags(
+            &[],
+            &[
+                "mystripe=api.stripe.com".into(),
+                "mydrive=www.googleapis.com/drive/v3/".into(),
+            ],
+        ))
+        .unwrap();
+        let service = |host: &str, path: &str| match s.router.route(host, path) {
+            Route::Service(x) => x.name.clone(),
+            other => format!("{other:?}"),
+        };
+        assert_eq!(service("api.stripe.com", "/v1/charges"), "mystripe");
+        // The rest of the catalog's entries stay, on that host and others.
+        assert_eq!(service("files.stripe.com", "/v1/files"), "stripe");
+        assert_eq!(service("www.googleapis.com", "/drive/v3/files"), "mydrive");
+        assert_eq!(
+            service("www.googleapis.com", "/upload/drive/v3/files"),
+            "google-drive"
+        );
+        assert_eq!(
+            service("www.googleapis.com", "/calendar/v3/x"),
+            "google-calendar"
+        );
+        // A route for a new prefix on a catalog host sits beside the catalog.
+        let s = Settings::from_flags(flags(
+            &["stripe".into()],
+            &["acme=api.stripe.com/acme".into()],
+        ))
+        .unwrap();
+        assert!(
+            matches!(s.router.route("api.stripe.com", "/acme/x"), Route::Service(x) if x.name == "acme")
+        );
+        assert!(
+            matches!(s.router.route("api.stripe.com", "/v1"), Route::Service(x) if x.name == "stripe")
+        );
+    }
+
+    #[test]
+    fn flags_override_the_file_for_every_field_they_share() {
+        let s = Settings::from_json_with(
+            GOOD,
+            "veris.json",
+            Overrides {
+                listen: Some("127.0.0.1:0"),
+                sandbox_id: Some("sbx_flag"),
+                mode: Some(Mode::Passthrough),
+                allow_passthrough: Some(&["pypi.org".to_string()]),
+            },
+        )
+        .unwrap();
+        assert_eq!(s.listen, "127.0.0.1:0");
+        assert_eq!(s.sandbox_id, "sbx_flag");
+        assert_eq!(s.mode, Mode::Passthrough);
+        match s.router.route("api.stripe.com", "/v1") {
+            Route::Service(svc) => {
+                assert_eq!(svc.upstream, "http://127.0.0.1:9000/s/sbx_flag/stripe")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.router.route_connection("pypi.org"), Route::Allowed);
+        assert_ne!(s.router.route_connection("a.internal.dev"), Route::Allowed);
+        let e = Settings::from_json_with(
+            GOOD,
+            "veris.json",
+            Overrides {
+                sandbox_id: Some("bad id"),
+                ..Overrides::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("--sandbox: "), "{e}");
     }
 
     #[test]
