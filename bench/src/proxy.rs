@@ -325,6 +325,7 @@ async fn run(o: Options) -> Result<()> {
     }
 
     sanity(&paths);
+    println!("load average at the end: {}", load_average());
 
     let report = Report {
         samples: &samples,
@@ -492,5 +493,18 @@ pub fn machine() -> String {
         .map(str::trim)
         .unwrap_or("unknown CPU");
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cores} cores, {model}, Linux {}", kernel.trim())
+    format!(
+        "{cores} cores, {model}, Linux {}; load average {}",
+        kernel.trim(),
+        load_average()
+    )
+}
+
+/// The 1, 5 and 15 minute load averages: how busy the shared machine was.
+fn load_average() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }

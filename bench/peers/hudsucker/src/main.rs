@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use hudsucker::certificate_authority::RcgenAuthority;
 use hudsucker::hyper::{header, Method, Request, Response, StatusCode, Uri};
+use hudsucker::hyper_util::client::legacy::connect::HttpConnector;
 use hudsucker::rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
@@ -133,12 +134,7 @@ fn make_ca(ca_out: &str) -> Result<Issuer<'static, KeyPair>, String> {
 }
 
 /// The upstream leg: TLS trusting only the twin's CA, h2 or HTTP/1.1 by ALPN.
-fn twin_connector(
-    twin_ca: &str,
-) -> Result<
-    hyper_rustls::HttpsConnector<hudsucker::hyper_util::client::legacy::connect::HttpConnector>,
-    String,
-> {
+fn twin_connector(twin_ca: &str) -> Result<hyper_rustls::HttpsConnector<HttpConnector>, String> {
     let mut roots = RootCertStore::empty();
     for cert in
         CertificateDer::pem_file_iter(twin_ca).map_err(|e| format!("reading {twin_ca}: {e}"))?
@@ -153,12 +149,16 @@ fn twin_connector(
         .map_err(|e| format!("TLS versions: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
+    // hyper-rustls's own HttpConnector leaves Nagle on; veris's dials do not.
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_nodelay(true);
     Ok(hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(config)
         .https_only()
         .enable_http1()
         .enable_http2()
-        .build())
+        .wrap_connector(tcp))
 }
 
 #[tokio::main]
@@ -174,9 +174,17 @@ async fn run() -> Result<(), String> {
     let issuer = make_ca(&args.ca_out)?;
     let ca = RcgenAuthority::new(issuer, 1_000, aws_lc_rs::default_provider());
     let connector = twin_connector(&args.twin_ca)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("binding 127.0.0.1:0: {e}"))?;
+    // TCP_NODELAY on the listener is inherited by every accepted socket
+    // (Linux): hudsucker's accept loop does not set it, and with Nagle on,
+    // a small answer written after the TLS session tickets waits for the
+    // client's delayed ACK (~40 ms). veris sets it on each accepted socket.
+    let listener = (|| {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.set_nodelay(true)?;
+        socket.bind(([127, 0, 0, 1], 0).into())?;
+        socket.listen(1024)
+    })()
+    .map_err(|e| format!("listening on 127.0.0.1:0: {e}"))?;
     let addr = listener
         .local_addr()
         .map_err(|e| format!("listener address: {e}"))?;
