@@ -46,7 +46,9 @@ pub mod reserved;
 pub mod respond;
 pub mod route;
 pub mod sniff;
+pub mod summary;
 mod sys;
+pub mod tls;
 pub mod transparent;
 pub mod trust;
 pub mod upstream;
@@ -68,7 +70,7 @@ use tokio::sync::oneshot;
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, info_span, warn, Instrument, Span};
+use tracing::{debug, debug_span, info, info_span, warn, Instrument, Span};
 use veris_ca::Issuer;
 use veris_receipt::{redact, Entry, ListenerTier, Mode};
 
@@ -157,6 +159,10 @@ pub struct Proxy {
     connections: Arc<tokio::sync::Semaphore>,
     /// When the last "too many connections" warning was logged (Unix secs).
     refused_warned: std::sync::atomic::AtomicU64,
+    /// Counts for the periodic `info` line (the per-request one is `debug`).
+    summary: summary::Summary,
+    /// One server config per minted leaf, sharing a ticket key.
+    tls: tls::ServerConfigs,
 }
 
 /// Request headers worth keeping in the ledger (values redacted).
@@ -235,6 +241,8 @@ impl Proxy {
             limits: options.limits,
             connections: Arc::new(tokio::sync::Semaphore::new(options.limits.max_connections)),
             refused_warned: std::sync::atomic::AtomicU64::new(0),
+            summary: summary::Summary::default(),
+            tls: tls::ServerConfigs::new(Issuer::DEFAULT_CAPACITY),
         })
     }
 
@@ -392,7 +400,9 @@ impl Proxy {
         match passthrough_reason {
             None => {
                 let proxy = self.clone();
-                let span = info_span!("tls", host = %leg.host, %peer);
+                // Per connection: `debug`, like the per-request span; the
+                // `info` lines inside name the host themselves.
+                let span = debug_span!("tls", host = %leg.host, %peer);
                 self.tasks.spawn(
                     async move {
                         match on_upgrade.await {
@@ -439,13 +449,13 @@ impl Proxy {
         let start = match tokio::time::timeout(handshake, hello).await {
             Ok(Ok(start)) => start,
             Ok(Err(e)) => {
-                info!(error = %e, "client sent no TLS ClientHello after CONNECT");
+                info!(error = %e, host = %leg.host, "client sent no TLS ClientHello after CONNECT");
                 self.record_unmapped_without_tls(&leg, "it sent no TLS ClientHello")
                     .await;
                 return;
             }
             Err(_) => {
-                info!("no TLS ClientHello within {handshake:?}; closing");
+                info!(host = %leg.host, "no TLS ClientHello within {handshake:?}; closing");
                 self.record_unmapped_without_tls(&leg, "no TLS ClientHello came in time")
                     .await;
                 return;
@@ -464,8 +474,8 @@ impl Proxy {
                 return;
             }
         };
-        let tls = match tokio::time::timeout(handshake, start.into_stream(server_config(key))).await
-        {
+        let config = self.tls.for_leaf(&name, key);
+        let tls = match tokio::time::timeout(handshake, start.into_stream(config)).await {
             Ok(Ok(tls)) => tls,
             // A client too slow to finish is not one that refused our leaf.
             Err(_) => {
@@ -648,9 +658,13 @@ impl Proxy {
             Route::Canary => self.canary(),
             Route::Service(service) => {
                 let service = service.clone();
-                // Logs are not the ledger, but they must not carry secrets either.
-                let logged_path = redact::text(&path);
-                let span = info_span!("request", service = %service.name, host = %leg.host, method = %req.method(), path = %logged_path);
+                // Per-request context is for `debug`: at `info` the span's
+                // fields were formatted for every request. Logs are not the
+                // ledger, but they must not carry secrets either.
+                let span = debug_span!("request", service = %service.name, host = %leg.host, method = %req.method(), path = tracing::field::Empty);
+                if !span.is_disabled() {
+                    span.record("path", tracing::field::display(redact::text(&path)));
+                }
                 if let Some(refusal) = self
                     .screen(&service, &req, &leg)
                     .instrument(span.clone())
@@ -921,13 +935,16 @@ impl Proxy {
             }
         };
         if client_gone {
-            info!(
+            self.summary.note(summary::Outcome::ClientGone);
+            debug!(
                 status = status.as_u16(),
                 duration_ms, "forwarded; the client left before the twin answered"
             );
             return;
         }
-        info!(status = status.as_u16(), duration_ms, "forwarded");
+        self.summary
+            .note(summary::Outcome::Answered(status.as_u16()));
+        debug!(status = status.as_u16(), duration_ms, "forwarded");
         let answer = Answer {
             of: seq,
             service,
@@ -948,7 +965,7 @@ impl Proxy {
     /// vendor traffic unrecorded.
     async fn record(&self, entry: Entry, service: &str) -> Result<u64, Response<ProxyBody>> {
         self.recorder.record(entry).await.map_err(|e| {
-            warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
+            warn!(error = %e, service, "ledger unavailable: refusing vendor traffic until it recovers");
             ledger_unavailable(&e, service)
         })
     }
@@ -967,7 +984,8 @@ impl Proxy {
             }
             _ => (StatusCode::BAD_GATEWAY, "veris_upstream_unreachable"),
         };
-        warn!(error = %e, "twin upstream failed");
+        self.summary.note(summary::Outcome::UpstreamError);
+        warn!(error = %e, service = %line.service, method = %line.method, path = %redact::text(&line.path), "twin upstream failed");
         let entry = Entry::UpstreamError {
             service: line.service.clone(),
             host: line.host,
@@ -1366,23 +1384,10 @@ fn recorded_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A rustls server config presenting one minted leaf, offering h2 and http/1.1.
+/// A rustls server config presenting one minted leaf, offering h2 and
+/// http/1.1 (the built-in twin's; the proxy keeps one per leaf in [`tls`]).
 pub fn server_config(key: Arc<rustls::sign::CertifiedKey>) -> Arc<rustls::ServerConfig> {
-    #[derive(Debug)]
-    struct One(Arc<rustls::sign::CertifiedKey>);
-    impl rustls::server::ResolvesServerCert for One {
-        fn resolve(
-            &self,
-            _: rustls::server::ClientHello<'_>,
-        ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-            Some(self.0.clone())
-        }
-    }
-    let mut config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(One(key)));
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Arc::new(config)
+    Arc::new(tls::leaf_config(key))
 }
 
 /// Phase 1: accepts client connections until `shutdown` resolves, then stops
@@ -1420,6 +1425,7 @@ pub async fn serve(
     drop(listener);
     proxy.cancel.cancel();
     proxy.tasks.close();
+    proxy.summary.flush();
     if tokio::time::timeout(proxy.grace, proxy.tasks.wait())
         .await
         .is_err()
