@@ -361,21 +361,21 @@ async fn measure(
 ) -> Result<Sample> {
     let proxy_pid = path.proxy.as_ref().map(|p| p.child.pid());
     let twin_pid = twin.child.pid();
-    let mut before = (None, None);
+    let me = std::process::id();
+    let snapshot = || {
+        (
+            proxy_pid.and_then(procstat::cpu_time),
+            procstat::cpu_time(twin_pid),
+            procstat::cpu_time(me),
+        )
+    };
+    let mut before = (None, None, None);
     let result = path
         .endpoint
-        .run(scenario, requests, limit, || {
-            before = (
-                proxy_pid.and_then(procstat::cpu_time),
-                procstat::cpu_time(twin_pid),
-            );
-        })
+        .run(scenario, requests, limit, || before = snapshot())
         .await
         .with_context(|| format!("{} on {}", scenario.key(), path.name))?;
-    let after = (
-        proxy_pid.and_then(procstat::cpu_time),
-        procstat::cpu_time(twin_pid),
-    );
+    let after = snapshot();
     let per_request = |b: Option<Duration>, a: Option<Duration>| {
         let spent = a?.checked_sub(b?)?;
         (result.answered > 0).then(|| spent.as_secs_f64() * 1e6 / result.answered as f64)
@@ -395,10 +395,21 @@ async fn measure(
     if path.first_error.is_none() {
         path.first_error = result.first_error.clone();
     }
-    let cpu = sample
-        .proxy_cpu_us
-        .map(|us| format!(", proxy {us:.0} µs/req"))
-        .unwrap_or_default();
+    // CPU per request of each process: the proxy's, the twin's and this
+    // load generator's (which shares the machine's two cores with them).
+    let mut cpu = String::new();
+    for (who, us) in [
+        ("proxy", sample.proxy_cpu_us),
+        ("twin", sample.twin_cpu_us),
+        ("client", per_request(before.2, after.2)),
+    ] {
+        if let Some(us) = us {
+            cpu.push_str(&format!(", {who} {us:.0}"));
+        }
+    }
+    if !cpu.is_empty() {
+        cpu = format!("; CPU µs/req{}", &cpu[1..]);
+    }
     println!(
         "  {:<10} {:<9} {:>7} req in {:>5.2} s: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms{cpu}{}",
         scenario.key(),
