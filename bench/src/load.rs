@@ -190,11 +190,12 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// Straight to a TLS twin whose certificate names 127.0.0.1 and chains to `ca`.
-    pub fn direct(twin: SocketAddr, ca: &Path) -> Result<Endpoint> {
+    /// `resume`: new connections resume TLS sessions (else full handshakes).
+    pub fn direct(twin: SocketAddr, ca: &Path, resume: bool) -> Result<Endpoint> {
         Ok(Endpoint {
             via: Via::Direct(twin),
-            h1: connector(ca, b"http/1.1")?,
-            h2: connector(ca, b"h2")?,
+            h1: connector(ca, b"http/1.1", resume)?,
+            h2: connector(ca, b"h2", resume)?,
             server_name: ServerName::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST).into()),
             authority: twin.to_string(),
             path: format!("/s/{SANDBOX}/stripe{VENDOR_PATH}"),
@@ -202,11 +203,11 @@ impl Endpoint {
     }
 
     /// Through an intercepting proxy whose leaves chain to `ca`.
-    pub fn proxied(proxy: SocketAddr, ca: &Path) -> Result<Endpoint> {
+    pub fn proxied(proxy: SocketAddr, ca: &Path, resume: bool) -> Result<Endpoint> {
         Ok(Endpoint {
             via: Via::Proxy(proxy),
-            h1: connector(ca, b"http/1.1")?,
-            h2: connector(ca, b"h2")?,
+            h1: connector(ca, b"http/1.1", resume)?,
+            h2: connector(ca, b"h2", resume)?,
             server_name: ServerName::try_from(VENDOR_HOST)?.to_owned(),
             authority: VENDOR_HOST.to_string(),
             path: VENDOR_PATH.to_string(),
@@ -499,7 +500,7 @@ async fn connect_tunnel(tcp: &mut TcpStream) -> Result<()> {
 }
 
 /// A TLS client trusting only the certificates in `ca`, offering one ALPN protocol.
-fn connector(ca: &Path, alpn: &[u8]) -> Result<TlsConnector> {
+fn connector(ca: &Path, alpn: &[u8], resume: bool) -> Result<TlsConnector> {
     let mut roots = RootCertStore::empty();
     for cert in
         CertificateDer::pem_file_iter(ca).with_context(|| format!("reading {}", ca.display()))?
@@ -513,8 +514,12 @@ fn connector(ca: &Path, alpn: &[u8]) -> Result<TlsConnector> {
     .with_root_certificates(roots)
     .with_no_client_auth();
     config.alpn_protocols = vec![alpn.to_vec()];
-    // Every new connection pays a full handshake: resumption would hide the
-    // cost of the leaf and its signature, and most SDKs do not resume.
-    config.resumption = rustls::client::Resumption::disabled();
+    // By default every new connection pays a full handshake: resumption
+    // hides the cost of the leaf and its signature, and many SDKs (Python's,
+    // Go's) do not resume. `--resume` keeps rustls's in-memory session cache
+    // (one per ALPN protocol), as Node's agents and curl do.
+    if !resume {
+        config.resumption = rustls::client::Resumption::disabled();
+    }
     Ok(TlsConnector::from(Arc::new(config)))
 }

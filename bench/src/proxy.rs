@@ -25,7 +25,7 @@ use crate::report::{Memory, Report, Sample};
 
 const USAGE: &str = "\
 veris-bench proxy [--quick] [--rounds R] [--requests N] [--seconds S] [--only SCENARIO]...
-                  [--no-peers] [--no-build] [--idle N] [--markdown]
+                  [--no-peers] [--no-build] [--idle N] [--resume] [--markdown]
 
   --quick         small counts, one round, 200 idle connections (a smoke run)
   --rounds R      rounds of every scenario on every path, interleaved [3]
@@ -36,6 +36,7 @@ veris-bench proxy [--quick] [--rounds R] [--requests N] [--seconds S] [--only SC
   --no-peers      direct and veris only
   --no-build      use the hudsucker peer only if already built
   --idle N        idle TLS connections held per proxy for the memory figure [1000; 0: skip]
+  --resume        new connections resume TLS sessions (default: a full handshake each)
   --markdown      print the tables in BENCHMARKS.md's format
 
 Needs target/release/veris (cargo build --release) or $VERIS_BIN.";
@@ -48,6 +49,7 @@ struct Options {
     peers: bool,
     build: bool,
     idle: usize,
+    resume: bool,
     markdown: bool,
 }
 
@@ -60,6 +62,7 @@ fn parse(args: &[String]) -> Result<Options> {
         peers: true,
         build: true,
         idle: 1000,
+        resume: false,
         markdown: false,
     };
     let mut it = args.iter();
@@ -92,6 +95,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--peers" => o.peers = true,
             "--no-peers" => o.peers = false,
             "--no-build" => o.build = false,
+            "--resume" => o.resume = true,
             "--markdown" => o.markdown = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -194,8 +198,9 @@ async fn run(o: Options) -> Result<()> {
 
     println!("veris-bench proxy: {}", machine());
     println!(
-        "binary {}; {} round(s) of {}; ≤{} requests (new-conn {}, c=1 {}) or {} s per run",
+        "binary {} ({}); {} round(s) of {}; ≤{} requests (new-conn {}, c=1 {}) or {} s per run; {}",
         bin.display(),
+        built(&bin),
         o.rounds,
         o.scenarios
             .iter()
@@ -205,7 +210,12 @@ async fn run(o: Options) -> Result<()> {
         o.requests,
         o.requests / 5,
         o.requests / 4,
-        o.seconds
+        o.seconds,
+        if o.resume {
+            "new connections resume TLS sessions"
+        } else {
+            "a full TLS handshake per new connection"
+        }
     );
     println!(
         "request: GET https://api.stripe.com/v1/customers (twin: GET {}/s/sbx_local/stripe/v1/customers, pid {}); veris pid {}",
@@ -215,10 +225,14 @@ async fn run(o: Options) -> Result<()> {
     );
 
     let mut paths = vec![
-        PathUnderTest::new("direct", Endpoint::direct(twin.addr, &twin.ca)?, None),
+        PathUnderTest::new(
+            "direct",
+            Endpoint::direct(twin.addr, &twin.ca, o.resume)?,
+            None,
+        ),
         PathUnderTest::new(
             "veris",
-            Endpoint::proxied(veris.addr, &veris.ca)?,
+            Endpoint::proxied(veris.addr, &veris.ca, o.resume)?,
             Some(veris),
         ),
     ];
@@ -229,8 +243,8 @@ async fn run(o: Options) -> Result<()> {
             peers::start_mitmdump(&work.0, &twin).map(|p| ("mitmdump", p)),
         ] {
             match started.and_then(|(name, p)| {
-                let endpoint =
-                    Endpoint::proxied(p.addr, &p.ca).map_err(|e| format!("{name}: {e:#}"))?;
+                let endpoint = Endpoint::proxied(p.addr, &p.ca, o.resume)
+                    .map_err(|e| format!("{name}: {e:#}"))?;
                 println!("{name} pid {}", p.child.pid());
                 Ok(PathUnderTest::new(name, endpoint, Some(p)))
             }) {
@@ -511,6 +525,17 @@ pub fn machine() -> String {
     )
 }
 
+/// When `bin` was built (its mtime, UTC), so a table can be matched to a commit.
+fn built(bin: &Path) -> String {
+    let format = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
+    std::fs::metadata(bin)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| time::OffsetDateTime::from(t).format(&format).ok())
+        .map(|t| format!("built {t}"))
+        .unwrap_or_else(|| "build time unknown".into())
+}
+
 /// The 1, 5 and 15 minute load averages: how busy the shared machine was.
 fn load_average() -> String {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -518,4 +543,22 @@ fn load_average() -> String {
         .take(3)
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let o = parse(&args(&["--quick", "--only", "c1,keep-alive", "--resume"])).unwrap();
+        assert_eq!(o.rounds, 1);
+        assert_eq!(o.scenarios, vec![Scenario::KeepAlive, Scenario::Latency]);
+        assert!(o.resume && o.peers);
+        assert!(parse(&args(&["--only", "nope"])).is_err());
+        assert!(parse(&args(&["--rounds"])).is_err());
+        // `all 200000` hands the ledger's LINES to this group too.
+        assert!(parse(&args(&["200000"])).is_ok());
+    }
 }
