@@ -28,13 +28,14 @@ pub struct DemoArgs {
 
 pub async fn demo(mut args: DemoArgs) -> Result<u8> {
     // A throwaway state dir unless one is named, so the demo leaves nothing behind.
-    let temp = if args.serve.state_dir.is_none() && std::env::var_os("VERIS_STATE_DIR").is_none() {
-        let dir = std::env::temp_dir().join(format!("veris-demo-{}", crate::random_hex(6)?));
-        args.serve.state_dir = Some(dir.clone());
-        Some(dir)
-    } else {
-        None
-    };
+    let temp =
+        if args.serve.proxy.state_dir.is_none() && std::env::var_os("VERIS_STATE_DIR").is_none() {
+            let dir = std::env::temp_dir().join(format!("veris-demo-{}", crate::random_hex(6)?));
+            args.serve.proxy.state_dir = Some(dir.clone());
+            Some(dir)
+        } else {
+            None
+        };
     let result = demo_in(&args.serve).await;
     if let Some(dir) = temp {
         let _ = std::fs::remove_dir_all(dir);

@@ -131,10 +131,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => stack::serve(args).await,
-            // After the privilege drop the child would run as the exempt proxy uid.
-            Command::Run(args) if args.serve.transparent.transparent => {
-                Err(transparent::only_for_serve("run"))
-            }
+            // After the privilege drop the demo's client would run as the
+            // exempt proxy uid (`run` has no --transparent at all).
             Command::Demo(args) if args.serve.transparent.transparent => {
                 Err(transparent::only_for_serve("demo"))
             }

@@ -14,19 +14,19 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tracing::{info, warn};
 use veris_receipt::ledger::{self, LedgerRead};
-use veris_receipt::receipt::Check;
 use veris_receipt::receipt::{Anchor, Options, WindowSpec};
+use veris_receipt::receipt::{Check, Requirement};
 use veris_receipt::Entry;
 
 use crate::check::{CanaryAnswer, ProbeError};
 use crate::isolate::{Event, Isolation};
 use crate::receipt_cmd::{report, RequireArgs};
-use crate::stack::{no_proxy, Confinement, Finished, Role, ServeArgs, Stack};
+use crate::stack::{no_proxy, Confinement, Finished, ProxyArgs, Role, ServeArgs, Stack};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
-    pub serve: ServeArgs,
+    pub proxy: ProxyArgs,
     #[command(flatten)]
     pub require: RequireArgs,
     /// How the command is put behind the proxy. auto: isolated where the
@@ -63,12 +63,27 @@ pub enum TierArg {
     Explicit,
 }
 
+/// Exit code for a command that cannot be found, as a shell has it.
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// Exit code for a command that is there but cannot be executed.
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+
 pub async fn run(args: RunArgs) -> Result<u8> {
     let reqs = args.require.parse()?;
+    // Checked before anything starts: a typo must not cost a whole run.
+    known_services(&reqs, &crate::stack::routed_services(&args.proxy)?)?;
+    if let Err((code, why)) = findable(&args.command[0]) {
+        eprintln!(
+            "veris run: {}: {why}. Next: check the command name and PATH",
+            args.command[0]
+        );
+        return Ok(code);
+    }
     let started = std::time::Instant::now();
     let (confinement, isolation) = confine(&args).await?;
     let landlock = matches!(confinement, Confinement::Landlock);
-    let stack = Stack::start(&args.serve, "127.0.0.1:0", Role::Run, confinement).await?;
+    let serve = ServeArgs::with_defaults(args.proxy.clone());
+    let stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, confinement).await?;
 
     let java_base = std::env::var("JAVA_TOOL_OPTIONS").ok();
     let no_proxy = no_proxy();
@@ -124,11 +139,81 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         finished.ledger_path.display(),
         finished.key_id
     );
-    Ok(if report.exit_code != 0 {
-        report.exit_code
+    if report.exit_code != 0 {
+        // The receipt's verdict decides the exit code; the command's own
+        // code would otherwise be lost, so say both.
+        eprintln!(
+            "veris run: exit {}: {}; the command itself exited {status}",
+            report.exit_code,
+            unmet(&report.text)
+        );
+        return Ok(report.exit_code);
+    }
+    Ok(status)
+}
+
+/// What the receipt's verdict found unmet, from its `FAIL:` lines (or the
+/// empty-receipt sentence, which stands without one).
+fn unmet(text: &str) -> String {
+    let fails: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("FAIL: "))
+        .collect();
+    if !fails.is_empty() {
+        format!("requirement unmet: {}", fails.join("; "))
+    } else if text.contains(veris_receipt::receipt::EMPTY_SENTENCE) {
+        format!(
+            "requirement unmet: {}",
+            veris_receipt::receipt::EMPTY_SENTENCE
+        )
     } else {
-        status
-    })
+        "requirement unmet (see the receipt above)".to_string()
+    }
+}
+
+/// Every service a requirement names must be one this run routes, or the
+/// requirement could never be met: a typo (`strip`) is a usage error that
+/// lists the services there are.
+pub fn known_services(reqs: &[Requirement], routed: &[String]) -> Result<()> {
+    for r in reqs {
+        let (flag, name) = match r {
+            Requirement::Service { name, .. } => ("--require", name),
+            Requirement::Request { service, .. } => ("--require-request", service),
+            _ => continue,
+        };
+        if !routed.iter().any(|s| s == name) {
+            bail!(
+                "{flag}: unknown service {name:?}: this run routes {}. Next: use one of those names (the built-in catalog, --services, --route and the config file's services), or add --route {name}=HOST[/PREFIX]",
+                routed.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether `program` can be started the way `execvp` would find it: Err
+/// with the shell's exit code (127 not found, 126 not executable) and why.
+fn findable(program: &str) -> std::result::Result<(), (u8, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = std::path::Path::new(program);
+        return if executable(path) {
+            Ok(())
+        } else if path.exists() {
+            Err((EXIT_NOT_EXECUTABLE, "not an executable file".into()))
+        } else {
+            Err((EXIT_NOT_FOUND, "no such file".into()))
+        };
+    }
+    let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    if std::env::split_paths(&search).any(|dir| executable(&dir.join(program))) {
+        Ok(())
+    } else {
+        Err((EXIT_NOT_FOUND, "command not found".into()))
+    }
 }
 
 /// The tier this run gets: isolation where possible (unless told
@@ -349,4 +434,44 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)?;
     f.write_all(b"\n")?;
     f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requirements_must_name_a_routed_service() {
+        let routed = vec!["stripe".to_string(), "acme".to_string()];
+        let ok = [
+            Requirement::parse_service("stripe:1").unwrap(),
+            Requirement::parse_request("acme GET /x").unwrap(),
+            Requirement::parse_host("api.strip.com").unwrap(),
+        ];
+        known_services(&ok, &routed).unwrap();
+        let e = known_services(&[Requirement::parse_service("strip:1").unwrap()], &routed)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--require: unknown service \"strip\"") && e.contains("stripe, acme"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn commands_are_found_like_a_shell_finds_them() {
+        assert_eq!(findable("sh"), Ok(()));
+        assert_eq!(findable("/bin/sh"), Ok(()));
+        assert_eq!(findable("veris-no-such-command").unwrap_err().0, 127);
+        assert_eq!(findable("/no/such/file").unwrap_err().0, 127);
+        assert_eq!(findable("/etc/passwd").unwrap_err().0, 126);
+    }
+
+    #[test]
+    fn the_unmet_requirement_is_named() {
+        assert_eq!(
+            unmet("x\nFAIL: stripe: wanted at least 2 request(s), saw 1\n"),
+            "requirement unmet: stripe: wanted at least 2 request(s), saw 1"
+        );
+    }
 }

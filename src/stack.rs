@@ -33,8 +33,10 @@ use crate::live::ServiceRef;
 /// Sandbox id used with the built-in twin when none is given.
 pub const DEFAULT_SANDBOX: &str = "sbx_local";
 
+/// The proxy's flags, shared by every command that starts one (`serve`,
+/// `run`, `demo`): routing, where state lives, client and twin timeouts.
 #[derive(Args, Clone, Debug)]
-pub struct ServeArgs {
+pub struct ProxyArgs {
     /// JSON config file (DESIGN §3). Flags given with it override the
     /// file's field of the same meaning (--listen, --sandbox, --mode,
     /// --allow-passthrough, --ca-dir); --twin, --services and --route are
@@ -71,17 +73,6 @@ pub struct ServeArgs {
     /// CA dir [default: <state>/ca].
     #[arg(long, value_name = "DIR")]
     pub ca_dir: Option<PathBuf>,
-    /// Written last, atomically, once the proxy accepts connections (JSON: proxy_url, pid, ...).
-    #[arg(long, value_name = "FILE")]
-    pub ready_file: Option<PathBuf>,
-    /// Write the client env file (proxy and trust variables) here.
-    #[arg(long, value_name = "FILE")]
-    pub write_env: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "posix")]
-    pub env_format: EnvFormatArg,
-    /// Leave every routing variable out of the env file (trust only).
-    #[arg(long)]
-    pub env_trust_only: bool,
     /// Seconds in-flight requests get after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     pub grace: u64,
@@ -100,11 +91,51 @@ pub struct ServeArgs {
     /// Seconds to wait for the twin's response head before answering 504.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub upstream_timeout: u64,
+}
+
+/// `veris serve`: the proxy's flags plus what only a long-running service
+/// has (its announcements, the transparent tier, the admin API). `run`
+/// takes [`ProxyArgs`] alone, so its `--help` lists only what it uses.
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+    /// Written last, atomically, once the proxy accepts connections (JSON: proxy_url, pid, ...).
+    #[arg(long, value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
+    /// Write the client env file (proxy and trust variables) here.
+    #[arg(long, value_name = "FILE")]
+    pub write_env: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "posix")]
+    pub env_format: EnvFormatArg,
+    /// Leave every routing variable out of the env file (trust only).
+    #[arg(long)]
+    pub env_trust_only: bool,
     #[command(flatten)]
     pub transparent: crate::transparent::TransparentArgs,
     /// Admin API listen address (address written to <state>/admin.addr and the ready file).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub admin: String,
+}
+
+impl ServeArgs {
+    /// `proxy` with every serve-only flag at its default (`run` has none of
+    /// them). The defaults come from clap itself, so they cannot drift.
+    pub fn with_defaults(proxy: ProxyArgs) -> ServeArgs {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        use clap::Parser;
+        // No flag of ServeArgs is required and none reads the environment,
+        // so parsing no arguments cannot fail.
+        let mut serve = Defaults::try_parse_from(["veris"])
+            .expect("serve flags without arguments parse")
+            .serve;
+        serve.proxy = proxy;
+        serve
+    }
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -238,7 +269,7 @@ impl Stack {
             was = %limit_word(file_limit.0),
             "open-file limit (every client connection holds one or two)"
         );
-        let state_dir = crate::state_dir(args.state_dir.clone());
+        let state_dir = crate::state_dir(args.proxy.state_dir.clone());
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating state dir {}", state_dir.display()))?;
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -248,11 +279,12 @@ impl Stack {
             settings,
             twin_task,
             twin_auth,
-        } = routing(args, default_listen, shutdown_rx.clone()).await?;
+        } = routing(&args.proxy, default_listen, shutdown_rx.clone()).await?;
         let services = crate::live::service_refs(&settings.router);
 
         // CA, leaves and published trust material.
         let ca_dir = args
+            .proxy
             .ca_dir
             .clone()
             .or_else(|| settings.ca_dir.clone())
@@ -328,7 +360,10 @@ impl Stack {
         });
 
         // The twin's log position now: the cross-check counts rows after it.
-        let twin_heads = crate::live::twin_newest_ids(&services).await;
+        let (twin_heads, ()) = tokio::join!(
+            crate::live::twin_newest_ids(&services),
+            warn_unreachable_twins(&services)
+        );
         let euid = crate::sys::euid();
 
         // Everything that can fail comes before the session line, so a start
@@ -397,11 +432,11 @@ impl Stack {
                     roots,
                     passthrough_roots: Some(passthrough_roots),
                     insecure_skip_verify: settings.insecure_skip_verify,
-                    response_timeout: Duration::from_secs(args.upstream_timeout),
+                    response_timeout: Duration::from_secs(args.proxy.upstream_timeout),
                     ..UpstreamOptions::default()
                 },
-                grace: Duration::from_secs(args.grace),
-                limits: client_limits(args, raised.0),
+                grace: Duration::from_secs(args.proxy.grace),
+                limits: client_limits(&args.proxy, raised.0),
             },
             issuer,
             ledger.clone(),
@@ -694,7 +729,7 @@ fn until(rx: &watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + 
 /// Routing from `--config` or from flags; starts the built-in twin (with its
 /// per-start credential) when no twin is named.
 async fn routing(
-    args: &ServeArgs,
+    args: &ProxyArgs,
     default_listen: &str,
     shutdown_rx: watch::Receiver<bool>,
 ) -> Result<Routing> {
@@ -702,7 +737,50 @@ async fn routing(
     // The built-in twin's per-start credential: only this proxy can make
     // it execute (and log) a vendor request.
     let mut builtin_twin_credential = None;
-    let settings = if let Some(path) = &args.config {
+    let mut builtin_url = None;
+    if args.config.is_none() && args.twin.is_none() {
+        let sandbox = args.sandbox.as_deref().unwrap_or(DEFAULT_SANDBOX);
+        let (url, task, credential) = start_builtin_twin(sandbox, shutdown_rx).await?;
+        twin_task = Some(task);
+        builtin_twin_credential = Some(credential);
+        builtin_url = Some(url);
+    }
+    let settings = settings(args, default_listen, builtin_url.as_deref())?;
+    let twin_auth = match &settings.auth_value_env {
+        Some(var) => Some(std::env::var(var).with_context(|| {
+            format!("upstream.auth_value_env names {var}, which is not set. Next: export {var}=<twin credential>")
+        })?),
+        // A named twin gets nothing it was not configured with.
+        None => builtin_twin_credential,
+    };
+    Ok(Routing {
+        settings,
+        twin_task,
+        twin_auth,
+    })
+}
+
+/// The services a proxy started with `args` would route (for checking
+/// `--require` names before anything starts).
+pub fn routed_services(args: &ProxyArgs) -> Result<Vec<String>> {
+    // Any twin URL will do: only the names are read.
+    let settings = settings(args, "127.0.0.1:0", Some("http://127.0.0.1:1"))?;
+    Ok(settings
+        .router
+        .services()
+        .iter()
+        .map(|s| s.name.clone())
+        .collect())
+}
+
+/// Validated settings from `--config` (flags overriding the file's fields)
+/// or from flags; `builtin_twin` is the twin URL when `--twin` is absent.
+fn settings(
+    args: &ProxyArgs,
+    default_listen: &str,
+    builtin_twin: Option<&str>,
+) -> Result<Settings> {
+    if let Some(path) = &args.config {
         let clashes: Vec<&str> = [
             (args.twin.is_some(), "--twin (upstream.base_url)"),
             (!args.services.is_empty(), "--services (services)"),
@@ -728,48 +806,67 @@ async fn routing(
             allow_passthrough: (!args.allow_passthrough.is_empty())
                 .then_some(args.allow_passthrough.as_slice()),
         };
-        Settings::from_json_with(&text, &path.display().to_string(), overrides)?
-    } else {
-        let listen = args
-            .listen
-            .clone()
-            .unwrap_or_else(|| default_listen.to_string());
-        let sandbox = args
-            .sandbox
-            .clone()
-            .unwrap_or_else(|| DEFAULT_SANDBOX.to_string());
-        let twin_url = match &args.twin {
-            Some(url) => url.clone(),
-            None => {
-                let (url, task, credential) = start_builtin_twin(&sandbox, shutdown_rx).await?;
-                twin_task = Some(task);
-                builtin_twin_credential = Some(credential);
-                url
-            }
-        };
-        Settings::from_flags(Flags {
-            listen: &listen,
-            twin: &twin_url,
-            sandbox_id: &sandbox,
-            services: &args.services,
-            routes: &args.routes,
-            mode: args.mode.map_or(Mode::Passthrough, Mode::from),
-            allow_passthrough: &args.allow_passthrough,
-        })?
-    };
-    let twin_auth = match &settings.auth_value_env {
-        Some(var) => Some(std::env::var(var).with_context(|| {
-            format!("upstream.auth_value_env names {var}, which is not set. Next: export {var}=<twin credential>")
-        })?),
-        // A named twin gets nothing it was not configured with.
-        None => builtin_twin_credential,
-    };
-    Ok(Routing {
-        settings,
-        twin_task,
-        twin_auth,
-    })
+        return Ok(Settings::from_json_with(
+            &text,
+            &path.display().to_string(),
+            overrides,
+        )?);
+    }
+    let listen = args.listen.as_deref().unwrap_or(default_listen);
+    let sandbox = args.sandbox.as_deref().unwrap_or(DEFAULT_SANDBOX);
+    let twin = args
+        .twin
+        .as_deref()
+        .or(builtin_twin)
+        .context("no twin URL (internal: the built-in twin was not started)")?;
+    Ok(Settings::from_flags(Flags {
+        listen,
+        twin,
+        sandbox_id: sandbox,
+        services: &args.services,
+        routes: &args.routes,
+        mode: args.mode.map_or(Mode::Passthrough, Mode::from),
+        allow_passthrough: &args.allow_passthrough,
+    })?)
 }
+
+/// Warns once per twin address that refuses a connection at start: the
+/// proxy still starts (the twin may come up later), but until then every
+/// vendor request is answered 502, and a user should hear why now.
+async fn warn_unreachable_twins(services: &[ServiceRef]) {
+    let mut bases = std::collections::BTreeSet::new();
+    for s in services {
+        if let Ok(uri) = s.upstream.parse::<http::Uri>() {
+            if let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) {
+                bases.insert((scheme.to_string(), authority.as_str().to_string()));
+            }
+        }
+    }
+    let probes = bases.into_iter().map(|(scheme, authority)| async move {
+        let Ok(parsed) = authority.parse::<http::uri::Authority>() else {
+            return;
+        };
+        let port = parsed
+            .port_u16()
+            .unwrap_or(if scheme == "https" { 443 } else { 80 });
+        let host = parsed.host().trim_start_matches('[').trim_end_matches(']');
+        let dial = tokio::net::TcpStream::connect((host, port));
+        let error = match tokio::time::timeout(TWIN_PROBE_TIMEOUT, dial).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {TWIN_PROBE_TIMEOUT:?}"),
+        };
+        warn!(
+            twin = %format!("{scheme}://{authority}"),
+            %error,
+            "the twin is not reachable; the proxy runs anyway, and vendor requests get 502 veris_upstream_unreachable until it answers. Next: start the twin, or fix --twin / upstream.base_url"
+        );
+    });
+    futures_util::future::join_all(probes).await;
+}
+
+/// How long the start waits for the twin to accept a connection.
+const TWIN_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Upstream roots: the system's plus ours (a TLS twin may use a veris leaf).
 /// Roots for TLS upstreams: for the twin, the system roots and the veris CA
@@ -864,7 +961,7 @@ async fn confined_listeners(
 /// Client timeouts and the connection cap from the flags; the cap defaults
 /// to half the open-file limit (a proxied connection holds two: client and
 /// upstream), within 64..=16384.
-fn client_limits(args: &ServeArgs, open_files: Option<u64>) -> veris_proxy::Limits {
+fn client_limits(args: &ProxyArgs, open_files: Option<u64>) -> veris_proxy::Limits {
     veris_proxy::Limits {
         handshake: Duration::from_secs(args.handshake_timeout.max(1)),
         request_head: Duration::from_secs(args.client_timeout.max(1)),

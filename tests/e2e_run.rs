@@ -188,3 +188,110 @@ fn sigterm_to_run_reaches_the_child_and_the_receipt_is_printed() {
     assert!(stderr.contains("Veris receipt"), "{stderr}");
     assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
 }
+
+#[test]
+fn run_requiring_an_unknown_service_is_a_usage_error_listing_the_known_ones() {
+    let dir = TempDir::new("run-unknown-svc");
+    let out = run(
+        &dir,
+        &["--require", "strip:1", "--route", "acme=api.acme.test"],
+        &["true"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("\"strip\""), "names the typo: {stderr}");
+    for known in ["stripe", "google-calendar", "acme"] {
+        assert!(stderr.contains(known), "lists {known}: {stderr}");
+    }
+    assert!(stderr.contains("Next:"), "{stderr}");
+    assert!(
+        !stderr.contains("Veris receipt"),
+        "nothing ran, so no receipt: {stderr}"
+    );
+}
+
+#[test]
+fn run_with_an_unmet_requirement_names_it_and_the_childs_code() {
+    let dir = TempDir::new("run-unmet-code");
+    let out = run(&dir, &["--require", "stripe"], &["sh", "-c", "exit 7"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    let last = stderr
+        .lines()
+        .find(|l| l.starts_with("veris run: exit 3"))
+        .unwrap_or_else(|| panic!("no summary line: {stderr}"));
+    assert!(last.contains("stripe"), "names the requirement: {last}");
+    assert!(last.contains("exited 7"), "names the child's code: {last}");
+}
+
+#[test]
+fn run_of_a_missing_command_exits_127_like_a_shell() {
+    let dir = TempDir::new("run-127");
+    let out = run(&dir, &[], &["veris-no-such-command-m7"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(127), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("veris-no-such-command-m7: command not found"),
+        "{stderr}"
+    );
+    let out = run(&dir, &[], &["/etc/passwd"]);
+    assert_eq!(out.status.code(), Some(126), "{:?}", text(&out));
+}
+
+#[test]
+fn run_help_lists_only_what_run_uses() {
+    let out = output(&mut veris(["run", "--help"]));
+    let (help, _) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{help}");
+    for used in ["--require", "--twin", "--route", "--tier", "--receipt"] {
+        assert!(help.contains(used), "run uses {used}: {help}");
+    }
+    for serve_only in [
+        "--ready-file",
+        "--write-env",
+        "--env-format",
+        "--env-trust-only",
+        "--transparent",
+        "--install-redirect",
+        "--https-listen",
+        "--admin",
+    ] {
+        assert!(
+            !help.contains(serve_only),
+            "{serve_only} is serve's: {help}"
+        );
+    }
+    // And they are refused, not silently ignored.
+    let dir = TempDir::new("run-serve-flag");
+    let out = run(&dir, &["--ready-file", "/dev/null"], &["true"]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+}
+
+#[test]
+fn run_warns_once_when_the_twin_is_unreachable_and_runs_anyway() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let twin = format!("http://127.0.0.1:{port}");
+    let dir = TempDir::new("run-twin-down");
+    let out = run(&dir, &["--twin", &twin, "--allow-empty"], &["true"]);
+    let (stdout, stderr) = text(&out);
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("the twin is not reachable"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stdout}\n{stderr}");
+    assert!(
+        warnings[0].contains(&twin),
+        "names the URL: {}",
+        warnings[0]
+    );
+    assert!(warnings[0].contains("Next:"), "{}", warnings[0]);
+    assert!(
+        stderr.contains("Veris receipt"),
+        "the run went on: {stderr}"
+    );
+}
