@@ -59,7 +59,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -165,16 +165,16 @@ pub struct Proxy {
     tls: tls::ServerConfigs,
 }
 
-/// Request headers worth keeping in the ledger (values redacted).
-const RECORDED_HEADERS: &[&str] = &[
-    "content-type",
-    "content-length",
-    "user-agent",
-    "accept",
-    "idempotency-key",
-    "stripe-version",
-    "stripe-account",
-    "authorization",
+/// Request headers worth keeping in the ledger (values redacted by its writer).
+const RECORDED_HEADERS: [HeaderName; 8] = [
+    HeaderName::from_static("content-type"),
+    HeaderName::from_static("content-length"),
+    HeaderName::from_static("user-agent"),
+    HeaderName::from_static("accept"),
+    HeaderName::from_static("idempotency-key"),
+    HeaderName::from_static("stripe-version"),
+    HeaderName::from_static("stripe-account"),
+    HeaderName::from_static("authorization"),
 ];
 
 /// Where a request arrived from: the host it was for and how.
@@ -828,7 +828,9 @@ impl Proxy {
             host: leg.host.clone(),
             method: parts.method.to_string(),
             path,
-            query: query.map(|q| redact::query(&q)),
+            // Redacted with every other field by the ledger's writer, the one
+            // door into the record (`redact::entry`).
+            query,
             http: http_version(parts.version),
             tier: leg.tier,
             upstream: display_origin(&uri),
@@ -848,13 +850,13 @@ impl Proxy {
             format!("{}:{}", leg.host, leg.port)
         };
         if let Ok(v) = HeaderValue::from_str(&original_host) {
-            headers.insert("x-veris-original-host", v);
+            headers.insert(HeaderName::from_static("x-veris-original-host"), v);
         }
         if let Ok(v) = HeaderValue::from_str(&service.name) {
-            headers.insert("x-veris-service", v);
+            headers.insert(HeaderName::from_static("x-veris-service"), v);
         }
         if let Ok(v) = HeaderValue::from_str(&self.identity.sandbox_id) {
-            headers.insert("x-veris-sandbox", v);
+            headers.insert(HeaderName::from_static("x-veris-sandbox"), v);
         }
         if let Some(auth) = &self.twin_auth {
             if let Some(original) = headers.remove(header::AUTHORIZATION) {
@@ -1298,7 +1300,8 @@ fn strip_veris_headers(headers: &mut http::HeaderMap) {
 
 /// Where the client's own `Authorization` travels when the proxy sends the
 /// twin credential in its place.
-const ORIGINAL_AUTHORIZATION: &str = "x-veris-original-authorization";
+const ORIGINAL_AUTHORIZATION: HeaderName =
+    HeaderName::from_static("x-veris-original-authorization");
 
 /// A vendor request ready for its twin, with what its ledger line needs.
 struct Outbound {
@@ -1374,12 +1377,14 @@ fn ledger_unavailable(e: &RecordError, service: &str) -> Response<ProxyBody> {
     )
 }
 
+/// The request headers the ledger keeps, as sent: the writer redacts them
+/// (`redact::entry`) like every field of every line.
 fn recorded_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
     RECORDED_HEADERS
         .iter()
         .filter_map(|name| {
-            let value = headers.get(*name)?.to_str().ok()?;
-            Some((name.to_string(), redact::header_value(name, value)))
+            let value = headers.get(name)?.to_str().ok()?;
+            Some((name.as_str().to_string(), value.to_string()))
         })
         .collect()
 }

@@ -124,7 +124,9 @@ impl MemoryRecorder {
             .entries
             .lock()
             .map_err(|_| RecordError("memory recorder poisoned".into()))?;
-        entries.push(entry);
+        // Redacted as the ledger's writer redacts: the proxy hands entries
+        // over as sent.
+        entries.push(veris_receipt::redact::entry(entry));
         let seq = entries.len() as u64;
         drop(entries);
         self.changed.notify_waiters();

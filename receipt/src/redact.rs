@@ -727,8 +727,8 @@ fn redact_userinfo(s: &str) -> String {
 }
 
 /// Applies the rules above to every recorded text field of an entry. The
-/// proxy builds entries from redacted parts already; the writer calls this
-/// again as the last line of defence.
+/// ledger's writer calls this on every entry it is given: it is the one
+/// place where redaction happens, so the proxy hands over what it saw.
 pub fn entry(entry: Entry) -> Entry {
     match entry {
         Entry::Session {
