@@ -267,7 +267,7 @@ pub fn start_hudsucker(dir: &Path, twin: &Twin, build: bool) -> Result<Proxy, Sk
     }
     if !bin.is_file() {
         return Err(format!(
-            "hudsucker: no {} — skipped (run with --peers)",
+            "hudsucker: no {} — skipped (drop --no-build to build it)",
             bin.display()
         ));
     }
