@@ -23,9 +23,13 @@ pub struct CaDirs {
 pub enum CaCommand {
     /// Create the CA (if needed) and publish trust material, without serving.
     Init(CaDirs),
-    /// Print the CA's subject, fingerprint, validity and paths.
+    /// Print the CA's subject, fingerprint, validity and paths. Creates
+    /// nothing: without a usable CA it says so, and how to make one, and
+    /// exits 1.
     Show(CaDirs),
-    /// Print the CA certificate's path (for scripts).
+    /// Print the CA certificate's path (for scripts): where it is, or where
+    /// `veris ca init` (or serve/run) will create it. Creates nothing;
+    /// without a usable CA a note on stderr says so, and it still exits 0.
     Path(CaDirs),
     /// Print the client env file for a proxy URL.
     Env(EnvArgs),
@@ -55,9 +59,33 @@ struct Loaded {
     trust: veris_ca::trust::TrustFiles,
 }
 
-fn load(dirs: &CaDirs) -> Result<Loaded> {
+/// The state dir and the CA dir the flags name.
+fn dirs_of(dirs: &CaDirs) -> (PathBuf, PathBuf) {
     let state = crate::state_dir(dirs.state_dir.clone());
     let ca_dir = dirs.ca_dir.clone().unwrap_or_else(|| state.join("ca"));
+    (state, ca_dir)
+}
+
+/// The CA as it is, creating and writing nothing. `Ok(Err(reason))` when
+/// there is none usable (that reason is also printed, with the fix).
+fn load_existing(command: &str, ca_dir: &Path) -> Result<Result<CertificateAuthority, String>> {
+    match CertificateAuthority::load(ca_dir) {
+        Ok(ca) => Ok(Ok(ca)),
+        Err(veris_ca::CaError::NoCa { reason, .. }) => {
+            eprintln!(
+                "veris ca {command}: no CA in {} ({reason}). Next: `veris ca init` creates it (so do `veris serve` and `veris run`)",
+                ca_dir.display()
+            );
+            Ok(Err(reason))
+        }
+        Err(e) => {
+            Err(anyhow::Error::new(e).context(format!("loading the CA in {}", ca_dir.display())))
+        }
+    }
+}
+
+fn load(dirs: &CaDirs) -> Result<Loaded> {
+    let (state, ca_dir) = dirs_of(dirs);
     let (ca, outcome) = CertificateAuthority::load_or_create(&ca_dir)
         .with_context(|| format!("loading the CA in {}", ca_dir.display()))?;
     if let LoadOutcome::Created { reason } = outcome {
@@ -80,24 +108,32 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
             crate::outln!("{}", l.ca.cert_path().display());
         }
         CaCommand::Show(dirs) => {
-            let l = load(&dirs)?;
-            crate::outln!("subject:     {}", l.ca.subject());
-            crate::outln!("sha256:      {}", l.ca.fingerprint_sha256());
-            crate::outln!("not before:  {}", l.ca.not_before());
-            crate::outln!("not after:   {}", l.ca.not_after());
-            crate::outln!("certificate: {}", l.ca.cert_path().display());
-            crate::outln!("key:         {}", l.ca.key_path().display());
-            crate::outln!("trust dir:   {}", l.trust.dir.display());
-            crate::outln!("bundle:      {}", l.trust.bundle.display());
+            let (state, ca_dir) = dirs_of(&dirs);
+            let Ok(ca) = load_existing("show", &ca_dir)? else {
+                return Ok(crate::EXIT_USAGE);
+            };
+            // Where the trust material is published; showing writes none.
+            let trust = veris_ca::trust::TrustFiles::at(&state.join("trust"));
+            crate::outln!("subject:     {}", ca.subject());
+            crate::outln!("sha256:      {}", ca.fingerprint_sha256());
+            crate::outln!("not before:  {}", ca.not_before());
+            crate::outln!("not after:   {}", ca.not_after());
+            crate::outln!("certificate: {}", ca.cert_path().display());
+            crate::outln!("key:         {}", ca.key_path().display());
+            crate::outln!("trust dir:   {}", trust.dir.display());
+            crate::outln!("bundle:      {}", trust.bundle.display());
             crate::outln!(
                 "truststore:  {} ({})",
-                l.trust.truststore.display(),
-                l.trust.truststore_type
+                trust.truststore.display(),
+                trust.truststore_type
             );
         }
         CaCommand::Path(dirs) => {
-            let l = load(&dirs)?;
-            crate::outln!("{}", l.ca.cert_path().display());
+            let (_, ca_dir) = dirs_of(&dirs);
+            // The path either way: a script may configure clients before
+            // the CA exists; the note on stderr says it does not yet.
+            let _ = load_existing("path", &ca_dir)?;
+            crate::outln!("{}", CertificateAuthority::cert_path_in(&ca_dir).display());
         }
         CaCommand::Env(args) => {
             let l = load(&args.dirs)?;

@@ -275,3 +275,36 @@ fn routes_with_a_config_file_are_an_error_naming_both() {
         "{stderr}"
     );
 }
+
+#[test]
+fn ca_show_and_path_create_no_ca() {
+    let dir = TempDir::new("ca-none");
+    let state = dir.join("state");
+    let ca = |args: &[&str]| {
+        let mut cmd = veris(["ca"]);
+        cmd.args(args).arg("--state-dir").arg(&state);
+        output(&mut cmd)
+    };
+    let out = ca(&["show"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("no CA") && stderr.contains("veris ca init"),
+        "{stderr}"
+    );
+    let out = ca(&["path"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        state.join("ca").join("veris-ca.pem").to_str().unwrap(),
+        "the path it would use"
+    );
+    assert!(stderr.contains("veris ca init"), "{stderr}");
+    assert!(!state.exists(), "show/path created {}", state.display());
+    // Once there is one, path names the same file and creates nothing new.
+    assert_eq!(ca(&["init"]).status.code(), Some(0));
+    let out = ca(&["path"]);
+    assert_eq!(text(&out).1, "", "no note once the CA exists");
+    assert!(std::path::Path::new(text(&out).0.trim()).is_file());
+}

@@ -110,6 +110,24 @@ impl CertificateAuthority {
         }
     }
 
+    /// Loads the CA from `dir` without creating or changing anything (not
+    /// even the dir): [`CaError::NoCa`] says why there is none usable —
+    /// what [`CertificateAuthority::load_or_create`] would regenerate.
+    pub fn load(dir: &Path) -> Result<CertificateAuthority, CaError> {
+        match Self::inspect(dir)? {
+            Found::Usable(ca) => Ok(*ca),
+            Found::Regenerate(reason) => Err(CaError::NoCa {
+                dir: dir.to_path_buf(),
+                reason,
+            }),
+        }
+    }
+
+    /// Where the CA certificate in `dir` is (or would be created).
+    pub fn cert_path_in(dir: &Path) -> PathBuf {
+        dir.join(CA_CERT_FILE)
+    }
+
     /// Reads the CA files and decides whether they can be used.
     fn inspect(dir: &Path) -> Result<Found, CaError> {
         let cert_path = dir.join(CA_CERT_FILE);
@@ -383,6 +401,21 @@ mod tests {
         let d = std::env::temp_dir().join(format!("veris-ca-unit-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn load_creates_nothing() {
+        let dir = temp_dir("loadonly");
+        match CertificateAuthority::load(&dir) {
+            Err(CaError::NoCa { reason, .. }) => assert!(reason.starts_with("missing"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!dir.exists(), "load created the CA dir");
+        let (made, _) = CertificateAuthority::load_or_create(&dir).unwrap();
+        let loaded = CertificateAuthority::load(&dir).unwrap();
+        assert_eq!(loaded.fingerprint_sha256(), made.fingerprint_sha256());
+        assert_eq!(loaded.cert_path(), CertificateAuthority::cert_path_in(&dir));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub enum CaError {
     /// The CA on disk could not be loaded after it was found usable.
     #[error("cannot load ca from {path}: {reason}")]
     LoadCa { path: PathBuf, reason: String },
+    /// There is no usable CA in the dir (missing, unparsable or expired) and
+    /// the caller asked not to create one.
+    #[error("no usable ca in {dir}: {reason}")]
+    NoCa { dir: PathBuf, reason: String },
     /// Generating or signing the CA certificate failed.
     #[error("cannot generate the ca certificate")]
     GenerateCa(#[source] rcgen::Error),
