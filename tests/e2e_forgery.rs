@@ -478,3 +478,121 @@ fn a_run_child_of_the_same_uid_cannot_read_the_proxys_memory() {
     );
     assert!(stderr.contains("integrity: verified"), "{stderr}");
 }
+
+/// A new `veris serve` on `state`, ready.
+fn restart(state: &Path, label: &str) -> Guard {
+    let dir = TempDir::new(label);
+    let ready = dir.join("ready.json");
+    let proxy = Guard::spawn(
+        veris(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    support::wait_json_file(&ready, DEADLINE);
+    proxy
+}
+
+/// A restarted proxy reads only the end of its ledger (the last line must
+/// be its own seal). A line edited in the middle of the history between
+/// sessions is not looked for at the start, so it must be caught by every
+/// reader: live or pinned, the latest session or `--all`, never verified.
+#[test]
+fn an_edit_to_history_between_sessions_fails_every_receipt_after_a_restart() {
+    let mut serve = Serve::start("history-edit", &[]);
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    serve.stop();
+    let ledger = serve.ledger();
+    let text_before = std::fs::read_to_string(&ledger).unwrap();
+    // Turn the recorded GET into a charge, without touching the chain.
+    let edited = text_before.replacen("\"method\":\"GET\"", "\"method\":\"POST\"", 1);
+    assert_ne!(edited, text_before);
+    std::fs::write(&ledger, &edited).unwrap();
+    let key = json(
+        &text(&output(
+            veris(["receipt", "--all", "--json", "--ledger"]).arg(&ledger),
+        ))
+        .0,
+    )["seal_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let mut proxy = restart(&serve.state, "history-edit-restart");
+    // Its own seal ends the file: continued, not moved aside.
+    assert!(!serve.state.join("ledger.jsonl.moved-1").exists());
+    for extra in [&["--all"][..], &[]] {
+        let (out, stdout) = receipt_live(&serve.state, &[extra, &["--json"]].concat());
+        let r = json(&stdout);
+        assert_eq!(r["integrity"]["status"], "failed", "{extra:?} {r}");
+        assert!(
+            r["integrity"]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("chain broken at line "),
+            "{r}"
+        );
+        assert_eq!(out.status.code(), Some(3), "{r}");
+    }
+    proxy.signal("TERM");
+    proxy.wait();
+    // Offline with the key pinned, over the whole file.
+    let out = output(
+        veris([
+            "receipt",
+            "--all",
+            "--require-verified",
+            "--key",
+            &key,
+            "--ledger",
+        ])
+        .arg(&ledger),
+    );
+    let stdout = text(&out).0;
+    assert!(
+        stdout.contains("integrity: failed (chain broken at line "),
+        "{stdout}"
+    );
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+}
+
+/// The ledger replaced between sessions by another state dir's sealed
+/// ledger (another key): moved aside at the restart, never continued.
+#[test]
+fn a_ledger_sealed_by_another_key_is_moved_aside_at_a_restart() {
+    let mut serve = Serve::start("replace-a", &[]);
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    serve.stop();
+    let mut other = Serve::start("replace-b", &[]);
+    assert_eq!(other.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
+    other.stop();
+    let foreign = std::fs::read_to_string(other.ledger()).unwrap();
+    std::fs::write(serve.ledger(), &foreign).unwrap();
+    let mut proxy = restart(&serve.state, "replace-restart");
+    let aside = serve.state.join("ledger.jsonl.moved-1");
+    assert_eq!(std::fs::read_to_string(&aside).unwrap(), foreign);
+    let (out, stdout) = receipt_live(&serve.state, &["--all", "--json"]);
+    let r = json(&stdout);
+    assert!(r["services"].as_object().unwrap().is_empty(), "{r}");
+    let moved = r["integrity"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "moved_aside")
+        .cloned()
+        .expect("moved_aside check");
+    assert!(
+        moved["detail"]
+            .as_str()
+            .unwrap()
+            .contains("signed by a key other than"),
+        "{moved}"
+    );
+    assert_eq!(out.status.code(), Some(3), "{r}");
+    proxy.signal("TERM");
+    proxy.wait();
+}

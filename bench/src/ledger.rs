@@ -1,16 +1,20 @@
-//! The ledger's write and read paths, in figures (no assertions):
-//! 1. appends per second on one thread (each waits for its ack) and from 64
-//!    concurrent tokio tasks (each awaits its ack; the writer thread groups
-//!    what is queued into one write(2));
+//! The ledger's write and read paths, in figures next to their targets
+//! (no assertions):
+//! 1. appends per second: one thread, each append waiting for its ack; one
+//!    producer thread (a current_thread runtime with 256 tasks, as a proxy
+//!    worker thread with many connections in flight) each awaiting its ack;
+//!    64 tasks on two worker threads. The writer thread groups what is
+//!    queued into one write(2) either way;
 //! 2. `veris receipt --ledger FILE --key FP` on a generated ledger of
 //!    LINES lines (valid chain, a seal every 1000 lines, a final seal):
 //!    wall time and peak RSS (from wait4's rusage);
-//! 3. `veris serve` on a state dir holding a ~25 MB ledger sealed by its own
-//!    key: time until ready, RSS (VmRSS) and peak (VmHWM) idle, after one
-//!    `/receipt`, and after five concurrent `/ledger` calls.
+//! 3. `veris serve` on that state dir (sealed by its own seal.key): time
+//!    until ready, RSS (VmRSS) and peak (VmHWM) idle, after one `/receipt`,
+//!    and after five concurrent `/ledger` calls.
 //!
-//! `cargo build --release && cargo run --release -p veris-bench -- ledger [LINES]`
-//! (default 1,000,000; the binary is `target/release/veris`, or `$VERIS_BIN`).
+//! `cargo build --release && cargo run --release -p veris-bench -- ledger [LINES] [--only appends|receipt|serve]`
+//! (default 1,000,000; the binary is `target/release/veris`, or `$VERIS_BIN`);
+//! `... -- ledger gen DIR LINES` only writes the ledger (for profiling).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -189,10 +193,17 @@ pub fn main(args: &[String]) {
         return;
     }
     let lines: u64 = args
-        .first()
-        .and_then(|a| a.parse().ok())
+        .iter()
+        .find_map(|a| a.parse().ok())
         .unwrap_or(1_000_000)
         .clamp(1000, 20_000_000);
+    // `--only appends|receipt|serve` runs one part.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let wanted = |part: &str| only.as_deref().is_none_or(|o| o == part);
     let bin = std::env::var_os("VERIS_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -206,32 +217,63 @@ pub fn main(args: &[String]) {
     let root = std::env::temp_dir().join(format!("veris-bench-ledger-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).expect("temp dir");
+    if wanted("appends") {
+        appends(&root);
+    }
+    if wanted("receipt") || wanted("serve") {
+        let big = root.join("big");
+        std::fs::create_dir_all(&big).unwrap();
+        let start = Instant::now();
+        let key = generate(&big, lines);
+        let size = std::fs::metadata(big.join("ledger.jsonl"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        println!(
+            "generated {lines} lines ({:.0} MB, valid chain, a seal every 1000 lines, final seal) in {:.1} s",
+            size as f64 / 1e6,
+            start.elapsed().as_secs_f64()
+        );
+        if wanted("receipt") {
+            receipt(&bin, &big, &key, lines);
+        }
+        if wanted("serve") {
+            serve(&bin, &root, &big, lines);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
 
-    // 1. Appends.
-    let n = 200_000u64;
-    {
-        let dir = root.join("one");
+/// `figure (target: ...)` with a verdict.
+fn versus(met: bool, target: &str) -> String {
+    format!("(target {target}: {})", if met { "met" } else { "NOT met" })
+}
+
+/// 1. Appends: one thread each waiting for its ack; one producer thread
+///    (a current_thread runtime, as a proxy worker with many connections
+///    in flight) with 256 tasks; 64 tasks on 2 worker threads.
+fn appends(root: &Path) {
+    let n = 300_000u64;
+    let fresh = |name: &str| {
+        let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        Arc::new(ledger)
+    };
+    {
+        let ledger = fresh("one");
+        let n = n / 4;
         let start = Instant::now();
         for i in 0..n {
             ledger.append(request(i)).unwrap();
         }
         println!(
-            "appends, 1 thread (each waits):   {}",
+            "appends, 1 thread, each waits for its ack:        {}",
             rate(n, start.elapsed())
         );
     }
-    {
-        let dir = root.join("many");
-        std::fs::create_dir_all(&dir).unwrap();
-        let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).unwrap();
-        let ledger = Arc::new(ledger);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .build()
-            .unwrap();
-        let tasks = 64u64;
+    let tasks_on = |rt: tokio::runtime::Runtime, tasks: u64, label: &str| {
+        let ledger = fresh(label);
         let start = Instant::now();
         rt.block_on(async {
             let handles: Vec<_> = (0..tasks)
@@ -248,46 +290,59 @@ pub fn main(args: &[String]) {
                 h.await.unwrap();
             }
         });
-        println!(
-            "appends, 64 tasks (each awaits):  {}",
-            rate(n / tasks * tasks, start.elapsed())
-        );
-    }
-
-    // 2. veris receipt on a big sealed ledger.
-    let big = root.join("big");
-    std::fs::create_dir_all(&big).unwrap();
-    let start = Instant::now();
-    let key = generate(&big, lines);
-    let size = std::fs::metadata(big.join("ledger.jsonl"))
-        .map(|m| m.len())
-        .unwrap_or(0);
-    println!(
-        "generated {lines} lines ({:.0} MB) in {:.1} s",
-        size as f64 / 1e6,
-        start.elapsed().as_secs_f64()
+        let d = start.elapsed();
+        let per_s = (n / tasks * tasks) as f64 / d.as_secs_f64();
+        (rate(n / tasks * tasks, d), per_s)
+    };
+    let (line, per_s) = tasks_on(
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap(),
+        256,
+        "current",
     );
+    println!(
+        "appends, 1 producer thread, 256 tasks await:      {line} {}",
+        versus(per_s >= 300_000.0, ">= 300,000 lines/s")
+    );
+    let (line, _) = tasks_on(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap(),
+        64,
+        "many",
+    );
+    println!("appends, 64 tasks on 2 worker threads await:      {line}");
+}
+
+/// 2. `veris receipt --ledger FILE --key FP` on the big sealed ledger.
+fn receipt(bin: &Path, big: &Path, key: &str, lines: u64) {
     let script = format!(
         "/usr/bin/time -f PEAK_KB=%M {} receipt --ledger {} --key {key} >/dev/null",
         bin.display(),
         big.join("ledger.jsonl").display()
     );
+    // Once to warm the page cache, then the figure.
+    let _ = timed(Command::new("sh").args(["-c", &script]));
     let (wall, peak, _) = timed(Command::new("sh").args(["-c", &script]));
     println!(
-        "veris receipt ({lines} lines):      {:.2} s, peak RSS {:.1} MB",
+        "veris receipt ({lines} lines): {:.2} s {}, peak RSS {:.1} MB {}",
         wall.as_secs_f64(),
-        peak as f64 / 1024.0
+        versus(wall.as_secs_f64() <= 2.0, "<= 2 s"),
+        peak as f64 / 1024.0,
+        versus(peak <= 64 * 1024, "<= 64 MB")
     );
+}
 
-    // 3. veris serve on a ~25 MB ledger: ready time and memory around admin calls.
-    let state = root.join("serve");
-    std::fs::create_dir_all(&state).unwrap();
-    generate(&state, 25_000_000 / 440);
+/// 3. `veris serve` on the big ledger's state dir (sealed by its own
+///    seal.key): time until ready, memory idle and around admin calls.
+fn serve(bin: &Path, root: &Path, state: &Path, lines: u64) {
     let ready = root.join("ready.json");
     let start = Instant::now();
-    let mut child = Command::new(&bin)
+    let mut child = Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(&state)
+        .arg(state)
         .arg("--ready-file")
         .arg(&ready)
         .stdin(Stdio::null())
@@ -304,10 +359,11 @@ pub fn main(args: &[String]) {
             break v;
         }
         assert!(Instant::now() < deadline, "veris serve not ready in 60 s");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(2));
     };
     let ready_after = start.elapsed();
     let pid = child.id();
+    let moved = state.join("ledger.jsonl.moved-1").exists();
     let admin = info["admin"]
         .as_str()
         .unwrap_or_default()
@@ -319,18 +375,28 @@ pub fn main(args: &[String]) {
         .trim()
         .to_string();
     let mb = |kb: u64| kb as f64 / 1024.0;
-    println!(
-        "veris serve (25 MB ledger): ready in {:.2} s; idle RSS {:.1} MB (peak {:.1} MB)",
-        ready_after.as_secs_f64(),
-        mb(proc_kb(pid, "VmRSS:")),
-        mb(proc_kb(pid, "VmHWM:"))
-    );
-    let body = curl(&admin, &token, "/receipt");
     std::thread::sleep(Duration::from_millis(300));
+    let (idle, idle_peak) = (proc_kb(pid, "VmRSS:"), proc_kb(pid, "VmHWM:"));
     println!(
-        "  after /receipt ({body} bytes):    RSS {:.1} MB (peak {:.1} MB)",
-        mb(proc_kb(pid, "VmRSS:")),
-        mb(proc_kb(pid, "VmHWM:"))
+        "veris serve ({lines}-line ledger{}): ready in {:.3} s {}; idle RSS {:.1} MB (peak {:.1} MB) {}",
+        if moved { ", MOVED ASIDE" } else { ", continued" },
+        ready_after.as_secs_f64(),
+        versus(ready_after.as_secs_f64() <= 0.5, "<= 0.5 s"),
+        mb(idle),
+        mb(idle_peak),
+        versus(idle_peak <= 32 * 1024, "<= 32 MB")
+    );
+    let start = Instant::now();
+    let body = curl(&admin, &token, "/receipt");
+    let took = start.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    let rss = proc_kb(pid, "VmRSS:");
+    println!(
+        "  after /receipt ({body} bytes, {:.2} s): RSS {:.1} MB (peak {:.1} MB), {:+.1} MB over idle",
+        took.as_secs_f64(),
+        mb(rss),
+        mb(proc_kb(pid, "VmHWM:")),
+        mb(rss) - mb(idle)
     );
     let calls: Vec<_> = (0..5)
         .map(|_| {
@@ -340,13 +406,14 @@ pub fn main(args: &[String]) {
         .collect();
     let sizes: Vec<usize> = calls.into_iter().map(|c| c.join().unwrap_or(0)).collect();
     std::thread::sleep(Duration::from_millis(300));
+    let rss = proc_kb(pid, "VmRSS:");
     println!(
-        "  after 5 concurrent /ledger ({} MB each): RSS {:.1} MB (peak {:.1} MB)",
+        "  after 5 concurrent /ledger ({} MB each): RSS {:.1} MB (peak {:.1} MB), {:+.1} MB over idle",
         sizes.first().copied().unwrap_or(0) / 1_000_000,
-        mb(proc_kb(pid, "VmRSS:")),
-        mb(proc_kb(pid, "VmHWM:"))
+        mb(rss),
+        mb(proc_kb(pid, "VmHWM:")),
+        mb(rss) - mb(idle)
     );
     let _ = Command::new("kill").arg(pid.to_string()).status();
     let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&root);
 }

@@ -36,6 +36,7 @@ pub use crate::entry::TornTail;
 pub use crate::hash::line_hash;
 
 mod read;
+mod tail;
 mod write;
 
 pub use read::{
@@ -810,6 +811,236 @@ mod tests {
                 first.seq
             );
         }
+    }
+
+    /// A sealed ledger of `n` requests after a session line, closed by a
+    /// `shutdown` seal, written by [`Ledger`]; seals every 100 lines.
+    fn sealed(path: &Path, sealer: &Sealer, n: u64) {
+        let (ledger, _) = Ledger::open(path).unwrap();
+        ledger.append(session()).unwrap();
+        for i in 0..n {
+            ledger.append(request(&format!("/r/{i}"))).unwrap();
+            if i % 100 == 99 {
+                ledger.seal(sealer, "interval").unwrap();
+            }
+        }
+        ledger.seal(sealer, "shutdown").unwrap();
+    }
+
+    fn own(sealer: &Sealer) -> crate::seal::PublicKeys {
+        crate::seal::PublicKeys {
+            keys: vec![sealer.public_key()],
+        }
+    }
+
+    #[test]
+    fn a_sealed_ledger_is_continued_from_its_tail_and_found_by_seq() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let sealer = Sealer::ephemeral().unwrap();
+        let n = INDEX_EVERY * 3;
+        sealed(&path, &sealer, n);
+        let before = read(&path).unwrap();
+        let (ledger, report) = Ledger::open_sealed_by(&path, &own(&sealer)).unwrap();
+        assert!(report.moved_aside.is_none());
+        assert_eq!(report.next_seq, before.head.0 + 1);
+        assert_eq!(ledger.head(), before.head);
+        // The counters start with the session line the proxy writes next.
+        assert!(ledger.counters().is_empty());
+        ledger.append(session()).unwrap();
+        for _ in 0..INDEX_EVERY + 7 {
+            ledger.append(request("/new")).unwrap();
+        }
+        assert_eq!(ledger.counters()["session"], 1);
+        let after = read(&path).unwrap();
+        assert!(after.problems.is_empty(), "{:?}", after.problems);
+        let bytes = std::fs::read(&path).unwrap();
+        let last = after.head.0;
+        // Every `since`, in the unread history and in this writer's lines:
+        // the offset is a line start at or before the line after `since`.
+        for since in (0..=last + 2)
+            .step_by(37)
+            .chain([before.head.0 - 1, before.head.0, last])
+        {
+            let (offset, len) = ledger.position_after(since);
+            assert_eq!(len, bytes.len() as u64);
+            assert!(
+                offset == 0 || bytes[offset as usize - 1] == b'\n',
+                "since {since}"
+            );
+            let first: Line = serde_json::from_slice(
+                bytes[offset as usize..]
+                    .split(|&b| b == b'\n')
+                    .next()
+                    .unwrap(),
+            )
+            .unwrap();
+            assert!(first.seq <= since + 1, "since {since}: seq {}", first.seq);
+            assert!(
+                since + 1 - first.seq < INDEX_EVERY,
+                "since {since}: seq {}",
+                first.seq
+            );
+        }
+    }
+
+    /// Attacks on a stopped proxy's file, then a restart: what the open
+    /// does and what a reader of the whole file says.
+    #[test]
+    fn a_restart_reads_the_tail_and_readers_still_catch_history_edits() {
+        let sealer = Sealer::ephemeral().unwrap();
+        let keys = own(&sealer);
+        let fresh = |name: &str| {
+            let dir = TempDir::new();
+            let path = dir.0.join(name);
+            sealed(&path, &sealer, 250);
+            (dir, path)
+        };
+        let lines_of = |path: &Path| -> Vec<String> {
+            std::fs::read_to_string(path)
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+        let write = |path: &Path, lines: &[String]| {
+            std::fs::write(
+                path,
+                lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+            )
+            .unwrap()
+        };
+
+        // (a) A line in the middle edited: the tail still holds our seal,
+        // so the file is continued; the reader names the edited line, and
+        // any receipt of the file fails on it.
+        let (_d, path) = fresh("a.jsonl");
+        let mut l = lines_of(&path);
+        l[40] = l[40].replace("/r/39", "/r/XX");
+        assert!(l[40].contains("/r/XX"));
+        write(&path, &l);
+        let (ledger, report) = Ledger::open_sealed_by(&path, &keys).unwrap();
+        assert!(report.moved_aside.is_none());
+        drop(ledger);
+        let r = read(&path).unwrap();
+        assert_eq!(
+            r.first_problem().map(|p| p.line),
+            Some(41),
+            "{:?}",
+            r.problems
+        );
+        let receipt = crate::receipt::build_file(
+            &path,
+            &crate::receipt::Options {
+                scope: crate::receipt::WindowSpec::All,
+                anchor: crate::receipt::Anchor::Pinned(keys.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            receipt.integrity.status,
+            crate::receipt::IntegrityStatus::Failed
+        );
+
+        // (b) A torn line after the final seal (a crash mid-write): set
+        // aside, and the file is continued.
+        let (_d, path) = fresh("b0.jsonl");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let whole = bytes.len();
+        bytes.extend_from_slice(br#"{"v":3,"seq":255,"ts":"#);
+        std::fs::write(&path, &bytes).unwrap();
+        let (ledger, report) = Ledger::open_sealed_by(&path, &keys).unwrap();
+        assert!(report.moved_aside.is_none());
+        assert_eq!(
+            report.torn_tail.map(|t| (t.line, t.bytes)),
+            Some((255, bytes.len() - whole))
+        );
+        assert_eq!(report.next_seq, 255);
+        drop(ledger);
+        assert_eq!(std::fs::read(&path).unwrap(), &bytes[..whole]);
+
+        // The tail cut mid-line, lines after the last seal: the torn bytes
+        // are set aside and the unsealed rest is moved aside.
+        let (_d, path) = fresh("b.jsonl");
+        let full = std::fs::read(&path).unwrap();
+        let l = lines_of(&path);
+        let keep: usize = l[..l.len() - 2].iter().map(|x| x.len() + 1).sum();
+        let cut = keep + 20;
+        std::fs::write(&path, &full[..cut]).unwrap();
+        let (ledger, report) = Ledger::open_sealed_by(&path, &keys).unwrap();
+        let torn = report.torn_tail.expect("torn tail");
+        assert_eq!((torn.line, torn.bytes), (l.len() - 1, 20));
+        assert_eq!(
+            std::fs::read(report.torn_saved_to.unwrap()).unwrap(),
+            &full[keep..cut]
+        );
+        let moved = report.moved_aside.expect("moved aside");
+        assert_eq!(moved.why, "49 line(s) after the last seal (seq 203)");
+        drop(ledger);
+
+        // (c) Lines appended after the final seal, chained correctly.
+        let (_d, path) = fresh("c.jsonl");
+        let mut l = lines_of(&path);
+        let mut forged: Line = serde_json::from_str(&l[5]).unwrap();
+        forged.seq = l.len() as u64 + 1;
+        forged.prev = line_hash(l.last().unwrap().as_bytes());
+        l.push(encode(&forged).unwrap());
+        write(&path, &l);
+        let (_ledger, report) = Ledger::open_sealed_by(&path, &keys).unwrap();
+        let moved = report.moved_aside.expect("moved aside");
+        assert_eq!(
+            moved.why,
+            format!("1 line(s) after the last seal (seq {})", l.len() - 1)
+        );
+        assert_eq!(moved.head_seq, l.len() as u64);
+        assert_eq!(report.next_seq, 1);
+
+        // ... or a seal by another key at the end.
+        let (_d, path) = fresh("c2.jsonl");
+        let mut l = lines_of(&path);
+        let other = Sealer::ephemeral().unwrap();
+        let head = line_hash(l.last().unwrap().as_bytes());
+        let seal = Line {
+            v: crate::entry::LEDGER_VERSION,
+            seq: l.len() as u64 + 1,
+            ts: now_rfc3339(),
+            entry: other.seal(l.len() as u64, &head, "shutdown"),
+            prev: head,
+        };
+        l.push(encode(&seal).unwrap());
+        write(&path, &l);
+        let (_ledger, report) = Ledger::open_sealed_by(&path, &keys).unwrap();
+        let why = report.moved_aside.expect("moved aside").why;
+        assert!(why.contains("signed by a key other than"), "{why}");
+
+        // ... or our final seal moved after other lines: it no longer signs
+        // the line before it.
+        let (_d, path) = fresh("c3.jsonl");
+        let mut l = lines_of(&path);
+        let last = l.pop().unwrap();
+        let mut extra: Line = serde_json::from_str(&l[5]).unwrap();
+        extra.seq = l.len() as u64 + 1;
+        extra.prev = line_hash(l.last().unwrap().as_bytes());
+        l.push(encode(&extra).unwrap());
+        let mut seal: Line = serde_json::from_str(&last).unwrap();
+        seal.seq += 1;
+        l.push(encode(&seal).unwrap());
+        write(&path, &l);
+        let (_ledger, report) = Ledger::open_sealed_by(&path, &keys).unwrap();
+        assert!(report.moved_aside.is_some());
+
+        // (d) The file replaced by one without seals, or by an empty one.
+        let (_d, path) = fresh("d.jsonl");
+        let l = lines_of(&path);
+        write(&path, &l[..3]);
+        let (_ledger, report) = Ledger::open_sealed_by(&path, &keys).unwrap();
+        assert_eq!(report.moved_aside.expect("moved aside").why, "no seals");
+        let (_d, path) = fresh("d2.jsonl");
+        std::fs::write(&path, b"").unwrap();
+        let (_ledger, report) = Ledger::open_sealed_by(&path, &keys).unwrap();
+        assert!(report.moved_aside.is_none());
+        assert_eq!(report.next_seq, 1);
     }
 
     #[test]

@@ -28,9 +28,10 @@ use std::time::Duration;
 use crate::entry::{Entry, Line, LEDGER_VERSION};
 use crate::hash::line_hash;
 use crate::redact;
-use crate::seal::{PublicKeys, SealReport, Sealer};
+use crate::seal::{PublicKeys, Sealer};
 
 use super::read::{scan, MAX_LINE, PROBLEM_CAP};
+use super::tail;
 use super::{
     aside_path, encode, file_identity, meta_identity, now_rfc3339, save_torn, sync_parent,
     Committed, LedgerError, OpenReport, SealInfo,
@@ -63,8 +64,12 @@ struct Writer {
     identity: Option<(u64, u64)>,
     /// What the writer found done to its file behind its back (sticky).
     tampered: Option<String>,
-    /// `(seq, offset)` of every [`INDEX_EVERY`]th line, ascending.
+    /// `(seq, offset)` of every [`INDEX_EVERY`]th line, ascending (from
+    /// the open's scan, or only this writer's lines after `history`).
     index: Vec<(u64, u64)>,
+    /// Last seq and length of a history the open did not read
+    /// ([`Ledger::open_sealed_by`]): its lines are found by seq on demand.
+    history: Option<(u64, u64)>,
     /// Lines per kind since (and with) the newest session line.
     counters: BTreeMap<&'static str, u64>,
     /// The batch being written, kept to reuse its allocation.
@@ -229,11 +234,10 @@ impl std::fmt::Debug for Ledger {
     }
 }
 
-/// What the open scan found beyond [`OpenReport`]: the seals' verdict with
-/// the keys asked about, and the last line's seq.
+/// What the open found beyond [`OpenReport`]: why the keys asked about
+/// cannot vouch for the file (tail mode), and its head.
 struct Found {
-    seals: SealReport,
-    last_seq: Option<u64>,
+    why: Option<String>,
     head: (u64, String),
 }
 
@@ -241,11 +245,14 @@ impl Ledger {
     /// Opens or creates the ledger (mode 0644), finds the head (last seq and
     /// line hash), moves a torn last line aside into `<path>.torn-<seq>`
     /// (kept, never deleted) and reports it, and starts the writer and sync
-    /// threads. The file is read once, a line at a time.
+    /// threads. The file is read once, a line at a time, for its problems,
+    /// counters and index.
     pub fn open(path: &Path) -> Result<(Ledger, OpenReport), LedgerError> {
         Ledger::open_checking(path, None).map(|(l, r, _)| (l, r))
     }
 
+    /// With `own`, reads only the file's end and says why `own` cannot
+    /// vouch for it ([`tail::check`]); else reads all of it.
     fn open_checking(
         path: &Path,
         own: Option<&PublicKeys>,
@@ -283,19 +290,44 @@ impl Ledger {
         }
         let mut index = Vec::new();
         let mut counters = BTreeMap::new();
-        let mut seals = SealReport::default();
-        let mut last_seq = None;
-        let read = scan(&file, PROBLEM_CAP, |line, _, offset| {
-            if line.seq % INDEX_EVERY == 1 && index.last().is_none_or(|(s, _)| *s < line.seq) {
-                index.push((line.seq, offset));
+        let mut history = None;
+        let (read, why) = match own {
+            // The whole file, a line at a time: index, counters, problems.
+            None => {
+                let read = scan(&file, PROBLEM_CAP, |line, _, offset| {
+                    if line.seq % INDEX_EVERY == 1
+                        && index.last().is_none_or(|(s, _)| *s < line.seq)
+                    {
+                        index.push((line.seq, offset));
+                    }
+                    count(&mut counters, line.entry.kind());
+                })
+                .map_err(read_err)?;
+                (read, None)
             }
-            count(&mut counters, line.entry.kind());
-            if let Some(keys) = own {
-                seals.check(&line, keys);
+            // Its end only: the history stays unread (see `tail`).
+            Some(keys) => {
+                let t = tail::check(&file, keys).map_err(read_err)?;
+                let (last_seq, head_hash) = t
+                    .last
+                    .clone()
+                    .unwrap_or((0, crate::entry::GENESIS_PREV.to_string()));
+                if last_seq > 0 {
+                    history = Some((last_seq, t.good_len));
+                }
+                let read = super::LedgerRead {
+                    head: (last_seq, head_hash),
+                    good_len: t.good_len,
+                    // In a file the writer wrote, line numbers are seqs.
+                    torn_tail: (t.torn > 0).then_some(crate::entry::TornTail {
+                        line: last_seq as usize + 1,
+                        bytes: t.torn,
+                    }),
+                    ..super::LedgerRead::default()
+                };
+                (read, t.why)
             }
-            last_seq = Some(line.seq);
-        })
-        .map_err(read_err)?;
+        };
         let next_seq = read.head.0.saturating_add(1);
         let mut torn_saved_to = None;
         if read.torn_tail.is_some() {
@@ -327,6 +359,7 @@ impl Ledger {
                 identity,
                 tampered: None,
                 index,
+                history,
                 counters,
                 buf: Vec::new(),
                 #[cfg(test)]
@@ -359,8 +392,7 @@ impl Ledger {
                 .map_err(open_err)?,
         );
         let found = Found {
-            seals,
-            last_seq,
+            why,
             head: read.head.clone(),
         };
         let report = OpenReport {
@@ -374,23 +406,26 @@ impl Ledger {
     }
 
     /// Opens the ledger like [`Ledger::open`], but continues an existing file
-    /// only when this proxy can vouch for all of it: an intact chain whose
-    /// seals all verify with `own` and whose last line is such a seal.
-    /// Anything else (a chain break, an unsealed tail, no seals, another
-    /// key) is moved aside to `<path>.moved-<n>` (kept, readable) and a new
-    /// chain starts; the report names the moved file and its head, for the
-    /// session line (DESIGN §7a.4). A proxy never seals over history it did
-    /// not write. The file is read once, a line at a time.
+    /// only when this proxy can vouch for it: its last line is a seal by
+    /// `own` over the line right before it, which vouches (through the hash
+    /// chain) for every line up to it. Anything else (an unsealed tail, no
+    /// seals, another key, a seal that does not sign the line before it) is
+    /// moved aside to `<path>.moved-<n>` (kept, readable) and a new chain
+    /// starts; the report names the moved file and its head, for the session
+    /// line (DESIGN §7a.4). A proxy never seals over a tail it did not write.
+    ///
+    /// Only the end of the file is read, so a start costs the same for any
+    /// history (the report has no `problems`; the counters start with the
+    /// session line the proxy writes next). An edit to the history before
+    /// that seal is not looked for here: every reader streams the whole
+    /// file and fails on any break of the chain or a seal, whatever its
+    /// window, so such an edit can never read as verified.
     pub fn open_sealed_by(
         path: &Path,
         own: &PublicKeys,
     ) -> Result<(Ledger, OpenReport), LedgerError> {
         let (ledger, report, found) = Ledger::open_checking(path, Some(own))?;
-        let why = match report.problems.first() {
-            Some(p) => Some(format!("chain broken at {p}")),
-            None => super::unsealed_tail(&found.seals, found.last_seq),
-        };
-        let Some(why) = why else {
+        let Some(why) = found.why else {
             return Ok((ledger, report));
         };
         drop(ledger);
@@ -622,13 +657,30 @@ impl Ledger {
     /// or before the first line with a greater seq (from the sparse index;
     /// the reader checks the seq of what it finds there), and the length of
     /// the file up to the writer's last complete line.
+    ///
+    /// Lines of a history the open did not read are found by a binary
+    /// search of the file (a few block reads, no lock held).
     pub fn position_after(&self, since: u64) -> (u64, u64) {
-        let w = self.shared.writer();
-        let i = w
-            .index
-            .partition_point(|(s, _)| *s <= since.saturating_add(1));
-        let offset = i.checked_sub(1).map_or(0, |i| w.index[i].1);
-        (offset, w.good_len)
+        let target = since.saturating_add(1);
+        let (indexed, history, len) = {
+            let w = self.shared.writer();
+            let i = w.index.partition_point(|(s, _)| *s <= target);
+            (
+                i.checked_sub(1).map(|i| w.index[i].1),
+                w.history,
+                w.good_len,
+            )
+        };
+        let offset = match (indexed, history) {
+            (Some(offset), _) => offset,
+            // Between the history's end and this writer's first index entry.
+            (None, Some((last, history_len))) if target > last => history_len,
+            (None, Some((_, history_len))) => {
+                tail::offset_of_seq(&self.shared.sync_file, history_len, target).unwrap_or(0)
+            }
+            (None, None) => 0,
+        };
+        (offset, len)
     }
 
     /// The hash of line `seq` as read back from the file.
