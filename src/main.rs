@@ -10,6 +10,7 @@ mod demo;
 mod handover;
 mod isolate;
 mod live;
+mod logging;
 mod receipt_cmd;
 mod run;
 mod stack;
@@ -35,15 +36,9 @@ pub const EXIT_USAGE: u8 = 1;
 struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value = "text")]
-    log_format: LogFormat,
+    log_format: logging::LogFormat,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -116,7 +111,7 @@ fn main() -> ExitCode {
     match &cli.command {
         // The TUI owns the terminal: its logs go to a file.
         Command::Tui(args) => tui_cmd::init_logging(args),
-        _ => init_logging(cli.log_format, default_level),
+        _ => logging::init(cli.log_format, default_level),
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -158,21 +153,6 @@ fn main() -> ExitCode {
             eprintln!("veris: {e:#}");
             ExitCode::from(EXIT_USAGE)
         }
-    }
-}
-
-fn init_logging(format: LogFormat, default_level: &str) {
-    let filter = std::env::var("VERIS_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| default_level.to_string());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }
 

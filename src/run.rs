@@ -278,7 +278,7 @@ async fn isolated(
     env.extend(trust_vars);
     let stores = isolation.go(env, &stack.trust.bundle, trust_files).await?;
     info!(
-        trust_stores = ?stores,
+        trust_stores = %stores.join(","),
         setup_ms = started.elapsed().as_millis() as u64,
         "the command runs isolated"
     );

@@ -460,7 +460,14 @@ impl Stack {
             r.serving();
         }
         let transparent_task = transparent_listeners.map(|listeners| {
-            info!(https = ?transparent_addrs, quic = ?quic_addr, isolated, "transparent listeners");
+            let words = |a: Option<SocketAddr>| a.map_or("none".to_string(), |a| a.to_string());
+            info!(
+                https = %words(transparent_addrs.map(|a| a.0)),
+                http = %words(transparent_addrs.map(|a| a.1)),
+                quic = %words(quic_addr),
+                isolated,
+                "transparent listeners"
+            );
             serve_transparent(listeners, proxy.clone(), ledger.clone(), &traffic_rx)
         });
         let proxy_task = tokio::spawn(veris_proxy::serve(listener, proxy, until(&traffic_rx)));
@@ -919,7 +926,11 @@ fn open_ledger(
     let (ledger, report) = Ledger::open_sealed_by(&path, &own)
         .with_context(|| format!("opening the ledger {}", path.display()))?;
     if let Some(torn) = &report.torn_tail {
-        warn!(line = torn.line, bytes = torn.bytes, saved = ?report.torn_saved_to, "the ledger ended in a torn line (a crash mid-write); it was moved aside and is recorded in the session line");
+        let saved = report
+            .torn_saved_to
+            .as_ref()
+            .map_or("nowhere".to_string(), |p| p.display().to_string());
+        warn!(line = torn.line, bytes = torn.bytes, %saved, "the ledger ended in a torn line (a crash mid-write); it was moved aside and is recorded in the session line");
     }
     if let Some(moved) = &report.moved_aside {
         warn!(to = %moved.file, why = %moved.why, "the existing ledger could not be verified with this proxy's key; it was moved aside and a new chain starts");

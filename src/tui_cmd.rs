@@ -21,7 +21,6 @@ pub struct TuiArgs {
         long,
         env = "VERIS_ADMIN_TOKEN",
         hide_env_values = true,
-        hide_env_values = true,
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
@@ -61,14 +60,10 @@ pub fn init_logging(args: &TuiArgs) {
         .mode(0o600)
         .open(&path);
     let Ok(file) = file else { return };
-    let filter = std::env::var("VERIS_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".to_string());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(crate::logging::filter("info"))
         .with_ansi(false)
+        .fmt_fields(crate::logging::PlainFields)
         .with_writer(std::sync::Mutex::new(file))
         .init();
 }

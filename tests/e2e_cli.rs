@@ -308,3 +308,75 @@ fn ca_show_and_path_create_no_ca() {
     assert_eq!(text(&out).1, "", "no note once the CA exists");
     assert!(std::path::Path::new(text(&out).0.trim()).is_file());
 }
+
+#[test]
+fn logs_off_a_terminal_have_no_colour_and_plain_fields() {
+    if let Err(why) = support::curl() {
+        return support::skip(&why);
+    }
+    // Serve's stderr is a file here, not a terminal.
+    let mut serve = Serve::start("manners", &[]);
+    // curl without the veris CA refuses the leaf with an alert: the proxy
+    // warns, naming the host and the service.
+    let out = output(command("curl").args([
+        "-sS",
+        "--max-time",
+        "10",
+        "-x",
+        &serve.proxy_url,
+        "https://api.stripe.com/v1/charges",
+    ]));
+    assert!(!out.status.success(), "{:?}", text(&out));
+    support::wait_for("the trust-failure warning", DEADLINE, || {
+        serve
+            .stderr()
+            .contains("refused the veris certificate")
+            .then_some(())
+    });
+    serve.stop();
+    let stderr = serve.stderr();
+    assert!(
+        !stderr.contains('\x1b'),
+        "ANSI escapes off a terminal: {stderr}"
+    );
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("refused the veris certificate"))
+        .unwrap();
+    assert!(line.contains("service=stripe"), "{line}");
+    assert!(!line.contains("Some("), "{line}");
+}
+
+#[test]
+fn no_color_turns_colour_off_on_a_terminal() {
+    if !support::tool_works("script", &["--version"]) {
+        return support::skip("script (util-linux) is not installed");
+    }
+    let dir = TempDir::new("nocolor");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // A run whose twin is down logs a warning; `script` gives it a terminal.
+    let line = format!(
+        "{} run --state-dir {} --twin http://127.0.0.1:{port} --allow-empty -- true",
+        support::bin().display(),
+        dir.join("state").display()
+    );
+    for (no_color, coloured) in [(None, true), (Some("1"), false)] {
+        let mut cmd = command("script");
+        cmd.args(["-qec", &line, "/dev/null"]);
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let out = output(&mut cmd);
+        let (terminal, _) = text(&out);
+        assert!(terminal.contains("the twin is not reachable"), "{terminal}");
+        assert_eq!(
+            terminal.contains("\x1b["),
+            coloured,
+            "NO_COLOR={no_color:?}: {terminal:?}"
+        );
+    }
+}
