@@ -247,7 +247,16 @@ pub struct App {
     /// How far the proxy's clock is ahead of ours, estimated as the largest
     /// `ts - now` seen (a line cannot be written after it arrives, so the
     /// newest lines bound the difference from below and come closest).
+    /// Only lines that arrive as they are written (and the lines of the
+    /// latest session only: an older session may be another proxy on
+    /// another clock) can say where the proxy's clock is.
     skew_ms: Option<i64>,
+    /// The next batch of lines is the backlog (the first after starting,
+    /// a reset or a reconnect): written a while ago, so its `ts - now` only
+    /// bounds the skew from below, and a stale bound taken as the skew would
+    /// shift the clock back by the time the proxy has been quiet (uptime 26 s
+    /// for a proxy up 81 s). Only a backlog line from our future counts.
+    backlog: bool,
     /// Terminal size, for page moves.
     pub size: (u16, u16),
     capacity: usize,
@@ -293,6 +302,7 @@ impl App {
             },
             now_ms,
             skew_ms: None,
+            backlog: true,
             size,
             capacity: capacity.max(1),
             rows: VecDeque::new(),
@@ -328,8 +338,15 @@ impl App {
                 for line in lines {
                     self.ingest(line);
                 }
+                self.backlog = false;
             }
-            Event::Connection(c) => self.conn = c,
+            Event::Connection(c) => {
+                if c.state == ConnState::Live && self.conn.state != ConnState::Live {
+                    // A (re)connected source first replays what it missed.
+                    self.backlog = true;
+                }
+                self.conn = c;
+            }
             Event::Receipt(r) => {
                 self.receipt = Some(*r);
                 self.receipt_error = None;
@@ -348,6 +365,13 @@ impl App {
             Some(s) if s.abs() >= SKEW_DEADBAND_MS => self.now_ms.saturating_add(s),
             _ => self.now_ms,
         }
+    }
+
+    /// How long the live proxy has run: from its session line (the latest
+    /// one) to now on the proxy's clock.
+    pub fn uptime_ms(&self) -> Option<i64> {
+        let started = self.session.as_ref()?.started_ms?;
+        Some(self.ledger_now_ms().saturating_sub(started).max(0))
     }
 
     /// The seq a resumed stream must continue after.
@@ -460,9 +484,15 @@ impl App {
         self.last_seq = line.seq;
         self.notice = None;
         let ts_ms = parse_ts_ms(&line.ts);
+        if matches!(line.entry, Entry::Session { .. }) {
+            // A new proxy: what older lines said about the clock is void.
+            self.skew_ms = None;
+        }
         if let Some(t) = ts_ms {
             let candidate = t - self.now_ms;
-            self.skew_ms = Some(self.skew_ms.map_or(candidate, |s| s.max(candidate)));
+            if !self.backlog || candidate > 0 {
+                self.skew_ms = Some(self.skew_ms.map_or(candidate, |s| s.max(candidate)));
+            }
         }
         match &line.entry {
             Entry::Session {
@@ -550,6 +580,7 @@ impl App {
         self.last_seq = 0;
         self.activity_seq = 0;
         self.skew_ms = None;
+        self.backlog = true;
         self.dropped = 0;
         self.selected = None;
         self.top = None;

@@ -123,10 +123,8 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
         .and_then(|r| r.tier)
         .or(app.session.as_ref().map(|s| s.tier));
     let uptime = app
-        .session
-        .as_ref()
-        .and_then(|s| s.started_ms)
-        .map(|t| format!("up {}", duration_words(app.ledger_now_ms() - t)))
+        .uptime_ms()
+        .map(|ms| format!("up {}", duration_words(ms)))
         .unwrap_or_else(|| "up ?".into());
     let conn = match &app.conn.state {
         ConnState::Connecting => Span::raw("○ connecting").yellow(),

@@ -227,11 +227,37 @@ fn seals_are_counted_not_listed_and_sparkline_counts_the_last_minute() {
 }
 
 #[test]
+fn uptime_counts_from_the_live_session_not_from_the_last_old_line() {
+    // The proxy started 81 s ago and has been quiet for the last 55 s; the
+    // TUI starts now and reads all of it at once (M7: it showed "up 26s").
+    let backlog = chain(vec![
+        (3_600_000, session()),
+        (3_500_000, request("stripe", "GET", "/v1/old", 200, 5)),
+        (81_000, session()),
+        (55_000, request("stripe", "GET", "/v1/charges", 200, 5)),
+    ]);
+    let app = app_with(backlog, (80, 24));
+    assert_eq!(app.uptime_ms(), Some(81_000));
+    assert!(screen(&app).contains("up 1m21s"), "{}", screen(&app));
+    // A proxy clock ahead of ours shows even in the backlog: a line from
+    // our future is proof.
+    let ahead = chain(vec![(-30_000, session()), (-20_000, session())]);
+    let app = app_with(ahead, (80, 24));
+    assert_eq!(app.ledger_now_ms(), app.now_ms + 20_000);
+    assert_eq!(app.uptime_ms(), Some(0));
+}
+
+#[test]
 fn a_proxy_clock_that_is_off_still_shows_its_last_minute() {
     // The sandbox's clock is 10 minutes behind ours (a restored VM snapshot).
-    let lines = busy();
+    // The first batch is the backlog, which cannot tell a skewed clock from
+    // a quiet proxy; lines that arrive as they are written can.
+    let mut lines = busy();
+    let arriving = lines.split_off(1);
     let mut app = App::new("admin", 1000, now_ms() + 600_000, (80, 24));
+    app.update(live("admin"));
     app.update(Event::Lines(lines));
+    app.update(Event::Lines(arriving));
     let stripe = &app.services()["stripe"];
     let rate = stripe.rate(app.ledger_now_ms() / 1000);
     assert_eq!(rate.iter().sum::<u32>() as u64, stripe.requests);
