@@ -126,8 +126,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => stack::serve(args).await,
-            // After the privilege drop the demo's client would run as the
-            // exempt proxy uid (`run` has no --transparent at all).
+            // After the privilege drop the child would run as the exempt proxy uid.
+            Command::Run(args) if args.transparent => Err(transparent::only_for_serve("run")),
             Command::Demo(args) if args.serve.transparent.transparent => {
                 Err(transparent::only_for_serve("demo"))
             }

@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// Also write the JSON receipt here (mode 0600).
     #[arg(long, value_name = "FILE")]
     pub receipt: Option<PathBuf>,
+    /// Not for run (serve's transparent tier); accepted only to answer with
+    /// what to do instead of a bare "unexpected argument".
+    #[arg(long, hide = true)]
+    pub transparent: bool,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -265,6 +265,11 @@ fn run_help_lists_only_what_run_uses() {
     let dir = TempDir::new("run-serve-flag");
     let out = run(&dir, &["--ready-file", "/dev/null"], &["true"]);
     assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    // --transparent is refused with what to do instead.
+    let out = run(&dir, &["--transparent"], &["true"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("veris serve --transparent"), "{stderr}");
 }
 
 #[test]
