@@ -179,6 +179,11 @@ fn curl(addr: &str, token: &str, path: &str) -> usize {
 }
 
 pub fn main(args: &[String]) {
+    // `ledger steps N`: only the per-step costs (for callgrind).
+    if args.first().map(String::as_str) == Some("steps") {
+        steps(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000));
+        return;
+    }
     // `ledger gen DIR LINES`: only write a sealed ledger (for profiling).
     if args.first().map(String::as_str) == Some("gen") {
         let dir = PathBuf::from(args.get(1).expect("ledger gen DIR LINES"));
@@ -260,6 +265,7 @@ fn appends(root: &Path) {
         let _ = std::fs::remove_dir_all(&dir);
         Arc::new(ledger)
     };
+    steps(100_000);
     {
         let ledger = fresh("one");
         let n = n / 4;
@@ -314,6 +320,46 @@ fn appends(root: &Path) {
         "many",
     );
     println!("appends, 64 tasks on 2 worker threads await:      {line}");
+}
+
+/// Where an append's time goes, per line, each step alone (redaction,
+/// encoding, the line hash), over `m` request entries.
+fn steps(m: u64) {
+    let entries: Vec<Entry> = (0..m).map(request).collect();
+    let start = Instant::now();
+    let redacted: Vec<Entry> = entries
+        .into_iter()
+        .map(veris_receipt::redact::entry)
+        .collect();
+    let redact = start.elapsed();
+    let start = Instant::now();
+    let mut texts = Vec::with_capacity(m as usize);
+    for (i, e) in redacted.into_iter().enumerate() {
+        texts.push(
+            veris_receipt::ledger::encode(&veris_receipt::entry::Line {
+                v: 3,
+                seq: i as u64 + 1,
+                ts: "2026-12-01T07:00:00.000Z".into(),
+                entry: e,
+                prev: veris_receipt::GENESIS_PREV.into(),
+            })
+            .unwrap(),
+        );
+    }
+    let encode = start.elapsed();
+    let start = Instant::now();
+    for t in &texts {
+        std::hint::black_box(veris_receipt::ledger::line_hash(t.as_bytes()));
+    }
+    let hash = start.elapsed();
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / m as f64;
+    println!(
+        "per line, each step alone: redact {:.2} µs, encode {:.2} µs, SHA-256 + hex {:.2} µs ({} bytes)",
+        us(redact),
+        us(encode),
+        us(hash),
+        texts[0].len()
+    );
 }
 
 /// 2. `veris receipt --ledger FILE --key FP` on the big sealed ledger.

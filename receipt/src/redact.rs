@@ -465,7 +465,9 @@ fn key_shapes(b: &[u8]) -> Vec<(usize, usize)> {
 /// start inside that run sees a shorter, no more mixed run, so the whole
 /// run is skipped.
 fn shape_end(b: &[u8], i: usize, prefix: &str, min: usize, body: Body) -> Result<usize, usize> {
-    if !b[i..].starts_with(prefix.as_bytes()) {
+    // Compared in place: a prefix is a few bytes, a memcmp call costs more.
+    let p = prefix.as_bytes();
+    if b.len() - i < p.len() || !b[i..i + p.len()].iter().zip(p).all(|(x, y)| x == y) {
         return Err(i + 1);
     }
     let start = i + prefix.len();
@@ -512,7 +514,12 @@ fn jwts(b: &[u8]) -> Vec<(usize, usize)> {
     let mut skip_until = 0;
     while i < b.len() {
         if i < skip_until || !boundary(b, i) || !b[i..].starts_with(b"eyJ") {
-            i += 1;
+            // Only an `eyJ` can start one: jump to the next.
+            let from = (i + 1).max(skip_until).min(b.len());
+            match memchr::memmem::find(&b[from..], b"eyJ") {
+                Some(k) => i = from + k,
+                None => break,
+            }
             continue;
         }
         let header_end = run(i);
@@ -556,7 +563,11 @@ fn auth_schemes(b: &[u8]) -> Vec<(usize, usize)> {
                     .is_some_and(|h| h.eq_ignore_ascii_case(w))
         });
         let Some(word) = scheme else {
-            i += 1;
+            // Only a `b` or `B` can start a scheme: jump to the next.
+            match memchr::memchr2(b'b', b'B', &b[i + 1..]) {
+                Some(k) => i += 1 + k,
+                None => break,
+            }
             continue;
         };
         let after = i + word.len();
@@ -649,6 +660,10 @@ fn ends_value(c: u8) -> bool {
 /// parameter name of [`secret_param`] counts, and a path parameter's value
 /// ends at `/`; elsewhere only the unambiguous names do.
 fn assignments(b: &[u8]) -> Vec<(usize, usize)> {
+    // Every span follows an `=`.
+    if memchr::memchr(b'=', b).is_none() {
+        return Vec::new();
+    }
     let is_name_byte = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.');
     let mut spans = Vec::new();
     let mut name_start = 0;

@@ -33,8 +33,8 @@ use crate::seal::{PublicKeys, Sealer};
 use super::read::{scan, MAX_LINE, PROBLEM_CAP};
 use super::tail;
 use super::{
-    aside_path, encode, file_identity, meta_identity, now_rfc3339, save_torn, sync_parent,
-    Committed, LedgerError, OpenReport, SealInfo,
+    aside_path, file_identity, meta_identity, now_rfc3339, save_torn, sync_parent, Committed,
+    LedgerError, OpenReport, SealInfo,
 };
 
 /// How long the sync thread waits between two fsyncs while writes continue.
@@ -160,16 +160,21 @@ struct AckSlot {
 struct AckState {
     result: Option<Result<u64, LedgerError>>,
     waker: Option<Waker>,
+    /// A thread blocks in [`Appending::wait`]: only then is `done`
+    /// notified (a notify is a futex syscall even with no waiter).
+    blocked: bool,
 }
 
 impl AckSlot {
     fn complete(&self, result: Result<u64, LedgerError>) {
-        let waker = {
+        let (waker, blocked) = {
             let mut st = lock(&self.state);
             st.result = Some(result);
-            st.waker.take()
+            (st.waker.take(), st.blocked)
         };
-        self.done.notify_all();
+        if blocked {
+            self.done.notify_all();
+        }
         if let Some(w) = waker {
             w.wake();
         }
@@ -191,6 +196,7 @@ impl Appending {
             if let Some(r) = st.result.take() {
                 return r;
             }
+            st.blocked = true;
             st = self.0.done.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -772,7 +778,7 @@ impl Writer {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         let (mut seq, mut head) = (self.next_seq, self.head_hash.clone());
-        // (ack, seq, text, offset, kind)
+        // (ack, seq, start in buf, end in buf, kind)
         let mut written = Vec::with_capacity(jobs.len());
         for job in jobs {
             let line = Line {
@@ -782,28 +788,31 @@ impl Writer {
                 entry: job.entry,
                 prev: head,
             };
-            let text = match encode(&line) {
-                Ok(t) if t.len() <= MAX_LINE => t,
-                Ok(t) => {
+            // Encoded straight into the batch; taken back out on a refusal.
+            let start = buf.len();
+            match serde_json::to_writer(&mut buf, &line) {
+                Ok(()) if buf.len() - start <= MAX_LINE => {}
+                Ok(()) => {
+                    let len = buf.len() - start;
+                    buf.truncate(start);
                     job.ack
                         .complete(Err(write_err(&std::io::Error::other(format!(
-                            "a line of {} bytes is longer than the {MAX_LINE}-byte limit",
-                            t.len()
+                            "a line of {len} bytes is longer than the {MAX_LINE}-byte limit"
                         )))));
                     head = line.prev;
                     continue;
                 }
                 Err(e) => {
-                    job.ack.complete(Err(e));
+                    buf.truncate(start);
+                    job.ack.complete(Err(LedgerError::Encode(e)));
                     head = line.prev;
                     continue;
                 }
-            };
-            let offset = self.good_len + buf.len() as u64;
-            buf.extend_from_slice(text.as_bytes());
+            }
+            let end = buf.len();
+            head = line_hash(&buf[start..end]);
             buf.push(b'\n');
-            head = line_hash(text.as_bytes());
-            written.push((job.ack, seq, text, offset, line.entry.kind()));
+            written.push((job.ack, seq, start, end, line.entry.kind()));
             seq = seq.saturating_add(1);
         }
         if written.is_empty() {
@@ -825,17 +834,23 @@ impl Writer {
         self.good_len += buf.len() as u64;
         self.head_hash = head;
         self.next_seq = seq;
-        for (ack, seq, text, offset, kind) in written {
+        // Only live readers need the text of each line.
+        let announce = shared.committed.receiver_count() > 0;
+        let base = self.good_len - buf.len() as u64;
+        for (ack, seq, start, end, kind) in written {
             if seq % INDEX_EVERY == 1 {
-                self.index.push((seq, offset));
+                self.index.push((seq, base + start as u64));
             }
             count(&mut self.counters, kind);
-            // Sent under the lock so live readers see lines in seq order; no
-            // receiver is not an error.
-            let _ = shared.committed.send(Committed {
-                seq,
-                text: Arc::from(text),
-            });
+            if announce {
+                // Sent under the lock so live readers see lines in seq
+                // order; a receiver gone meanwhile is not an error.
+                let text = String::from_utf8_lossy(&buf[start..end]);
+                let _ = shared.committed.send(Committed {
+                    seq,
+                    text: Arc::from(text),
+                });
+            }
             ack.complete(Ok(seq));
         }
         self.buf = buf;
