@@ -20,6 +20,10 @@
 //!   it ([`read`], [`read_bytes`]). It checks every line (JSON, `v`,
 //!   gapless `seq`, `prev` hash), reports problems by 1-based line number and
 //!   never panics on bad input.
+//! - `tail`: the file read from its end, for a proxy that continues a
+//!   ledger its own last seal vouches for without reading the history
+//!   ([`Ledger::open_sealed_by`]), and a line found by seq by a binary
+//!   search of the file ([`Ledger::position_after`]).
 //!
 //! This module holds what both share: the types, the line encoding and the
 //! file helpers.
