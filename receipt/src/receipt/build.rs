@@ -78,6 +78,8 @@ pub struct Builder<'o> {
     /// The live anchor's seal line was looked for (`Some`) and found (`true`).
     live_seal: Option<bool>,
     w: WindowFold,
+    /// Reused for each request's `METHOD /path`.
+    call: String,
 }
 
 impl<'o> Builder<'o> {
@@ -97,6 +99,7 @@ impl<'o> Builder<'o> {
                 since,
                 ..WindowFold::default()
             },
+            call: String::new(),
         }
     }
 
@@ -139,11 +142,31 @@ impl<'o> Builder<'o> {
                 client_gone,
                 ..
             } if wanted(service) => {
-                let summary = w.services.entry(service.clone()).or_default();
+                // Counted without allocating for keys already seen: most
+                // lines repeat a service, host and call.
+                if !w.services.contains_key(service.as_str()) {
+                    w.services
+                        .insert(service.clone(), ServiceSummary::default());
+                }
+                let Some(summary) = w.services.get_mut(service.as_str()) else {
+                    return;
+                };
                 summary.requests += 1;
-                *summary.hosts.entry(normalize_host(host)).or_default() += 1;
+                let plain = host.bytes().all(|b| {
+                    b.is_ascii() && !b.is_ascii_uppercase() && b != b':' && !b.is_ascii_whitespace()
+                });
+                if plain {
+                    count_key(&mut summary.hosts, host);
+                } else {
+                    count_key(&mut summary.hosts, &normalize_host(host));
+                }
                 let path = strip_query(path);
-                *summary.calls.entry(format!("{method} {path}")).or_default() += 1;
+                let call = &mut self.call;
+                call.clear();
+                call.push_str(method);
+                call.push(' ');
+                call.push_str(path);
+                count_key(&mut summary.calls, call);
                 if summary.entries.len() < JSON_ENTRY_CAP {
                     summary.entries.push(RequestEntry {
                         seq: line.seq,
@@ -332,6 +355,16 @@ impl<'o> Builder<'o> {
             upstream_errors: w.upstream_errors,
             seal_key,
             reserved_paths: w.reserved_paths,
+        }
+    }
+}
+
+/// Adds one to `key`'s count, allocating the key only the first time.
+fn count_key(counts: &mut BTreeMap<String, u64>, key: &str) {
+    match counts.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            counts.insert(key.to_string(), 1);
         }
     }
 }
