@@ -444,53 +444,12 @@ impl Proxy {
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let handshake = self.limits.handshake;
-        let hello = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
-        let start = match tokio::time::timeout(handshake, hello).await {
-            Ok(Ok(start)) => start,
-            Ok(Err(e)) => {
-                info!(error = %e, host = %leg.host, "client sent no TLS ClientHello after CONNECT");
-                self.record_unmapped_without_tls(&leg, "it sent no TLS ClientHello")
-                    .await;
-                return;
-            }
-            Err(_) => {
-                info!(host = %leg.host, "no TLS ClientHello within {handshake:?}; closing");
-                self.record_unmapped_without_tls(&leg, "no TLS ClientHello came in time")
-                    .await;
-                return;
-            }
-        };
-        // Mint for the name the client will verify (SNI), else the CONNECT host.
-        let name = start
-            .client_hello()
-            .server_name()
-            .map(str::to_owned)
-            .unwrap_or_else(|| leg.host.clone());
-        let key = match self.issuer.certified_key(&name) {
-            Ok(key) => key,
-            Err(e) => {
-                warn!(error = %e, host = %name, "cannot mint a leaf; closing the connection");
-                return;
-            }
-        };
-        let config = self.tls.for_leaf(&name, key);
-        let tls = match tokio::time::timeout(handshake, start.into_stream(config)).await {
-            Ok(Ok(tls)) => tls,
-            // A client too slow to finish is not one that refused our leaf.
-            Err(_) => {
-                info!(host = %name, "TLS handshake not finished within {handshake:?}; closing");
-                return;
-            }
-            Ok(Err(e)) => {
-                info!(error = %e, host = %name, "TLS handshake with the client failed");
-                // Our leaf was on its way: an alert naming it is a refusal,
-                // a close or another alert only an abandoned handshake.
-                if let Some(how) = trust::classify(&e) {
-                    self.record_handshake_failure(&name, &leg, how).await;
-                }
-                return;
-            }
+        // The handshake and the HTTP server each run in a future of their
+        // own on the heap: an idle connection's task then holds the server
+        // alone, not also the slots of the handshake's values (its task was
+        // 11.8 KB with them inline, 4.6 KB boxed in place).
+        let Some((tls, name)) = Box::pin(self.accept_tls(io, &leg)).await else {
+            return;
         };
         // Plaintext bytes the client sent: none at all, and then its close,
         // is how a client that rejects our leaf after the handshake (GnuTLS)
@@ -504,12 +463,74 @@ impl Proxy {
             let leg = served.clone();
             async move { Ok::<_, Infallible>(proxy.handle(req, leg).await) }
         });
-        if let Err(e) = serve_auto(tls, service, &self.cancel, self.limits.request_head).await {
+        let served = serve_auto(tls, service, &self.cancel, self.limits.request_head);
+        if let Err(e) = Box::pin(served).await {
             debug!(error = %e, "intercepted connection ended with an error");
         }
         if meter.read() == 0 && meter.peer_closed() {
             self.record_tls_abandoned(&name, &leg, trust::Stage::NoRequest, None)
                 .await;
+        }
+    }
+
+    /// Phase 4a, first half: the client's ClientHello, a leaf for the name
+    /// it will verify, the handshake. `None` (recorded where it says
+    /// something) when the client sent no TLS, was too slow, or refused.
+    async fn accept_tls<IO>(
+        &self,
+        io: IO,
+        leg: &Leg,
+    ) -> Option<(tokio_rustls::server::TlsStream<IO>, String)>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let handshake = self.limits.handshake;
+        let hello = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+        let start = match tokio::time::timeout(handshake, hello).await {
+            Ok(Ok(start)) => start,
+            Ok(Err(e)) => {
+                info!(error = %e, host = %leg.host, "client sent no TLS ClientHello after CONNECT");
+                self.record_unmapped_without_tls(leg, "it sent no TLS ClientHello")
+                    .await;
+                return None;
+            }
+            Err(_) => {
+                info!(host = %leg.host, "no TLS ClientHello within {handshake:?}; closing");
+                self.record_unmapped_without_tls(leg, "no TLS ClientHello came in time")
+                    .await;
+                return None;
+            }
+        };
+        // Mint for the name the client will verify (SNI), else the CONNECT host.
+        let name = start
+            .client_hello()
+            .server_name()
+            .map(str::to_owned)
+            .unwrap_or_else(|| leg.host.clone());
+        let key = match self.issuer.certified_key(&name) {
+            Ok(key) => key,
+            Err(e) => {
+                warn!(error = %e, host = %name, "cannot mint a leaf; closing the connection");
+                return None;
+            }
+        };
+        let config = self.tls.for_leaf(&name, key);
+        match tokio::time::timeout(handshake, start.into_stream(config)).await {
+            Ok(Ok(tls)) => Some((tls, name)),
+            // A client too slow to finish is not one that refused our leaf.
+            Err(_) => {
+                info!(host = %name, "TLS handshake not finished within {handshake:?}; closing");
+                None
+            }
+            Ok(Err(e)) => {
+                info!(error = %e, host = %name, "TLS handshake with the client failed");
+                // Our leaf was on its way: an alert naming it is a refusal,
+                // a close or another alert only an abandoned handshake.
+                if let Some(how) = trust::classify(&e) {
+                    self.record_handshake_failure(&name, leg, how).await;
+                }
+                None
+            }
         }
     }
 
