@@ -1336,3 +1336,124 @@ async fn with_a_twin_credential_only_the_proxy_says_what_the_client_authorizatio
     let line = format!("{:?}", h.recorder.entries());
     assert!(!line.contains("twin-secret"), "{line}");
 }
+
+/// A client session store that offers whatever ticket it holds for
+/// `api.stripe.com` to every server name: a client trying to resume one
+/// host's session on another host's connection.
+#[derive(Debug)]
+struct OneTicketForAll(rustls::client::ClientSessionMemoryCache);
+
+impl rustls::client::ClientSessionStore for OneTicketForAll {
+    fn set_kx_hint(&self, name: ServerName<'static>, group: rustls::NamedGroup) {
+        self.0.set_kx_hint(name, group)
+    }
+    fn kx_hint(&self, name: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.0.kx_hint(name)
+    }
+    fn set_tls12_session(
+        &self,
+        name: ServerName<'static>,
+        value: rustls::client::Tls12ClientSessionValue,
+    ) {
+        self.0.set_tls12_session(name, value)
+    }
+    fn tls12_session(
+        &self,
+        name: &ServerName<'_>,
+    ) -> Option<rustls::client::Tls12ClientSessionValue> {
+        self.0.tls12_session(name)
+    }
+    fn remove_tls12_session(&self, name: &ServerName<'static>) {
+        self.0.remove_tls12_session(name)
+    }
+    fn insert_tls13_ticket(
+        &self,
+        name: ServerName<'static>,
+        value: rustls::client::Tls13ClientSessionValue,
+    ) {
+        self.0.insert_tls13_ticket(name, value)
+    }
+    fn take_tls13_ticket(
+        &self,
+        _: &ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
+        self.0
+            .take_tls13_ticket(&ServerName::try_from("api.stripe.com").unwrap())
+    }
+}
+
+/// One request on a fresh connection through the proxy with `config`;
+/// returns how the TLS handshake went.
+async fn one_request(
+    h: &Harness,
+    config: &Arc<rustls::ClientConfig>,
+    host: &str,
+) -> rustls::HandshakeKind {
+    let tcp = connect_tunnel(h.proxy, host, 443).await;
+    let name = ServerName::try_from(host.to_string()).unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, tcp)
+        .await
+        .expect("TLS through the proxy verifies against the veris CA");
+    let kind = tls.get_ref().1.handshake_kind().expect("handshake done");
+    let (mut s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let path = if host == "api.stripe.com" {
+        "/v1/customers"
+    } else {
+        "/user"
+    };
+    let resp = s
+        .send_request(request("GET", host, path, "", false))
+        .await
+        .unwrap();
+    assert!(resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND);
+    // Reading the answer also reads the session tickets sent after the handshake.
+    resp.into_body().collect().await.unwrap();
+    kind
+}
+
+#[tokio::test]
+async fn a_client_resumes_its_tls_session_for_the_same_host_only() {
+    let twin = start_twin().await;
+    let h = start_proxy(catalog_setup(&twin, Mode::Strict), "resume").await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(h.ca.clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.resumption = rustls::client::Resumption::store(Arc::new(OneTicketForAll(
+        rustls::client::ClientSessionMemoryCache::new(16),
+    )));
+    let config = Arc::new(config);
+
+    use rustls::HandshakeKind::{Full, Resumed};
+    assert_eq!(one_request(&h, &config, "api.stripe.com").await, Full);
+    // The next connection to the same host resumes: no certificate, no signature.
+    assert_eq!(one_request(&h, &config, "api.stripe.com").await, Resumed);
+    // api.stripe.com's ticket offered for another host is refused: that host's
+    // connection gets a full handshake with its own leaf, verified as usual.
+    one_request(&h, &config, "api.stripe.com").await;
+    assert_eq!(one_request(&h, &config, "files.stripe.com").await, Full);
+    // A resumed connection is served and recorded like any other.
+    let entries = h.recorder.wait_for(4).await;
+    let hosts: Vec<String> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Request { host, .. } => Some(host.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            "api.stripe.com",
+            "api.stripe.com",
+            "api.stripe.com",
+            "files.stripe.com"
+        ]
+    );
+}
