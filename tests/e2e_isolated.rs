@@ -661,6 +661,33 @@ fn isolated_aiohttp_default_session_is_in_the_receipt() {
     assert_eq!(out.leaks(), Vec::<String>::new());
 }
 
+// --- 4b. httplib2 (its own CA bundle unless HTTPLIB2_CA_CERTS says otherwise) --
+
+const HTTPLIB2_PY: &str = r#"
+import httplib2
+resp, body = httplib2.Http(timeout=20).request("https://api.stripe.com/v1/customers")
+print("httplib2", resp.status)
+"#;
+
+#[test]
+fn isolated_httplib2_trusts_veris_through_its_own_variable() {
+    if let Err(why) = python_module("httplib2") {
+        return skip(&why);
+    }
+    let r = this_user("httplib2");
+    let script = r.write("httplib2_client.py", HTTPLIB2_PY);
+    let out = match r.isolated(&[], &["python3", script.to_str().unwrap()]) {
+        Ok(out) => out,
+        Err(why) => return skip(&why),
+    };
+    // httplib2 reads its bundled roots (or certifi's), not the system store
+    // veris mounts over: only HTTPLIB2_CA_CERTS points it at the bundle.
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert_eq!(out.stdout.trim(), "httplib2 200", "{}", out.ctx());
+    out.assert_isolated_and_verified();
+    assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
+}
+
 // --- 5. wget -----------------------------------------------------------------
 
 #[test]

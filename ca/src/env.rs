@@ -42,7 +42,7 @@ pub struct EnvSpec<'a> {
 const PROXY_VARS: [&str; 3] = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"];
 
 /// Variables whose value replaces a client's root store: they get the bundle.
-const BUNDLE_VARS: [&str; 17] = [
+const BUNDLE_VARS: [&str; 18] = [
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
     "CURL_CA_BUNDLE",
@@ -60,6 +60,8 @@ const BUNDLE_VARS: [&str; 17] = [
     "NIX_SSL_CERT_FILE",
     "PERL_LWP_SSL_CA_FILE",
     "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
+    // httplib2 (and the Google API clients on it) reads its own bundle otherwise.
+    "HTTPLIB2_CA_CERTS",
 ];
 
 /// Ordered, the full matrix of DESIGN §5.

@@ -149,6 +149,7 @@ const BUNDLE_VARS: &[&str] = &[
     "NIX_SSL_CERT_FILE",
     "PERL_LWP_SSL_CA_FILE",
     "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
+    "HTTPLIB2_CA_CERTS",
 ];
 
 fn golden(prefix: &str, proxy: bool, java: &str) -> String {
