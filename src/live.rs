@@ -565,7 +565,7 @@ impl Expected {
         let mut e = Expected::default();
         veris_receipt::ledger::scan_file(path, 0, |line, _, _| {
             if line.seq > since && line.seq <= until {
-                e.add(&line);
+                e.add(line);
             }
         })?;
         Ok(e)

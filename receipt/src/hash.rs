@@ -35,12 +35,12 @@ impl Default for LineHasher {
 /// Lower-case hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 0xf) as usize] as char);
-    }
-    s
+    let digits: Vec<u8> = bytes
+        .iter()
+        .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]])
+        .collect();
+    // Every byte is an ASCII digit or letter.
+    String::from_utf8(digits).unwrap_or_default()
 }
 
 /// Bytes of a hex string (either case); `None` for an odd length or a

@@ -70,14 +70,24 @@ const SECRET_HEADER_FRAGMENTS: &[&str] = &[
 /// Returns the value to record for header `name`: [`REDACTED`] for
 /// credential-carrying headers, otherwise the value with [`text`] applied.
 pub fn header_value(name: &str, value: &str) -> String {
-    let name = name.trim().to_ascii_lowercase();
-    if SECRET_HEADERS.contains(&name.as_str())
-        || SECRET_HEADER_FRAGMENTS.iter().any(|f| name.contains(f))
-    {
+    if secret_header(name) {
         REDACTED.to_string()
     } else {
         text(value)
     }
+}
+
+/// True for a credential-carrying header name, in any case. Compared in
+/// place: this runs for every recorded header.
+fn secret_header(name: &str) -> bool {
+    let name = name.trim().as_bytes();
+    SECRET_HEADERS
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+        || SECRET_HEADER_FRAGMENTS.iter().any(|f| {
+            name.windows(f.len())
+                .any(|w| w.eq_ignore_ascii_case(f.as_bytes()))
+        })
 }
 
 /// Redacts a query string (without the leading `?`): a parameter whose name
@@ -89,11 +99,7 @@ pub fn query(q: &str) -> String {
     q.split('&')
         .map(|pair| match pair.split_once('=') {
             Some((name, value)) => {
-                let secret = secret_param(
-                    &Decoded::new(name).bytes,
-                    &Decoded::new(value).bytes,
-                    Context::Param,
-                );
+                let secret = secret_param(&decoded(name), &decoded(value), Context::Param);
                 let value = if secret { REDACTED.into() } else { text(value) };
                 format!("{}={value}", text(name))
             }
@@ -101,6 +107,28 @@ pub fn query(q: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("&")
+}
+
+/// True when [`query`] would return `q` unchanged: no parameter is a secret
+/// by name and [`text`] leaves every name and value alone.
+fn query_untouched(q: &str) -> bool {
+    q.split('&').all(|pair| match pair.split_once('=') {
+        Some((name, value)) => {
+            untouched(name)
+                && untouched(value)
+                && !secret_param(&decoded(name), &decoded(value), Context::Param)
+        }
+        None => untouched(pair),
+    })
+}
+
+/// The percent-decoded bytes of `s`, borrowed when there is nothing to decode.
+fn decoded(s: &str) -> std::borrow::Cow<'_, [u8]> {
+    if s.as_bytes().contains(&b'%') {
+        std::borrow::Cow::Owned(Decoded::new(s).bytes)
+    } else {
+        std::borrow::Cow::Borrowed(s.as_bytes())
+    }
 }
 
 /// Where a `name=value` was found, which decides how much a name must say
@@ -384,6 +412,29 @@ pub fn text(s: &str) -> String {
         return s.to_string();
     }
     every_scanner(s)
+}
+
+/// [`text`] of an owned field: the field itself, not a copy, when nothing in
+/// it is redacted (nearly always).
+fn owned(s: String) -> String {
+    if untouched(&s) {
+        s
+    } else {
+        every_scanner(&s)
+    }
+}
+
+/// [`url`] of an owned field, the field itself when nothing is redacted.
+fn owned_url(s: String) -> String {
+    let unchanged = match s.split_once('?') {
+        Some((base, q)) => untouched(base) && query_untouched(q),
+        None => untouched(&s),
+    };
+    if unchanged {
+        s
+    } else {
+        url(&s)
+    }
 }
 
 fn every_scanner(s: &str) -> String {
@@ -766,8 +817,8 @@ pub fn entry(entry: Entry) -> Entry {
             coverage,
         } => {
             if let Some(aside) = moved_aside.as_mut() {
-                aside.file = text(&aside.file);
-                aside.why = text(&aside.why);
+                aside.file = owned(std::mem::take(&mut aside.file));
+                aside.why = owned(std::mem::take(&mut aside.why));
             }
             for field in [
                 &mut run_id,
@@ -776,7 +827,7 @@ pub fn entry(entry: Entry) -> Entry {
                 &mut version,
                 &mut listen,
             ] {
-                *field = text(field);
+                *field = owned(std::mem::take(field));
             }
             Entry::Session {
                 run_id,
@@ -815,25 +866,29 @@ pub fn entry(entry: Entry) -> Entry {
             websocket,
             client_gone,
         } => Entry::Request {
-            service: text(&service),
-            host: text(&host),
-            method: text(&method),
-            path: url(&path),
-            query: q.map(|q| query(&q)),
+            service: owned(service),
+            host: owned(host),
+            method: owned(method),
+            path: owned_url(path),
+            query: q.map(|q| if query_untouched(&q) { q } else { query(&q) }),
             status,
-            http: text(&http),
+            http: owned(http),
             tier,
             bytes_in,
             bytes_out,
             duration_ms,
-            upstream: url(&upstream),
+            upstream: owned_url(upstream),
             headers: headers
                 .into_iter()
                 .map(|(n, v)| {
                     // A header name can be a key itself; judge the value
                     // by the name as sent.
-                    let v = header_value(&n, &v);
-                    (text(&n), v)
+                    let v = if secret_header(&n) {
+                        REDACTED.to_string()
+                    } else {
+                        owned(v)
+                    };
+                    (owned(n), v)
                 })
                 .collect(),
             websocket,
@@ -848,17 +903,17 @@ pub fn entry(entry: Entry) -> Entry {
             error,
             tier,
         } => Entry::ReservedPath {
-            service: text(&service),
-            host: text(&host),
-            method: text(&method),
-            path: url(&path),
+            service: owned(service),
+            host: owned(host),
+            method: owned(method),
+            path: owned_url(path),
             status,
-            error: text(&error),
+            error: owned(error),
             tier,
         },
         Entry::Tamper { what, detail } => Entry::Tamper {
-            what: text(&what),
-            detail: text(&detail),
+            what: owned(what),
+            detail: owned(detail),
         },
         Entry::Check {
             name,
@@ -867,9 +922,9 @@ pub fn entry(entry: Entry) -> Entry {
             since_seq,
             until_seq,
         } => Entry::Check {
-            name: text(&name),
-            status: text(&status),
-            detail: text(&detail),
+            name: owned(name),
+            status: owned(status),
+            detail: owned(detail),
             since_seq,
             until_seq,
         },
@@ -883,14 +938,14 @@ pub fn entry(entry: Entry) -> Entry {
             reason,
             dst,
         } => Entry::Passthrough {
-            host: text(&host),
+            host: owned(host),
             port,
             tier,
             bytes_in,
             bytes_out,
             duration_ms,
-            reason: text(&reason),
-            dst: dst.map(|d| text(&d)),
+            reason: owned(reason),
+            dst: dst.map(owned),
         },
         Entry::Blocked {
             host,
@@ -901,13 +956,13 @@ pub fn entry(entry: Entry) -> Entry {
             reason,
             dst,
         } => Entry::Blocked {
-            host: text(&host),
+            host: owned(host),
             port,
             tier,
-            method: method.map(|m| text(&m)),
-            path: path.map(|p| url(&p)),
-            reason: text(&reason),
-            dst: dst.map(|d| text(&d)),
+            method: method.map(owned),
+            path: path.map(owned_url),
+            reason: owned(reason),
+            dst: dst.map(owned),
         },
         Entry::UpstreamError {
             service,
@@ -920,13 +975,13 @@ pub fn entry(entry: Entry) -> Entry {
             tier,
             duration_ms,
         } => Entry::UpstreamError {
-            service: text(&service),
-            host: text(&host),
-            method: text(&method),
-            path: url(&path),
-            upstream: url(&upstream),
+            service: owned(service),
+            host: owned(host),
+            method: owned(method),
+            path: owned_url(path),
+            upstream: owned_url(upstream),
             status,
-            error: text(&error),
+            error: owned(error),
             tier,
             duration_ms,
         },
@@ -937,19 +992,19 @@ pub fn entry(entry: Entry) -> Entry {
             service,
             alert,
         } => Entry::TrustFailure {
-            host: text(&host),
+            host: owned(host),
             port,
             tier,
-            service: service.map(|s| text(&s)),
-            alert: text(&alert),
+            service: service.map(owned),
+            alert: owned(alert),
         },
         Entry::Quic {
             host,
             dst,
             attempts,
         } => Entry::Quic {
-            host: host.map(|h| text(&h)),
-            dst: text(&dst),
+            host: host.map(owned),
+            dst: owned(dst),
             attempts,
         },
         Entry::Ech {
@@ -958,17 +1013,17 @@ pub fn entry(entry: Entry) -> Entry {
             tier,
             dst,
         } => Entry::Ech {
-            host: text(&host),
+            host: owned(host),
             port,
             tier,
-            dst: dst.map(|d| text(&d)),
+            dst: dst.map(owned),
         },
         Entry::RedirectChange { detail } => Entry::RedirectChange {
-            detail: text(&detail),
+            detail: owned(detail),
         },
         drops @ Entry::UdpDropped { .. } => drops,
         Entry::Dns { name, qtype } => Entry::Dns {
-            name: text(&name),
+            name: owned(name),
             qtype,
         },
         Entry::TunnelClose {
@@ -982,7 +1037,7 @@ pub fn entry(entry: Entry) -> Entry {
             bytes_in,
             bytes_out,
             duration_ms,
-            error: error.map(|e| text(&e)),
+            error: error.map(owned),
         },
         Entry::ResponseIncomplete {
             of,
@@ -992,10 +1047,10 @@ pub fn entry(entry: Entry) -> Entry {
             reason,
         } => Entry::ResponseIncomplete {
             of,
-            service: text(&service),
+            service: owned(service),
             bytes,
             declared,
-            reason: text(&reason),
+            reason: owned(reason),
         },
         Entry::TlsAbandoned {
             host,
@@ -1005,12 +1060,12 @@ pub fn entry(entry: Entry) -> Entry {
             stage,
             alert,
         } => Entry::TlsAbandoned {
-            host: text(&host),
+            host: owned(host),
             port,
             tier,
-            service: service.map(|s| text(&s)),
-            stage: text(&stage),
-            alert: alert.map(|a| text(&a)),
+            service: service.map(owned),
+            stage: owned(stage),
+            alert: alert.map(owned),
         },
         // Hex digests and a fixed vocabulary: nothing to redact, and
         // rewriting a signature would break it.

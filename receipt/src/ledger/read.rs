@@ -8,6 +8,8 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
+use std::sync::Mutex;
 
 use crate::entry::{Line, TornTail, GENESIS_PREV, KINDS, READABLE_VERSIONS};
 use crate::hash::{line_hash, LineHasher};
@@ -28,7 +30,7 @@ pub const PROBLEM_CAP: usize = 1000;
 /// only summarized: this holds the whole history in memory.
 pub fn read(path: &Path) -> Result<LedgerRead, LedgerError> {
     let mut lines = Vec::new();
-    let mut read = scan_file(path, usize::MAX, |line, _, _| lines.push(line))?;
+    let mut read = scan_file(path, usize::MAX, |line, _, _| lines.push(line.clone()))?;
     read.lines = lines;
     Ok(read)
 }
@@ -39,7 +41,8 @@ pub fn read(path: &Path) -> Result<LedgerRead, LedgerError> {
 pub fn read_bytes(bytes: &[u8]) -> LedgerRead {
     let mut lines = Vec::new();
     // Reading from a slice cannot fail.
-    let mut read = scan(bytes, usize::MAX, |line, _, _| lines.push(line)).unwrap_or_default();
+    let mut read =
+        scan(bytes, usize::MAX, |line, _, _| lines.push(line.clone())).unwrap_or_default();
     read.lines = lines;
     read
 }
@@ -48,7 +51,7 @@ pub fn read_bytes(bytes: &[u8]) -> LedgerRead {
 pub fn scan_file(
     path: &Path,
     problem_cap: usize,
-    visit: impl FnMut(Line, &str, u64),
+    visit: impl FnMut(&Line, &str, u64),
 ) -> Result<LedgerRead, LedgerError> {
     let read_err = |source| LedgerError::Read {
         path: path.to_path_buf(),
@@ -67,27 +70,183 @@ pub fn scan_file(
 /// parsed to `visit` with its hash and its byte offset in the file. The
 /// result has no `lines`; its problems (the first `problem_cap`, sorted by
 /// line), torn tail, head and good length are those of [`read_bytes`].
-pub fn scan<R: Read>(
+///
+/// Three stages, so a big ledger is read at the speed of the machine's
+/// cores, not of one: a thread splits the input into batches of lines,
+/// workers hash and parse batches (neither depends on another line), and
+/// this thread checks the chain and calls `visit` in file order. Batches
+/// in flight are bounded, so memory stays a few batches whatever the size.
+/// A batch goes back to the worker that parsed it to be dropped: memory is
+/// freed by the thread that allocated it, which the allocator does fastest.
+pub fn scan<R: Read + Send>(
     reader: R,
     problem_cap: usize,
-    mut visit: impl FnMut(Line, &str, u64),
+    mut visit: impl FnMut(&Line, &str, u64),
 ) -> std::io::Result<LedgerRead> {
-    let mut lines = LineReader::new(reader);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4));
     let mut v = Verifier::new(problem_cap);
-    let mut buf = Vec::new();
-    loop {
-        let start = lines.offset();
-        match lines.next_into(&mut buf)? {
-            None => return Ok(v.finish(0)),
-            Some(RawLine::Torn(n)) => return Ok(v.finish(n)),
-            Some(RawLine::Overlong { len, hash }) => v.overlong(hash, len),
-            Some(RawLine::Line) => {
-                if let Some((line, hash)) = v.line(&buf) {
-                    visit(line, &hash, start);
+    let (work_tx, work_rx) = sync_channel::<(Batch, SyncSender<Parsed>)>(workers);
+    let work_rx = Mutex::new(work_rx);
+    // Results in file order: one receiver per batch, queued when it is read,
+    // so the chain check takes them in order whichever worker ends first.
+    let (order_tx, order_rx) = sync_channel::<Receiver<Parsed>>(2 * workers);
+    let (used_tx, used_rx): (Vec<_>, Vec<_>) = (0..workers).map(|_| channel()).unzip();
+    std::thread::scope(|s| {
+        let split = s.spawn(move || split(reader, &work_tx, &order_tx));
+        for (worker, used) in used_rx.into_iter().enumerate() {
+            let work_rx = &work_rx;
+            s.spawn(move || loop {
+                // Drop what the chain check is done with before parsing more.
+                while used.try_recv().is_ok() {}
+                // A poisoned lock means another worker panicked: stop too.
+                let Ok(next) = work_rx.lock().map(|rx| rx.recv()) else {
+                    return;
+                };
+                let Ok((batch, done)) = next else { return };
+                let _ = done.send(Parsed {
+                    worker,
+                    items: batch.prepare(),
+                });
+            });
+        }
+        for done in order_rx {
+            // A batch with no answer was lost to a panicking worker; the
+            // join below reports the reader's side, the scope the panic.
+            let Ok(parsed) = done.recv() else { break };
+            for item in &parsed.items {
+                match item {
+                    Item::Line { pre, start, end } => {
+                        if let Some(line) = v.accept(pre) {
+                            visit(line, &pre.hash, *start);
+                        }
+                        v.out.good_len = *end;
+                    }
+                    Item::Overlong { len, hash, end } => {
+                        v.overlong(hash, *len);
+                        v.out.good_len = *end;
+                    }
                 }
             }
+            // A worker that has ended cannot take it back: dropped here.
+            let _ = used_tx[parsed.worker].send(parsed.items);
         }
-        v.out.good_len = lines.offset();
+        let torn = split
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+        Ok(v.finish(torn))
+    })
+}
+
+/// A batch's lines, hashed and parsed, and which worker did it.
+struct Parsed {
+    worker: usize,
+    items: Vec<Item>,
+}
+
+/// Lines per batch, and the bytes after which a batch is sent early.
+const BATCH_LINES: usize = 1024;
+const BATCH_BYTES: usize = 512 * 1024;
+
+/// Consecutive lines of the input, as split by [`LineReader`].
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    raw: Vec<BatchLine>,
+}
+
+enum BatchLine {
+    /// `bytes[from..to]`, which starts at `start` in the file and whose
+    /// `\n` ends at `end`.
+    Line {
+        from: usize,
+        to: usize,
+        start: u64,
+        end: u64,
+    },
+    Overlong {
+        len: usize,
+        hash: String,
+        end: u64,
+    },
+}
+
+/// A batch's lines, hashed and parsed.
+// Nearly every item is a `Line`: boxing it would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Item {
+    Line { pre: Pre, start: u64, end: u64 },
+    Overlong { len: usize, hash: String, end: u64 },
+}
+
+impl Batch {
+    fn prepare(self) -> Vec<Item> {
+        self.raw
+            .into_iter()
+            .map(|raw| match raw {
+                BatchLine::Line {
+                    from,
+                    to,
+                    start,
+                    end,
+                } => Item::Line {
+                    pre: Pre::of(&self.bytes[from..to]),
+                    start,
+                    end,
+                },
+                BatchLine::Overlong { len, hash, end } => Item::Overlong { len, hash, end },
+            })
+            .collect()
+    }
+}
+
+/// The first stage of [`scan`]: reads lines into batches, queues each for a
+/// worker and its answer for the chain check. Returns the torn tail's size.
+fn split<R: Read>(
+    reader: R,
+    work: &SyncSender<(Batch, SyncSender<Parsed>)>,
+    order: &SyncSender<Receiver<Parsed>>,
+) -> std::io::Result<usize> {
+    let mut lines = LineReader::new(reader);
+    let mut buf = Vec::new();
+    let mut batch = Batch::default();
+    let send = |batch: Batch| {
+        let (done_tx, done_rx) = sync_channel(1);
+        // Either side gone means the scan is over (a panic elsewhere).
+        work.send((batch, done_tx)).is_ok() && order.send(done_rx).is_ok()
+    };
+    loop {
+        let start = lines.offset();
+        let raw = lines.next_into(&mut buf);
+        let end = lines.offset();
+        match raw {
+            Ok(Some(RawLine::Line)) => {
+                let from = batch.bytes.len();
+                batch.bytes.extend_from_slice(&buf);
+                batch.raw.push(BatchLine::Line {
+                    from,
+                    to: batch.bytes.len(),
+                    start,
+                    end,
+                });
+            }
+            Ok(Some(RawLine::Overlong { len, hash })) => {
+                batch.raw.push(BatchLine::Overlong { len, hash, end })
+            }
+            Ok(Some(RawLine::Torn(n))) => {
+                send(batch);
+                return Ok(n);
+            }
+            Ok(None) => {
+                send(batch);
+                return Ok(0);
+            }
+            Err(e) => return Err(e),
+        }
+        if (batch.raw.len() >= BATCH_LINES || batch.bytes.len() >= BATCH_BYTES)
+            && !send(std::mem::take(&mut batch))
+        {
+            return Ok(0);
+        }
     }
 }
 
@@ -197,6 +356,59 @@ struct Link {
     gap: bool,
 }
 
+/// What one line says on its own, before the chain is checked: its hash
+/// and its parse. Made by [`scan`]'s workers, in any order.
+struct Pre {
+    hash: String,
+    parsed: Result<Line, Unparsed>,
+}
+
+/// A line that did not parse: the chain fields it still has, and why.
+struct Unparsed {
+    seq: Option<u64>,
+    prev: Option<String>,
+    what: String,
+}
+
+impl Pre {
+    fn of(raw: &[u8]) -> Pre {
+        let hash = line_hash(raw);
+        if raw.is_empty() {
+            let what = "empty line".into();
+            let parsed = Err(Unparsed {
+                seq: None,
+                prev: None,
+                what,
+            });
+            return Pre { hash, parsed };
+        }
+        // Checked as UTF-8 once, so the parser does not check every string
+        // again (a third of its time); invalid bytes get the parser's own
+        // error and position.
+        let parsed = match std::str::from_utf8(raw) {
+            Ok(text) => serde_json::from_str::<Line>(text),
+            Err(_) => serde_json::from_slice::<Line>(raw),
+        };
+        let parsed = parsed.map_err(|err| {
+            // Keep the chain check going with whatever fields exist.
+            let value = serde_json::from_slice::<serde_json::Value>(raw).ok();
+            let obj = value.as_ref().and_then(|v| v.as_object());
+            let seq = obj.and_then(|o| o.get("seq")).and_then(|s| s.as_u64());
+            let prev = obj
+                .and_then(|o| o.get("prev"))
+                .and_then(|p| p.as_str())
+                .map(str::to_string);
+            let what = match obj.and_then(|o| o.get("kind")).and_then(|k| k.as_str()) {
+                None if obj.is_none() => "not a JSON object".to_string(),
+                Some(kind) if !KINDS.contains(&kind) => format!("unknown kind `{kind}`"),
+                _ => format!("malformed line: {err}"),
+            };
+            Unparsed { seq, prev, what }
+        });
+        Pre { hash, parsed }
+    }
+}
+
 /// The chain state of a scan: the expected seq, the last hash, and the
 /// last two links, since a broken link is blamed on the line before it or
 /// after it (see [`Verifier::judge`]).
@@ -205,6 +417,8 @@ struct Verifier {
     problem_cap: usize,
     line_no: usize,
     expected_seq: u64,
+    /// The last line's seq and hash: the head of the chain.
+    head_seq: u64,
     last_hash: String,
     /// The line before `pending`: `(line, seq)`.
     before: Option<(usize, Option<u64>)>,
@@ -217,13 +431,11 @@ struct Verifier {
 impl Verifier {
     fn new(problem_cap: usize) -> Verifier {
         Verifier {
-            out: LedgerRead {
-                head: (0, GENESIS_PREV.to_string()),
-                ..LedgerRead::default()
-            },
+            out: LedgerRead::default(),
             problem_cap,
             line_no: 0,
             expected_seq: 1,
+            head_seq: 0,
             last_hash: GENESIS_PREV.to_string(),
             before: None,
             pending: None,
@@ -245,7 +457,7 @@ impl Verifier {
 
     /// A line longer than [`MAX_LINE`]: a problem; the chain goes on with
     /// its hash.
-    fn overlong(&mut self, hash: String, len: usize) {
+    fn overlong(&mut self, hash: &str, len: usize) {
         self.line_no += 1;
         let line = self.line_no;
         self.problem(
@@ -256,56 +468,34 @@ impl Verifier {
         self.link(None, None, hash);
     }
 
-    /// One complete line (without `\n`): the parsed line and its hash, if it
-    /// parsed.
-    fn line(&mut self, raw: &[u8]) -> Option<(Line, String)> {
+    /// One line, hashed and parsed ([`Pre::of`]): checked against the
+    /// chain; the parsed line, if it parsed.
+    fn accept<'p>(&mut self, pre: &'p Pre) -> Option<&'p Line> {
         self.line_no += 1;
         let line_no = self.line_no;
-        let hash = line_hash(raw);
-        let mut parsed = None;
-        let (seq, prev) = if raw.is_empty() {
-            self.problem(line_no, None, "empty line".into());
-            (None, None)
-        } else {
-            match serde_json::from_slice::<Line>(raw) {
-                Ok(line) => {
-                    if !READABLE_VERSIONS.contains(&line.v) {
-                        self.problem(
-                            line_no,
-                            Some(line.seq),
-                            format!("unsupported version v={}", line.v),
-                        );
-                    }
-                    let found = (Some(line.seq), Some(line.prev.clone()));
-                    parsed = Some(line);
-                    found
+        match &pre.parsed {
+            Ok(line) => {
+                if !READABLE_VERSIONS.contains(&line.v) {
+                    self.problem(
+                        line_no,
+                        Some(line.seq),
+                        format!("unsupported version v={}", line.v),
+                    );
                 }
-                Err(err) => {
-                    // Keep the chain check going with whatever fields exist.
-                    let value = serde_json::from_slice::<serde_json::Value>(raw).ok();
-                    let obj = value.as_ref().and_then(|v| v.as_object());
-                    let seq = obj.and_then(|o| o.get("seq")).and_then(|s| s.as_u64());
-                    let prev = obj
-                        .and_then(|o| o.get("prev"))
-                        .and_then(|p| p.as_str())
-                        .map(str::to_string);
-                    let what = match obj.and_then(|o| o.get("kind")).and_then(|k| k.as_str()) {
-                        None if obj.is_none() => "not a JSON object".to_string(),
-                        Some(kind) if !KINDS.contains(&kind) => format!("unknown kind `{kind}`"),
-                        _ => format!("malformed line: {err}"),
-                    };
-                    self.problem(line_no, seq, what);
-                    (seq, prev)
-                }
+                self.link(Some(line.seq), Some(&line.prev), &pre.hash);
+                Some(line)
             }
-        };
-        self.link(seq, prev, hash.clone());
-        parsed.map(|l| (l, hash))
+            Err(Unparsed { seq, prev, what }) => {
+                self.problem(line_no, *seq, what.clone());
+                self.link(*seq, prev.as_deref(), &pre.hash);
+                None
+            }
+        }
     }
 
-    fn link(&mut self, seq: Option<u64>, prev: Option<String>, hash: String) {
+    fn link(&mut self, seq: Option<u64>, prev: Option<&str>, hash: &str) {
         let line = self.line_no;
-        let broken = prev.as_deref().is_some_and(|p| p != self.last_hash);
+        let broken = prev.is_some_and(|p| p != self.last_hash);
         let mut gap = false;
         match seq {
             Some(s) if s != self.expected_seq => {
@@ -338,8 +528,10 @@ impl Verifier {
             self.judge(cur, Some(&link));
         }
         self.pending = Some(link);
-        self.out.head = (seq.unwrap_or(self.expected_seq - 1), hash.clone());
-        self.last_hash = hash;
+        self.head_seq = seq.unwrap_or(self.expected_seq - 1);
+        // Reuses the buffer: no allocation per line.
+        self.last_hash.clear();
+        self.last_hash.push_str(hash);
     }
 
     /// Says which line a broken link is to blame on. An edit to line k
@@ -389,6 +581,7 @@ impl Verifier {
         }
         let cap = self.problem_cap;
         let mut out = self.out;
+        out.head = (self.head_seq, self.last_hash);
         out.problems.sort_by_key(|p| p.line);
         out.problems.truncate(cap);
         if torn > 0 {
@@ -449,7 +642,7 @@ mod tests {
         let whole = read_bytes(text.as_bytes());
         let mut lines = Vec::new();
         let mut trickled = scan(Trickle(text.as_bytes()), usize::MAX, |l, _, _| {
-            lines.push(l)
+            lines.push(l.clone())
         })
         .unwrap();
         trickled.lines = lines;
@@ -459,6 +652,81 @@ mod tests {
         assert_eq!(trickled.torn_tail, whole.torn_tail);
         assert_eq!(trickled.good_len, whole.good_len);
         assert!(!whole.problems.is_empty());
+    }
+
+    /// A chained ledger of `n` small lines, as the writer would make it.
+    fn chained(n: u64) -> Vec<String> {
+        let mut prev = GENESIS_PREV.to_string();
+        (1..=n)
+            .map(|seq| {
+                let line = format!(
+                    r#"{{"v":3,"seq":{seq},"ts":"t","kind":"udp_dropped","packets":{seq},"prev":"{prev}"}}"#
+                );
+                prev = line_hash(line.as_bytes());
+                line
+            })
+            .collect()
+    }
+
+    #[test]
+    fn many_batches_are_checked_in_file_order() {
+        // Several batches for the workers: an edit, an overlong line and a
+        // torn tail far apart must still be found at their own lines.
+        let mut lines = chained(3 * BATCH_LINES as u64 + 7);
+        lines[1500] = lines[1500].replace("\"packets\":1501", "\"packets\":9");
+        lines[2500] = "y".repeat(MAX_LINE + 1);
+        let text = format!("{}\n{{\"torn", lines.join("\n"));
+        let mut seen = Vec::new();
+        let read = scan(text.as_bytes(), usize::MAX, |line, hash, offset| {
+            seen.push((line.seq, offset, hash.to_string()))
+        })
+        .unwrap();
+        let named: Vec<usize> = read.problems.iter().map(|p| p.line).collect();
+        // The overlong line replaced a line, so the next one's prev names it too.
+        assert_eq!(named, [1501, 2501, 2501], "{:?}", read.problems);
+        assert!(read.problems[1].what.contains("longer than"));
+        assert_eq!(
+            read.torn_tail.map(|t| (t.line, t.bytes)),
+            Some((lines.len() + 1, 6))
+        );
+        assert_eq!(read.good_len, text.len() as u64 - 6);
+        // Every parsed line once, in order, at its own offset, with its hash.
+        assert_eq!(seen.len(), lines.len() - 1);
+        let mut offset = 0;
+        let mut k = 0;
+        for (i, line) in lines.iter().enumerate() {
+            if i != 2500 {
+                assert_eq!(seen[k], (i as u64 + 1, offset, line_hash(line.as_bytes())));
+                k += 1;
+            }
+            offset += line.len() as u64 + 1;
+        }
+        assert_eq!(
+            read.head,
+            (
+                lines.len() as u64,
+                line_hash(lines.last().unwrap().as_bytes())
+            )
+        );
+    }
+
+    #[test]
+    fn a_read_error_mid_file_is_returned() {
+        struct Fails(Vec<u8>);
+        impl Read for Fails {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                if self.0.is_empty() {
+                    return Err(std::io::Error::other("disk gone"));
+                }
+                let n = out.len().min(self.0.len());
+                out[..n].copy_from_slice(&self.0[..n]);
+                self.0.drain(..n);
+                Ok(n)
+            }
+        }
+        let text = chained(2 * BATCH_LINES as u64).join("\n") + "\n";
+        let err = scan(Fails(text.into_bytes()), usize::MAX, |_, _, _| {}).unwrap_err();
+        assert_eq!(err.to_string(), "disk gone");
     }
 
     #[test]

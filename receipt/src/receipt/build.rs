@@ -41,7 +41,7 @@ pub fn build_file(
 ) -> Result<Receipt, crate::LedgerError> {
     let mut b = Builder::new(options);
     let read = crate::ledger::scan_file(path, crate::ledger::PROBLEM_CAP, |line, hash, _| {
-        b.line(&line, hash)
+        b.line(line, hash)
     })?;
     Ok(b.finish(&read))
 }
