@@ -298,12 +298,13 @@ pub async fn check(args: CheckArgs) -> Result<u8> {
     Ok(outcome.exit_code)
 }
 
-/// What a check concluded: its exit code (0 or [`EXIT_CHECK_FAILED`]) and
-/// the one line `veris check` prints.
+/// What a check concluded: its exit code (0 or [`EXIT_CHECK_FAILED`]), the
+/// one line `veris check` prints, and the canary's answer when one came.
 #[derive(Debug)]
 pub struct Outcome {
     pub exit_code: u8,
     pub message: String,
+    pub answer: Option<CanaryAnswer>,
 }
 
 /// The verdict on a probe along `path`: a veris canary answered, and it is
@@ -323,6 +324,7 @@ pub fn judge(
                     a.run_id,
                     a.sandbox_id
                 ),
+                answer: Some(a),
             },
             _ => {
                 let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
@@ -336,7 +338,8 @@ pub fn judge(
                         word(serde_json::json!(a.mode)),
                         path.describe()
                     ),
-                    }
+                    answer: Some(a),
+                }
             }
         },
         Err(e) => {
@@ -348,6 +351,7 @@ pub fn judge(
             Outcome {
                 exit_code: EXIT_CHECK_FAILED,
                 message: format!("veris check: FAIL: {} {e}. Next: {next}", path.describe()),
+                answer: None,
             }
         }
     }
