@@ -6,12 +6,13 @@
 //! dir's `admin.addr` and `admin.token`), same checks, same verdict.
 //!
 //! The agent may be the workload the receipt must hold against (DESIGN
-//! §7a), so the tools only report: the one write is a baseline (which
-//! appends nothing to the ledger), there is no option that weakens a check,
-//! and no argument picks a ledger file or pins a key (a workload could pass
-//! a ledger it forged and the key it forged it with). Which proxy is read
-//! is fixed when the server starts (`--state-dir`), by whoever configures
-//! the agent's MCP client.
+//! §7a), so the tools only report: nothing a tool is given reaches the
+//! ledger (a baseline appends nothing; a receipt gets the live proxy to
+//! append its own seal on demand, as `veris receipt` does), no option
+//! weakens a check, and no argument picks a ledger file or pins a key (a
+//! workload could pass a ledger it forged and the key it forged it with).
+//! Which proxy is read is fixed when the server starts (`--state-dir`), by
+//! whoever configures the agent's MCP client.
 //!
 //! stdout carries protocol messages only; logs go to stderr. A line on stdin
 //! that is not JSON is dropped with a warning on stderr and the session

@@ -211,7 +211,20 @@ fn mcp_tools_report_what_the_receipt_reports() {
     assert_eq!(check["structuredContent"]["live"], true, "{check}");
     assert!(text_of(&check).contains("veris check: ok"), "{check}");
 
+    let records = || {
+        serve
+            .ledger_lines()
+            .into_iter()
+            .filter(|l| l["kind"] != "seal")
+            .collect::<Vec<_>>()
+    };
+    let before = records();
     let base = mcp.call("veris_baseline", json!({}));
+    assert_eq!(
+        records(),
+        before,
+        "a baseline records nothing in the ledger"
+    );
     assert!(!is_error(&base), "{base}");
     let token = base["structuredContent"]["baseline"]
         .as_str()
@@ -268,7 +281,13 @@ fn mcp_tools_report_what_the_receipt_reports() {
     ];
     let mut results = Vec::new();
     for (arguments, cli_args, expected) in &cases {
+        let before = records();
         let r = mcp.call("veris_receipt", arguments.clone());
+        assert_eq!(
+            records(),
+            before,
+            "a receipt adds nothing but the proxy's own seal"
+        );
         let code = r["structuredContent"]["exit_code"]
             .as_i64()
             .expect("exit_code");
