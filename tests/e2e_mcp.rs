@@ -169,7 +169,7 @@ fn mcp_tools_report_what_the_receipt_reports() {
     if let Err(why) = support::curl() {
         return support::skip(&why);
     }
-    let serve = Serve::start("mcp", &[]);
+    let mut serve = Serve::start("mcp", &[]);
     let mut mcp = Mcp::start(&serve.state, &serve.dir);
 
     let init = mcp.initialize();
@@ -355,6 +355,34 @@ fn mcp_tools_report_what_the_receipt_reports() {
             assert!(!s.contains(&secret), "seal key bytes on {what}");
         }
     }
+
+    // Once the proxy is gone the same session reads the ledger file alone:
+    // `unverified` (the workload shares the proxy's uid and no key is
+    // pinned), which fails `require_verified` with exit 3 as the CLI does.
+    serve.stop();
+    let r = mcp.call(
+        "veris_receipt",
+        json!({"since": token, "require": ["stripe:1"], "require_verified": true}),
+    );
+    assert!(is_error(&r), "{r}");
+    let s = &r["structuredContent"];
+    assert_eq!(s["exit_code"], 3, "{r}");
+    assert_eq!(s["verdict"], "fail", "{r}");
+    assert_eq!(s["receipt"]["integrity"]["status"], "unverified", "{r}");
+    assert_eq!(s["receipt"]["services"]["stripe"]["requests"], 1, "{r}");
+    assert!(text_of(&r).contains("FAIL: required verified"), "{r}");
+    let cli = [
+        "--since",
+        &token,
+        "--require",
+        "stripe:1",
+        "--require-verified",
+    ];
+    assert_eq!(cli_receipt(&serve.state, &cli), 3, "the CLI agrees");
+    let check = mcp.call("veris_check", json!({}));
+    assert!(is_error(&check), "{check}");
+    assert_eq!(check["structuredContent"]["exit_code"], 2, "{check}");
+    assert!(text_of(&check).contains("Next:"), "{check}");
     mcp.finish();
 }
 
