@@ -11,7 +11,7 @@
 //! number is accepted as a ledger seq of whatever ledger is read.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -123,15 +123,24 @@ pub struct BaselineArgs {
 /// `veris baseline`: prints the token on stdout.
 pub async fn baseline(args: BaselineArgs) -> Result<u8> {
     let state_dir = crate::state_dir(args.state_dir.clone());
-    let live = match &args.ledger {
+    let baseline = take(&state_dir, args.ledger.as_deref()).await?;
+    crate::outln!("{}", baseline.token());
+    Ok(0)
+}
+
+/// Marks now: on the live proxy of `state_dir` (its head seq and each
+/// twin's newest request id), else on the ledger file (`ledger`, or the
+/// state dir's). `veris baseline` and the MCP tool both call this.
+pub async fn take(state_dir: &Path, ledger: Option<&Path>) -> Result<Baseline> {
+    let live = match ledger {
         Some(_) => None,
-        None => match live::discover(&state_dir).await {
+        None => match live::discover(state_dir).await {
             live::Discovery::Live(l) => Some(l),
             live::Discovery::NotLive => None,
             live::Discovery::Unusable(why) => bail!("{why}"),
         },
     };
-    let baseline = match live {
+    Ok(match live {
         Some(live) => {
             let status = live.status().await.context("asking the live proxy")?;
             // The twin ids are read after the seq: a request in between is
@@ -148,9 +157,8 @@ pub async fn baseline(args: BaselineArgs) -> Result<u8> {
             }
         }
         None => {
-            let path = args
-                .ledger
-                .clone()
+            let path = ledger
+                .map(Path::to_path_buf)
                 .unwrap_or_else(|| state_dir.join("ledger.jsonl"));
             if !path.exists() {
                 bail!(
@@ -166,9 +174,7 @@ pub async fn baseline(args: BaselineArgs) -> Result<u8> {
                 twin: BTreeMap::new(),
             }
         }
-    };
-    crate::outln!("{}", baseline.token());
-    Ok(0)
+    })
 }
 
 #[cfg(test)]

@@ -289,38 +289,70 @@ pub async fn check(args: CheckArgs) -> Result<u8> {
         (Some(url), false) if !url.is_empty() => ProbePath::Explicit(url.clone()),
         _ => ProbePath::Transparent(args.probe_addr),
     };
-    match probe(&path, args.timeout).await {
+    let outcome = judge(&path, expected.as_deref(), probe(&path, args.timeout).await);
+    if outcome.exit_code == 0 {
+        crate::outln!("{}", outcome.message);
+    } else {
+        eprintln!("{}", outcome.message);
+    }
+    Ok(outcome.exit_code)
+}
+
+/// What a check concluded: its exit code (0 or [`EXIT_CHECK_FAILED`]), the
+/// one line `veris check` prints, and the canary's answer when one came.
+#[derive(Debug)]
+pub struct Outcome {
+    pub exit_code: u8,
+    pub message: String,
+    pub answer: Option<CanaryAnswer>,
+}
+
+/// The verdict on a probe along `path`: a veris canary answered, and it is
+/// `expected` when one is given. `veris check` and the MCP tool share it.
+pub fn judge(
+    path: &ProbePath,
+    expected: Option<&str>,
+    answer: Result<CanaryAnswer, ProbeError>,
+) -> Outcome {
+    match answer {
         Ok(a) => match expected {
-            Some(token) if token != a.canary => {
-                eprintln!(
+            Some(token) if token != a.canary => Outcome {
+                exit_code: EXIT_CHECK_FAILED,
+                message: format!(
                     "veris check: FAIL: a veris proxy answered {} but it belongs to another run (run {}, sandbox {}). Next: use the env file of the run you started, or restart the proxy",
                     path.describe(),
                     a.run_id,
                     a.sandbox_id
-                );
-                Ok(EXIT_CHECK_FAILED)
-            }
+                ),
+                answer: Some(a),
+            },
             _ => {
                 let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
-                crate::outln!(
-                    "veris check: ok: run {} (sandbox {}, {} tier, {} mode) answered {}",
-                    a.run_id,
-                    a.sandbox_id,
-                    word(serde_json::json!(a.tier)),
-                    word(serde_json::json!(a.mode)),
-                    path.describe()
-                );
-                Ok(0)
+                Outcome {
+                    exit_code: 0,
+                    message: format!(
+                        "veris check: ok: run {} (sandbox {}, {} tier, {} mode) answered {}",
+                        a.run_id,
+                        a.sandbox_id,
+                        word(serde_json::json!(a.tier)),
+                        word(serde_json::json!(a.mode)),
+                        path.describe()
+                    ),
+                    answer: Some(a),
+                }
             }
         },
         Err(e) => {
-            let next = match (&e, &path) {
+            let next = match (&e, path) {
                 (ProbeError::Unreachable(_), ProbePath::Explicit(_)) => "start the proxy (`veris serve`) or fix VERIS_PROXY_URL",
                 (ProbeError::Unreachable(_), ProbePath::Transparent(_)) => "the kernel redirect is not in place: check the nft rules (`veris serve --transparent`) and that this uid is not exempt",
                 (ProbeError::NotVeris(_), _) => "the address is not a veris proxy: fix VERIS_PROXY_URL or the redirect target",
             };
-            eprintln!("veris check: FAIL: {} {e}. Next: {next}", path.describe());
-            Ok(EXIT_CHECK_FAILED)
+            Outcome {
+                exit_code: EXIT_CHECK_FAILED,
+                message: format!("veris check: FAIL: {} {e}. Next: {next}", path.describe()),
+                answer: None,
+            }
         }
     }
 }

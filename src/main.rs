@@ -11,6 +11,7 @@ mod handover;
 mod isolate;
 mod live;
 mod logging;
+mod mcp;
 mod receipt_cmd;
 mod run;
 mod stack;
@@ -68,6 +69,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Watch twin traffic live (admin API, state dir or ledger file).
     Tui(tui_cmd::TuiArgs),
+    /// Serve baseline, receipt and check as MCP tools on stdio, for an agent
+    /// session (register `veris mcp` as a stdio server in the MCP client).
+    Mcp(mcp::McpArgs),
     /// Internal to `veris run`: confine this process's TCP connects to the
     /// given ports with Landlock, then exec the command.
     #[command(name = "__confine", hide = true)]
@@ -139,6 +143,7 @@ fn main() -> ExitCode {
             Command::Ca(cmd) => ca_cmd::ca(cmd),
             Command::Demo(args) => demo::demo(args).await,
             Command::Tui(args) => tui_cmd::tui(args).await,
+            Command::Mcp(args) => mcp::mcp(args).await,
             // Handled at the top of main, before the runtime exists.
             Command::Confine(_) | Command::Isolate(_) | Command::IsolateInit(_) => {
                 unreachable!("internal steps return before the runtime starts")

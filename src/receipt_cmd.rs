@@ -123,6 +123,23 @@ pub fn judge(receipt: Receipt, reqs: &[Requirement], allow_empty: bool) -> Repor
 }
 
 pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
+    let report = build(&args).await?;
+    if args.json {
+        crate::outln!("{}", serde_json::to_string_pretty(&report.receipt)?);
+        // Verdict lines still reach a person, on stderr.
+        for line in report.text.lines().filter(|l| l.starts_with("FAIL: ")) {
+            eprintln!("{line}");
+        }
+    } else {
+        crate::out!("{}", report.text);
+    }
+    Ok(report.exit_code)
+}
+
+/// Builds and judges the receipt `args` ask for, printing nothing: `veris
+/// receipt` prints it, the MCP tool returns it. An error is a usage error
+/// (exit 1): bad arguments, no ledger, a live proxy that cannot be asked.
+pub async fn build(args: &ReceiptArgs) -> Result<Report> {
     let reqs = args.require.parse()?;
     let baseline = match &args.since {
         Some(t) => Some(Baseline::parse(t)?),
@@ -186,6 +203,14 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
                 .status()
                 .await
                 .context("asking the live proxy for its status")?;
+            // A requirement naming a service the proxy does not route could
+            // never be met: a typo is a usage error listing the real names,
+            // as in `veris run` (before the seal: a usage error writes nothing).
+            // `--all` may reach back to sessions that routed other services.
+            if !args.all {
+                let routed: Vec<String> = status.services.iter().map(|s| s.name.clone()).collect();
+                crate::run::known_services(&reqs, &routed)?;
+            }
             // The fresh seal is appended before the file is read: a file cut
             // after an older seal cannot then pass for complete, and the
             // file's line at the seal's seq must be the one the proxy wrote.
@@ -268,17 +293,7 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
     // The receipt is a fold over the file, a line at a time.
     let built = receipt::build_file(&path, &options)
         .with_context(|| format!("reading ledger {}", path.display()))?;
-    let report = judge(built, &reqs, args.require.allow_empty);
-    if args.json {
-        crate::outln!("{}", serde_json::to_string_pretty(&report.receipt)?);
-        // Verdict lines still reach a person, on stderr.
-        for line in report.text.lines().filter(|l| l.starts_with("FAIL: ")) {
-            eprintln!("{line}");
-        }
-    } else {
-        crate::out!("{}", report.text);
-    }
-    Ok(report.exit_code)
+    Ok(judge(built, &reqs, args.require.allow_empty))
 }
 
 /// `--key`: a fingerprint, or a file holding one (or `ed25519 <hex>` lines).

@@ -380,3 +380,41 @@ fn no_color_turns_colour_off_on_a_terminal() {
         );
     }
 }
+
+#[test]
+fn a_receipt_requirement_for_a_service_the_live_proxy_does_not_route_is_a_usage_error() {
+    let serve = Serve::start("unrouted", &["--services", "stripe,github"]);
+    let receipt = |args: &[&str]| {
+        let mut cmd = veris(["receipt", "--state-dir"]);
+        cmd.arg(&serve.state).args(args);
+        output(&mut cmd)
+    };
+    let seals = || {
+        serve
+            .ledger_lines()
+            .iter()
+            .filter(|l| l["kind"] == "seal" && l["reason"] == "demand")
+            .count()
+    };
+    let before = seals();
+    for args in [
+        &["--require", "strpe:1"][..],
+        &["--require-request", "hubspot GET /crm/v3/objects"][..],
+    ] {
+        let out = receipt(args);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains("unknown service"), "{stderr}");
+        assert!(
+            stderr.contains("stripe, github"),
+            "the routed names: {stderr}"
+        );
+        assert!(stderr.contains("Next:"), "{stderr}");
+    }
+    // A usage error asks the proxy for no seal: it writes nothing (the
+    // proxy's own interval seals may come and go meanwhile).
+    assert_eq!(seals(), before, "no seal on demand for a refused read");
+    // A routed service that saw no request is an unmet requirement, as before.
+    let out = receipt(&["--require", "github:1"]);
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+}
