@@ -9,6 +9,7 @@ mod confine;
 mod demo;
 mod handover;
 mod isolate;
+mod junit;
 mod live;
 mod logging;
 mod receipt_cmd;
