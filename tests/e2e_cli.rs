@@ -442,3 +442,27 @@ fn man_prints_a_manual_page_that_renders() {
     assert!(text_page.contains("veris"), "{text_page}");
     assert!(text_page.contains("receipt"), "{text_page}");
 }
+
+/// Skips only when `skip_is_recorded_for_the_summary` runs it.
+#[test]
+fn skip_probe() {
+    if std::env::var_os("VERIS_SKIP_PROBE").is_some() {
+        support::skip("probe skip");
+    }
+}
+
+#[test]
+fn skip_is_recorded_for_the_summary() {
+    // This test binary, run again on the probe alone, as scripts/test runs it.
+    let dir = TempDir::new("skiplog");
+    let log = dir.join("skips");
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "skip_probe", "--test-threads", "2"])
+        .env("VERIS_SKIP_PROBE", "1")
+        .env("VERIS_SKIP_LOG", &log)
+        .env_remove("VERIS_REQUIRE_ALL");
+    let out = output(&mut cmd);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let lines = std::fs::read_to_string(&log).expect("the skip log");
+    assert_eq!(lines, "e2e_cli::skip_probe: probe skip\n");
+}
