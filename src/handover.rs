@@ -162,6 +162,17 @@ mod tests {
             panic!("VERIS_REQUIRE_ALL=1 but not root");
         }
         eprintln!("SKIP: chown needs root");
+        // One line for `scripts/test`'s summary of skipped tests.
+        if let Some(log) = std::env::var_os("VERIS_SKIP_LOG") {
+            use std::io::Write as _;
+            let test = std::thread::current().name().unwrap_or("?").to_string();
+            let line = format!("veris::{test}: chown needs root\n");
+            let _ = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(log)
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+        }
         false
     }
 

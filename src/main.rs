@@ -9,6 +9,7 @@ mod confine;
 mod demo;
 mod handover;
 mod isolate;
+mod junit;
 mod live;
 mod logging;
 mod mcp;
@@ -23,7 +24,7 @@ mod twin_cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Exit code for usage and configuration errors.
 pub const EXIT_USAGE: u8 = 1;
@@ -72,6 +73,13 @@ enum Command {
     /// Serve baseline, receipt and check as MCP tools on stdio, for an agent
     /// session (register `veris mcp` as a stdio server in the MCP client).
     Mcp(mcp::McpArgs),
+    /// Print a shell completion script, e.g. `veris completions bash > /etc/bash_completion.d/veris`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `veris man | man -l -`.
+    Man,
     /// Internal to `veris run`: confine this process's TCP connects to the
     /// given ports with Landlock, then exec the command.
     #[command(name = "__confine", hide = true)]
@@ -106,6 +114,21 @@ fn main() -> ExitCode {
         Command::Confine(args) => return confine::main(args),
         Command::Isolate(c) => return ExitCode::from(isolate::init_main(c.command)),
         Command::IsolateInit(c) => return ExitCode::from(isolate::pid1_main(c.command)),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut visible(&Cli::command()), "veris", &mut out);
+            return print_bytes(&out);
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            return match clap_mangen::Man::new(Cli::command()).render(&mut out) {
+                Ok(()) => print_bytes(title_first(&String::from_utf8_lossy(&out)).as_bytes()),
+                Err(e) => {
+                    eprintln!("veris: rendering the manual page: {e}");
+                    ExitCode::from(EXIT_USAGE)
+                }
+            };
+        }
         _ => cli,
     };
     let default_level = match cli.command {
@@ -145,8 +168,12 @@ fn main() -> ExitCode {
             Command::Tui(args) => tui_cmd::tui(args).await,
             Command::Mcp(args) => mcp::mcp(args).await,
             // Handled at the top of main, before the runtime exists.
-            Command::Confine(_) | Command::Isolate(_) | Command::IsolateInit(_) => {
-                unreachable!("internal steps return before the runtime starts")
+            Command::Confine(_)
+            | Command::Isolate(_)
+            | Command::IsolateInit(_)
+            | Command::Completions { .. }
+            | Command::Man => {
+                unreachable!("these commands return before the runtime starts")
             }
         }
     });
@@ -195,6 +222,47 @@ pub fn emit(args: std::fmt::Arguments<'_>) {
             eprintln!("veris: writing to stdout: {e}");
         }
     }
+}
+
+/// The command line without its hidden (internal) subcommands: the
+/// completion generators list every subcommand they are given, while the
+/// help and the manual page leave hidden ones out by themselves.
+fn visible(cmd: &clap::Command) -> clap::Command {
+    let mut out = clap::Command::new(cmd.get_name().to_string())
+        .args(cmd.get_arguments().cloned())
+        .groups(cmd.get_groups().cloned())
+        .subcommands(
+            cmd.get_subcommands()
+                .filter(|s| !s.is_hide_set())
+                .map(visible),
+        );
+    if let Some(about) = cmd.get_about() {
+        out = out.about(about.clone());
+    }
+    if let Some(version) = cmd.get_version() {
+        out = out.version(version.to_string());
+    }
+    out
+}
+
+/// The page with its `.TH` title line first: clap_mangen puts the
+/// definition of the apostrophe string (`.ie \n(.g .ds Aq …`) before it,
+/// and tools that look for a page's title (`file`, `whatis`, `lexgrog`) read
+/// the first line. The definition works as well after the title.
+fn title_first(page: &str) -> String {
+    let Some(at) = page.find("\n.TH ") else {
+        return page.to_string();
+    };
+    let end = page[at + 1..]
+        .find('\n')
+        .map_or(page.len(), |e| at + 1 + e + 1);
+    format!("{}{}{}", &page[at + 1..end], &page[..at + 1], &page[end..])
+}
+
+/// Generated output (completions, the manual page) to stdout.
+fn print_bytes(bytes: &[u8]) -> ExitCode {
+    crate::out!("{}", String::from_utf8_lossy(bytes));
+    ExitCode::SUCCESS
 }
 
 /// Random lower-case hex from the kernel's CSPRNG.

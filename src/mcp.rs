@@ -215,6 +215,7 @@ impl Veris {
             key: None,
             service: p.service,
             json: true,
+            junit: None,
             require: RequireArgs {
                 require: p.require,
                 require_host: p.require_host,

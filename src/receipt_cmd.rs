@@ -79,6 +79,10 @@ pub struct ReceiptArgs {
     /// Print the receipt as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write the verdict as a JUnit XML report here (one test case per
+    /// requirement, integrity and non-emptiness), also when it fails.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
     #[command(flatten)]
     pub require: RequireArgs,
 }
@@ -87,7 +91,9 @@ pub struct ReceiptArgs {
 pub struct Report {
     pub receipt: Receipt,
     pub text: String,
+    /// Derived from `verdict`, as are the `FAIL:` lines of `text`.
     pub exit_code: u8,
+    pub verdict: receipt::Verdict,
 }
 
 /// Builds, renders and judges a receipt. The verdict lines follow the text.
@@ -119,21 +125,44 @@ pub fn judge(receipt: Receipt, reqs: &[Requirement], allow_empty: bool) -> Repor
         receipt,
         text,
         exit_code: u8::try_from(verdict.exit_code).unwrap_or(3),
+        verdict,
     }
 }
 
 pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
-    let report = build(&args).await?;
+    let junit = crate::junit::Junit::start(args.junit.as_deref(), "veris receipt")?;
+    let result = match build(&args).await {
+        Ok(report) => print(&args, &report).map(|()| report),
+        Err(e) => Err(e),
+    };
+    match (junit, result) {
+        (None, result) => result.map(|report| report.exit_code),
+        (Some(junit), Ok(report)) => {
+            junit.write(&report, None)?;
+            Ok(report.exit_code)
+        }
+        (Some(junit), Err(e)) => {
+            // CI reads the report whatever happened; the error decides the exit.
+            if let Err(write) = junit.write_error(&format!("{e:#}")) {
+                eprintln!("veris: {write:#}");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Prints a judged receipt: its text, or with `--json` the JSON and the
+/// verdict lines on stderr, where they still reach a person.
+fn print(args: &ReceiptArgs, report: &Report) -> Result<()> {
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&report.receipt)?);
-        // Verdict lines still reach a person, on stderr.
         for line in report.text.lines().filter(|l| l.starts_with("FAIL: ")) {
             eprintln!("{line}");
         }
     } else {
         crate::out!("{}", report.text);
     }
-    Ok(report.exit_code)
+    Ok(())
 }
 
 /// Builds and judges the receipt `args` ask for, printing nothing: `veris

@@ -20,7 +20,8 @@ use veris_receipt::Entry;
 
 use crate::check::{CanaryAnswer, ProbeError};
 use crate::isolate::{Event, Isolation};
-use crate::receipt_cmd::{report, RequireArgs};
+use crate::junit::Junit;
+use crate::receipt_cmd::{report, Report, RequireArgs};
 use crate::stack::{no_proxy, Confinement, Finished, ProxyArgs, Role, ServeArgs, Stack};
 
 #[derive(Args, Debug)]
@@ -50,6 +51,11 @@ pub struct RunArgs {
     /// Also write the JSON receipt here (mode 0600).
     #[arg(long, value_name = "FILE")]
     pub receipt: Option<PathBuf>,
+    /// Also write the verdict as a JUnit XML report here (one test case per
+    /// requirement, integrity, non-emptiness and the command's exit code),
+    /// also when it fails.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
     /// Not for run (serve's transparent tier); accepted only to answer with
     /// what to do instead of a bare "unexpected argument".
     #[arg(long, hide = true)]
@@ -72,16 +78,63 @@ pub const EXIT_NOT_FOUND: u8 = 127;
 /// Exit code for a command that is there but cannot be executed.
 pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 
+/// How a run ended: judged, or before its command could start.
+enum Ended {
+    Judged {
+        report: Box<Report>,
+        /// The command's own code.
+        status: u8,
+        /// The run's: the verdict's when it fails, else the command's.
+        exit: u8,
+    },
+    NotStarted {
+        exit: u8,
+        why: String,
+    },
+}
+
 pub async fn run(args: RunArgs) -> Result<u8> {
     let reqs = args.require.parse()?;
     // Checked before anything starts: a typo must not cost a whole run.
     known_services(&reqs, &crate::stack::routed_services(&args.proxy)?)?;
-    if let Err((code, why)) = findable(&args.command[0]) {
-        eprintln!(
+    let junit = Junit::start(args.junit.as_deref(), "veris run")?;
+    let ended = run_with(args, &reqs).await;
+    let Some(junit) = junit else {
+        return ended.map(|e| match e {
+            Ended::Judged { exit, .. } | Ended::NotStarted { exit, .. } => exit,
+        });
+    };
+    match ended {
+        Ok(Ended::Judged {
+            report,
+            status,
+            exit,
+        }) => {
+            junit.write(&report, Some(status))?;
+            Ok(exit)
+        }
+        Ok(Ended::NotStarted { exit, why }) => {
+            junit.write_error(&why)?;
+            Ok(exit)
+        }
+        Err(e) => {
+            // CI reads the report whatever happened; the error decides the exit.
+            if let Err(write) = junit.write_error(&format!("{e:#}")) {
+                eprintln!("veris: {write:#}");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
+    if let Err((exit, why)) = findable(&args.command[0]) {
+        let why = format!(
             "veris run: {}: {why}. Next: check the command name and PATH",
             args.command[0]
         );
-        return Ok(code);
+        eprintln!("{why}");
+        return Ok(Ended::NotStarted { exit, why });
     }
     let started = std::time::Instant::now();
     let (confinement, isolation) = confine(&args).await?;
@@ -129,7 +182,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
 
     let finished = stack.finish_with(canary).await?;
     let (read, options) = finished_receipt(&finished)?;
-    let report = report(&read, &options, &reqs, args.require.allow_empty);
+    let report = report(&read, &options, reqs, args.require.allow_empty);
     // The file first: whatever happens to stderr, the receipt is kept.
     if let Some(path) = &args.receipt {
         write_private(path, &serde_json::to_vec_pretty(&report.receipt)?)
@@ -151,9 +204,16 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             report.exit_code,
             unmet(&report.text)
         );
-        return Ok(report.exit_code);
     }
-    Ok(status)
+    let exit = match report.exit_code {
+        0 => status,
+        code => code,
+    };
+    Ok(Ended::Judged {
+        report: Box::new(report),
+        status,
+        exit,
+    })
 }
 
 /// What the receipt's verdict found unmet, from its `FAIL:` lines (or the

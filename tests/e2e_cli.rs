@@ -1,6 +1,6 @@
 //! End-to-end tests of the smaller commands of the `veris` binary: `demo`,
-//! `twin`, `ca init|show|path|env`, and the answers to bad input (exit 1 with
-//! a "Next:" line).
+//! `twin`, `ca init|show|path|env`, `completions` and `man`, and the answers
+//! to bad input (exit 1 with a "Next:" line).
 
 mod support;
 
@@ -417,4 +417,90 @@ fn a_receipt_requirement_for_a_service_the_live_proxy_does_not_route_is_a_usage_
     // A routed service that saw no request is an unmet requirement, as before.
     let out = receipt(&["--require", "github:1"]);
     assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+}
+
+/// Internal steps of `veris run`, which no user types.
+const INTERNAL: [&str; 3] = ["__confine", "__isolate", "__isolate-init"];
+
+#[test]
+fn completions_cover_the_commands_and_hide_the_internal_ones() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = output(&mut veris(["completions", shell]));
+        let (script, stderr) = text(&out);
+        assert!(out.status.success(), "{shell}: {stderr}");
+        for word in ["receipt", "run", "require-verified", "junit"] {
+            assert!(script.contains(word), "{shell} completions lack {word}");
+        }
+        for internal in INTERNAL {
+            assert!(
+                !script.contains(internal),
+                "{shell} completions offer {internal}"
+            );
+        }
+    }
+    let dir = TempDir::new("completions");
+    let file = dir.join("veris.bash");
+    let out = output(&mut veris(["completions", "bash"]));
+    std::fs::write(&file, &out.stdout).unwrap();
+    let check = output(command("bash").arg("-n").arg(&file));
+    assert!(check.status.success(), "bash -n: {:?}", text(&check));
+    // Loaded into a shell, it completes the subcommands of `veris rec`.
+    let probe = format!(
+        "source {}; COMP_WORDS=(veris rec); COMP_CWORD=1; COMP_LINE='veris rec'; COMP_POINT=9; _veris veris rec veris; echo \"${{COMPREPLY[@]}}\"",
+        file.display()
+    );
+    let out = output(command("bash").args(["-c", &probe]));
+    let (completed, stderr) = text(&out);
+    assert_eq!(completed.trim(), "receipt", "{stderr}");
+    assert!(!output(&mut veris(["completions", "tcsh"])).status.success());
+}
+
+#[test]
+fn man_prints_a_manual_page_that_renders() {
+    let out = output(&mut veris(["man"]));
+    let (page, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(page.starts_with(".TH"), "{}", &page[..page.len().min(200)]);
+    for word in ["receipt", "completions"] {
+        assert!(page.contains(word), "the page lacks {word}");
+    }
+    for internal in INTERNAL {
+        assert!(!page.contains(internal), "the page shows {internal}");
+    }
+    if !support::tool_works("groff", &["--version"]) {
+        return support::skip("groff is not installed (apt install groff-base)");
+    }
+    let dir = TempDir::new("man");
+    let file = dir.join("veris.1");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let rendered = output(command("groff").args(["-man", "-Tutf8", "-ww"]).arg(&file));
+    let (text_page, warnings) = text(&rendered);
+    assert!(rendered.status.success(), "groff: {warnings}");
+    assert!(warnings.is_empty(), "groff warns: {warnings}");
+    assert!(text_page.contains("veris"), "{text_page}");
+    assert!(text_page.contains("receipt"), "{text_page}");
+}
+
+/// Skips only when `skip_is_recorded_for_the_summary` runs it.
+#[test]
+fn skip_probe() {
+    if std::env::var_os("VERIS_SKIP_PROBE").is_some() {
+        support::skip("probe skip");
+    }
+}
+
+#[test]
+fn skip_is_recorded_for_the_summary() {
+    // This test binary, run again on the probe alone, as scripts/test runs it.
+    let dir = TempDir::new("skiplog");
+    let log = dir.join("skips");
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "skip_probe", "--test-threads", "2"])
+        .env("VERIS_SKIP_PROBE", "1")
+        .env("VERIS_SKIP_LOG", &log)
+        .env_remove("VERIS_REQUIRE_ALL");
+    let out = output(&mut cmd);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let lines = std::fs::read_to_string(&log).expect("the skip log");
+    assert_eq!(lines, "e2e_cli::skip_probe: probe skip\n");
 }

@@ -37,6 +37,25 @@ pub fn skip(why: &str) {
     }
     println!("SKIP: {why}");
     eprintln!("SKIP: {why}");
+    record_skip(why);
+}
+
+/// Appends `<test binary>::<test>: <why>` to the file `VERIS_SKIP_LOG` names,
+/// if set: `scripts/test` ends with a summary of the tests that skipped
+/// (libtest captures what a passing test prints).
+pub fn record_skip(why: &str) {
+    use std::io::Write as _;
+    let Some(log) = std::env::var_os("VERIS_SKIP_LOG") else {
+        return;
+    };
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("{}::{test}: {why}\n", env!("CARGO_CRATE_NAME"));
+    // One write on an O_APPEND file: lines of parallel tests do not mix.
+    let _ = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(log)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
 }
 
 /// A unique directory under the system temp dir, removed on drop.

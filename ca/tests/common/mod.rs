@@ -37,6 +37,7 @@ pub fn have_tool(tool: &str, probe_arg: &str) -> bool {
             panic!("{tool} is required (VERIS_REQUIRE_ALL=1) but not runnable");
         }
         println!("SKIP: {tool} not found");
+        record_skip(&format!("{tool} not found"));
     }
     ok
 }
@@ -120,4 +121,22 @@ pub async fn serve_hello(issuer: std::sync::Arc<veris_ca::Issuer>) -> u16 {
         }
     });
     port
+}
+
+/// Appends `<test binary>::<test>: <why>` to the file `VERIS_SKIP_LOG` names,
+/// if set: `scripts/test` ends with a summary of the tests that skipped
+/// (libtest captures what a passing test prints).
+pub fn record_skip(why: &str) {
+    use std::io::Write as _;
+    let Some(log) = std::env::var_os("VERIS_SKIP_LOG") else {
+        return;
+    };
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("{}::{test}: {why}\n", env!("CARGO_CRATE_NAME"));
+    // One write on an O_APPEND file: lines of parallel tests do not mix.
+    let _ = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(log)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
 }

@@ -14,7 +14,8 @@
 //! the proxy recorded before its final seal count when the key is pinned.
 //!
 //! Modules: the model and options here, `build` (the window and what
-//! reached the twin, trust failures), `leaks`, `integrity`, `text`, `require`.
+//! reached the twin, trust failures), `leaks`, `integrity`, `text`, `require`,
+//! `junit` (the verdict as a JUnit XML report).
 
 use std::collections::BTreeMap;
 
@@ -26,6 +27,7 @@ use crate::seal::PublicKeys;
 
 mod build;
 mod integrity;
+mod junit;
 mod leaks;
 mod require;
 mod text;
@@ -33,7 +35,8 @@ mod tls;
 
 pub use build::{build, build_file, Builder};
 pub use integrity::PROXY_NOT_LIVE;
-pub use require::{evaluate, Requirement, RequirementError, Verdict};
+pub use junit::{render_junit, render_junit_error, JunitContext};
+pub use require::{evaluate, Assertion, Outcome, Requirement, RequirementError, Verdict};
 pub use text::render_text;
 
 /// Version of the receipt JSON, written in its `version` field.

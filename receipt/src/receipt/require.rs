@@ -97,6 +97,43 @@ impl std::fmt::Display for Requirement {
     }
 }
 
+/// What one [`Outcome`] of [`evaluate`] asserts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Assertion {
+    /// Integrity is not `failed`.
+    Integrity,
+    /// At least one request reached the twin (waived by `allow_empty`).
+    NonEmpty,
+    /// No vendor host refused the veris certificate without completing a request.
+    Trust,
+    /// A requirement the reader gave.
+    Requirement(Requirement),
+}
+
+/// One assertion of [`evaluate`] and how it came out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub assertion: Assertion,
+    /// Why it does not hold, one line each (the `FAIL:` lines); empty when it holds.
+    pub failures: Vec<String>,
+    /// Not asserted: an empty window with `allow_empty`.
+    pub waived: bool,
+}
+
+impl Outcome {
+    fn new(assertion: Assertion, failures: Vec<String>) -> Outcome {
+        Outcome {
+            assertion,
+            failures,
+            waived: false,
+        }
+    }
+
+    pub fn holds(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
 /// The outcome of [`evaluate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -104,11 +141,16 @@ pub struct Verdict {
     pub exit_code: i32,
     /// One line per failure: what was wanted and what was seen.
     pub lines: Vec<String>,
+    /// Every assertion made, in the order of `lines`: integrity, non-empty,
+    /// trust, then each requirement. `exit_code` and `lines` are derived
+    /// from these, so every rendering of the verdict (text, JUnit) agrees.
+    pub outcomes: Vec<Outcome>,
 }
 
 /// Checks a receipt: failed integrity, an empty window (unless
 /// `allow_empty`) and each requirement. `unverified` integrity does not fail.
 pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict {
+    let mut outcomes = Vec::new();
     let mut lines = Vec::new();
     if r.integrity.status == IntegrityStatus::Failed {
         lines.push(format!(
@@ -116,15 +158,26 @@ pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict
             r.integrity.reason.as_deref().unwrap_or("no reason given")
         ));
     }
-    if r.total_requests() == 0 && !allow_empty {
+    outcomes.push(Outcome::new(
+        Assertion::Integrity,
+        std::mem::take(&mut lines),
+    ));
+    let empty = r.total_requests() == 0;
+    if empty && !allow_empty {
         lines.push(EMPTY_SENTENCE.to_string());
     }
+    outcomes.push(Outcome {
+        assertion: Assertion::NonEmpty,
+        failures: std::mem::take(&mut lines),
+        waived: empty && allow_empty,
+    });
     for f in r.trust_failures.iter().filter(|f| f.is_fatal()) {
         lines.push(format!(
             "vendor host {} refused the veris certificate {} time(s) and completed no request. Next: fix the client's trust as the trust failure line says",
             f.host, f.refusals
         ));
     }
+    outcomes.push(Outcome::new(Assertion::Trust, std::mem::take(&mut lines)));
     for req in reqs {
         match req {
             Requirement::Verified => {
@@ -192,9 +245,18 @@ pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict
                 }
             }
         }
+        outcomes.push(Outcome::new(
+            Assertion::Requirement(req.clone()),
+            std::mem::take(&mut lines),
+        ));
     }
+    let lines: Vec<String> = outcomes
+        .iter()
+        .flat_map(|o| o.failures.iter().cloned())
+        .collect();
     Verdict {
         exit_code: if lines.is_empty() { 0 } else { EXIT_UNMET },
         lines,
+        outcomes,
     }
 }
