@@ -77,17 +77,25 @@ pub fn header_value(name: &str, value: &str) -> String {
     }
 }
 
-/// True for a credential-carrying header name, in any case. Compared in
-/// place: this runs for every recorded header.
+/// True for a credential-carrying header name, in any case. Lower-cased on
+/// the stack: this runs for every recorded header.
 fn secret_header(name: &str) -> bool {
     let name = name.trim().as_bytes();
-    SECRET_HEADERS
-        .iter()
-        .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
-        || SECRET_HEADER_FRAGMENTS.iter().any(|f| {
-            name.windows(f.len())
-                .any(|w| w.eq_ignore_ascii_case(f.as_bytes()))
-        })
+    let mut buf = [0u8; 64];
+    let Some(lower) = buf.get_mut(..name.len()) else {
+        // A longer name is rare: the allocating way.
+        return secret_header_lower(&name.to_ascii_lowercase());
+    };
+    lower.copy_from_slice(name);
+    lower.make_ascii_lowercase();
+    secret_header_lower(lower)
+}
+
+fn secret_header_lower(name: &[u8]) -> bool {
+    SECRET_HEADERS.iter().any(|h| name == h.as_bytes())
+        || SECRET_HEADER_FRAGMENTS
+            .iter()
+            .any(|f| name.windows(f.len()).any(|w| w == f.as_bytes()))
 }
 
 /// Redacts a query string (without the leading `?`): a parameter whose name
@@ -239,28 +247,21 @@ fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
 /// numeric id passes only when its check digit happens to fit, and then
 /// the receipt says less, never something false.
 fn card_number(value: &[u8]) -> bool {
-    let digits: Vec<u8> = value
-        .iter()
-        .filter(|c| !matches!(c, b' ' | b'-'))
-        .copied()
-        .collect();
-    if !(12..=19).contains(&digits.len()) || !digits.iter().all(u8::is_ascii_digit) {
-        return false;
+    let mut digits = 0;
+    let mut sum = 0;
+    for &c in value.iter().rev().filter(|c| !matches!(c, b' ' | b'-')) {
+        if !c.is_ascii_digit() || digits == 19 {
+            return false;
+        }
+        let d = u32::from(c - b'0');
+        sum += match (digits % 2, d * 2) {
+            (0, _) => d,
+            (_, x) if x > 9 => x - 9,
+            (_, x) => x,
+        };
+        digits += 1;
     }
-    let sum: u32 = digits
-        .iter()
-        .rev()
-        .enumerate()
-        .map(|(i, d)| {
-            let d = u32::from(d - b'0');
-            match (i % 2, d * 2) {
-                (0, _) => d,
-                (_, x) if x > 9 => x - 9,
-                (_, x) => x,
-            }
-        })
-        .sum();
-    sum.is_multiple_of(10)
+    digits >= 12 && sum % 10 == 0
 }
 
 /// Longer than any flag value of [`secret_param`]: a value cut to this
@@ -484,9 +485,11 @@ fn key_shapes(b: &[u8]) -> Vec<(usize, usize)> {
     let mut i = 0;
     while i < b.len() {
         let mut hit = None;
-        if KEY_STARTS[usize::from(b[i])] && boundary(b, i) {
+        let c = b[i];
+        if KEY_STARTS[usize::from(c)] && boundary(b, i) {
             for (k, &(prefix, min, body)) in SECRET_PREFIXES.iter().enumerate() {
-                if i < retry[k] {
+                // Most shapes start with another byte: one compare each.
+                if prefix.as_bytes()[0] != c || i < retry[k] {
                     continue;
                 }
                 match shape_end(b, i, prefix, min, body) {
