@@ -144,8 +144,8 @@ struct Parsed {
 }
 
 /// Lines per batch, and the bytes after which a batch is sent early.
-const BATCH_LINES: usize = 1024;
-const BATCH_BYTES: usize = 512 * 1024;
+const BATCH_LINES: usize = 256;
+const BATCH_BYTES: usize = 128 * 1024;
 
 /// Consecutive lines of the input, as split by [`LineReader`].
 #[derive(Default)]
