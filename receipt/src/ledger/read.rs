@@ -672,7 +672,8 @@ mod tests {
     fn many_batches_are_checked_in_file_order() {
         // Several batches for the workers: an edit, an overlong line and a
         // torn tail far apart must still be found at their own lines.
-        let mut lines = chained(3 * BATCH_LINES as u64 + 7);
+        let mut lines = chained(3007);
+        assert!(lines.len() > 3 * BATCH_LINES, "several batches");
         lines[1500] = lines[1500].replace("\"packets\":1501", "\"packets\":9");
         lines[2500] = "y".repeat(MAX_LINE + 1);
         let text = format!("{}\n{{\"torn", lines.join("\n"));
