@@ -43,8 +43,24 @@ impl Junit {
         if self.path.is_dir() {
             bail!("--junit {}: is a directory. {next}", self.path.display());
         }
-        // A file beside the report, created and removed, as the atomic
-        // write's temp file will be.
+        let cannot = || {
+            format!(
+                "--junit {}: cannot write there. {next}",
+                self.path.display()
+            )
+        };
+        // A report left from an earlier run goes now: should this run's
+        // report fail to be written, CI finds none, never a stale one that
+        // passed.
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(cannot)
+            }
+            _ => {}
+        }
+        // A file beside the report, created new (never through a link
+        // planted at its name) and removed, as the atomic write's temp
+        // file will be.
         let dir = self
             .path
             .parent()
@@ -55,15 +71,16 @@ impl Junit {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("junit");
-        let probe = dir.join(format!(".{name}.probe-{}", std::process::id()));
-        std::fs::File::create(&probe)
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let probe = dir.join(format!(".{name}.probe-{}-{nanos}", std::process::id()));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
             .and_then(|_| std::fs::remove_file(&probe))
-            .with_context(|| {
-                format!(
-                    "--junit {}: cannot write there. {next}",
-                    self.path.display()
-                )
-            })
+            .with_context(cannot)
     }
 
     fn context<'a>(&self, hostname: &'a str) -> JunitContext<'a> {
