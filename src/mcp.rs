@@ -40,12 +40,21 @@ pub struct McpArgs {
     /// State dir of the proxy the tools report on [default: $VERIS_STATE_DIR, else ~/.veris].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Pin the proxy's seal key (its fingerprint, the `key_id` of its ready file, or a file
+    /// holding it) for every receipt: a proxy found through the state dir that seals with
+    /// another key fails. Set by whoever configures the server, never by a tool argument.
+    #[arg(long, value_name = "FINGERPRINT|FILE")]
+    pub key: Option<String>,
 }
 
 /// `veris mcp`: serves until the client closes stdin.
 pub async fn mcp(args: McpArgs) -> Result<u8> {
+    if let Some(k) = &args.key {
+        crate::receipt_cmd::parse_pin(k)?;
+    }
     let server = Veris {
         state_dir: crate::state_dir(args.state_dir),
+        key: args.key,
         tool_router: Veris::tool_router(),
     };
     tracing::info!(state_dir = %server.state_dir.display(), "veris mcp: serving on stdio");
@@ -137,6 +146,8 @@ async fn skip_line(input: &mut (impl tokio::io::AsyncBufRead + Unpin)) -> std::i
 #[derive(Clone)]
 pub struct Veris {
     state_dir: PathBuf,
+    /// `--key`: the seal key every receipt is pinned to.
+    key: Option<String>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -212,7 +223,7 @@ impl Veris {
             ledger: None,
             since: p.since,
             all: p.all,
-            key: None,
+            key: self.key.clone(),
             service: p.service,
             json: true,
             junit: None,

@@ -326,7 +326,7 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
 }
 
 /// `--key`: a fingerprint, or a file holding one (or `ed25519 <hex>` lines).
-fn parse_pin(arg: &str) -> Result<Pin> {
+pub fn parse_pin(arg: &str) -> Result<Pin> {
     if let Ok(pin) = Pin::parse(arg) {
         return Ok(pin);
     }

@@ -27,9 +27,14 @@ struct Mcp {
 
 impl Mcp {
     fn start(state: &Path, dir: &TempDir) -> Mcp {
+        Mcp::start_with(state, dir, &[])
+    }
+
+    fn start_with(state: &Path, dir: &TempDir, extra: &[&str]) -> Mcp {
         let stderr_file = dir.join("mcp.stderr");
         let mut cmd = veris(["mcp", "--state-dir"]);
         cmd.arg(state)
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr_file).expect("stderr file"));
@@ -451,4 +456,60 @@ fn mcp_without_a_live_proxy_says_what_to_do_and_survives_garbage() {
     assert!(is_error(&r), "{r}");
     assert!(text_of(&r).contains("exclude each other"), "{r}");
     mcp.finish();
+}
+
+/// A workload that can write the state dir can point discovery at a proxy
+/// of its own; `veris mcp --key` pins the real proxy's seal key, so a
+/// proxy that seals with any other key fails every receipt.
+#[test]
+fn a_pinned_key_fails_a_proxy_that_seals_with_another() {
+    if let Err(why) = support::curl() {
+        return support::skip(&why);
+    }
+    let serve = Serve::start("mcp-pin", &[]);
+    let real = serve.ready["key_id"].as_str().expect("key_id").to_string();
+    let out = output(
+        serve
+            .curl()
+            .args(["-f", "https://api.stripe.com/v1/customers"]),
+    );
+    assert!(out.status.success(), "curl: {:?}", text(&out));
+    let args = json!({"require": ["stripe:1"], "require_verified": true});
+    let receipt = |key: &str| {
+        let mut mcp = Mcp::start_with(&serve.state, &serve.dir, &["--key", key]);
+        mcp.initialize();
+        let r = mcp.call("veris_receipt", args.clone());
+        mcp.finish();
+        r
+    };
+    // The real proxy's key: verified, pass.
+    let ok = receipt(&real);
+    assert!(!is_error(&ok), "{ok}");
+    assert_eq!(ok["structuredContent"]["exit_code"], 0, "{ok}");
+    // Any other key (as a proxy the workload started would have): a failure,
+    // never a pass.
+    let other = "ab".repeat(32);
+    let bad = receipt(&other);
+    assert!(is_error(&bad), "{bad}");
+    assert_eq!(bad["structuredContent"]["exit_code"], 3, "{bad}");
+    assert_eq!(
+        cli_receipt(
+            &serve.state,
+            &[
+                "--require",
+                "stripe:1",
+                "--require-verified",
+                "--key",
+                &other
+            ]
+        ),
+        3
+    );
+    // A malformed pin is refused when the server starts.
+    let mut cmd = veris(["mcp", "--state-dir"]);
+    cmd.arg(&serve.state)
+        .args(["--key", "not-a-key"])
+        .stdin(Stdio::null());
+    let out = output(&mut cmd);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
 }

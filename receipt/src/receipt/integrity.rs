@@ -271,9 +271,20 @@ pub(super) fn integrity(
             checks.push(c);
         }
     }
-    for name in ["canary", "twin_cross_check"] {
+    const NETWORK: [&str; 2] = ["canary", "twin_cross_check"];
+    for name in NETWORK {
         checks.push(network_check(name, &ev.segments, options));
     }
+    // Any other check the reader ran (a live reader's `pinned_key`) counts
+    // as it is: a check handed in and then ignored would let a proxy that
+    // seals with another key be reported verified.
+    checks.extend(
+        options
+            .external_checks
+            .iter()
+            .filter(|c| !NETWORK.contains(&c.name.as_str()))
+            .cloned(),
+    );
     verdict(checks)
 }
 
