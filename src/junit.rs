@@ -61,20 +61,7 @@ impl Junit {
         // A file beside the report, created new (never through a link
         // planted at its name) and removed, as the atomic write's temp
         // file will be.
-        let dir = self
-            .path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let name = self
-            .path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("junit");
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let probe = dir.join(format!(".{name}.probe-{}-{nanos}", std::process::id()));
+        let probe = crate::stack::temp_beside(&self.path, "probe");
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

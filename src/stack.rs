@@ -1164,6 +1164,12 @@ async fn start_builtin_twin(
 /// its name, which matters when root writes the ready file into a shared directory) and removed
 /// if anything fails.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_via(&temp_beside(path, "tmp"), path, bytes)
+}
+
+/// A name beside `path` for a file of this process (`.<name>.<tag>-<pid>-<nanos>`), not
+/// guessable ahead of time; create it with `create_new`.
+pub fn temp_beside(path: &Path, tag: &str) -> PathBuf {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -1171,12 +1177,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{nanos}",
+    dir.join(format!(
+        ".{}.{tag}-{}-{nanos}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("veris"),
         std::process::id()
-    ));
-    write_via(&tmp, path, bytes)
+    ))
 }
 
 fn write_via(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
