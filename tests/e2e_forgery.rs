@@ -229,6 +229,7 @@ fn restart_laundering_is_moved_aside_not_sealed_over() {
             .arg(&serve.state)
             .arg("--ready-file")
             .arg(&ready)
+            .args(["--workload-uid", support::DECLARED_WORKLOAD_UID])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
@@ -291,6 +292,61 @@ fn receipt_live(state: &Path, extra: &[&str]) -> (std::process::Output, String) 
     let out = output(veris(["receipt"]).args(extra).arg("--state-dir").arg(state));
     let stdout = text(&out).0;
     (out, stdout)
+}
+
+/// A plain `serve` whose workload runs as the same uid: the workload can read
+/// seal.key and admin.token and rewrite admin.addr, so it could answer a
+/// reader as "the live proxy" itself (here: a relay in front of the real
+/// admin port, which could as well have answered with a forged chain signed
+/// by that key). No live read, pin or proxy answer may then say `verified`.
+#[test]
+fn a_workload_sharing_the_proxy_uid_never_gets_a_verified_receipt() {
+    let serve = Serve::start_same_uid("same-uid", &[]);
+    assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
+    let custody =
+        "unverified (workload may share the proxy uid, which could read seal.key and admin.token";
+    let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
+    assert!(stdout.contains(custody), "{stdout}");
+    assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+
+    // The workload points admin.addr at its own listener, which relays to the
+    // real proxy: every answer is genuine, the verdict still cannot be.
+    let real: std::net::SocketAddr = std::fs::read_to_string(serve.state.join("admin.addr"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let relay = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let stand_in = relay.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in relay.incoming().flatten() {
+            let Ok(upstream) = std::net::TcpStream::connect(real) else {
+                continue;
+            };
+            let (mut a, mut b) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+            let (mut c, mut d) = (client, upstream);
+            std::thread::spawn(move || std::io::copy(&mut a, &mut d));
+            std::thread::spawn(move || std::io::copy(&mut b, &mut c));
+        }
+    });
+    std::fs::write(serve.state.join("admin.addr"), stand_in.to_string()).unwrap();
+    let r = json(
+        &text(&output(
+            veris(["receipt", "--json", "--require-verified", "--state-dir"]).arg(&serve.state),
+        ))
+        .0,
+    );
+    assert_eq!(r["integrity"]["status"], "unverified", "{r}");
+    let key = r["seal_key"].as_str().expect("seal_key").to_string();
+    // Pinning the real key changes nothing: the workload could read it.
+    let (out, stdout) = receipt_live(&serve.state, &["--require-verified", "--key", &key]);
+    assert!(stdout.contains(custody), "{stdout}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    // The proxy's own /receipt says the same.
+    let (status, body) = serve.admin_call("GET", "/receipt?since=0");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["integrity"]["status"], "unverified", "{body}");
 }
 
 #[test]

@@ -123,7 +123,7 @@ fn admin_api_needs_its_token_and_announces_itself() {
 
 #[test]
 fn a_sealed_line_edited_and_rechained_fails_the_receipt() {
-    let mut serve = Serve::start("tamper", &[]);
+    let mut serve = Serve::start_same_uid("tamper", &[]);
     assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
     assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
     serve.stop();

@@ -393,9 +393,25 @@ pub struct Serve {
     pub process: Guard,
 }
 
+/// The workload uid the harness declares to `serve` (`--workload-uid`):
+/// the uid `nobody`, never the proxy's. Without a declared other uid, a live
+/// receipt is at most `unverified (workload may share the proxy uid)`, which
+/// is what [`Serve::start_same_uid`] tests; the other tests are about the
+/// other checks.
+pub const DECLARED_WORKLOAD_UID: &str = "65534";
+
 impl Serve {
     /// Starts `veris serve` with `extra` flags and waits for its ready file.
     pub fn start(label: &str, extra: &[&str]) -> Serve {
+        let mut flags = vec!["--workload-uid", DECLARED_WORKLOAD_UID];
+        flags.extend_from_slice(extra);
+        Serve::start_in(TempDir::new(label), &flags)
+    }
+
+    /// `veris serve` with no workload uid declared: the workload may share
+    /// the proxy's uid, as in a plain `serve` started by the user whose code
+    /// then runs.
+    pub fn start_same_uid(label: &str, extra: &[&str]) -> Serve {
         Serve::start_in(TempDir::new(label), extra)
     }
 

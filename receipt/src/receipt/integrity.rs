@@ -263,10 +263,12 @@ pub(super) fn integrity(
     }
     let seals = seals_check(&ev, keys, facts, options, w);
     // Custody only matters once the seals themselves hold: it is the last
-    // reason an offline verdict could still be forged.
+    // reason a verdict could still be forged. It holds for a live read too:
+    // a workload that can read seal.key and admin.token can also rewrite
+    // admin.addr and answer a reader as "the live proxy" itself.
     let seals_ok = seals.status == CheckStatus::Ok;
     checks.push(seals);
-    if seals_ok && !matches!(options.anchor, Anchor::Live { .. }) {
+    if seals_ok {
         if let Some(c) = custody_check(facts.session) {
             checks.push(c);
         }
@@ -440,8 +442,11 @@ fn seals_check(
     )
 }
 
-/// Offline, a key on disk is only as private as the uid that can read it: a
-/// workload sharing the proxy's uid could have re-signed everything.
+/// A key on disk is only as private as the uid that can read it: a workload
+/// sharing the proxy's uid could have re-signed everything, and (read live)
+/// could have pointed `admin.addr` at a stand-in that answers with the real
+/// key and token. Nothing in the state dir can rule that out, so neither a
+/// live read nor a pin lifts it; only the session's custody can.
 /// `session`: the newest session line at or before the window end.
 fn custody_check(session: Option<&Line>) -> Option<Check> {
     let Entry::Session {
@@ -468,7 +473,7 @@ fn custody_check(session: Option<&Line>) -> Option<Check> {
     Some(check(
         "custody",
         CheckStatus::Unverified,
-        format!("{detail}, which could read seal.key: read the receipt while the proxy is live, or run the workload as another uid"),
+        format!("{detail}, which could read seal.key and admin.token and so re-sign the ledger or stand in for the live proxy. Next: use `veris run` (its key never touches disk), or run the workload as another uid and name it with `serve --workload-uid`"),
     ))
 }
 
@@ -774,6 +779,27 @@ mod tests {
         let sealer = Sealer::ephemeral().unwrap();
         let (text, _) = finished_run(&dir, &sealer, "file", "ok");
         let i = verdict_of(&text, &pinned(&sealer, &text));
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        assert!(i.reason.unwrap().contains("workload shares the proxy uid"));
+    }
+
+    /// Read live, the answer comes from whatever `admin.addr` names, which a
+    /// workload holding the key and token could have pointed at itself.
+    #[test]
+    fn a_key_on_disk_shared_with_the_workload_caps_live_verdicts_too() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let (text, last) = finished_run(&dir, &sealer, "file", "ok");
+        let live = Options {
+            anchor: Anchor::Live {
+                seal: last.clone(),
+                public_key: sealer.public_key_hex(),
+            },
+            until: Some(last.seq),
+            proxy_live: true,
+            ..Options::default()
+        };
+        let i = verdict_of(&text, &live);
         assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
         assert!(i.reason.unwrap().contains("workload shares the proxy uid"));
     }
