@@ -149,6 +149,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         // anywhere; in the transparent tier only the workload's own traffic is
         // redirected (the proxy's uid is exempt), so the admin API leaves the
         // canary to `veris receipt` run in the sandbox. The twin it can ask.
+        after_read: Some(crate::sys::trim_heap),
         receipt_checks: Some({
             let path = a.ledger.path().to_path_buf();
             let identity = a.proxy.identity().clone();

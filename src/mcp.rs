@@ -182,13 +182,20 @@ pub struct ReceiptParams {
     pub require_verified: bool,
 }
 
+/// The arguments of `veris_baseline` and `veris_check`: none. An argument
+/// the caller believes changes something is refused, not ignored.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
 #[tool_router(router = tool_router)]
 impl Veris {
     #[tool(
         name = "veris_baseline",
         description = "Mark now, before the work whose calls you want to prove. Returns a baseline token; pass it as `since` to veris_receipt to cover exactly what happened after it. Writes nothing to the ledger."
     )]
-    async fn veris_baseline(&self) -> CallToolResult {
+    async fn veris_baseline(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
         match crate::baseline::take(&self.state_dir, None).await {
             Ok(b) => {
                 let token = b.token();
@@ -243,11 +250,9 @@ impl Veris {
             Ok(v) => v,
             Err(e) => return failure("veris_receipt", EXIT_USAGE, &e.into()),
         };
-        let failures: Vec<&str> = report
-            .text
-            .lines()
-            .filter_map(|l| l.strip_prefix("FAIL: "))
-            .collect();
+        // From the verdict, not the text: the empty sentence is the receipt's
+        // own count line there, never a `FAIL:` line.
+        let failures = &report.verdict.lines;
         let passed = report.exit_code == 0;
         let verdict = if passed { "pass" } else { "fail" };
         let mut text = report.text.clone();
@@ -271,7 +276,7 @@ impl Veris {
         name = "veris_check",
         description = "Is the veris proxy of this state dir live and on the interception path? Asks it for its canary the way intercepted traffic travels (as `veris check`); a failure is an error result with exit_code 2."
     )]
-    async fn veris_check(&self) -> CallToolResult {
+    async fn veris_check(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
         match check(&self.state_dir).await {
             Ok((outcome, structured)) => {
                 let failed = outcome.exit_code != 0;

@@ -94,11 +94,16 @@ enum Ended {
 }
 
 pub async fn run(args: RunArgs) -> Result<u8> {
-    let reqs = args.require.parse()?;
-    // Checked before anything starts: a typo must not cost a whole run.
-    known_services(&reqs, &crate::stack::routed_services(&args.proxy)?)?;
+    // First, so that a report left by an earlier run is gone even when this
+    // one stops at a usage error (which then gets a report of its own).
     let junit = Junit::start(args.junit.as_deref(), "veris run")?;
-    let ended = run_with(args, &reqs).await;
+    let ended = async {
+        let reqs = args.require.parse()?;
+        // Checked before anything starts: a typo must not cost a whole run.
+        known_services(&reqs, &crate::stack::routed_services(&args.proxy)?)?;
+        run_with(args, &reqs).await
+    }
+    .await;
     let Some(junit) = junit else {
         return ended.map(|e| match e {
             Ended::Judged { exit, .. } | Ended::NotStarted { exit, .. } => exit,

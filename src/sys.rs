@@ -1,7 +1,7 @@
 //! The one place the binary makes raw syscalls (besides the privilege drop in
 //! `transparent`): signalling a process group, the effective uid, the
 //! dumpable flag that keeps a same-uid workload out of the proxy's memory,
-//! and what the isolated run's init steps need (namespaces, mounts, an
+//! trimming the heap after a large read, and what the isolated run's init steps need (namespaces, mounts, an
 //! inherited control socket, giving up every capability before exec).
 #![allow(unsafe_code)]
 
@@ -35,6 +35,19 @@ pub fn set_non_dumpable() -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Hands the heap's free pages back to the kernel (glibc `malloc_trim`).
+/// A receipt read parses on worker threads, each with its own malloc arena;
+/// what they free stays in those arenas, so without this a `serve` that
+/// answered one `/receipt` over a large ledger kept several MB above idle.
+pub fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim(3) takes an integer and only walks glibc's own
+    // allocator state, under its locks; it is safe from any thread.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -444,6 +444,17 @@ fn junit_is_written_when_no_receipt_can_be_built() {
         xml.contains("errors=\"1\"") && xml.contains("veris-no-such-command: command not found"),
         "{xml}"
     );
+
+    // A usage error (a misspelt service): the passing report of an earlier
+    // run is replaced by one that names the error, never left behind.
+    std::fs::write(&report, "<testsuites tests=\"1\" failures=\"0\"/>").unwrap();
+    let out = run(&dir, &report, &["--require", "strpe:1"], &["true"]);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    let xml = std::fs::read_to_string(&report).expect("a report of the usage error");
+    assert!(
+        xml.contains("errors=\"1\"") && xml.contains("strpe"),
+        "{xml}"
+    );
 }
 
 #[test]

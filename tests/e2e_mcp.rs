@@ -342,6 +342,21 @@ fn mcp_tools_report_what_the_receipt_reports() {
     assert!(bad_since.contains("bad baseline"), "{bad_since}");
     assert!(bad_since.contains("Next:"), "{bad_since}");
 
+    // An empty window fails, and says why in `failures` too.
+    let later = mcp.call("veris_baseline", json!({}));
+    let later = later["structuredContent"]["baseline"].as_str().unwrap();
+    let empty = mcp.call("veris_receipt", json!({"since": later}));
+    assert!(is_error(&empty), "{empty}");
+    let failures = empty["structuredContent"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{empty}");
+    assert!(
+        failures[0]
+            .as_str()
+            .unwrap()
+            .contains("never reached its dependency"),
+        "{empty}"
+    );
+
     // Arguments that do not exist (here: one that would weaken a check) are
     // refused as invalid params, and the session goes on.
     let v = mcp.request(
@@ -350,6 +365,17 @@ fn mcp_tools_report_what_the_receipt_reports() {
     );
     assert!(v["error"].is_object() || is_error(&v["result"]), "{v}");
     mcp.alive();
+    for tool in ["veris_check", "veris_baseline"] {
+        let v = mcp.request(
+            "tools/call",
+            json!({"name": tool, "arguments": {"skip_canary": true}}),
+        );
+        assert!(
+            v["error"].is_object() || is_error(&v["result"]),
+            "{tool}: {v}"
+        );
+        mcp.alive();
+    }
 
     // Nothing secret in any result or log line.
     let token_secret = serve.token();

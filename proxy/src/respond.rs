@@ -8,7 +8,12 @@ use crate::body::{full, ProxyBody};
 
 /// A JSON answer from the proxy itself.
 pub fn json(status: StatusCode, body: Value) -> Response<ProxyBody> {
-    let mut resp = Response::new(full(body.to_string()));
+    json_text(status, body.to_string())
+}
+
+/// [`json`] of a body already serialized.
+pub fn json_text(status: StatusCode, body: String) -> Response<ProxyBody> {
+    let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(

@@ -29,6 +29,8 @@ pub enum RequirementError {
     Count(String),
     #[error("bad request requirement `{0}`; expected 'SERVICE METHOD /path', e.g. 'stripe POST /v1/charges'")]
     Request(String),
+    #[error("request requirement `{0}` has a query; requirements match the method and path only. Next: drop the `?…`")]
+    Query(String),
 }
 
 fn parse_counted(s: &str, what: &'static str) -> Result<(String, u64), RequirementError> {
@@ -74,10 +76,16 @@ impl Requirement {
         if !path.starts_with('/') || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
             return Err(RequirementError::Request(s.into()));
         }
+        // The receipt lists paths without their (redacted) queries, so a
+        // query here could never be checked: refused, not silently dropped.
+        if path.contains(['?', '#']) {
+            return Err(RequirementError::Query(s.into()));
+        }
+        // Methods are matched as written in upper case (`post` is POST).
         Ok(Requirement::Request {
             service: service.to_string(),
             method: method.to_ascii_uppercase(),
-            path: strip_query(path).to_string(),
+            path: path.to_string(),
         })
     }
 }
@@ -258,5 +266,41 @@ pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict
         exit_code: if lines.is_empty() { 0 } else { EXIT_UNMET },
         lines,
         outcomes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_requirement_is_service_method_and_path_and_nothing_else() {
+        assert_eq!(
+            Requirement::parse_request("stripe post /v1/charges").unwrap(),
+            Requirement::Request {
+                service: "stripe".into(),
+                method: "POST".into(),
+                path: "/v1/charges".into(),
+            }
+        );
+        for bad in [
+            "stripe POST /v1/charges?limit=3",
+            "stripe POST /v1/charges#x",
+        ] {
+            let e = Requirement::parse_request(bad).unwrap_err();
+            assert_eq!(e, RequirementError::Query(bad.into()));
+            assert!(e.to_string().contains("Next:"), "{e}");
+        }
+        for bad in [
+            "stripe POST",
+            "stripe POST v1/charges",
+            "stripe P0ST /x",
+            "a b c d",
+        ] {
+            assert_eq!(
+                Requirement::parse_request(bad),
+                Err(RequirementError::Request(bad.into()))
+            );
+        }
     }
 }
