@@ -1,16 +1,18 @@
 //! `veris har`: the receipt's window as a HAR 1.2 document, for HAR viewers
 //! and devtools. The receipt is built exactly as `veris receipt` builds it
-//! (`receipt_cmd::build`: same window rules, same live checks, same
-//! integrity verdict); the HAR is then a second pass over that window of
-//! the ledger (`veris_receipt::har`). The exit code is the receipt's with
-//! no requirement and an empty window allowed: 0, or 3 when integrity
-//! failed or a vendor host refused the veris certificate (the HAR is still
-//! written, its `log.comment` says why); 1 when no HAR could be made.
+//! (`receipt_cmd::build_with`: same window rules, same live checks, same
+//! integrity verdict), and the HAR (`veris_receipt::har`) is folded over the
+//! same lines in the same pass, so it shows exactly what the verdict was
+//! reached on. The exit code is the receipt's with no requirement and an
+//! empty window allowed: 0, or 3 when integrity failed or a vendor host
+//! refused the veris certificate (the HAR is still written, its
+//! `log.comment` says why); 1 when no HAR could be made.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use veris_receipt::har::HarBuilder;
 use veris_receipt::receipt::CheckStatus;
 
 use crate::receipt_cmd::{ReceiptArgs, RequireArgs};
@@ -56,13 +58,14 @@ pub async fn har(args: HarArgs) -> Result<u8> {
             ..RequireArgs::default()
         },
     };
-    let report = crate::receipt_cmd::build(&receipt_args).await?;
-    let path = match &args.ledger {
-        Some(p) => p.clone(),
-        None => crate::state_dir(args.state_dir.clone()).join("ledger.jsonl"),
-    };
-    let har = veris_receipt::har::build_file(&path, &report.receipt, args.service.as_deref())
-        .with_context(|| format!("reading ledger {}", path.display()))?;
+    // One pass over the file for both: the HAR holds exactly the lines the
+    // receipt's verdict was reached on, whatever happens to the file after.
+    let mut har = HarBuilder::new(args.service.as_deref());
+    let report = crate::receipt_cmd::build_with(&receipt_args, |line, fold| {
+        har.line(line, fold.window_so_far())
+    })
+    .await?;
+    let har = har.finish(&report.receipt);
     let mut json = serde_json::to_string_pretty(&har).context("encoding the HAR")?;
     json.push('\n');
     match &args.output {

@@ -2,7 +2,7 @@
 //! devtools, proxies and HAR viewers read): one entry per `request` line of
 //! the window a receipt covers. It is a view of the record, never a second
 //! judgement of it: the window and the integrity verdict are the receipt's
-//! ([`HarBuilder::new`] takes the built [`Receipt`]), and every field comes
+//! ([`HarBuilder::finish`] takes the built [`Receipt`]), and every field comes
 //! from the ledger line or is marked unknown (`-1`, `""`, `[]`). The ledger
 //! is redacted when written, so nothing here can carry more than it does.
 //!
@@ -16,7 +16,9 @@
 //! twin and integrity for the log.
 //!
 //! Like the receipt, it is a fold ([`HarBuilder::line`]) over verified
-//! lines in file order; only the entries are kept.
+//! lines in file order, in the same pass as the receipt's own
+//! ([`crate::receipt::build_file_with`]): the HAR shows exactly the lines
+//! the verdict in its comment was reached on. Only the entries are kept.
 
 use serde::{Deserialize, Serialize};
 
@@ -162,46 +164,33 @@ const TIMINGS_COMMENT: &str = "wait: from the request head reaching the proxy to
 
 /// The HAR of a receipt's window, as a fold over the ledger's lines.
 pub struct HarBuilder {
-    window: Window,
     service: Option<String>,
+    /// The window's start as the fold stands: entries at or before it are
+    /// gone (a later session line moved the latest session's start).
+    since: u64,
     entries: Vec<HarEntry>,
-    log: LogVeris,
-    comment: String,
 }
 
 impl HarBuilder {
-    /// For the window `receipt` covers, with its integrity verdict; only
-    /// `service`'s requests when given (as `veris receipt --service`).
-    pub fn new(receipt: &Receipt, service: Option<&str>) -> HarBuilder {
-        let w = receipt.window;
-        let scope = match w.scope {
-            crate::receipt::Scope::Session => "latest session",
-            crate::receipt::Scope::All => "whole ledger",
-            crate::receipt::Scope::Baseline => "since baseline",
-        };
-        let comment = format!(
-            "veris ledger, seq {}..={} ({scope}); integrity: {}",
-            w.since_seq.saturating_add(1),
-            w.until_seq,
-            crate::receipt::integrity_text(&receipt.integrity)
-        );
+    /// Only `service`'s requests when given (as `veris receipt --service`).
+    pub fn new(service: Option<&str>) -> HarBuilder {
         HarBuilder {
-            window: w,
             service: service.map(str::to_string),
+            since: 0,
             entries: Vec::new(),
-            log: LogVeris {
-                twin: receipt.twin.clone(),
-                window: w,
-                integrity: receipt.integrity.status,
-                integrity_reason: receipt.integrity.reason.clone(),
-            },
-            comment,
         }
     }
 
-    /// Takes the next verified line.
-    pub fn line(&mut self, line: &Line) {
-        if line.seq <= self.window.since_seq || line.seq > self.window.until_seq {
+    /// Takes the next verified line, with the receipt's window as its fold
+    /// stands after that line (`since < seq <= until`, see
+    /// [`crate::receipt::Builder::window_so_far`]), so both read the same
+    /// lines in one pass.
+    pub fn line(&mut self, line: &Line, (since, until): (u64, u64)) {
+        if since > self.since {
+            self.entries.retain(|e| e.veris.seq > since);
+            self.since = since;
+        }
+        if line.seq <= since || line.seq > until {
             return;
         }
         let wanted = |s: &str| self.service.as_deref().is_none_or(|w| w == s);
@@ -294,7 +283,23 @@ impl HarBuilder {
         }
     }
 
-    pub fn finish(self) -> Har {
+    /// The HAR, with `receipt`'s window and integrity verdict: the receipt
+    /// built from the same lines.
+    pub fn finish(mut self, receipt: &Receipt) -> Har {
+        let w = receipt.window;
+        self.entries
+            .retain(|e| e.veris.seq > w.since_seq && e.veris.seq <= w.until_seq);
+        let scope = match w.scope {
+            crate::receipt::Scope::Session => "latest session",
+            crate::receipt::Scope::All => "whole ledger",
+            crate::receipt::Scope::Baseline => "since baseline",
+        };
+        let comment = format!(
+            "veris ledger, seq {}..={} ({scope}); integrity: {}",
+            w.since_seq.saturating_add(1),
+            w.until_seq,
+            crate::receipt::integrity_text(&receipt.integrity)
+        );
         Har {
             log: Log {
                 version: HAR_VERSION.into(),
@@ -303,35 +308,32 @@ impl HarBuilder {
                     version: env!("CARGO_PKG_VERSION").into(),
                 },
                 entries: self.entries,
-                comment: self.comment,
-                veris: self.log,
+                comment,
+                veris: LogVeris {
+                    twin: receipt.twin.clone(),
+                    window: w,
+                    integrity: receipt.integrity.status,
+                    integrity_reason: receipt.integrity.reason.clone(),
+                },
             },
         }
     }
 }
 
-/// The HAR of `receipt`'s window over `lines` (verified, in file order).
+/// The HAR of `receipt`'s window over `lines` (verified, in file order),
+/// for a caller that holds the lines; a file is read once for both with
+/// [`crate::receipt::build_file_with`] and a [`HarBuilder`].
 pub fn build<'l>(
     lines: impl IntoIterator<Item = &'l Line>,
     receipt: &Receipt,
     service: Option<&str>,
 ) -> Har {
-    let mut b = HarBuilder::new(receipt, service);
+    let mut b = HarBuilder::new(service);
+    let w = receipt.window;
     for line in lines {
-        b.line(line);
+        b.line(line, (w.since_seq, w.until_seq));
     }
-    b.finish()
-}
-
-/// [`build`] streaming a ledger file (a missing file is an empty ledger).
-pub fn build_file(
-    path: &std::path::Path,
-    receipt: &Receipt,
-    service: Option<&str>,
-) -> Result<Har, crate::LedgerError> {
-    let mut b = HarBuilder::new(receipt, service);
-    crate::ledger::scan_file(path, crate::ledger::PROBLEM_CAP, |line, _, _| b.line(line))?;
-    Ok(b.finish())
+    b.finish(receipt)
 }
 
 fn size(n: u64) -> i64 {
@@ -656,6 +658,50 @@ mod tests {
         );
         let back: Har = serde_json::from_str(&text).unwrap();
         assert_eq!(back, har);
+    }
+
+    /// One pass over a file (the receipt's fold and the HAR's together)
+    /// gives the HAR the lines in memory give, on the golden ledgers (one
+    /// of them has two sessions) for every window.
+    #[test]
+    fn one_pass_over_a_file_equals_the_whole_read() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let mut entries = 0;
+        for name in ["basic", "empty", "evidence", "rich", "upstream-error"] {
+            let path = dir.join(format!("{name}.jsonl"));
+            let read = crate::ledger::read(&path).unwrap();
+            let last = read.head.0;
+            for scope in [
+                WindowSpec::LatestSession,
+                WindowSpec::All,
+                WindowSpec::Since(last / 2),
+            ] {
+                for until in [None, Some(last / 3), Some(last + 5)] {
+                    let options = Options {
+                        scope,
+                        until,
+                        ..Options::default()
+                    };
+                    let mut b = HarBuilder::new(None);
+                    let r = receipt::build_file_with(&path, &options, |line, fold| {
+                        b.line(line, fold.window_so_far())
+                    })
+                    .unwrap();
+                    assert_eq!(r, receipt::build(&read, &options));
+                    let streamed = b.finish(&r);
+                    let whole = build(&read.lines, &r, None);
+                    assert_eq!(streamed, whole, "{name} {scope:?} {until:?}");
+                    let requests = r.total_requests();
+                    assert_eq!(
+                        streamed.log.entries.len() as u64,
+                        requests,
+                        "{name} {scope:?} {until:?}"
+                    );
+                    entries += streamed.log.entries.len();
+                }
+            }
+        }
+        assert!(entries > 25, "{entries}");
     }
 
     #[test]

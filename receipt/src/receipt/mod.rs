@@ -34,7 +34,7 @@ mod require;
 mod text;
 mod tls;
 
-pub use build::{build, build_file, Builder};
+pub use build::{build, build_file, build_file_with, Builder};
 pub use integrity::PROXY_NOT_LIVE;
 pub use junit::{render_junit, render_junit_error, JunitContext};
 pub use require::{evaluate, Assertion, Outcome, Requirement, RequirementError, Verdict};
