@@ -8,6 +8,7 @@ mod check;
 mod confine;
 mod demo;
 mod handover;
+mod har_cmd;
 mod isolate;
 mod junit;
 mod live;
@@ -57,6 +58,9 @@ enum Command {
     Run(run::RunArgs),
     /// Summarize what reached the twin, from a state dir or a ledger file.
     Receipt(receipt_cmd::ReceiptArgs),
+    /// Export the receipt's window as a HAR 1.2 document (one entry per request
+    /// that reached the twin), for HAR viewers and browser devtools.
+    Har(har_cmd::HarArgs),
     /// Check that this run's proxy answers the canary on the interception path (exit 2 if not).
     Check(check::CheckArgs),
     /// Print a token marking now, for `veris receipt --since TOKEN`.
@@ -160,6 +164,7 @@ fn main() -> ExitCode {
             }
             Command::Run(args) => run::run(args).await,
             Command::Receipt(args) => receipt_cmd::receipt(args).await,
+            Command::Har(args) => har_cmd::har(args).await,
             Command::Check(args) => check::check(args).await,
             Command::Baseline(args) => baseline::baseline(args).await,
             Command::Twin(args) => twin_cmd::twin(args).await,

@@ -10,7 +10,7 @@ use veris_receipt::receipt::{
     self, Anchor, Check, CheckStatus, Options, Receipt, Requirement, WindowSpec,
 };
 use veris_receipt::seal::{Pin, PublicKeys};
-use veris_receipt::ListenerTier;
+use veris_receipt::{Line, ListenerTier};
 
 use crate::baseline::Baseline;
 use crate::live::{Discovery, ServiceRef};
@@ -169,6 +169,16 @@ fn print(args: &ReceiptArgs, report: &Report) -> Result<()> {
 /// receipt` prints it, the MCP tool returns it. An error is a usage error
 /// (exit 1): bad arguments, no ledger, a live proxy that cannot be asked.
 pub async fn build(args: &ReceiptArgs) -> Result<Report> {
+    build_with(args, |_, _| {}).await
+}
+
+/// [`build`], handing every line the receipt reads to `visit` in the same
+/// pass, with the receipt's fold as it stands after the line (`veris har`
+/// builds its document from exactly the lines the verdict was reached on).
+pub async fn build_with(
+    args: &ReceiptArgs,
+    visit: impl FnMut(&Line, &receipt::Builder<'_>),
+) -> Result<Report> {
     let reqs = args.require.parse()?;
     let baseline = match &args.since {
         Some(t) => Some(Baseline::parse(t)?),
@@ -320,7 +330,7 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
         }
     };
     // The receipt is a fold over the file, a line at a time.
-    let built = receipt::build_file(&path, &options)
+    let built = receipt::build_file_with(&path, &options, visit)
         .with_context(|| format!("reading ledger {}", path.display()))?;
     Ok(judge(built, &reqs, args.require.allow_empty))
 }

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod entry;
+pub mod har;
 pub mod hash;
 pub mod ledger;
 pub mod receipt;

@@ -196,7 +196,7 @@ pub fn now_rfc3339() -> String {
     format_ts(time::OffsetDateTime::now_utc())
 }
 
-fn format_ts(t: time::OffsetDateTime) -> String {
+pub(crate) fn format_ts(t: time::OffsetDateTime) -> String {
     let t = t.to_offset(time::UtcOffset::UTC);
     format!(
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",

@@ -39,9 +39,23 @@ pub fn build_file(
     path: &std::path::Path,
     options: &Options,
 ) -> Result<Receipt, crate::LedgerError> {
+    build_file_with(path, options, |_, _| {})
+}
+
+/// [`build_file`] that also hands every line to `visit` in the same pass,
+/// after the fold took it, with the window as it stands then
+/// ([`Builder::window_so_far`]): another view of the window (the HAR) then
+/// reads exactly the lines the receipt judged, never a second read of a
+/// file the workload could have changed in between.
+pub fn build_file_with(
+    path: &std::path::Path,
+    options: &Options,
+    mut visit: impl FnMut(&Line, &Builder<'_>),
+) -> Result<Receipt, crate::LedgerError> {
     let mut b = Builder::new(options);
     let read = crate::ledger::scan_file(path, crate::ledger::PROBLEM_CAP, |line, hash, _| {
-        b.line(line, hash)
+        b.line(line, hash);
+        visit(line, &b);
     })?;
     Ok(b.finish(&read))
 }
@@ -101,6 +115,13 @@ impl<'o> Builder<'o> {
             },
             call: String::new(),
         }
+    }
+
+    /// The window the lines so far put the receipt in: `since < seq <=
+    /// until` (a later session line may still move `since` forward, never
+    /// back).
+    pub fn window_so_far(&self) -> (u64, u64) {
+        (self.w.since, self.until)
     }
 
     /// Takes the next verified line and its hash.

@@ -15,7 +15,8 @@
 //!
 //! Modules: the model and options here, `build` (the window and what
 //! reached the twin, trust failures), `leaks`, `integrity`, `text`, `require`,
-//! `junit` (the verdict as a JUnit XML report).
+//! `junit` (the verdict as a JUnit XML report). The window as a HAR
+//! document is the crate's `har` module.
 
 use std::collections::BTreeMap;
 
@@ -33,10 +34,11 @@ mod require;
 mod text;
 mod tls;
 
-pub use build::{build, build_file, Builder};
+pub use build::{build, build_file, build_file_with, Builder};
 pub use integrity::PROXY_NOT_LIVE;
 pub use junit::{render_junit, render_junit_error, JunitContext};
 pub use require::{evaluate, Assertion, Outcome, Requirement, RequirementError, Verdict};
+pub(crate) use text::integrity_text;
 pub use text::render_text;
 
 /// Version of the receipt JSON, written in its `version` field.

@@ -7,7 +7,7 @@ use crate::entry::{ListenerTier, Mode};
 
 use super::*;
 
-pub(super) fn integrity_text(i: &Integrity) -> String {
+pub(crate) fn integrity_text(i: &Integrity) -> String {
     let word = match i.status {
         IntegrityStatus::Verified => "verified",
         IntegrityStatus::Unverified => "unverified",

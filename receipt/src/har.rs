@@ -1,0 +1,719 @@
+//! The ledger window as a HAR 1.2 document (HTTP Archive, the format browser
+//! devtools, proxies and HAR viewers read): one entry per `request` line of
+//! the window a receipt covers. It is a view of the record, never a second
+//! judgement of it: the window and the integrity verdict are the receipt's
+//! ([`HarBuilder::finish`] takes the built [`Receipt`]), and every field comes
+//! from the ledger line or is marked unknown (`-1`, `""`, `[]`). The ledger
+//! is redacted when written, so nothing here can carry more than it does.
+//!
+//! What the ledger does not record, and how the HAR says so: the scheme
+//! (URLs are written `https://`, the vendor APIs' scheme), response headers
+//! and content type (empty), header sizes (`-1`), the split of the time
+//! between sending and waiting (the line's duration runs from the request
+//! head to the twin's response head: all of it is `wait`, `send` and
+//! `receive` are `-1`). veris's own facts go in `_veris` fields (HAR's
+//! custom-field prefix): seq, service, tier and outcome per entry; window,
+//! twin and integrity for the log.
+//!
+//! Like the receipt, it is a fold ([`HarBuilder::line`]) over verified
+//! lines in file order, in the same pass as the receipt's own
+//! ([`crate::receipt::build_file_with`]): the HAR shows exactly the lines
+//! the verdict in its comment was reached on. Only the entries are kept.
+
+use serde::{Deserialize, Serialize};
+
+use crate::entry::{Entry, Line, ListenerTier};
+use crate::receipt::{IntegrityStatus, Receipt, Window};
+
+/// The HAR version written in `log.version`.
+pub const HAR_VERSION: &str = "1.2";
+
+/// A HAR document: `{"log": …}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Har {
+    pub log: Log,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Log {
+    pub version: String,
+    pub creator: Creator,
+    pub entries: Vec<HarEntry>,
+    /// The window and the receipt's integrity verdict, in words.
+    pub comment: String,
+    #[serde(rename = "_veris")]
+    pub veris: LogVeris,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Creator {
+    pub name: String,
+    pub version: String,
+}
+
+/// The receipt's facts about the window, as the receipt states them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogVeris {
+    /// The twin's sandbox id, from the session line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub twin: Option<String>,
+    pub window: Window,
+    pub integrity: IntegrityStatus,
+    /// Why integrity is not `verified`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity_reason: Option<String>,
+}
+
+/// One request the proxy forwarded to the twin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HarEntry {
+    /// When the request head reached the proxy: the line's time less its
+    /// duration (the line is written when the twin's answer arrives).
+    pub started_date_time: String,
+    /// Total milliseconds: the sum of the timings that are not `-1`.
+    pub time: i64,
+    pub request: Request,
+    pub response: Response,
+    pub cache: Cache,
+    pub timings: Timings,
+    #[serde(rename = "_veris")]
+    pub veris: EntryVeris,
+}
+
+/// A header, query parameter or cookie.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameValue {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    pub method: String,
+    pub url: String,
+    pub http_version: String,
+    /// Never recorded (the ledger redacts cookies): always empty.
+    pub cookies: Vec<NameValue>,
+    /// The request headers the ledger keeps (few, redacted), often none.
+    pub headers: Vec<NameValue>,
+    /// The recorded (redacted) query, split at `&` and `=`, not decoded.
+    pub query_string: Vec<NameValue>,
+    pub headers_size: i64,
+    /// Request body bytes forwarded when the twin's answer arrived.
+    pub body_size: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Response {
+    pub status: u16,
+    /// The standard reason phrase of the status, `""` for others.
+    pub status_text: String,
+    pub http_version: String,
+    pub cookies: Vec<NameValue>,
+    pub headers: Vec<NameValue>,
+    pub content: Content,
+    #[serde(rename = "redirectURL")]
+    pub redirect_url: String,
+    pub headers_size: i64,
+    /// The body length the twin declared, or what reached the client when
+    /// the body ended short; `-1` when neither is known.
+    pub body_size: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Content {
+    /// The length the twin declared, `-1` when it did not.
+    pub size: i64,
+    pub mime_type: String,
+}
+
+/// Nothing is cached by the proxy: `{}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cache {}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    pub send: i64,
+    pub wait: i64,
+    pub receive: i64,
+    pub comment: String,
+}
+
+/// veris's own facts about an entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EntryVeris {
+    pub seq: u64,
+    pub service: String,
+    pub tier: ListenerTier,
+    /// `completed`; `client_gone` (the twin answered, the client had left);
+    /// or why the body ended short (`twin_cut`, `client_gone`) when a
+    /// `response_incomplete` line follows the request.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub websocket: bool,
+    /// Body bytes handed to the client, when the body ended short.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered: Option<u64>,
+}
+
+const TIMINGS_COMMENT: &str = "wait: from the request head reaching the proxy to the twin's response head (sending included); send and receive not recorded";
+
+/// The HAR of a receipt's window, as a fold over the ledger's lines.
+pub struct HarBuilder {
+    service: Option<String>,
+    /// The window's start as the fold stands: entries at or before it are
+    /// gone (a later session line moved the latest session's start).
+    since: u64,
+    entries: Vec<HarEntry>,
+}
+
+impl HarBuilder {
+    /// Only `service`'s requests when given (as `veris receipt --service`).
+    pub fn new(service: Option<&str>) -> HarBuilder {
+        HarBuilder {
+            service: service.map(str::to_string),
+            since: 0,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Takes the next verified line, with the receipt's window as its fold
+    /// stands after that line (`since < seq <= until`, see
+    /// [`crate::receipt::Builder::window_so_far`]), so both read the same
+    /// lines in one pass.
+    pub fn line(&mut self, line: &Line, (since, until): (u64, u64)) {
+        if since > self.since {
+            self.entries.retain(|e| e.veris.seq > since);
+            self.since = since;
+        }
+        if line.seq <= since || line.seq > until {
+            return;
+        }
+        let wanted = |s: &str| self.service.as_deref().is_none_or(|w| w == s);
+        match &line.entry {
+            Entry::Request {
+                service,
+                host,
+                method,
+                path,
+                query,
+                status,
+                http,
+                tier,
+                bytes_in,
+                bytes_out,
+                duration_ms,
+                headers,
+                websocket,
+                client_gone,
+                ..
+            } if wanted(service) => {
+                let duration = i64::try_from(*duration_ms).unwrap_or(i64::MAX);
+                let declared = bytes_out.map_or(-1, size);
+                self.entries.push(HarEntry {
+                    started_date_time: started(&line.ts, *duration_ms),
+                    time: duration,
+                    request: Request {
+                        method: method.clone(),
+                        url: url(host, path, query.as_deref()),
+                        http_version: http.clone(),
+                        cookies: Vec::new(),
+                        headers: headers
+                            .iter()
+                            .map(|(name, value)| NameValue {
+                                name: name.clone(),
+                                value: value.clone(),
+                            })
+                            .collect(),
+                        query_string: query.as_deref().map(query_string).unwrap_or_default(),
+                        headers_size: -1,
+                        body_size: size(*bytes_in),
+                    },
+                    response: Response {
+                        status: *status,
+                        status_text: status_text(*status).to_string(),
+                        http_version: http.clone(),
+                        cookies: Vec::new(),
+                        headers: Vec::new(),
+                        content: Content {
+                            size: declared,
+                            mime_type: String::new(),
+                        },
+                        redirect_url: String::new(),
+                        headers_size: -1,
+                        body_size: declared,
+                    },
+                    cache: Cache {},
+                    timings: Timings {
+                        send: -1,
+                        wait: duration,
+                        receive: -1,
+                        comment: TIMINGS_COMMENT.into(),
+                    },
+                    veris: EntryVeris {
+                        seq: line.seq,
+                        service: service.clone(),
+                        tier: *tier,
+                        outcome: if *client_gone {
+                            "client_gone".into()
+                        } else {
+                            "completed".into()
+                        },
+                        websocket: *websocket,
+                        delivered: None,
+                    },
+                });
+            }
+            // Follows its request line: what the client actually got.
+            Entry::ResponseIncomplete {
+                of, bytes, reason, ..
+            } => {
+                if let Ok(i) = self.entries.binary_search_by_key(of, |e| e.veris.seq) {
+                    let e = &mut self.entries[i];
+                    e.veris.outcome = reason.clone();
+                    e.veris.delivered = Some(*bytes);
+                    e.response.body_size = size(*bytes);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The HAR, with `receipt`'s window and integrity verdict: the receipt
+    /// built from the same lines.
+    pub fn finish(mut self, receipt: &Receipt) -> Har {
+        let w = receipt.window;
+        self.entries
+            .retain(|e| e.veris.seq > w.since_seq && e.veris.seq <= w.until_seq);
+        let scope = match w.scope {
+            crate::receipt::Scope::Session => "latest session",
+            crate::receipt::Scope::All => "whole ledger",
+            crate::receipt::Scope::Baseline => "since baseline",
+        };
+        let comment = format!(
+            "veris ledger, seq {}..={} ({scope}); integrity: {}",
+            w.since_seq.saturating_add(1),
+            w.until_seq,
+            crate::receipt::integrity_text(&receipt.integrity)
+        );
+        Har {
+            log: Log {
+                version: HAR_VERSION.into(),
+                creator: Creator {
+                    name: "veris".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                },
+                entries: self.entries,
+                comment,
+                veris: LogVeris {
+                    twin: receipt.twin.clone(),
+                    window: w,
+                    integrity: receipt.integrity.status,
+                    integrity_reason: receipt.integrity.reason.clone(),
+                },
+            },
+        }
+    }
+}
+
+/// The HAR of `receipt`'s window over `lines` (verified, in file order),
+/// for a caller that holds the lines; a file is read once for both with
+/// [`crate::receipt::build_file_with`] and a [`HarBuilder`].
+pub fn build<'l>(
+    lines: impl IntoIterator<Item = &'l Line>,
+    receipt: &Receipt,
+    service: Option<&str>,
+) -> Har {
+    let mut b = HarBuilder::new(service);
+    let w = receipt.window;
+    for line in lines {
+        b.line(line, (w.since_seq, w.until_seq));
+    }
+    b.finish(receipt)
+}
+
+fn size(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `https://host/path?query`. An IPv6 literal gets its brackets.
+fn url(host: &str, path: &str, query: Option<&str>) -> String {
+    let mut url = String::with_capacity(8 + host.len() + path.len() + 64);
+    url.push_str("https://");
+    if host.contains(':') && !host.starts_with('[') {
+        url.push('[');
+        url.push_str(host);
+        url.push(']');
+    } else {
+        url.push_str(host);
+    }
+    if !path.starts_with('/') {
+        url.push('/');
+    }
+    url.push_str(path);
+    if let Some(q) = query.filter(|q| !q.is_empty()) {
+        url.push('?');
+        url.push_str(q);
+    }
+    url
+}
+
+/// `a=1&b&c=x=y` → `a`:`1`, `b`:``, `c`:`x=y`, as recorded (not decoded).
+fn query_string(q: &str) -> Vec<NameValue> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (name, value) = p.split_once('=').unwrap_or((p, ""));
+            NameValue {
+                name: name.to_string(),
+                value: value.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// The line's time less `duration_ms`, in the ledger's form; the recorded
+/// text itself when it is not RFC 3339 (a line the writer did not write).
+fn started(ts: &str, duration_ms: u64) -> String {
+    use time::format_description::well_known::Rfc3339;
+    let Ok(at) = time::OffsetDateTime::parse(ts, &Rfc3339) else {
+        return ts.to_string();
+    };
+    let back = time::Duration::milliseconds(i64::try_from(duration_ms).unwrap_or(i64::MAX));
+    match at.checked_sub(back) {
+        Some(t) => crate::ledger::format_ts(t),
+        None => ts.to_string(),
+    }
+}
+
+/// The standard reason phrase of the statuses a vendor API answers with.
+fn status_text(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        402 => "Payment Required",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        415 => "Unsupported Media Type",
+        416 => "Range Not Satisfiable",
+        421 => "Misdirected Request",
+        422 => "Unprocessable Content",
+        428 => "Precondition Required",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::LedgerRead;
+    use crate::receipt::{self, Options, WindowSpec};
+
+    fn line(seq: u64, entry: Entry) -> Line {
+        Line {
+            v: 3,
+            seq,
+            ts: "2026-11-29T07:28:19.123Z".into(),
+            entry,
+            prev: String::new(),
+        }
+    }
+
+    fn req(seq: u64, service: &str, path: &str, query: Option<&str>) -> Line {
+        line(
+            seq,
+            Entry::Request {
+                service: service.into(),
+                host: "api.stripe.com".into(),
+                method: "POST".into(),
+                path: path.into(),
+                query: query.map(str::to_string),
+                status: 201,
+                http: "HTTP/2".into(),
+                tier: ListenerTier::Explicit,
+                bytes_in: 27,
+                bytes_out: Some(512),
+                duration_ms: 1_250,
+                upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
+                headers: vec![("stripe-version".into(), "2024-06-20".into())],
+                websocket: false,
+                client_gone: false,
+            },
+        )
+    }
+
+    fn har_of(lines: Vec<Line>, scope: WindowSpec, service: Option<&str>) -> Har {
+        let read = LedgerRead {
+            head: (lines.last().map_or(0, |l| l.seq), String::new()),
+            lines,
+            ..LedgerRead::default()
+        };
+        let options = Options {
+            scope,
+            service: service.map(str::to_string),
+            ..Options::default()
+        };
+        let r = receipt::build(&read, &options);
+        build(&read.lines, &r, service)
+    }
+
+    fn ledger() -> Vec<Line> {
+        vec![
+            req(
+                1,
+                "stripe",
+                "/v1/charges",
+                Some("expand=customer&key=[redacted]&flag"),
+            ),
+            req(2, "github", "/repos", None),
+            line(
+                3,
+                Entry::ResponseIncomplete {
+                    of: 1,
+                    service: "stripe".into(),
+                    bytes: 100,
+                    declared: Some(512),
+                    reason: "twin_cut".into(),
+                },
+            ),
+            line(
+                4,
+                Entry::Blocked {
+                    host: "example.org".into(),
+                    port: 443,
+                    tier: ListenerTier::Explicit,
+                    method: None,
+                    path: None,
+                    reason: "mode".into(),
+                    dst: None,
+                },
+            ),
+            req(5, "stripe", "/v1/customers", None),
+        ]
+    }
+
+    #[test]
+    fn one_entry_per_request_line_with_what_the_line_says() {
+        let har = har_of(ledger(), WindowSpec::All, None);
+        let log = &har.log;
+        assert_eq!(log.version, "1.2");
+        assert_eq!(log.creator.name, "veris");
+        let seqs: Vec<u64> = log.entries.iter().map(|e| e.veris.seq).collect();
+        assert_eq!(
+            seqs,
+            [1, 2, 5],
+            "blocked and incomplete lines are not entries"
+        );
+        let e = &log.entries[0];
+        assert_eq!(
+            e.request.url,
+            "https://api.stripe.com/v1/charges?expand=customer&key=[redacted]&flag"
+        );
+        let q: Vec<(&str, &str)> = e
+            .request
+            .query_string
+            .iter()
+            .map(|p| (p.name.as_str(), p.value.as_str()))
+            .collect();
+        assert_eq!(
+            q,
+            [("expand", "customer"), ("key", "[redacted]"), ("flag", "")]
+        );
+        assert_eq!(e.request.headers[0].name, "stripe-version");
+        assert_eq!(e.request.body_size, 27);
+        assert_eq!(e.request.headers_size, -1);
+        assert!(e.request.cookies.is_empty());
+        assert_eq!(
+            (e.response.status, e.response.status_text.as_str()),
+            (201, "Created")
+        );
+        assert_eq!(e.response.http_version, "HTTP/2");
+        assert_eq!(e.response.content.size, 512);
+        // The body ended short: what reached the client, and why.
+        assert_eq!(e.response.body_size, 100);
+        assert_eq!(e.veris.outcome, "twin_cut");
+        assert_eq!(e.veris.delivered, Some(100));
+        assert_eq!(log.entries[2].veris.outcome, "completed");
+        assert_eq!(log.entries[2].response.body_size, 512);
+        // Started when the head arrived: the line's time less its duration.
+        assert_eq!(e.started_date_time, "2026-11-29T07:28:17.873Z");
+        assert_eq!(
+            (e.timings.send, e.timings.wait, e.timings.receive),
+            (-1, 1250, -1)
+        );
+        assert_eq!(e.time, 1250);
+        // The receipt's verdict, not a second one.
+        assert_eq!(log.veris.integrity, IntegrityStatus::Unverified);
+        assert!(
+            log.comment
+                .starts_with("veris ledger, seq 1..=5 (whole ledger); integrity: unverified ("),
+            "{}",
+            log.comment
+        );
+    }
+
+    #[test]
+    fn the_window_and_service_narrow_it() {
+        let har = har_of(ledger(), WindowSpec::Since(2), None);
+        let seqs: Vec<u64> = har.log.entries.iter().map(|e| e.veris.seq).collect();
+        assert_eq!(seqs, [5]);
+        assert_eq!(har.log.veris.window.since_seq, 2);
+        assert!(har.log.comment.contains("seq 3..=5 (since baseline)"));
+        let har = har_of(ledger(), WindowSpec::All, Some("github"));
+        let seqs: Vec<u64> = har.log.entries.iter().map(|e| e.veris.seq).collect();
+        assert_eq!(seqs, [2]);
+        // An empty window is a HAR with no entries.
+        let har = har_of(ledger(), WindowSpec::Since(5), None);
+        assert!(har.log.entries.is_empty());
+        let json = serde_json::to_value(&har).unwrap();
+        assert_eq!(json["log"]["entries"], serde_json::json!([]));
+        let har = har_of(Vec::new(), WindowSpec::LatestSession, None);
+        assert!(har.log.entries.is_empty());
+    }
+
+    #[test]
+    fn json_has_the_har_names_and_reads_back() {
+        let har = har_of(ledger(), WindowSpec::All, None);
+        let json = serde_json::to_value(&har).unwrap();
+        let e = &json["log"]["entries"][0];
+        for key in [
+            "startedDateTime",
+            "time",
+            "request",
+            "response",
+            "cache",
+            "timings",
+            "_veris",
+        ] {
+            assert!(e.get(key).is_some(), "{key}: {e}");
+        }
+        assert_eq!(e["cache"], serde_json::json!({}));
+        assert_eq!(e["request"]["httpVersion"], "HTTP/2");
+        assert!(e["request"]["queryString"].is_array());
+        assert_eq!(e["response"]["redirectURL"], "");
+        assert_eq!(e["response"]["content"]["mimeType"], "");
+        assert_eq!(e["_veris"]["tier"], "explicit");
+        assert_eq!(json["log"]["_veris"]["integrity"], "unverified");
+        let back: Har = serde_json::from_value(json).unwrap();
+        assert_eq!(back, har);
+    }
+
+    #[test]
+    fn hostile_text_stays_valid_json() {
+        let mut l = req(
+            1,
+            "s\"<x>",
+            "/v1/\"</script>\u{0}\u{1b}\u{7f}\u{85}\u{2028}",
+            Some("a=\"&b=<"),
+        );
+        if let Entry::Request { host, headers, .. } = &mut l.entry {
+            *host = "::1".into();
+            headers.push(("x\"y".into(), "\u{1}\n\r\t".into()));
+        }
+        l.ts = "not a time\u{0}".into();
+        let har = har_of(vec![l], WindowSpec::All, None);
+        let e = &har.log.entries[0];
+        assert!(
+            e.request.url.starts_with("https://[::1]/v1/\""),
+            "{}",
+            e.request.url
+        );
+        assert_eq!(e.started_date_time, "not a time\u{0}");
+        let text = serde_json::to_string(&har).unwrap();
+        assert!(
+            !text.bytes().any(|b| b < 0x20),
+            "raw control bytes in {text:?}"
+        );
+        let back: Har = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, har);
+    }
+
+    /// One pass over a file (the receipt's fold and the HAR's together)
+    /// gives the HAR the lines in memory give, on the golden ledgers (one
+    /// of them has two sessions) for every window.
+    #[test]
+    fn one_pass_over_a_file_equals_the_whole_read() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+        let mut entries = 0;
+        for name in ["basic", "empty", "evidence", "rich", "upstream-error"] {
+            let path = dir.join(format!("{name}.jsonl"));
+            let read = crate::ledger::read(&path).unwrap();
+            let last = read.head.0;
+            for scope in [
+                WindowSpec::LatestSession,
+                WindowSpec::All,
+                WindowSpec::Since(last / 2),
+            ] {
+                for until in [None, Some(last / 3), Some(last + 5)] {
+                    let options = Options {
+                        scope,
+                        until,
+                        ..Options::default()
+                    };
+                    let mut b = HarBuilder::new(None);
+                    let r = receipt::build_file_with(&path, &options, |line, fold| {
+                        b.line(line, fold.window_so_far())
+                    })
+                    .unwrap();
+                    assert_eq!(r, receipt::build(&read, &options));
+                    let streamed = b.finish(&r);
+                    let whole = build(&read.lines, &r, None);
+                    assert_eq!(streamed, whole, "{name} {scope:?} {until:?}");
+                    let requests = r.total_requests();
+                    assert_eq!(
+                        streamed.log.entries.len() as u64,
+                        requests,
+                        "{name} {scope:?} {until:?}"
+                    );
+                    entries += streamed.log.entries.len();
+                }
+            }
+        }
+        assert!(entries > 25, "{entries}");
+    }
+
+    #[test]
+    fn urls_and_queries() {
+        assert_eq!(url("h", "/p", None), "https://h/p");
+        assert_eq!(url("h", "*", Some("")), "https://h/*");
+        assert_eq!(url("[::1]", "/", Some("a")), "https://[::1]/?a");
+        assert!(query_string("&&").is_empty());
+        assert_eq!(status_text(299), "");
+        assert_eq!(
+            started("2026-01-01T00:00:00.000Z", 1),
+            "2025-12-31T23:59:59.999Z"
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! `veris har`: the receipt's window as a HAR 1.2 document, for HAR viewers
+//! and devtools. The receipt is built exactly as `veris receipt` builds it
+//! (`receipt_cmd::build_with`: same window rules, same live checks, same
+//! integrity verdict), and the HAR (`veris_receipt::har`) is folded over the
+//! same lines in the same pass, so it shows exactly what the verdict was
+//! reached on. The exit code is the receipt's with no requirement and an
+//! empty window allowed: 0, or 3 when integrity failed or a vendor host
+//! refused the veris certificate (the HAR is still written, its
+//! `log.comment` says why); 1 when no HAR could be made.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use veris_receipt::har::HarBuilder;
+use veris_receipt::receipt::CheckStatus;
+
+use crate::receipt_cmd::{ReceiptArgs, RequireArgs};
+
+#[derive(Args, Debug)]
+pub struct HarArgs {
+    /// State dir whose ledger to read [default: $VERIS_STATE_DIR, else ~/.veris].
+    #[arg(long, value_name = "DIR", conflicts_with = "ledger")]
+    pub state_dir: Option<PathBuf>,
+    /// Ledger file to read (e.g. a `veris run`'s, runs/<run_id>/ledger.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub ledger: Option<PathBuf>,
+    /// Only what happened after this baseline (printed by `veris baseline`) or ledger seq.
+    #[arg(long, value_name = "TOKEN", conflicts_with = "all")]
+    pub since: Option<String>,
+    /// The whole ledger, every session [default: the latest session].
+    #[arg(long)]
+    pub all: bool,
+    /// Pin the seal key, as for `veris receipt --key` (needed for a
+    /// `verified` comment offline).
+    #[arg(long, value_name = "FINGERPRINT|FILE")]
+    pub key: Option<String>,
+    /// Only this service.
+    #[arg(long, value_name = "NAME")]
+    pub service: Option<String>,
+    /// Write the HAR to FILE (replaced atomically) instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub async fn har(args: HarArgs) -> Result<u8> {
+    let receipt_args = ReceiptArgs {
+        state_dir: args.state_dir.clone(),
+        ledger: args.ledger.clone(),
+        since: args.since.clone(),
+        all: args.all,
+        key: args.key.clone(),
+        service: args.service.clone(),
+        json: true,
+        junit: None,
+        require: RequireArgs {
+            allow_empty: true,
+            ..RequireArgs::default()
+        },
+    };
+    // One pass over the file for both: the HAR holds exactly the lines the
+    // receipt's verdict was reached on, whatever happens to the file after.
+    let mut har = HarBuilder::new(args.service.as_deref());
+    let report = crate::receipt_cmd::build_with(&receipt_args, |line, fold| {
+        har.line(line, fold.window_so_far())
+    })
+    .await?;
+    let har = har.finish(&report.receipt);
+    let mut json = serde_json::to_string_pretty(&har).context("encoding the HAR")?;
+    json.push('\n');
+    match &args.output {
+        Some(out) => crate::stack::write_atomic(out, json.as_bytes()).with_context(|| {
+            format!(
+                "writing the HAR to {}. Next: pass -o a file path in a directory that exists and is writable",
+                out.display()
+            )
+        })?,
+        None => crate::out!("{json}"),
+    }
+    // A torn last line is not in the HAR: say so where a person sees it.
+    for c in &report.receipt.integrity.checks {
+        if c.name == "tail" && c.status != CheckStatus::Ok {
+            eprintln!(
+                "veris: {}: the ledger ends in a line a crash cut short, left out of the HAR. Next: start the proxy on this state dir once (it moves the torn line aside), or read it with `veris receipt`",
+                c.detail
+            );
+        }
+    }
+    for line in report.text.lines().filter(|l| l.starts_with("FAIL: ")) {
+        eprintln!("{line}");
+    }
+    if report.exit_code != 0 {
+        eprintln!("Next: read the whole verdict with `veris receipt` and the same window flags");
+    }
+    if let Some(out) = &args.output {
+        eprintln!(
+            "veris: wrote {} HAR entr{} to {}",
+            har.log.entries.len(),
+            if har.log.entries.len() == 1 {
+                "y"
+            } else {
+                "ies"
+            },
+            out.display()
+        );
+    }
+    Ok(report.exit_code)
+}
