@@ -58,7 +58,7 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where distributions keep the system trust store as one PEM bundle:
 /// Debian/Ubuntu/Alpine, Fedora/RHEL (two), openSUSE, and the OpenSSL
 /// default many builds read.
-const TRUST_STORES: &[&str] = &[
+pub const TRUST_STORES: &[&str] = &[
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",
     "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
@@ -439,8 +439,10 @@ pub fn init_main(command: Vec<String>) -> u8 {
     }
 }
 
-/// The namespaces, loopback and its routes, the listeners and the rules.
-fn setup() -> Result<(Sockets, Counters)> {
+/// Moves this (single-threaded) process into new user, network and mount
+/// namespaces, mapped to its own uid and gid as 0, with private mounts and
+/// loopback up: the first step of [`setup`], and all of [`probe_main`].
+fn enter_namespaces() -> Result<()> {
     let (uid, gid) = (
         rustix::process::geteuid().as_raw(),
         rustix::process::getegid().as_raw(),
@@ -455,11 +457,38 @@ fn setup() -> Result<(Sockets, Counters)> {
     // Bind mounts made here stay here.
     crate::sys::mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE)
         .context("making the mount namespace private")?;
+    ip(&["link", "set", "lo", "up"])
+}
 
-    // Loopback, and a route for every destination through it: a connection
-    // to anywhere then reaches the rules instead of failing with "network
-    // unreachable", and no interface leads out.
-    ip(&["link", "set", "lo", "up"])?;
+/// `veris __isolate-probe` (for `veris doctor`, in a child of its own): the
+/// namespace steps of an isolated run, then whether `nft` can load a table
+/// in that namespace. Prints two lines, `userns: ok` (or what failed) and
+/// `nft: ok` (or what failed, or `not tried`), and exits 0.
+pub fn probe_main() -> u8 {
+    let words = |r: &Result<()>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("{e:#}").replace('\n', " "),
+    };
+    let userns = enter_namespaces();
+    println!("userns: {}", words(&userns));
+    if userns.is_ok() {
+        let nft = nft_apply(
+            "table inet veris_probe {\n  chain c {\n    type filter hook output priority 0;\n  }\n}\n",
+        );
+        println!("nft: {}", words(&nft));
+    } else {
+        println!("nft: not tried");
+    }
+    0
+}
+
+/// The namespaces, loopback and its routes, the listeners and the rules.
+fn setup() -> Result<(Sockets, Counters)> {
+    enter_namespaces()?;
+
+    // Loopback (up already), and a route for every destination through it: a
+    // connection to anywhere then reaches the rules instead of failing with
+    // "network unreachable", and no interface leads out.
     // The source must be a loopback address too: with none, replies to the
     // client's 0.0.0.0 would never arrive.
     ip(&["route", "add", "default", "dev", "lo", "src", "127.0.0.1"])?;

@@ -95,6 +95,8 @@ pub struct AdminStart<'a> {
     pub ledger: Arc<Ledger>,
     pub sealer: Arc<Sealer>,
     pub shutdown: watch::Receiver<bool>,
+    /// `/metrics` without the token (`serve --metrics-open`).
+    pub metrics_open: bool,
 }
 
 /// The running admin API and seal timer.
@@ -145,6 +147,8 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         sealer: a.sealer.clone(),
         public_keys: a.state_dir.join(veris_receipt::seal::PUB_FILE),
         started: Instant::now(),
+        metrics: Some(veris_proxy::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry()),
+        metrics_open: a.metrics_open,
         // In the explicit tier the canary travels through the proxy URL from
         // anywhere; in the transparent tier only the workload's own traffic is
         // redirected (the proxy's uid is exempt), so the admin API leaves the

@@ -7,6 +7,7 @@ mod ca_cmd;
 mod check;
 mod confine;
 mod demo;
+mod doctor;
 mod handover;
 mod har_cmd;
 mod isolate;
@@ -74,6 +75,10 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Watch twin traffic live (admin API, state dir or ledger file).
     Tui(tui_cmd::TuiArgs),
+    /// Check what makes runs fail (CA, trust, env, namespaces, nft, the live
+    /// proxy and its canary, clock, permissions): one line per check, with
+    /// the next step for each problem; exit 2 when one FAILs.
+    Doctor(doctor::DoctorArgs),
     /// Serve baseline, receipt and check as MCP tools on stdio, for an agent
     /// session (register `veris mcp` as a stdio server in the MCP client).
     Mcp(mcp::McpArgs),
@@ -94,6 +99,9 @@ enum Command {
     /// Internal to `veris run`: pid 1 of the isolated run's PID namespace.
     #[command(name = "__isolate-init", hide = true)]
     IsolateInit(InternalCommand),
+    /// Internal to `veris doctor`: try the isolated run's namespace steps.
+    #[command(name = "__isolate-probe", hide = true)]
+    IsolateProbe,
 }
 
 /// The command an internal step runs, after `--`.
@@ -118,6 +126,7 @@ fn main() -> ExitCode {
         Command::Confine(args) => return confine::main(args),
         Command::Isolate(c) => return ExitCode::from(isolate::init_main(c.command)),
         Command::IsolateInit(c) => return ExitCode::from(isolate::pid1_main(c.command)),
+        Command::IsolateProbe => return ExitCode::from(isolate::probe_main()),
         Command::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut visible(&Cli::command()), "veris", &mut out);
@@ -172,10 +181,12 @@ fn main() -> ExitCode {
             Command::Demo(args) => demo::demo(args).await,
             Command::Tui(args) => tui_cmd::tui(args).await,
             Command::Mcp(args) => mcp::mcp(args).await,
+            Command::Doctor(args) => doctor::doctor(args).await,
             // Handled at the top of main, before the runtime exists.
             Command::Confine(_)
             | Command::Isolate(_)
             | Command::IsolateInit(_)
+            | Command::IsolateProbe
             | Command::Completions { .. }
             | Command::Man => {
                 unreachable!("these commands return before the runtime starts")

@@ -116,6 +116,11 @@ pub struct ServeArgs {
     /// Admin API listen address (address written to <state>/admin.addr and the ready file).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub admin: String,
+    /// Serve the admin API's GET /metrics (Prometheus) without the bearer
+    /// token, for a scraper that cannot be given it; every other endpoint
+    /// still needs the token.
+    #[arg(long)]
+    pub metrics_open: bool,
 }
 
 impl ServeArgs {
@@ -454,6 +459,7 @@ impl Stack {
             ledger: ledger.clone(),
             sealer: sealer.clone(),
             shutdown: shutdown_rx.clone(),
+            metrics_open: args.metrics_open,
         });
 
         if let Some(r) = redirect.as_mut() {

@@ -419,8 +419,13 @@ fn a_receipt_requirement_for_a_service_the_live_proxy_does_not_route_is_a_usage_
     assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
 }
 
-/// Internal steps of `veris run`, which no user types.
-const INTERNAL: [&str; 3] = ["__confine", "__isolate", "__isolate-init"];
+/// Internal steps of `veris run` (and doctor's namespace probe), which no user types.
+const INTERNAL: [&str; 4] = [
+    "__confine",
+    "__isolate",
+    "__isolate-init",
+    "__isolate-probe",
+];
 
 #[test]
 fn completions_cover_the_commands_and_hide_the_internal_ones() {
@@ -428,7 +433,7 @@ fn completions_cover_the_commands_and_hide_the_internal_ones() {
         let out = output(&mut veris(["completions", shell]));
         let (script, stderr) = text(&out);
         assert!(out.status.success(), "{shell}: {stderr}");
-        for word in ["receipt", "run", "require-verified", "junit"] {
+        for word in ["receipt", "run", "require-verified", "junit", "doctor"] {
             assert!(script.contains(word), "{shell} completions lack {word}");
         }
         for internal in INTERNAL {
@@ -461,7 +466,7 @@ fn man_prints_a_manual_page_that_renders() {
     let (page, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(page.starts_with(".TH"), "{}", &page[..page.len().min(200)]);
-    for word in ["receipt", "completions"] {
+    for word in ["receipt", "completions", "doctor"] {
         assert!(page.contains(word), "the page lacks {word}");
     }
     for internal in INTERNAL {

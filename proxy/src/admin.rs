@@ -17,9 +17,11 @@
 //! - `GET /receipt?since=SEQ`: seals the head (reusing the head seal when
 //!   nothing was written since), then returns the receipt JSON for the
 //!   window `(SEQ, seal]` (default: this run's lines).
+//! - `GET /metrics`: Prometheus metrics in the text format ([`crate::metrics`]).
 //!
-//! Everything but `/healthz` needs `Authorization: Bearer <token>` and
-//! answers 401 otherwise. The token never reaches a log.
+//! Everything but `/healthz` (and `/metrics` when [`Admin::metrics_open`])
+//! needs `Authorization: Bearer <token>` and answers 401 otherwise. The
+//! token never reaches a log or a metric.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -42,6 +44,8 @@ use tracing::{debug, warn};
 use veris_receipt::ledger::{Committed, Ledger, LineReader, RawLine, SealInfo};
 use veris_receipt::receipt::{self, Anchor, Check, Options, WindowSpec};
 use veris_receipt::seal::{PublicKeys, Sealer};
+
+use prometheus_client::registry::Registry;
 
 use crate::body::{self, ProxyBody};
 use crate::respond;
@@ -84,6 +88,11 @@ pub struct Admin {
     /// Called on the blocking thread after a receipt read, so the memory it
     /// freed can be handed back (the binary trims the allocator's arenas).
     pub after_read: Option<fn()>,
+    /// What `/metrics` encodes (`None`: it answers 404).
+    pub metrics: Option<Registry>,
+    /// `/metrics` answers without the token (`serve --metrics-open`), for a
+    /// scraper that cannot be given it; the rest still needs it.
+    pub metrics_open: bool,
 }
 
 /// Serves the admin API until `shutdown` resolves; open event streams end then.
@@ -139,6 +148,9 @@ async fn route(
     if path == "/healthz" && method == Method::GET {
         return respond::json(StatusCode::OK, json!({"status": "ok"}));
     }
+    if path == "/metrics" && method == Method::GET && admin.metrics_open {
+        return metrics(&admin);
+    }
     if !authorized(req.headers(), &admin.token) {
         let mut resp = respond::error(
             StatusCode::UNAUTHORIZED,
@@ -179,7 +191,8 @@ async fn route(
             Err(resp) => resp,
         },
         (Method::GET, "/receipt") => receipt_json(&admin, since).await,
-        (_, "/status" | "/ledger" | "/events" | "/seal" | "/receipt") => respond::error(
+        (Method::GET, "/metrics") => metrics(&admin),
+        (_, "/status" | "/ledger" | "/events" | "/seal" | "/receipt" | "/metrics") => respond::error(
             StatusCode::METHOD_NOT_ALLOWED,
             "veris_method_not_allowed",
             format!("{} does not take this method", path),
@@ -188,7 +201,7 @@ async fn route(
         _ => respond::error(
             StatusCode::NOT_FOUND,
             "veris_not_found",
-            format!("no admin endpoint {path}; see /status, /ledger, /events, /seal, /receipt"),
+            format!("no admin endpoint {path}; see /status, /ledger, /events, /seal, /receipt, /metrics"),
             json!({}),
         ),
     }
@@ -369,6 +382,37 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             "counters": counters,
         }),
     )
+}
+
+/// `GET /metrics`: the registry encoded now (its collector reads the
+/// counters as they are).
+fn metrics(admin: &Admin) -> Response<ProxyBody> {
+    let Some(registry) = &admin.metrics else {
+        return respond::error(
+            StatusCode::NOT_FOUND,
+            "veris_not_found",
+            "this admin API serves no metrics".into(),
+            json!({}),
+        );
+    };
+    match crate::metrics::render(registry) {
+        Ok(text) => {
+            let mut resp = Response::new(body::full(text));
+            let h = resp.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            );
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
+        }
+        Err(e) => respond::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "veris_internal",
+            format!("encoding the metrics failed: {e}"),
+            json!({}),
+        ),
+    }
 }
 
 async fn ledger_lines(admin: &Arc<Admin>, since: u64) -> Response<ProxyBody> {
@@ -662,6 +706,8 @@ mod tests {
             started: Instant::now(),
             receipt_checks: None,
             after_read: None,
+            metrics: None,
+            metrics_open: false,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

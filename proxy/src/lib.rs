@@ -40,6 +40,7 @@ pub mod config;
 pub mod dial;
 pub mod dns;
 pub mod meter;
+pub mod metrics;
 pub mod quic;
 pub mod recorder;
 pub mod reserved;
@@ -161,6 +162,8 @@ pub struct Proxy {
     refused_warned: std::sync::atomic::AtomicU64,
     /// Counts for the periodic `info` line (the per-request one is `debug`).
     summary: summary::Summary,
+    /// Counts for `/metrics` (atomics; the rest is read when scraped).
+    stats: Arc<metrics::Stats>,
     /// One server config per minted leaf, sharing a ticket key.
     tls: tls::ServerConfigs,
 }
@@ -219,6 +222,7 @@ impl Proxy {
         resolve: Resolve,
     ) -> Arc<Proxy> {
         let connect_timeout = options.upstream.connect_timeout;
+        let stats = Arc::new(metrics::Stats::new(options.router.services().len()));
         Arc::new(Proxy {
             router: options.router,
             identity: options.identity,
@@ -242,6 +246,7 @@ impl Proxy {
             connections: Arc::new(tokio::sync::Semaphore::new(options.limits.max_connections)),
             refused_warned: std::sync::atomic::AtomicU64::new(0),
             summary: summary::Summary::default(),
+            stats,
             tls: tls::ServerConfigs::new(Issuer::DEFAULT_CAPACITY),
         })
     }
@@ -268,6 +273,19 @@ impl Proxy {
 
     pub fn identity(&self) -> &Identity {
         &self.identity
+    }
+
+    /// What this proxy counted per request, for `/metrics`.
+    pub fn stats(&self) -> &Arc<metrics::Stats> {
+        &self.stats
+    }
+
+    /// Client connections open now, over every listener: the permits of
+    /// the connection cap that are handed out.
+    pub fn open_connections(&self) -> usize {
+        self.limits
+            .max_connections
+            .saturating_sub(self.connections.available_permits())
     }
 
     pub fn router(&self) -> &Router {
@@ -678,6 +696,8 @@ impl Proxy {
         match self.router.route(&leg.host, &path) {
             Route::Canary => self.canary(),
             Route::Service(service) => {
+                // Its counters' slot, found once (a pointer compare per service).
+                let index = self.router.index_of(service).unwrap_or(usize::MAX);
                 let service = service.clone();
                 // Per-request context is for `debug`: at `info` the span's
                 // fields were formatted for every request. Logs are not the
@@ -693,7 +713,9 @@ impl Proxy {
                 {
                     return refusal;
                 }
-                self.forward(service, req, &leg).instrument(span).await
+                self.forward(service, index, req, &leg)
+                    .instrument(span)
+                    .await
             }
             Route::Loopback if dial::isolated() => {
                 let method = req.method().to_string();
@@ -789,10 +811,11 @@ impl Proxy {
     async fn forward(
         self: Arc<Self>,
         service: Service,
+        index: usize,
         req: Request<Incoming>,
         leg: &Leg,
     ) -> Response<ProxyBody> {
-        let outbound = match self.outbound(&service, req, leg) {
+        let outbound = match self.outbound(&service, index, req, leg) {
             Ok(outbound) => outbound,
             Err(path) => {
                 return respond::error(
@@ -828,6 +851,7 @@ impl Proxy {
     fn outbound(
         &self,
         service: &Service,
+        index: usize,
         mut req: Request<Incoming>,
         leg: &Leg,
     ) -> Result<Outbound, String> {
@@ -898,6 +922,7 @@ impl Proxy {
             tally,
             started,
             line,
+            index,
         })
     }
 
@@ -913,9 +938,11 @@ impl Proxy {
             tally,
             started,
             line,
+            index,
         } = outbound;
         let result = self.upstream.send(request, websocket).await;
-        let duration_ms = started.elapsed().as_millis() as u64;
+        let elapsed = started.elapsed();
+        let duration_ms = elapsed.as_millis() as u64;
         let resp = match result {
             Ok(resp) => resp,
             Err(e) if tally.failed() => {
@@ -931,7 +958,9 @@ impl Proxy {
                 return;
             }
             Err(e) => {
+                self.stats.upstream_latency(elapsed);
                 let refusal = self.upstream_failed(e, line, duration_ms).await;
+                self.stats.request(index, refusal.status().as_u16());
                 // Recorded either way; only a client still there gets the answer.
                 let _ = reply.send(refusal);
                 return;
@@ -939,6 +968,7 @@ impl Proxy {
         };
 
         let status = resp.status();
+        self.stats.upstream_latency(elapsed);
         let client_gone = reply.is_closed();
         let service = line.service.clone();
         let declared = content_length(resp.headers());
@@ -957,6 +987,8 @@ impl Proxy {
                 return;
             }
         };
+        // Counted once recorded, so the counts agree with the ledger.
+        self.stats.request(index, status.as_u16());
         if client_gone {
             self.summary.note(summary::Outcome::ClientGone);
             debug!(
@@ -1332,6 +1364,8 @@ struct Outbound {
     tally: Arc<Tally>,
     started: Instant,
     line: RequestLine,
+    /// The service's slot in [`metrics::Stats`].
+    index: usize,
 }
 
 /// Which recorded request a relayed answer belongs to.

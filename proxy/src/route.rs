@@ -199,6 +199,12 @@ impl Router {
         &self.services
     }
 
+    /// The position in [`Router::services`] of `service`, a reference this
+    /// router returned (compared by address: no string is hashed).
+    pub fn index_of(&self, service: &Service) -> Option<usize> {
+        self.services.iter().position(|s| std::ptr::eq(s, service))
+    }
+
     /// Decides a request: `host` may carry a port and any case; `path` has no query.
     pub fn route(&self, host: &str, path: &str) -> Route<'_> {
         let host = normalize_host(host);

@@ -1,0 +1,216 @@
+//! `veris doctor` against real state dirs: none, one with a CA, one made
+//! world-writable, one with a live `veris serve`, and one whose `admin.addr`
+//! names a dead port. Every child gets the environment the test means
+//! (`support::veris` clears it), so the machine's CA variables never count.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Output;
+
+use support::*;
+
+/// `veris doctor --state-dir STATE` with `env` added to a cleared environment.
+fn doctor(state: &Path, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = veris(["doctor", "--state-dir"]);
+    cmd.arg(state);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out: Output = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert!(stderr.trim().is_empty(), "doctor wrote to stderr: {stderr}");
+    (out.status.code(), stdout)
+}
+
+/// The report's line for `check` (`ok   ca: …`, `FAIL ca: …`).
+fn line<'a>(report: &'a str, check: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| {
+            l.get(5..)
+                .is_some_and(|rest| rest.starts_with(&format!("{check}: ")))
+        })
+        .unwrap_or_else(|| panic!("no {check} line in:\n{report}"))
+}
+
+fn level<'a>(report: &'a str, check: &str) -> &'a str {
+    line(report, check)[..4].trim_end()
+}
+
+fn ca_init(state: &Path) {
+    let out = output(veris(["ca", "init", "--state-dir"]).arg(state));
+    assert!(out.status.success(), "{:?}", text(&out));
+}
+
+#[test]
+fn a_fresh_state_dir_fails_on_its_missing_ca_with_the_fix_and_passes_once_made() {
+    let dir = TempDir::new("doctor-fresh");
+    let state = dir.join("state");
+    let (code, report) = doctor(&state, &[]);
+    assert_eq!(code, Some(2), "{report}");
+    let ca = line(&report, "ca");
+    assert!(ca.starts_with("FAIL ca: no CA in"), "{ca}");
+    assert!(
+        ca.contains(&format!(
+            "Next: `veris ca init --state-dir {}`",
+            state.display()
+        )),
+        "{ca}"
+    );
+    // One line per check, every problem with its next step.
+    for check in [
+        "ca",
+        "clock",
+        "trust files",
+        "system trust",
+        "permissions",
+        "env",
+        "userns",
+        "nft",
+        "proxy",
+        "canary",
+    ] {
+        let l = line(&report, check);
+        assert!(l.starts_with("ok ") || l.contains(". Next: "), "{l}");
+    }
+    assert!(report.trim_end().ends_with("ok"), "{report}");
+
+    ca_init(&state);
+    let (code, report) = doctor(&state, &[]);
+    assert_eq!(code, Some(0), "warnings only:\n{report}");
+    for check in ["ca", "clock", "trust files", "permissions"] {
+        assert_eq!(level(&report, check), "ok", "{report}");
+    }
+    // No proxy variable in this (cleared) environment: a warning, not a failure.
+    assert_eq!(level(&report, "env"), "warn", "{report}");
+    assert_eq!(level(&report, "proxy"), "warn", "{report}");
+}
+
+#[test]
+fn loose_permissions_fail_naming_the_path() {
+    let dir = TempDir::new("doctor-perms");
+    let state = dir.join("state");
+    ca_init(&state);
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, report) = doctor(&state, &[]);
+    assert_eq!(code, Some(2), "{report}");
+    let perms = line(&report, "permissions");
+    assert!(
+        perms.starts_with("FAIL permissions: writable by group or others"),
+        "{perms}"
+    );
+    assert!(
+        perms.contains(&format!("{} (0777)", state.display())),
+        "{perms}"
+    );
+    assert!(
+        perms.contains(&format!("Next: chmod go-w {}", state.display())),
+        "{perms}"
+    );
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    // A secret readable by others: named too.
+    let token = state.join("admin.token");
+    std::fs::write(&token, "not a real token\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, report) = doctor(&state, &[]);
+    assert_eq!(code, Some(2), "{report}");
+    let perms = line(&report, "permissions");
+    assert!(
+        perms.contains(&format!("{} (0644)", token.display())),
+        "{perms}"
+    );
+    assert!(!report.contains("not a real token"), "{report}");
+}
+
+#[test]
+fn a_live_serve_has_its_proxy_and_canary_ok_and_the_env_is_judged() {
+    let mut serve = Serve::start("doctor-live", &[]);
+    let bundle = serve.state.join("trust").join("bundle.pem");
+    let bundle = bundle.to_str().unwrap();
+    let (code, report) = doctor(&serve.state, &[]);
+    assert_eq!(code, Some(0), "{report}");
+    let proxy = line(&report, "proxy");
+    assert!(proxy.starts_with("ok   proxy: live at http://"), "{proxy}");
+    assert!(proxy.contains(&serve.proxy_url), "{proxy}");
+    let canary = line(&report, "canary");
+    assert!(
+        canary.starts_with("ok   canary: canary answered by this run"),
+        "{canary}"
+    );
+    assert!(!report.contains(&serve.token()), "{report}");
+
+    // A shell pointed at this proxy and bundle.
+    let (code, report) = doctor(
+        &serve.state,
+        &[
+            ("HTTPS_PROXY", &serve.proxy_url),
+            ("https_proxy", &serve.proxy_url),
+            ("SSL_CERT_FILE", bundle),
+            ("CURL_CA_BUNDLE", bundle),
+        ],
+    );
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(level(&report, "env"), "ok", "{report}");
+
+    // ... at another proxy, and a bundle without the veris CA.
+    let other = serve.dir.join("other.pem");
+    std::fs::write(&other, "").unwrap();
+    let (code, report) = doctor(
+        &serve.state,
+        &[
+            ("HTTPS_PROXY", "http://127.0.0.1:9"),
+            ("SSL_CERT_FILE", other.to_str().unwrap()),
+        ],
+    );
+    assert_eq!(code, Some(2), "{report}");
+    let env = line(&report, "env");
+    assert!(env.starts_with("FAIL env: "), "{env}");
+    assert!(
+        env.contains(&format!(
+            "HTTPS_PROXY=http://127.0.0.1:9 but this state dir's proxy is {}",
+            serve.proxy_url
+        )),
+        "{env}"
+    );
+    assert!(
+        env.contains("which does not hold this state dir's CA"),
+        "{env}"
+    );
+    assert!(env.contains("Next: "), "{env}");
+
+    // Stopped: the announcement is gone, so no proxy is a warning again.
+    serve.stop();
+    let (_, report) = doctor(&serve.state, &[]);
+    assert_eq!(level(&report, "proxy"), "warn", "{report}");
+}
+
+#[test]
+fn an_admin_addr_naming_a_dead_port_fails_with_a_next_step() {
+    let dir = TempDir::new("doctor-dead");
+    let state = dir.join("state");
+    ca_init(&state);
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    std::fs::write(state.join("admin.addr"), format!("{dead}\n")).unwrap();
+    let token = state.join("admin.token");
+    std::fs::write(&token, "0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, report) = doctor(&state, &[]);
+    assert_eq!(code, Some(2), "{report}");
+    let proxy = line(&report, "proxy");
+    assert!(proxy.starts_with("FAIL proxy: "), "{proxy}");
+    assert!(proxy.contains(&dead.to_string()), "{proxy}");
+    assert!(
+        proxy.contains(&format!(
+            "Next: start `veris serve --state-dir {}`",
+            state.display()
+        )),
+        "{proxy}"
+    );
+    assert!(!report.contains("0123456789abcdef"), "{report}");
+}
