@@ -394,3 +394,31 @@ fn passthrough_is_chained_through_the_upstream_proxy_and_twin_traffic_is_not() {
     assert_eq!(stdout, "origin:/run", "{stderr}");
     assert_eq!(upstream.tunnels(), 3);
 }
+
+#[test]
+fn an_isolated_runs_passthrough_goes_through_the_upstream_proxy_by_name() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let origin = origin();
+    let port = origin.port();
+    let upstream = ConnectProxy::start(origin);
+    let dir = TempDir::new("upstream-isolated");
+    // Inside, the name resolves to a synthetic address (veris's DNS stub),
+    // the connection is redirected to veris, and veris hands the upstream
+    // proxy the name that address stands for.
+    let mut cmd = support::veris(["run", "--tier", "isolated", "--allow-empty", "--state-dir"]);
+    cmd.arg(dir.join("state"))
+        .args(["--upstream-proxy", &upstream.url, "--", "curl", "-sS"])
+        .args(["--max-time", "20"])
+        .arg(format!("http://passthrough.test:{port}/isolated"));
+    let out = output_within(&mut cmd, RUN_TIMEOUT);
+    let (stdout, stderr) = text(&out);
+    if out.status.code() == Some(1) && stderr.contains("cannot isolate the command") {
+        return skip(&format!("isolation unavailable: {}", stderr.trim()));
+    }
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "origin:/isolated", "{stderr}");
+    assert_eq!(upstream.tunnels(), 1);
+    assert_eq!(upstream.targets(), [format!("passthrough.test:{port}")]);
+}
