@@ -142,7 +142,12 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
                 .iter()
                 .flat_map(|s| s.claims.iter().map(|(host, _)| host.to_string()))
                 .collect();
-            let no_proxy = merged_no_proxy(&catalog);
+            // Trust only: no NO_PROXY is written, so nothing to warn about.
+            let no_proxy = if args.trust_only {
+                Vec::new()
+            } else {
+                merged_no_proxy(&catalog)
+            };
             let base = EnvBase::from_env();
             let spec = EnvSpec {
                 proxy_url: &args.proxy,

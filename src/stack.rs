@@ -714,7 +714,11 @@ impl Announce<'_> {
             // one: its NO_PROXY is merged in (minus entries that would
             // exempt a routed host); JAVA_TOOL_OPTIONS and PHP_INI_SCAN_DIR
             // are the workload's own business, so nothing is appended to.
-            let no_proxy = merged_no_proxy(self.routed_hosts);
+            let no_proxy = if args.env_trust_only {
+                Vec::new()
+            } else {
+                merged_no_proxy(self.routed_hosts)
+            };
             let spec = EnvSpec {
                 proxy_url: self.proxy_url,
                 no_proxy: &no_proxy,
