@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 use veris_ca::env::{self, EnvSpec};
 use veris_ca::{CertificateAuthority, LoadOutcome};
 
-use crate::stack::{no_proxy, EnvFormatArg, DEFAULT_SANDBOX};
+use crate::stack::{merged_no_proxy, EnvBase, EnvFormatArg, DEFAULT_SANDBOX};
 
 #[derive(Args, Debug, Clone)]
 pub struct CaDirs {
@@ -137,8 +137,18 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
         }
         CaCommand::Env(args) => {
             let l = load(&args.dirs)?;
-            let no_proxy = no_proxy();
-            let java_base = std::env::var("JAVA_TOOL_OPTIONS").ok();
+            // No routes here: every catalog host is kept out of NO_PROXY.
+            let catalog: Vec<String> = veris_proxy::catalog::CATALOG
+                .iter()
+                .flat_map(|s| s.claims.iter().map(|(host, _)| host.to_string()))
+                .collect();
+            // Trust only: no NO_PROXY is written, so nothing to warn about.
+            let no_proxy = if args.trust_only {
+                Vec::new()
+            } else {
+                merged_no_proxy(&catalog)
+            };
+            let base = EnvBase::from_env();
             let spec = EnvSpec {
                 proxy_url: &args.proxy,
                 no_proxy: &no_proxy,
@@ -146,7 +156,8 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
                 canary: &args.canary,
                 trust: &l.trust,
                 trust_only: args.trust_only,
-                java_tool_options_base: java_base.as_deref(),
+                java_tool_options_base: base.java_tool_options.as_deref(),
+                php_ini_scan_dir_base: base.php_ini_scan_dir.as_deref(),
             };
             crate::out!("{}", env::render(&env::vars(&spec), args.format.into()));
         }

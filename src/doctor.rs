@@ -537,6 +537,7 @@ fn veris_vars(state: &Path) -> Vec<(String, VarKind)> {
         trust: &trust,
         trust_only: false,
         java_tool_options_base: None,
+        php_ini_scan_dir_base: None,
     };
     let (ca, bundle) = (shown(&trust.ca_pem), shown(&trust.bundle));
     veris_ca::env::vars(&spec)

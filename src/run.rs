@@ -22,7 +22,9 @@ use crate::check::{CanaryAnswer, ProbeError};
 use crate::isolate::{Event, Isolation};
 use crate::junit::Junit;
 use crate::receipt_cmd::{report, Report, RequireArgs};
-use crate::stack::{no_proxy, Confinement, Finished, ProxyArgs, Role, ServeArgs, Stack};
+use crate::stack::{
+    merged_no_proxy, Confinement, EnvBase, Finished, ProxyArgs, Role, ServeArgs, Stack,
+};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -147,11 +149,11 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let serve = ServeArgs::with_defaults(args.proxy.clone());
     let stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, confinement).await?;
 
-    let java_base = std::env::var("JAVA_TOOL_OPTIONS").ok();
-    let no_proxy = no_proxy();
+    let base = EnvBase::from_env();
     let (status, canary) = match isolation {
         Some(isolation) => {
-            let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, true, java_base.as_deref()));
+            // No proxy variables inside: NO_PROXY means nothing there.
+            let vars = veris_ca::env::vars(&stack.env_spec(&[], true, &base));
             match isolated(isolation, &stack, vars, &args.trust_file, started).await {
                 Ok(done) => done,
                 Err(e) => {
@@ -161,7 +163,8 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
             }
         }
         None => {
-            let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, false, java_base.as_deref()));
+            let no_proxy = merged_no_proxy(&stack.routed_hosts);
+            let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, false, &base));
             let mut command = args.command.clone();
             if landlock {
                 let exe = std::env::current_exe().context("finding the veris binary")?;

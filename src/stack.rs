@@ -91,6 +91,12 @@ pub struct ProxyArgs {
     /// Seconds to wait for the twin's response head before answering 504.
     #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub upstream_timeout: u64,
+    /// HTTP proxy that passthrough traffic (hosts not routed to a twin) is
+    /// chained through with CONNECT, e.g. a corporate proxy:
+    /// http://[user:password@]host:port. Twin traffic and loopback never
+    /// go through it.
+    #[arg(long, value_name = "URL")]
+    pub upstream_proxy: Option<String>,
 }
 
 /// `veris serve`: the proxy's flags plus what only a long-running service
@@ -216,6 +222,8 @@ pub struct Stack {
     pub sealer: Arc<Sealer>,
     /// Routed services and their twin upstreams (for the cross-check).
     pub services: Vec<ServiceRef>,
+    /// Every routed host pattern: what a user's `NO_PROXY` must not exempt.
+    pub routed_hosts: Vec<String>,
     /// Newest twin log id per service when the session started.
     pub twin_heads: Option<BTreeMap<String, u64>>,
     /// The open-file limit before the start raised it, for a child.
@@ -262,6 +270,21 @@ impl Stack {
         confinement: Confinement,
     ) -> Result<Stack> {
         crate::transparent::preflight(&args.transparent)?;
+        let upstream_proxy = args
+            .proxy
+            .upstream_proxy
+            .as_deref()
+            .map(|url| {
+                veris_proxy::dial::ChainProxy::parse(url).map_err(|why| {
+                    anyhow::anyhow!(
+                        "--upstream-proxy {url:?}: {why}. Next: give it as http://[user:password@]host:port"
+                    )
+                })
+            })
+            .transpose()?;
+        if let Some(p) = &upstream_proxy {
+            info!(upstream_proxy = %p, "passthrough traffic is chained through the upstream proxy");
+        }
         // Before any key exists in this process: a same-uid workload must
         // not read it (or the admin token) through ptrace or /proc/<pid>/mem.
         if let Err(e) = crate::sys::set_non_dumpable() {
@@ -286,6 +309,7 @@ impl Stack {
             twin_auth,
         } = routing(&args.proxy, default_listen, shutdown_rx.clone()).await?;
         let services = crate::live::service_refs(&settings.router);
+        let routed_hosts = settings.router.routed_hosts();
 
         // CA, leaves and published trust material.
         let ca_dir = args
@@ -392,6 +416,7 @@ impl Stack {
             state_dir: &state_dir,
             ledger: &ledger,
             trust: &trust,
+            routed_hosts: &routed_hosts,
             admin: admin_listener.addr(),
             key_id: sealer.key_id(),
             transparent: transparent_addrs,
@@ -438,6 +463,7 @@ impl Stack {
                     passthrough_roots: Some(passthrough_roots),
                     insecure_skip_verify: settings.insecure_skip_verify,
                     response_timeout: Duration::from_secs(args.proxy.upstream_timeout),
+                    upstream_proxy,
                     ..UpstreamOptions::default()
                 },
                 grace: Duration::from_secs(args.proxy.grace),
@@ -489,6 +515,7 @@ impl Stack {
             ca,
             sealer,
             services,
+            routed_hosts,
             twin_heads: Some(twin_heads),
             file_limit,
             stop_traffic,
@@ -501,12 +528,13 @@ impl Stack {
         })
     }
 
-    /// The env spec for clients of this stack.
+    /// The env spec for clients of this stack; `base` holds the values of
+    /// the caller's environment that veris appends to.
     pub fn env_spec<'a>(
         &'a self,
         no_proxy: &'a [String],
         trust_only: bool,
-        java_base: Option<&'a str>,
+        base: &'a EnvBase,
     ) -> EnvSpec<'a> {
         EnvSpec {
             proxy_url: &self.proxy_url,
@@ -515,7 +543,8 @@ impl Stack {
             canary: &self.identity.canary,
             trust: &self.trust,
             trust_only,
-            java_tool_options_base: java_base,
+            java_tool_options_base: base.java_tool_options.as_deref(),
+            php_ini_scan_dir_base: base.php_ini_scan_dir.as_deref(),
         }
     }
 
@@ -626,6 +655,7 @@ struct Announce<'a> {
     state_dir: &'a Path,
     ledger: &'a Ledger,
     trust: &'a TrustFiles,
+    routed_hosts: &'a [String],
     admin: Option<SocketAddr>,
     key_id: &'a str,
     transparent: Option<(SocketAddr, SocketAddr)>,
@@ -686,7 +716,15 @@ impl Announce<'_> {
     /// another uid, must source it), then `--ready-file`, last.
     fn write(&self, args: &ServeArgs) -> Result<()> {
         if let Some(path) = &args.write_env {
-            let no_proxy = no_proxy();
+            // The workload sources the file in an environment like this
+            // one: its NO_PROXY is merged in (minus entries that would
+            // exempt a routed host); JAVA_TOOL_OPTIONS and PHP_INI_SCAN_DIR
+            // are the workload's own business, so nothing is appended to.
+            let no_proxy = if args.env_trust_only {
+                Vec::new()
+            } else {
+                merged_no_proxy(self.routed_hosts)
+            };
             let spec = EnvSpec {
                 proxy_url: self.proxy_url,
                 no_proxy: &no_proxy,
@@ -695,6 +733,7 @@ impl Announce<'_> {
                 trust: self.trust,
                 trust_only: args.env_trust_only,
                 java_tool_options_base: None,
+                php_ini_scan_dir_base: None,
             };
             veris_ca::env::write(path, &spec, args.env_format.into()).with_context(|| {
                 format!(
@@ -1130,6 +1169,42 @@ fn qtype_name(qtype: u16) -> String {
 /// Hosts clients must reach directly.
 pub fn no_proxy() -> Vec<String> {
     vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]
+}
+
+/// The values of this process's environment that the client variables
+/// append to rather than replace.
+#[derive(Debug, Default, Clone)]
+pub struct EnvBase {
+    pub java_tool_options: Option<String>,
+    pub php_ini_scan_dir: Option<String>,
+}
+
+impl EnvBase {
+    pub fn from_env() -> EnvBase {
+        EnvBase {
+            java_tool_options: std::env::var("JAVA_TOOL_OPTIONS").ok(),
+            php_ini_scan_dir: std::env::var("PHP_INI_SCAN_DIR").ok(),
+        }
+    }
+}
+
+/// veris's `NO_PROXY` with the user's (`NO_PROXY` and `no_proxy` of this
+/// process) merged in: the union, each entry once. An entry that would
+/// exempt a routed host (`*`, `.stripe.com`) is dropped with a warning on
+/// stderr: a client honouring it would call the vendor directly, unseen.
+pub fn merged_no_proxy(routed_hosts: &[String]) -> Vec<String> {
+    let user: Vec<String> = ["NO_PROXY", "no_proxy"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok())
+        .collect();
+    let user: Vec<&str> = user.iter().map(String::as_str).collect();
+    let merged = veris_ca::env::merge_no_proxy(&no_proxy(), &user, routed_hosts);
+    for (entry, pattern) in &merged.dropped {
+        warn!(
+            "ignoring a NO_PROXY entry {entry:?}: it would send {pattern} (routed to the twin) around the proxy, and the receipt would miss those calls. Next: take it out of NO_PROXY (veris keeps the rest)"
+        );
+    }
+    merged.entries
 }
 
 /// Starts the built-in twin on loopback with a fresh credential, which the

@@ -334,6 +334,15 @@ fn java_reaches_the_twin_through_the_env_veris_run_sets() {
         "{requests:?}"
     );
     assert!(requests.iter().all(|r| r["tier"] == "explicit"));
+    for client in ["Java 17 HttpClient", "Java 17 HttpURLConnection"] {
+        support::record_client(
+            client,
+            "explicit",
+            "works",
+            // As tests/e2e_client_matrix.rs words it (one cell of CLIENTS.md).
+            "JAVA_TOOL_OPTIONS proxy flags (-Dhttps.proxyHost…); its JKS truststore (-Djavax.net.ssl.trustStore)",
+        );
+    }
 }
 
 #[test]
@@ -546,4 +555,10 @@ fn node_reaches_the_twin_through_the_transparent_redirect() {
         .unwrap_or_else(|e| panic!("receipt JSON: {e}: {}", text(&out.stdout)));
     assert_eq!(receipt["tier"], "transparent", "{receipt}");
     assert_eq!(receipt["services"]["stripe"]["requests"], 2, "{receipt}");
+    support::record_client(
+        "Node https (Node 20)",
+        "transparent",
+        "works",
+        "redirected; NODE_EXTRA_CA_CERTS",
+    );
 }

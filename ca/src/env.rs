@@ -5,7 +5,8 @@
 //! (`export NAME='value'`, single-quoted) or a docker `--env-file` (`NAME=value`, verbatim);
 //! `write` does both and writes the result atomically. Variables that *replace* a client's
 //! roots point at the bundle (system roots + veris CA); `NODE_EXTRA_CA_CERTS` adds to Node's
-//! roots, so it points at the bare CA.
+//! roots, so it points at the bare CA. `WGETRC` and `PHP_INI_SCAN_DIR` name the generated
+//! config files of clients that read no CA variable (see [`crate::trust`]).
 
 use std::path::Path;
 
@@ -36,6 +37,9 @@ pub struct EnvSpec<'a> {
     pub trust_only: bool,
     /// Existing JAVA_TOOL_OPTIONS to append to (the library never reads env).
     pub java_tool_options_base: Option<&'a str>,
+    /// Existing PHP_INI_SCAN_DIR to append the veris ini dir to; without one the value starts
+    /// with `:`, which keeps PHP's compiled-in scan dir (the system's ini files) in front.
+    pub php_ini_scan_dir_base: Option<&'a str>,
 }
 
 /// Proxy variables, in both cases because clients disagree on which they read.
@@ -84,6 +88,8 @@ pub fn vars(spec: &EnvSpec) -> Vec<(String, String)> {
     for name in BUNDLE_VARS {
         push(name, path(&spec.trust.bundle));
     }
+    push("WGETRC", path(&spec.trust.wgetrc));
+    push("PHP_INI_SCAN_DIR", php_ini_scan_dir(spec));
     push("JAVA_TOOL_OPTIONS", java_tool_options(spec));
     if !spec.trust_only {
         push("VERIS_PROXY_URL", spec.proxy_url.to_owned());
@@ -91,6 +97,18 @@ pub fn vars(spec: &EnvSpec) -> Vec<(String, String)> {
     push("VERIS_SANDBOX_ID", spec.sandbox_id.to_owned());
     push("VERIS_CANARY", spec.canary.to_owned());
     out
+}
+
+/// PHP reads every dir of the `:`-separated list in turn; an empty element stands for the
+/// compiled-in scan dir (`/etc/php/<v>/cli/conf.d` on Debian). Without that element the
+/// variable *replaces* it and every extension the system enables there is lost.
+fn php_ini_scan_dir(spec: &EnvSpec) -> String {
+    let ours = spec.trust.php_ini_dir.to_string_lossy();
+    match spec.php_ini_scan_dir_base.filter(|b| !b.is_empty()) {
+        // The user's list as it was (it may drop the default on purpose), then ours.
+        Some(base) => format!("{base}:{ours}"),
+        None => format!(":{ours}"),
+    }
 }
 
 /// The existing options (if any) followed by truststore and, unless trust-only, proxy flags.
@@ -170,6 +188,80 @@ fn split_proxy_url(url: &str) -> Option<(String, u16)> {
     }
 }
 
+/// The `NO_PROXY` veris sets, once a user's own is merged in ([`merge_no_proxy`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NoProxy {
+    /// veris's entries first, then the user's kept ones, each once.
+    pub entries: Vec<String>,
+    /// User entries left out, each with the routed host pattern it would have sent around the
+    /// proxy: the caller warns about them.
+    pub dropped: Vec<(String, String)>,
+}
+
+/// Merges a user's `NO_PROXY`/`no_proxy` values (comma- or space-separated, as clients read
+/// them) into veris's own `ours`: the union, without duplicates (compared case-insensitively),
+/// veris's entries kept. A user entry that would exempt a routed vendor host from the proxy
+/// (`*`, `.stripe.com`, `api.stripe.com:443`, `com`) is dropped instead: honouring it would
+/// let the client call the vendor directly and the receipt miss it. `routed` holds the routed
+/// host patterns (`api.stripe.com`, `*.stripe.com`).
+pub fn merge_no_proxy(ours: &[String], user: &[&str], routed: &[String]) -> NoProxy {
+    let mut out = NoProxy {
+        entries: Vec::new(),
+        dropped: Vec::new(),
+    };
+    let mut seen = std::collections::HashSet::new();
+    for entry in ours {
+        if seen.insert(entry.to_ascii_lowercase()) {
+            out.entries.push(entry.clone());
+        }
+    }
+    let user_entries = user
+        .iter()
+        .flat_map(|v| v.split([',', ' ', '\t', '\n']))
+        .map(str::trim)
+        .filter(|e| !e.is_empty());
+    for entry in user_entries {
+        if !seen.insert(entry.to_ascii_lowercase()) {
+            continue;
+        }
+        match routed.iter().find(|p| no_proxy_covers(entry, p)) {
+            Some(pattern) => out.dropped.push((entry.to_owned(), pattern.clone())),
+            None => out.entries.push(entry.to_owned()),
+        }
+    }
+    out
+}
+
+/// Whether a `NO_PROXY` entry exempts some host the routed `pattern` (`host` or `*.suffix`)
+/// matches, under the loosest reading clients have: `*` is everything; an entry is a domain
+/// suffix with or without a leading `.` or `*.` (curl, Python, Go, wget); a port is ignored.
+fn no_proxy_covers(entry: &str, pattern: &str) -> bool {
+    let e = entry.trim().to_ascii_lowercase();
+    if e == "*" {
+        return true;
+    }
+    let e = e.trim_start_matches("*.").trim_start_matches('.');
+    // `host:port` (but not an IPv6 literal, which vendor patterns never are).
+    let e = match e.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            host
+        }
+        _ => e,
+    };
+    let e = e.trim_end_matches('.');
+    if e.is_empty() {
+        return false;
+    }
+    let p = pattern.to_ascii_lowercase();
+    let under = |host: &str, domain: &str| host == domain || host.ends_with(&format!(".{domain}"));
+    match p.strip_prefix("*.") {
+        // `*.stripe.com` routes stripe.com and every name under it: an entry for any of them,
+        // or for a parent domain, exempts a routed host.
+        Some(suffix) => under(e, suffix) || under(suffix, e),
+        None => under(&p, e),
+    }
+}
+
 /// Renders the variables; values are written as given (see `write` for what is rejected).
 pub fn render(vars: &[(String, String)], format: EnvFormat) -> String {
     let mut out = String::from("# veris environment; generated, do not edit\n");
@@ -238,5 +330,81 @@ mod tests {
             Some(("proxy.local".into(), 80))
         );
         assert_eq!(split_proxy_url("http://"), None);
+    }
+
+    #[test]
+    fn php_scan_dir_keeps_the_default_dir_or_the_users_list() {
+        let trust = TrustFiles::at(Path::new("/v/trust"));
+        let mut spec = EnvSpec {
+            proxy_url: "http://127.0.0.1:1",
+            no_proxy: &[],
+            sandbox_id: "s",
+            canary: "c",
+            trust: &trust,
+            trust_only: true,
+            java_tool_options_base: None,
+            php_ini_scan_dir_base: None,
+        };
+        assert_eq!(php_ini_scan_dir(&spec), ":/v/trust/php");
+        spec.php_ini_scan_dir_base = Some("");
+        assert_eq!(php_ini_scan_dir(&spec), ":/v/trust/php");
+        spec.php_ini_scan_dir_base = Some("/etc/php/extra");
+        assert_eq!(php_ini_scan_dir(&spec), "/etc/php/extra:/v/trust/php");
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn no_proxy_is_merged_deduplicated_and_never_exempts_a_routed_host() {
+        let ours = strings(&["localhost", "127.0.0.1", "::1"]);
+        let routed = strings(&["api.stripe.com", "*.stripe.com", "www.googleapis.com"]);
+        let merged = merge_no_proxy(
+            &ours,
+            &[
+                "LOCALHOST, internal.corp,.stripe.com",
+                "internal.corp 10.0.0.0/8 *",
+            ],
+            &routed,
+        );
+        assert_eq!(
+            merged.entries,
+            strings(&[
+                "localhost",
+                "127.0.0.1",
+                "::1",
+                "internal.corp",
+                "10.0.0.0/8"
+            ])
+        );
+        assert_eq!(
+            merged.dropped,
+            vec![
+                (".stripe.com".to_string(), "api.stripe.com".to_string()),
+                ("*".to_string(), "api.stripe.com".to_string()),
+            ]
+        );
+        for (entry, covers) in [
+            ("stripe.com", true),
+            ("files.stripe.com", true),
+            ("*.stripe.com", true),
+            ("api.stripe.com:443", true),
+            ("com", true),
+            ("googleapis.com", true),
+            (".googleapis.com", true),
+            ("calendar.googleapis.com", false),
+            ("notstripe.com", false),
+            ("stripe.co", false),
+            ("10.0.0.0/8", false),
+            ("::1", false),
+            (".", false),
+        ] {
+            assert_eq!(
+                routed.iter().any(|p| no_proxy_covers(entry, p)),
+                covers,
+                "{entry}"
+            );
+        }
     }
 }

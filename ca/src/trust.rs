@@ -1,11 +1,14 @@
-//! Trust material published for the workload: the bare CA, a bundle and a Java truststore.
+//! Trust material published for the workload: the bare CA, a bundle, a Java truststore, and
+//! the small config files of clients that read no variable naming a CA file (wget, PHP).
 //!
 //! Everything goes into one directory (0755, files 0644) that an unprivileged workload can read,
 //! separate from the 0700 CA dir that holds the key. The bundle is the system roots plus the
 //! veris CA (last), for variables such as `SSL_CERT_FILE` that *replace* a client's roots. The
 //! truststore holds the same certificates, because `-Djavax.net.ssl.trustStore` replaces Java's
 //! defaults too. It is written as JKS by hand (a simple, stable format every JDK reads) rather
-//! than pulling in a PKCS#12 implementation.
+//! than pulling in a PKCS#12 implementation. wget (GnuTLS in Debian, deaf to `SSL_CERT_FILE`)
+//! reads its CA from a wgetrc, which `WGETRC` names; PHP's openssl and curl extensions read
+//! theirs from ini settings, which an extra ini dir on `PHP_INI_SCAN_DIR` supplies.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -24,6 +27,11 @@ pub const SYSTEM_BUNDLES: [&str; 3] = [
 pub const CA_PEM_FILE: &str = "ca.pem";
 pub const BUNDLE_FILE: &str = "bundle.pem";
 pub const TRUSTSTORE_FILE: &str = "truststore.jks";
+pub const WGETRC_FILE: &str = "wgetrc";
+/// A directory of its own: `PHP_INI_SCAN_DIR` names directories, and PHP reads every `.ini`
+/// in them.
+pub const PHP_INI_DIR: &str = "php";
+pub const PHP_INI_FILE: &str = "veris.ini";
 /// The conventional JDK password; a truststore holds only public certificates, so the password
 /// protects integrity against accidental edits, not secrecy.
 pub const TRUSTSTORE_PASSWORD: &str = "changeit";
@@ -35,6 +43,11 @@ pub struct TrustFiles {
     pub ca_pem: PathBuf,
     pub bundle: PathBuf,
     pub truststore: PathBuf,
+    /// wget's startup file (`WGETRC`): `ca_certificate` = the bundle.
+    pub wgetrc: PathBuf,
+    /// A PHP ini dir (for `PHP_INI_SCAN_DIR`) holding `veris.ini`: `openssl.cafile` and
+    /// `curl.cainfo` = the bundle.
+    pub php_ini_dir: PathBuf,
     pub truststore_password: String,
     /// "JKS" or "PKCS12".
     pub truststore_type: &'static str,
@@ -49,6 +62,8 @@ impl TrustFiles {
             ca_pem: trust_dir.join(CA_PEM_FILE),
             bundle: trust_dir.join(BUNDLE_FILE),
             truststore: trust_dir.join(TRUSTSTORE_FILE),
+            wgetrc: trust_dir.join(WGETRC_FILE),
+            php_ini_dir: trust_dir.join(PHP_INI_DIR),
             truststore_password: TRUSTSTORE_PASSWORD.to_owned(),
             truststore_type: "JKS",
         }
@@ -64,7 +79,8 @@ pub fn find_system_bundle(override_path: Option<&Path>) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Writes ca.pem, bundle.pem, truststore into trust_dir (0755 dir, 0644 files, atomic).
+/// Writes ca.pem, bundle.pem, truststore, wgetrc and php/veris.ini into trust_dir (0755 dirs,
+/// 0644 files, atomic).
 /// Without a system bundle, bundle = the veris CA alone (log a warning).
 pub fn publish(
     trust_dir: &Path,
@@ -119,8 +135,41 @@ pub fn publish(
     write_atomic(&files.ca_pem, ca.cert_pem().as_bytes(), 0o644)?;
     write_atomic(&files.bundle, bundle.as_bytes(), 0o644)?;
     write_atomic(&files.truststore, &jks, 0o644)?;
+    write_atomic(&files.wgetrc, wgetrc(&files.bundle).as_bytes(), 0o644)?;
+    ensure_dir(&files.php_ini_dir, 0o755)?;
+    write_atomic(
+        &files.php_ini_dir.join(PHP_INI_FILE),
+        php_ini(&files.bundle).as_bytes(),
+        0o644,
+    )?;
     tracing::debug!(dir = %trust_dir.display(), system_roots = n, "published trust material");
     Ok(files)
+}
+
+/// wget's startup file. The proxy itself comes from the `http_proxy`/`https_proxy`/`no_proxy`
+/// variables, which wget reads when `use_proxy` is on: it is said here because a system
+/// wgetrc may turn it off, and in the transparent tier (no proxy variables) it changes nothing.
+/// `WGETRC` replaces the user's `~/.wgetrc` (the system one is still read first).
+pub fn wgetrc(bundle: &Path) -> String {
+    format!(
+        "# veris: generated, do not edit. wget trusts the veris bundle (system roots + veris CA).\n\
+         ca_certificate = {}\n\
+         use_proxy = on\n",
+        bundle.display()
+    )
+}
+
+/// PHP's ini settings for its TLS clients: streams (`openssl.cafile`, used by
+/// `file_get_contents` and sockets) and the curl extension (`curl.cainfo`; libcurl reads no
+/// CA variable of its own).
+pub fn php_ini(bundle: &Path) -> String {
+    // A double-quoted ini value takes everything up to the next quote literally.
+    let path = bundle.display().to_string().replace('"', "");
+    format!(
+        "; veris: generated, do not edit. PHP trusts the veris bundle (system roots + veris CA).\n\
+         openssl.cafile = \"{path}\"\n\
+         curl.cainfo = \"{path}\"\n"
+    )
 }
 
 fn now_millis() -> u64 {

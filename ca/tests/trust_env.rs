@@ -29,8 +29,34 @@ fn publish_writes_ca_bundle_and_truststore_with_modes() {
     let files = trust::publish(&trust_dir, &ca, Some(&sys_bundle)).unwrap();
     assert_eq!(files, TrustFiles::at(&trust_dir));
     assert_eq!(mode(&trust_dir), 0o755);
-    for f in [&files.ca_pem, &files.bundle, &files.truststore] {
+    let php_ini = files.php_ini_dir.join(trust::PHP_INI_FILE);
+    for f in [
+        &files.ca_pem,
+        &files.bundle,
+        &files.truststore,
+        &files.wgetrc,
+        &php_ini,
+    ] {
         assert_eq!(mode(f), 0o644, "{}", f.display());
+    }
+    assert_eq!(mode(&files.php_ini_dir), 0o755);
+    // wget and PHP are pointed at the bundle, which is what they replace their roots with.
+    let bundle_path = files.bundle.display().to_string();
+    let wgetrc = fs::read_to_string(&files.wgetrc).unwrap();
+    assert!(
+        wgetrc
+            .lines()
+            .any(|l| l == format!("ca_certificate = {bundle_path}")),
+        "{wgetrc}"
+    );
+    assert!(wgetrc.lines().any(|l| l == "use_proxy = on"), "{wgetrc}");
+    let ini = fs::read_to_string(&php_ini).unwrap();
+    for key in ["openssl.cafile", "curl.cainfo"] {
+        assert!(
+            ini.lines()
+                .any(|l| l == format!("{key} = \"{bundle_path}\"")),
+            "{ini}"
+        );
     }
     assert_eq!(fs::read_to_string(&files.ca_pem).unwrap(), ca.cert_pem());
     let bundle = fs::read_to_string(&files.bundle).unwrap();
@@ -41,8 +67,15 @@ fn publish_writes_ca_bundle_and_truststore_with_modes() {
     );
     assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), 2);
     // The key never leaves the CA dir.
-    for e in fs::read_dir(&trust_dir).unwrap() {
-        let text = fs::read(e.unwrap().path()).unwrap();
+    for f in fs::read_dir(&trust_dir)
+        .unwrap()
+        .chain(fs::read_dir(&files.php_ini_dir).unwrap())
+    {
+        let path = f.unwrap().path();
+        if path.is_dir() {
+            continue;
+        }
+        let text = fs::read(&path).unwrap();
         assert!(!String::from_utf8_lossy(&text).contains("PRIVATE KEY"));
     }
     assert_eq!(files.truststore_type, "JKS");
@@ -117,6 +150,8 @@ fn fixed_trust() -> TrustFiles {
         ca_pem: PathBuf::from("/veris/trust/ca.pem"),
         bundle: PathBuf::from("/veris/trust/bundle.pem"),
         truststore: PathBuf::from("/veris/trust/truststore.jks"),
+        wgetrc: PathBuf::from("/veris/trust/wgetrc"),
+        php_ini_dir: PathBuf::from("/veris/trust/php"),
         truststore_password: "changeit".into(),
         truststore_type: "JKS",
     }
@@ -173,6 +208,8 @@ fn golden(prefix: &str, proxy: bool, java: &str) -> String {
     for k in BUNDLE_VARS {
         line(k, "/veris/trust/bundle.pem");
     }
+    line("WGETRC", "/veris/trust/wgetrc");
+    line("PHP_INI_SCAN_DIR", ":/veris/trust/php");
     line("JAVA_TOOL_OPTIONS", java);
     if proxy {
         line("VERIS_PROXY_URL", "http://127.0.0.1:8080");
@@ -194,6 +231,7 @@ fn spec<'a>(trust: &'a TrustFiles, np: &'a [String], trust_only: bool) -> EnvSpe
         trust,
         trust_only,
         java_tool_options_base: Some("-Xmx512m"),
+        php_ini_scan_dir_base: None,
     }
 }
 

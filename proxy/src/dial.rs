@@ -21,7 +21,14 @@
 //! needs. After the root path's privilege drop the mark is refused (`EPERM`),
 //! which is fine: the uid rule covers it, so the refusal is logged at debug
 //! once and marking stops.
+//!
+//! With `--upstream-proxy` ([`ChainProxy`]), a dial made for a client (a
+//! passthrough) goes through that HTTP proxy with `CONNECT host:port`
+//! instead of straight to its destination: the name (or the address the
+//! client dialed) is handed to the upstream proxy, which resolves it. The
+//! proxy's own dials (the twin) and loopback destinations never use it.
 
+use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -39,6 +46,239 @@ use tracing::debug;
 
 use crate::route::is_loopback;
 use crate::sys;
+
+/// An HTTP proxy that clients' passthrough dials are chained through with
+/// `CONNECT` (a corporate proxy in front of the sandbox's egress). Its
+/// credentials, from the URL's userinfo, travel as `Proxy-Authorization:
+/// Basic` and are never shown ([`fmt::Display`] leaves them out).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ChainProxy {
+    host: String,
+    port: u16,
+    authorization: Option<String>,
+}
+
+impl ChainProxy {
+    /// `http://[user[:password]@]host[:port][/]`; the port defaults to 80.
+    pub fn parse(url: &str) -> Result<ChainProxy, String> {
+        let rest = match url.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+            Some((scheme, _)) => {
+                return Err(format!(
+                "the upstream proxy must be an http:// URL (a {scheme}:// proxy is not supported)"
+            ))
+            }
+            None => url,
+        };
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.contains(['/', '?', '#']) {
+            return Err("the upstream proxy URL takes no path, query or fragment".into());
+        }
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let parsed: http::uri::Authority = hostport.parse().map_err(|e| {
+            format!("the upstream proxy address {hostport:?} is not host[:port]: {e}")
+        })?;
+        let host = parsed.host().to_string();
+        if host.is_empty() {
+            return Err("the upstream proxy URL has no host".into());
+        }
+        let port = match parsed.port() {
+            Some(p) => p.as_u16(),
+            None if hostport.ends_with(':') => {
+                return Err("the upstream proxy URL has an empty port".into())
+            }
+            None => 80,
+        };
+        if port == 0 {
+            return Err("the upstream proxy's port must be 1 to 65535".into());
+        }
+        let authorization = userinfo.map(|u| {
+            use base64::Engine as _;
+            let decoded = crate::reserved::percent_decode(u.as_bytes())
+                .unwrap_or_else(|| u.as_bytes().to_vec());
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(decoded)
+            )
+        });
+        Ok(ChainProxy {
+            host,
+            port,
+            authorization,
+        })
+    }
+
+    /// `CONNECT target` through this proxy; the stream is the tunnel once
+    /// the proxy said 2xx, with nothing of the destination's read yet.
+    async fn connect(&self, target: &str) -> io::Result<TcpStream> {
+        let mut stream = connect_host(&self.host, self.port)
+            .await
+            .map_err(|e| chain_error(self, target, ChainFailure::Unreachable(e.to_string())))?;
+        let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
+        if let Some(auth) = &self.authorization {
+            head.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
+        }
+        head.push_str("\r\n");
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        stream
+            .write_all(head.as_bytes())
+            .await
+            .map_err(|e| chain_error(self, target, ChainFailure::Unreachable(e.to_string())))?;
+        // The reply head, a byte at a time: a server that speaks first may
+        // send its greeting right behind it, and those bytes are the
+        // client's. The head is small and this happens once per tunnel.
+        let mut reply = Vec::with_capacity(128);
+        let mut byte = [0u8; 1];
+        while !reply.ends_with(b"\r\n\r\n") {
+            if reply.len() >= MAX_CONNECT_REPLY {
+                return Err(chain_error(
+                    self,
+                    target,
+                    ChainFailure::BadReply(format!("a reply head over {MAX_CONNECT_REPLY} bytes")),
+                ));
+            }
+            match stream.read(&mut byte).await {
+                Ok(0) => {
+                    return Err(chain_error(
+                        self,
+                        target,
+                        ChainFailure::BadReply("it closed the connection without a reply".into()),
+                    ))
+                }
+                Ok(_) => reply.push(byte[0]),
+                Err(e) => {
+                    return Err(chain_error(
+                        self,
+                        target,
+                        ChainFailure::Unreachable(e.to_string()),
+                    ))
+                }
+            }
+        }
+        let status_line = String::from_utf8_lossy(&reply);
+        let status_line = status_line.lines().next().unwrap_or("").trim().to_string();
+        let mut words = status_line.splitn(3, ' ');
+        let (version, code) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        match code.parse::<u16>() {
+            Ok(code) if version.starts_with("HTTP/1.") && (200..300).contains(&code) => Ok(stream),
+            Ok(code) if version.starts_with("HTTP/1.") => Err(chain_error(
+                self,
+                target,
+                ChainFailure::Refused {
+                    status: code,
+                    line: status_line.clone(),
+                },
+            )),
+            _ => Err(chain_error(
+                self,
+                target,
+                ChainFailure::BadReply(format!("{status_line:?} is not an HTTP/1.x status line")),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ChainProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') && !self.host.starts_with('[') {
+            write!(f, "http://[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "http://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Debug for ChainProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ChainProxy({self})")
+    }
+}
+
+/// The longest `CONNECT` reply head read from an upstream proxy.
+const MAX_CONNECT_REPLY: usize = 16 * 1024;
+
+/// What went wrong with the upstream proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainFailure {
+    /// No connection to it (refused, reset, unreachable).
+    Unreachable(String),
+    /// It answered the `CONNECT` with a status other than 2xx.
+    Refused { status: u16, line: String },
+    /// Its answer was not an HTTP/1.x reply head.
+    BadReply(String),
+}
+
+/// A dial through the upstream proxy that failed: which proxy, for which
+/// destination, and how. Carried inside an `io::Error` (find it with
+/// [`ChainError::find`]) so every dial path keeps its signature.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", self.describe())]
+pub struct ChainError {
+    pub proxy: String,
+    pub target: String,
+    pub failure: ChainFailure,
+}
+
+impl ChainError {
+    fn describe(&self) -> String {
+        let (proxy, target) = (&self.proxy, &self.target);
+        match &self.failure {
+            ChainFailure::Unreachable(e) => {
+                format!("cannot reach the upstream proxy {proxy} (for {target}): {e}")
+            }
+            ChainFailure::Refused { line, .. } => {
+                format!("the upstream proxy {proxy} answered CONNECT {target} with {line:?}")
+            }
+            ChainFailure::BadReply(why) => {
+                format!(
+                    "the upstream proxy {proxy} gave no usable answer to CONNECT {target}: {why}"
+                )
+            }
+        }
+    }
+
+    /// The chain failure somewhere in `e`'s sources (an `io::Error` from a
+    /// dial, or a client error wrapping one).
+    pub fn find<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a ChainError> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(err) = next {
+            if let Some(chain) = err.downcast_ref::<ChainError>() {
+                return Some(chain);
+            }
+            if let Some(io) = err.downcast_ref::<io::Error>() {
+                if let Some(chain) = io.get_ref().and_then(|i| i.downcast_ref::<ChainError>()) {
+                    return Some(chain);
+                }
+            }
+            next = err.source();
+        }
+        None
+    }
+}
+
+fn chain_error(proxy: &ChainProxy, target: &str, failure: ChainFailure) -> io::Error {
+    io::Error::other(ChainError {
+        proxy: proxy.to_string(),
+        target: target.to_string(),
+        failure,
+    })
+}
+
+/// `host:port` as a `CONNECT` target (an IPv6 literal bracketed).
+fn connect_target(host: &str, port: u16) -> String {
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
 
 /// Name resolution as the proxy's checks use it: `(host, port)` to the
 /// addresses it stands for. A function value so tests answer without DNS.
@@ -127,16 +367,76 @@ async fn connect_first(addrs: Vec<SocketAddr>, for_client: bool) -> io::Result<T
 }
 
 /// A dial made for a client (a passthrough): [`connect`], except that from
-/// an isolated run it never reaches this host itself.
-pub async fn connect_for_client(addr: SocketAddr) -> io::Result<TcpStream> {
+/// an isolated run it never reaches this host itself. With `via`, anything
+/// but loopback goes through the upstream proxy: to the name a synthetic
+/// address stands for, else to the address itself.
+pub async fn connect_for_client(
+    addr: SocketAddr,
+    via: Option<&ChainProxy>,
+) -> io::Result<TcpStream> {
+    if let Some(via) = via {
+        let ip = addr.ip().to_canonical();
+        if !(ip.is_loopback() || ip.is_unspecified()) {
+            let host = if SYNTHETIC.get().is_some() && crate::dns::is_synthetic(ip) {
+                match synthetic_name(ip).filter(|n| n.parse::<std::net::IpAddr>().is_err()) {
+                    Some(name) => name,
+                    None => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::NotFound,
+                            format!(
+                                "{ip} is a synthetic address veris's DNS stub never handed out"
+                            ),
+                        ))
+                    }
+                }
+            } else {
+                ip.to_string()
+            };
+            return via.connect(&connect_target(&host, addr.port())).await;
+        }
+    }
     let addrs = unsynthesize(addr).await?.unwrap_or_else(|| vec![addr]);
     connect_first(addrs, true).await
 }
 
 /// [`connect_host`] for a client (a tunnel): from an isolated run it never
-/// reaches this host itself.
-pub async fn connect_host_for_client(host: &str, port: u16) -> io::Result<TcpStream> {
+/// reaches this host itself. With `via`, a name that is not loopback goes
+/// to the upstream proxy unresolved (it resolves it).
+pub async fn connect_host_for_client(
+    host: &str,
+    port: u16,
+    via: Option<&ChainProxy>,
+) -> io::Result<TcpStream> {
+    if let Some(via) = via {
+        let bare = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        // A literal (a redirected request's destination, maybe synthetic):
+        // the address, or the name a synthetic one stands for.
+        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            return Box::pin(connect_for_client(SocketAddr::new(ip, port), Some(via))).await;
+        }
+        if !goes_direct(host) {
+            return via.connect(&connect_target(host, port)).await;
+        }
+    }
     connect_first(resolve(host, port).await?, true).await
+}
+
+/// Loopback destinations (names and literals) are dialed directly even
+/// with an upstream proxy: it could not reach this host's loopback.
+fn goes_direct(host: &str) -> bool {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let name = bare.trim_end_matches('.').to_ascii_lowercase();
+    if is_loopback(&name) {
+        return true;
+    }
+    name.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.to_canonical().is_loopback() || ip.is_unspecified())
 }
 
 /// The name a synthetic address stands for, when the stub handed it out.
@@ -236,6 +536,8 @@ pub async fn connect_host(host: &str, port: u16) -> io::Result<TcpStream> {
 pub struct PinnedConnector {
     pub addr: SocketAddr,
     pub timeout: Duration,
+    /// The upstream proxy a client's dial goes through, if any.
+    pub via: Option<Arc<ChainProxy>>,
 }
 
 impl tower_service::Service<Uri> for PinnedConnector {
@@ -248,10 +550,10 @@ impl tower_service::Service<Uri> for PinnedConnector {
     }
 
     fn call(&mut self, _: Uri) -> Self::Future {
-        let (addr, timeout) = (self.addr, self.timeout);
+        let (addr, timeout, via) = (self.addr, self.timeout, self.via.clone());
         Box::pin(async move {
             // Only a client's passthrough is pinned to an address.
-            let stream = tokio::time::timeout(timeout, connect_for_client(addr))
+            let stream = tokio::time::timeout(timeout, connect_for_client(addr, via.as_deref()))
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
             stream.set_nodelay(true)?;
@@ -268,6 +570,9 @@ pub struct Connector {
     /// Dials for clients' passthrough requests ([`connect_host_for_client`]),
     /// not for the proxy's own (the twin).
     pub for_client: bool,
+    /// The upstream proxy clients' dials go through, if any (never used
+    /// for the proxy's own).
+    pub via: Option<Arc<ChainProxy>>,
 }
 
 impl tower_service::Service<Uri> for Connector {
@@ -280,7 +585,7 @@ impl tower_service::Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let (timeout, for_client) = (self.timeout, self.for_client);
+        let (timeout, for_client, via) = (self.timeout, self.for_client, self.via.clone());
         Box::pin(async move {
             let host = uri.host().ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}"))
@@ -291,7 +596,7 @@ impl tower_service::Service<Uri> for Connector {
             });
             let dial = async {
                 if for_client {
-                    connect_host_for_client(host, port).await
+                    connect_host_for_client(host, port, via.as_deref()).await
                 } else {
                     connect_host(host, port).await
                 }
@@ -357,6 +662,121 @@ mod tests {
         assert_eq!(stream.peer_addr().unwrap(), addr);
     }
 
+    /// A one-connection CONNECT proxy on loopback that answers `reply` and
+    /// hands back the request head it read.
+    async fn one_shot_proxy(reply: &'static str) -> (ChainProxy, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://user:p%40ss@{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                if s.read(&mut b).await.unwrap() == 0 {
+                    break;
+                }
+                head.push(b[0]);
+            }
+            // The reply and, right behind it, what the destination said first.
+            s.write_all(reply.as_bytes()).await.unwrap();
+            s.write_all(b"banner").await.unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        (ChainProxy::parse(&url).unwrap(), task)
+    }
+
+    #[tokio::test]
+    async fn a_chained_dial_sends_connect_and_leaves_the_destinations_bytes() {
+        use tokio::io::AsyncReadExt;
+        let (via, task) = one_shot_proxy("HTTP/1.1 200 Connection established\r\n\r\n").await;
+        let mut s = connect_host_for_client("Example.test", 443, Some(&via))
+            .await
+            .unwrap();
+        let head = task.await.unwrap();
+        // user:p@ss, percent-decoded, in base64.
+        assert_eq!(
+            head,
+            "CONNECT Example.test:443 HTTP/1.1\r\nHost: Example.test:443\r\nProxy-Authorization: Basic dXNlcjpwQHNz\r\n\r\n"
+        );
+        let mut banner = [0u8; 6];
+        s.read_exact(&mut banner).await.unwrap();
+        assert_eq!(&banner, b"banner");
+        // Credentials never show.
+        assert!(!format!("{via} {via:?}").contains("p@ss"));
+    }
+
+    #[tokio::test]
+    async fn a_refusing_or_absent_upstream_proxy_is_a_chain_error() {
+        let (via, _task) = one_shot_proxy("HTTP/1.1 403 Forbidden\r\n\r\n").await;
+        let e = connect_host_for_client("denied.test", 443, Some(&via))
+            .await
+            .unwrap_err();
+        let chain = ChainError::find(&e).expect("a chain error");
+        assert_eq!(
+            chain.failure,
+            ChainFailure::Refused {
+                status: 403,
+                line: "HTTP/1.1 403 Forbidden".into()
+            }
+        );
+        assert!(
+            e.to_string().contains("answered CONNECT denied.test:443"),
+            "{e}"
+        );
+
+        // Nothing listens there any more.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let via = ChainProxy::parse(&url).unwrap();
+        let e = connect_host_for_client("x.test", 80, Some(&via))
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            ChainError::find(&e).map(|c| &c.failure),
+            Some(ChainFailure::Unreachable(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn loopback_is_dialed_directly_even_with_an_upstream_proxy() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A proxy that does not exist: any use of it would fail.
+        let via = ChainProxy::parse("http://127.0.0.1:1").unwrap();
+        let s = connect_host_for_client("localhost", addr.port(), Some(&via))
+            .await
+            .unwrap();
+        assert_eq!(s.peer_addr().unwrap(), addr);
+        let s = connect_for_client(addr, Some(&via)).await.unwrap();
+        assert_eq!(s.peer_addr().unwrap(), addr);
+    }
+
+    #[test]
+    fn upstream_proxy_urls_parse_or_say_why() {
+        let p = ChainProxy::parse("http://proxy.corp:3128/").unwrap();
+        assert_eq!(p.to_string(), "http://proxy.corp:3128");
+        assert_eq!(
+            ChainProxy::parse("proxy.corp").unwrap().to_string(),
+            "http://proxy.corp:80"
+        );
+        assert_eq!(
+            ChainProxy::parse("http://[::1]:8080").unwrap().to_string(),
+            "http://[::1]:8080"
+        );
+        for bad in [
+            "https://p:1",
+            "socks5://p:1",
+            "http://p:1/x",
+            "http://:1",
+            "http://p:0",
+            "http://p:",
+        ] {
+            assert!(ChainProxy::parse(bad).is_err(), "{bad}");
+        }
+    }
+
     #[tokio::test]
     async fn the_pinned_connector_ignores_the_uri_authority() {
         use tower_service::Service as _;
@@ -365,6 +785,7 @@ mod tests {
         let mut c = PinnedConnector {
             addr,
             timeout: Duration::from_secs(5),
+            via: None,
         };
         // A name no resolver is asked about: the pinned address is dialed.
         let io = c
@@ -382,6 +803,7 @@ mod tests {
         let mut c = Connector {
             timeout: Duration::from_secs(5),
             for_client: false,
+            via: None,
         };
         let io = c
             .call(

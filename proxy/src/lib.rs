@@ -563,7 +563,7 @@ impl Proxy {
         let started = Instant::now();
         let dial = tokio::time::timeout(
             self.connect_timeout,
-            dial::connect_host_for_client(&leg.host, leg.port),
+            dial::connect_host_for_client(&leg.host, leg.port, self.upstream.upstream_proxy()),
         )
         .await;
         let mut origin = match dial {
@@ -575,9 +575,14 @@ impl Proxy {
                     .await;
             }
             Ok(Err(e)) => {
+                if let Some(chain) = dial::ChainError::find(&e) {
+                    return self
+                        .upstream_proxy_failed(&leg, reason, started, chain)
+                        .await;
+                }
                 return self
                     .tunnel_failed(&leg, reason, started, e.to_string())
-                    .await
+                    .await;
             }
             Err(_) => {
                 return self
@@ -653,6 +658,39 @@ impl Proxy {
             "veris_passthrough_unreachable",
             format!("cannot reach {}:{} ({error})", leg.host, leg.port),
             json!({"host": leg.host}),
+        )
+    }
+
+    /// The upstream proxy (`--upstream-proxy`) could not give a passthrough
+    /// its tunnel: the client gets a 502 that names the proxy and what it
+    /// said, and the ledger a `passthrough` line (no destination reached)
+    /// closed at once by a `tunnel_close` line carrying the same words.
+    async fn upstream_proxy_failed(
+        &self,
+        leg: &Leg,
+        reason: &str,
+        started: Instant,
+        chain: &dial::ChainError,
+    ) -> Response<ProxyBody> {
+        warn!(host = %leg.host, port = leg.port, error = %chain, "the upstream proxy failed a passthrough");
+        if let Ok(open) = self
+            .record_passthrough(leg, reason, None, (0, 0), started)
+            .await
+        {
+            self.record_tunnel_close(open, (0, 0), started, Some(chain.to_string()))
+                .await;
+        }
+        let status = match &chain.failure {
+            dial::ChainFailure::Refused { status, .. } => Some(*status),
+            _ => None,
+        };
+        respond::error(
+            StatusCode::BAD_GATEWAY,
+            "veris_upstream_proxy_failed",
+            format!(
+                "{chain}. Next: check --upstream-proxy (address, credentials) and that it lets this host through"
+            ),
+            json!({"host": leg.host, "upstream_proxy": chain.proxy, "upstream_proxy_status": status}),
         )
     }
 
@@ -1197,10 +1235,16 @@ impl Proxy {
                 parts.version = Version::default();
                 Response::from_parts(parts, incoming.map_err(Into::into).boxed())
             }
-            Err(e) => {
-                self.tunnel_failed(leg, reason, started, e.to_string())
-                    .await
-            }
+            Err(e) => match dial::ChainError::find(&e) {
+                Some(chain) => {
+                    self.upstream_proxy_failed(leg, reason, started, chain)
+                        .await
+                }
+                None => {
+                    self.tunnel_failed(leg, reason, started, e.to_string())
+                        .await
+                }
+            },
         }
     }
 

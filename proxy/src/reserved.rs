@@ -92,7 +92,7 @@ fn is_dot_segment(segment: &[u8]) -> bool {
 /// One round of `%XX` decoding; `None` when there was nothing to decode.
 /// Works on bytes: what matters here is ASCII, and a lossy UTF-8 conversion
 /// must not stand between an escape and the byte it hides.
-fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
     let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
     let mut out = Vec::with_capacity(s.len());
     let mut changed = false;

@@ -205,6 +205,15 @@ impl Router {
         self.services.iter().position(|s| std::ptr::eq(s, service))
     }
 
+    /// Every host pattern a service claims, exact names first (`api.stripe.com`, then
+    /// `*.stripe.com`): what a `NO_PROXY` list must not exempt.
+    pub fn routed_hosts(&self) -> Vec<String> {
+        let mut exact: Vec<String> = self.exact.keys().cloned().collect();
+        exact.sort();
+        exact.extend(self.wildcard.iter().map(|(s, _)| format!("*.{s}")));
+        exact
+    }
+
     /// Decides a request: `host` may carry a port and any case; `path` has no query.
     pub fn route(&self, host: &str, path: &str) -> Route<'_> {
         let host = normalize_host(host);

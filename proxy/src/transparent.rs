@@ -368,7 +368,11 @@ impl Transparent {
 
     /// Dials the original destination, bounded, registered as our own.
     async fn dial(&self, dst: SocketAddr) -> io::Result<OwnDial> {
-        match tokio::time::timeout(self.proxy.connect_timeout, dial::connect_for_client(dst)).await
+        match tokio::time::timeout(
+            self.proxy.connect_timeout,
+            dial::connect_for_client(dst, self.proxy.upstream.upstream_proxy()),
+        )
+        .await
         {
             Ok(Ok(stream)) => Ok(OwnDial::new(stream, &self.own_dials)),
             Ok(Err(e)) => Err(e),

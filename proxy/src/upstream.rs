@@ -21,7 +21,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::body::{empty, ProxyBody};
-use crate::dial::{Connector, PinnedConnector};
+use crate::dial::{ChainProxy, Connector, PinnedConnector};
 
 /// How the upstream failed, which decides the client's status.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +57,9 @@ pub struct UpstreamOptions {
     pub connect_timeout: Duration,
     /// Time allowed for the response head; bodies stream without a limit.
     pub response_timeout: Duration,
+    /// `--upstream-proxy`: clients' passthrough dials go through it with
+    /// `CONNECT`; the twin never does.
+    pub upstream_proxy: Option<ChainProxy>,
 }
 
 impl Default for UpstreamOptions {
@@ -67,6 +70,7 @@ impl Default for UpstreamOptions {
             insecure_skip_verify: false,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(60),
+            upstream_proxy: None,
         }
     }
 }
@@ -84,6 +88,8 @@ pub struct Upstream {
     /// The TLS settings of `passthrough`, before ALPN, for one-off
     /// connections (a client's passthrough pinned to its destination).
     tls: rustls::ClientConfig,
+    /// The upstream proxy of clients' dials, if any.
+    via: Option<Arc<ChainProxy>>,
 }
 
 impl Upstream {
@@ -93,7 +99,9 @@ impl Upstream {
         let http = Connector {
             timeout: options.connect_timeout,
             for_client: false,
+            via: None,
         };
+        let via = options.upstream_proxy.clone().map(Arc::new);
         let tls = if options.insecure_skip_verify {
             rustls::ClientConfig::builder()
                 .dangerous()
@@ -132,6 +140,7 @@ impl Upstream {
                     .wrap_connector(Connector {
                         timeout: options.connect_timeout,
                         for_client: true,
+                        via: via.clone(),
                     }),
             );
         let h2c = Client::builder(TokioExecutor::new())
@@ -146,6 +155,7 @@ impl Upstream {
             response_timeout: options.response_timeout,
             connect_timeout: options.connect_timeout,
             tls: passthrough_tls,
+            via,
         }
     }
 
@@ -175,6 +185,11 @@ impl Upstream {
             }
         }
         ok
+    }
+
+    /// The upstream proxy clients' dials go through, if any.
+    pub fn upstream_proxy(&self) -> Option<&ChainProxy> {
+        self.via.as_deref()
     }
 
     /// Sends a request and waits (bounded) for the response head.
@@ -229,6 +244,7 @@ impl Upstream {
             .wrap_connector(PinnedConnector {
                 addr,
                 timeout: self.connect_timeout,
+                via: self.via.clone(),
             });
         let client: Client<_, ProxyBody> = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)

@@ -583,3 +583,52 @@ fn addr_of(url: &str) -> SocketAddr {
         .parse()
         .unwrap_or_else(|e| panic!("{url} is not http://<addr>: {e}"))
 }
+
+/// Why a network namespace with only `lo` cannot be made here (`unshare
+/// -rn`: user and network namespaces), if it cannot.
+pub fn lo_only_unavailable() -> Option<String> {
+    if !tool_works("unshare", &["-rn", "true"]) {
+        return Some("`unshare -rn` does not work here (user namespaces)".into());
+    }
+    if !tool_works("ip", &["-V"]) {
+        return Some("`ip` (iproute2) is not installed".into());
+    }
+    None
+}
+
+/// `program` in a fresh network namespace whose only interface is `lo`
+/// (up), with a cleared environment: a client that ignores the proxy finds
+/// no route and no resolver, so it fails instead of reaching anything.
+pub fn lo_only(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = command("unshare");
+    cmd.args(["-rn", "sh", "-c", "ip link set lo up && exec \"$@\"", "sh"])
+        .arg(program);
+    cmd
+}
+
+/// Appends one (client, tier, outcome, reason) line to the file
+/// `VERIS_CLIENTS_LOG` names, if set: `scripts/clients-md` renders
+/// CLIENTS.md from those lines. `outcome` is `works` or `fails`.
+pub fn record_client(client: &str, tier: &str, outcome: &str, reason: &str) {
+    use std::io::Write as _;
+    let Some(log) = std::env::var_os("VERIS_CLIENTS_LOG") else {
+        return;
+    };
+    let line = serde_json::json!({
+        "client": client,
+        "tier": tier,
+        "outcome": outcome,
+        "reason": reason,
+        "test": format!(
+            "{}::{}",
+            env!("CARGO_CRATE_NAME"),
+            std::thread::current().name().unwrap_or("?")
+        ),
+    });
+    // One write on an O_APPEND file: lines of parallel tests do not mix.
+    let _ = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(log)
+        .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+}
