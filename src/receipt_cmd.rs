@@ -160,9 +160,54 @@ fn print(args: &ReceiptArgs, report: &Report) -> Result<()> {
             eprintln!("{line}");
         }
     } else {
-        crate::out!("{}", report.text);
+        use std::io::IsTerminal;
+        let colour = crate::logging::colour(
+            std::io::stdout().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        );
+        crate::out!("{}", paint(&report.text, colour));
     }
     Ok(())
+}
+
+/// The receipt text for a terminal: the integrity verdict green, yellow or
+/// red by its word, `FAIL:` lines red. Without `colour`, the text as is
+/// (a pipe, a file, `NO_COLOR`): nothing but a person's eye reads colour.
+fn paint(text: &str, colour: bool) -> String {
+    if !colour {
+        return text.to_string();
+    }
+    const RED: &str = "\x1b[31m";
+    const GREEN: &str = "\x1b[32m";
+    const YELLOW: &str = "\x1b[33m";
+    const RESET: &str = "\x1b[0m";
+    let mut out = String::with_capacity(text.len() + 64);
+    for line in text.split_inclusive('\n') {
+        if line.starts_with("FAIL: ") {
+            let body = line.trim_end_matches('\n');
+            out.push_str(&format!("{RED}{body}{RESET}{}", &line[body.len()..]));
+            continue;
+        }
+        let mut line = line.to_string();
+        for (word, hue) in [
+            ("integrity: verified", GREEN),
+            ("integrity: unverified", YELLOW),
+            ("integrity: failed", RED),
+        ] {
+            if let Some(at) = line.find(word) {
+                let end = at + word.len();
+                line = format!(
+                    "{}{hue}{}{RESET}{}",
+                    &line[..at],
+                    &line[at..end],
+                    &line[end..]
+                );
+                break;
+            }
+        }
+        out.push_str(&line);
+    }
+    out
 }
 
 /// Builds and judges the receipt `args` ask for, printing nothing: `veris
@@ -419,3 +464,37 @@ pub async fn live_checks(ledger: &Path, run: &LiveRun<'_>, since: u64, until: u6
 
 /// How long the canary probe of a receipt may take.
 const CANARY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::paint;
+
+    #[test]
+    fn colour_marks_the_verdict_and_fail_lines_only_when_asked() {
+        let text = "Veris receipt — twin sbx\n  interception: proxy (explicit)   integrity: unverified (why)\nFAIL: stripe: wanted 2\n";
+        assert_eq!(paint(text, false), text);
+        let painted = paint(text, true);
+        assert!(
+            painted.contains("\x1b[33mintegrity: unverified\x1b[0m (why)\n"),
+            "{painted:?}"
+        );
+        assert!(
+            painted.contains("\x1b[31mFAIL: stripe: wanted 2\x1b[0m\n"),
+            "{painted:?}"
+        );
+        assert!(
+            painted.starts_with("Veris receipt — twin sbx\n"),
+            "{painted:?}"
+        );
+        // Nothing but the escapes is added.
+        let plain = painted
+            .replace("\x1b[33m", "")
+            .replace("\x1b[31m", "")
+            .replace("\x1b[0m", "");
+        assert_eq!(plain, text);
+        assert!(paint("integrity: verified\n", true).contains("\x1b[32mintegrity: verified"));
+        assert!(
+            paint("integrity: failed (x)", true).contains("\x1b[31mintegrity: failed\x1b[0m (x)")
+        );
+    }
+}
