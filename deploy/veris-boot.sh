@@ -24,6 +24,8 @@
 #   VERIS_ENV_FILE [$VERIS_STATE_DIR/env]
 #   VERIS_QUIC_PORT [8443, UDP]        VERIS_ALLOW_QUIC [unset: UDP 443 to the sink]  VERIS_SYSTEM_TRUST [1: update the system store]
 #   VERIS_SERVE_ARGS [empty: extra `veris serve` flags, e.g. "--twin URL --sandbox ID"]
+#   VERIS_WORKLOAD_UID [unset: the uid the workload runs as, not 0 and not the proxy's; without
+#                       it receipts say `unverified (workload may share the proxy uid)`]
 set -eu
 
 BIN=${VERIS_BIN:-/usr/local/bin/veris}
@@ -87,8 +89,10 @@ start() {
     #    VERIS_SERVE_ARGS is wanted.
     quic=""
     [ -z "${VERIS_ALLOW_QUIC:-}" ] || quic="--allow-quic"
+    workload=""
+    [ -z "${VERIS_WORKLOAD_UID:-}" ] || workload="--workload-uid $VERIS_WORKLOAD_UID"
     # shellcheck disable=SC2086
-    "$BIN" serve --transparent --install-redirect --proxy-uid "$PROXY_UID" $quic \
+    "$BIN" serve --transparent --install-redirect --proxy-uid "$PROXY_UID" $quic $workload \
         --https-listen "[::]:$HTTPS_PORT" --http-listen "[::]:$HTTP_PORT" \
         --quic-listen "[::]:$QUIC_PORT" \
         --state-dir "$STATE" --ready-file "$READY" \

@@ -288,8 +288,11 @@ fn cert_body(pem: &str) -> String {
 /// Whether the file at `path` holds the certificate whose body is `body`;
 /// `Err` says why it could not be read.
 fn holds(path: &Path, body: &str) -> std::result::Result<bool, String> {
-    match std::fs::read_to_string(path) {
+    // A system bundle is a few hundred KB; a FIFO or /dev/zero planted
+    // here must not hang or fill the doctor.
+    match crate::stack::read_bounded(path, 64 << 20, true) {
         Ok(text) => Ok(cert_bodies(&text).iter().any(|b| b == body)),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(e.to_string()),
         Err(e) => Err(e.kind().to_string()),
     }
 }
@@ -395,13 +398,12 @@ struct Modes {
     exposed: Vec<String>,
 }
 
+/// The secrets of a state dir, relative to it.
+const SECRETS: [&str; 3] = ["ca/veris-ca-key.pem", "seal.key", TOKEN_FILE];
+
 /// What `mode` means for the entry at `rel` (a path inside the state dir).
 fn judge_mode(rel: &Path, is_dir: bool, mode: u32, shown: String, m: &mut Modes) {
-    let secret = [
-        Path::new("ca/veris-ca-key.pem"),
-        Path::new("seal.key"),
-        Path::new(TOKEN_FILE),
-    ];
+    let secret = SECRETS.map(Path::new);
     // `admin.addr` (0644) names no secret: a reader of another uid that was
     // given the token (`VERIS_ADMIN_TOKEN`) finds the proxy through it. Like
     // everything else, it must not be writable by others.
@@ -422,14 +424,26 @@ fn walk_modes(state: &Path) -> Modes {
         if seen > MAX_WALK {
             break;
         }
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        let Ok(mut meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
-        // A link's own mode is always 0777 and means nothing.
-        if meta.file_type().is_symlink() {
-            continue;
-        }
         let rel = path.strip_prefix(state).unwrap_or(&path);
+        // A link's own mode is always 0777 and means nothing: the state dir
+        // itself is judged by what it points at; a secret (or `ca/`) that is
+        // a link is a finding (its target's modes and owner are anyone's).
+        if meta.file_type().is_symlink() {
+            if path == state {
+                match std::fs::metadata(&path) {
+                    Ok(target) => meta = target,
+                    Err(_) => continue,
+                }
+            } else {
+                if rel == Path::new("ca") || SECRETS.map(Path::new).contains(&rel) {
+                    m.exposed.push(format!("{} (a symlink)", shown(&path)));
+                }
+                continue;
+            }
+        }
         judge_mode(
             rel,
             meta.is_dir(),
@@ -806,7 +820,7 @@ async fn live(state: &Path) -> Live {
             status: None,
         },
         Discovery::NotLive => {
-            let addr = std::fs::read_to_string(state.join(ADDR_FILE)).ok();
+            let addr = crate::stack::read_bounded(&state.join(ADDR_FILE), 4096, false).ok();
             let finding = match addr {
                 Some(addr) => Finding::fail(
                     "proxy",
@@ -893,6 +907,37 @@ mod tests {
         assert_eq!(m.exposed, ["ca (0755)", "seal.key (0640)"]);
         judge("admin.addr", false, 0o100664, &mut m);
         assert_eq!(m.writable.last().unwrap(), "admin.addr (0664)");
+    }
+
+    /// A state dir reached through a link is walked; a secret that is a link
+    /// is a finding whatever its target's mode.
+    #[test]
+    fn links_to_the_state_dir_are_followed_and_linked_secrets_are_findings() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("veris-doctor-links-{}", std::process::id()));
+        let real = base.join("real");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("ledger.jsonl"), "").unwrap();
+        std::fs::set_permissions(
+            real.join("ledger.jsonl"),
+            std::fs::Permissions::from_mode(0o666),
+        )
+        .unwrap();
+        std::fs::write(base.join("key"), "k").unwrap();
+        std::fs::set_permissions(base.join("key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(base.join("key"), real.join("seal.key")).unwrap();
+        let link = base.join("state");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let m = walk_modes(&link);
+        assert!(
+            m.writable.iter().any(|w| w.contains("ledger.jsonl")),
+            "{m:?}"
+        );
+        assert!(
+            m.exposed.iter().any(|e| e.contains("seal.key (a symlink)")),
+            "{m:?}"
+        );
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     fn status(proxy_url: &str) -> LiveStatus {

@@ -312,11 +312,14 @@ pub enum Discovery {
 /// answers to the token from `admin.token` (0600, so readable by the proxy
 /// uid and root), else to `$VERIS_ADMIN_TOKEN`.
 pub async fn discover(state_dir: &Path) -> Discovery {
-    let Ok(addr) = std::fs::read_to_string(state_dir.join(ADDR_FILE)) else {
+    // Bounded, regular files only: the workload may have planted a FIFO or
+    // a link to /dev/zero here, and a reader (an MCP tool call) must not hang.
+    let read = |name: &str| crate::stack::read_bounded(&state_dir.join(name), 4096, false);
+    let Ok(addr) = read(ADDR_FILE) else {
         return Discovery::NotLive;
     };
     let base = format!("http://{}", addr.trim());
-    let token = match std::fs::read_to_string(state_dir.join(TOKEN_FILE)) {
+    let token = match read(TOKEN_FILE) {
         Ok(t) => t.trim().to_string(),
         Err(e) => match std::env::var("VERIS_ADMIN_TOKEN") {
             Ok(t) if !t.trim().is_empty() => t.trim().to_string(),

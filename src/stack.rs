@@ -1240,6 +1240,38 @@ async fn start_builtin_twin(
     Ok((url, task, credential))
 }
 
+/// Reads a small text file that someone else may have planted: only a regular file
+/// (a FIFO would block the reader forever, `/dev/zero` would fill its memory), opened
+/// without blocking and, unless `follow`, not through a symlink; at most `cap` bytes, more
+/// is an error.
+pub fn read_bounded(path: &Path, cap: u64, follow: bool) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut flags = libc::O_NONBLOCK;
+    if !follow {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    let mut text = String::new();
+    f.take(cap + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > cap {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is larger than {cap} bytes", path.display()),
+        ));
+    }
+    Ok(text)
+}
+
 /// Writes via a temp file in the same dir and a rename, so readers never see a partial file.
 /// The temp file is created new (`O_EXCL`: never through a link or a file someone planted at
 /// its name, which matters when root writes the ready file into a shared directory) and removed

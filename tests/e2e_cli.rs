@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{command, output, text, veris, Serve, TempDir, DEADLINE};
+use support::{command, output, output_within, text, veris, Serve, TempDir, DEADLINE};
 
 #[test]
 fn demo_makes_four_calls_and_prints_the_receipt() {
@@ -508,4 +508,48 @@ fn skip_is_recorded_for_the_summary() {
     assert!(out.status.success(), "{:?}", text(&out));
     let lines = std::fs::read_to_string(&log).expect("the skip log");
     assert_eq!(lines, "e2e_cli::skip_probe: probe skip\n");
+}
+
+/// A workload that shares the state dir may plant a FIFO or a link to
+/// /dev/zero where a reader looks for the live proxy: `veris receipt` (and
+/// with it every MCP call) and `veris doctor` must answer, not hang or fill
+/// their memory. (Under a 2 GB address-space limit, so a reader that reads
+/// /dev/zero unbounded fails fast instead of growing.)
+#[test]
+fn planted_fifos_and_dev_zero_in_the_state_dir_neither_hang_nor_fill_a_reader() {
+    let dir = TempDir::new("planted");
+    let state = dir.join("state");
+    let out = output(veris(["ca", "init", "--state-dir"]).arg(&state));
+    assert!(out.status.success(), "{:?}", text(&out));
+    let bin = support::bin();
+    let limited = |args: &str| {
+        let mut cmd = command("sh");
+        cmd.arg("-c")
+            .arg(format!("ulimit -v 2000000; exec {} {args}", bin.display()));
+        output_within(&mut cmd, std::time::Duration::from_secs(30))
+    };
+    let mkfifo = |p: &std::path::Path| {
+        let out = output(command("mkfifo").arg(p));
+        assert!(out.status.success(), "{:?}", text(&out));
+    };
+    let s = state.display().to_string();
+    mkfifo(&state.join("admin.addr"));
+    let out = limited(&format!("receipt --state-dir {s}"));
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    let out = limited(&format!("doctor --state-dir {s}"));
+    assert!(out.status.code().is_some(), "{:?}", text(&out));
+
+    std::fs::remove_file(state.join("admin.addr")).unwrap();
+    std::fs::write(state.join("admin.addr"), "127.0.0.1:9\n").unwrap();
+    std::os::unix::fs::symlink("/dev/zero", state.join("admin.token")).unwrap();
+    let bundle = state.join("trust").join("bundle.pem");
+    std::fs::remove_file(&bundle).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &bundle).unwrap();
+    let out = limited(&format!("receipt --state-dir {s}"));
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    assert!(!text(&out).1.contains("memory"), "{:?}", text(&out));
+    let out = limited(&format!("doctor --state-dir {s}"));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(stdout.contains("not a regular file"), "{stdout}");
 }

@@ -89,6 +89,8 @@ pub struct Builder<'o> {
     last: u64,
     /// The newest session line at or before the window end.
     session: Option<Line>,
+    /// The newest session line not in the window (at or before its start).
+    session_before: Option<Line>,
     /// The live anchor's seal line was looked for (`Some`) and found (`true`).
     live_seal: Option<bool>,
     w: WindowFold,
@@ -108,6 +110,7 @@ impl<'o> Builder<'o> {
             until: options.until.unwrap_or(u64::MAX),
             last: 0,
             session: None,
+            session_before: None,
             live_seal: None,
             w: WindowFold {
                 since,
@@ -145,6 +148,9 @@ impl<'o> Builder<'o> {
             }
         }
         if line.seq <= self.w.since {
+            if let Entry::Session { .. } = &line.entry {
+                self.session_before = Some(line.clone());
+            }
             return;
         }
         self.w.evidence.line(line, &self.keys);
@@ -327,6 +333,7 @@ impl<'o> Builder<'o> {
         let facts = FileFacts {
             read,
             session: self.session.as_ref(),
+            session_before: self.session_before.as_ref(),
             live_seal_found: self.live_seal == Some(true),
         };
         let integrity =

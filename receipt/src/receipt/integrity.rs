@@ -62,6 +62,8 @@ pub(super) struct Evidence {
     first_seq: Option<u64>,
     unclosed: Option<u64>,
     segments: Vec<Segment>,
+    /// The first session line of the window whose key custody fails.
+    custody: Option<Check>,
 }
 
 /// The seal keys a window's seals are checked with, decided by the anchor.
@@ -128,6 +130,9 @@ impl Evidence {
                         m.why, m.file, m.head_seq, m.head_hash, l.seq
                     ));
                 }
+                if self.custody.is_none() {
+                    self.custody = custody_check(l);
+                }
                 if let Some(s) = self.open.filter(|_| !self.last_was_final) {
                     self.unclosed.get_or_insert(s);
                 }
@@ -192,6 +197,9 @@ pub(super) struct FileFacts<'a> {
     pub read: &'a LedgerRead,
     /// The newest session line at or before the window end.
     pub session: Option<&'a Line>,
+    /// The newest session line before the window's first line: the session
+    /// the window starts in when it does not start with a session line.
+    pub session_before: Option<&'a Line>,
     /// For a live anchor: whether the file's line at the fresh seal's seq
     /// is that seal, byte for byte.
     pub live_seal_found: bool,
@@ -269,7 +277,7 @@ pub(super) fn integrity(
     let seals_ok = seals.status == CheckStatus::Ok;
     checks.push(seals);
     if seals_ok {
-        if let Some(c) = custody_check(facts.session) {
+        if let Some(c) = window_custody(&ev, facts) {
             checks.push(c);
         }
     }
@@ -447,27 +455,49 @@ fn seals_check(
 /// could have pointed `admin.addr` at a stand-in that answers with the real
 /// key and token. Nothing in the state dir can rule that out, so neither a
 /// live read nor a pin lifts it; only the session's custody can.
-/// `session`: the newest session line at or before the window end.
-fn custody_check(session: Option<&Line>) -> Option<Check> {
+/// Every session the window covers counts, the worst deciding: a window
+/// that spans a restart is only as safe as its least guarded session.
+fn window_custody(ev: &Evidence, facts: &FileFacts<'_>) -> Option<Check> {
+    if let Some(c) = &ev.custody {
+        return Some(c.clone());
+    }
+    let starts_with_session = ev
+        .segments
+        .first()
+        .and_then(|s| s.first)
+        .is_some_and(|(_, s)| s);
+    match facts.session_before.filter(|_| !starts_with_session) {
+        Some(before) => custody_check(before),
+        // No session line names the key's custody at all.
+        None if facts.session.is_none() => Some(check(
+            "custody",
+            CheckStatus::Unverified,
+            "no session line says where the seal key was kept or which uid the workload ran as",
+        )),
+        None => None,
+    }
+}
+
+fn custody_check(session: &Line) -> Option<Check> {
     let Entry::Session {
         key_storage,
         proxy_uid,
         workload_uid,
-        tier,
         ..
-    } = &session?.entry
+    } = &session.entry
     else {
         return None;
     };
     if key_storage.as_deref() == Some("memory") {
         return None;
     }
+    // Only a uid the proxy was told (`--workload-uid`) counts: the redirect
+    // exempting the proxy's uid does not show that the workload runs as
+    // another (one started as the proxy's uid is simply not redirected).
     let detail = match (proxy_uid, workload_uid) {
+        (_, Some(0)) => "workload runs as root",
         (Some(p), Some(wl)) if p == wl => "workload shares the proxy uid",
         (Some(_), Some(_)) => return None,
-        // The redirect exempts the proxy uid alone: a workload caught by it
-        // runs as another uid.
-        _ if *tier == ListenerTier::Transparent && key_storage.is_some() => return None,
         _ => "workload may share the proxy uid",
     };
     Some(check(
@@ -781,6 +811,125 @@ mod tests {
         let i = verdict_of(&text, &pinned(&sealer, &text));
         assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
         assert!(i.reason.unwrap().contains("workload shares the proxy uid"));
+    }
+
+    fn session_of(sealer: &Sealer, tier: ListenerTier, uids: (Option<u32>, Option<u32>)) -> Entry {
+        let mut e = session(sealer, "file", (0, 0));
+        if let Entry::Session {
+            tier: t,
+            proxy_uid,
+            workload_uid,
+            ..
+        } = &mut e
+        {
+            *t = tier;
+            (*proxy_uid, *workload_uid) = uids;
+        }
+        e
+    }
+
+    /// Each session: its line, a request, its final seal.
+    fn sessions(dir: &Dir, sealer: &Sealer, lines: Vec<Entry>) -> String {
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        for session in lines {
+            ledger.append(session).unwrap();
+            ledger.append(request("/v1/charges")).unwrap();
+            ledger.append(recorded("canary", "ok")).unwrap();
+            ledger.append(recorded("twin_cross_check", "ok")).unwrap();
+            ledger.seal(sealer, "shutdown").unwrap();
+        }
+        drop(ledger);
+        std::fs::read_to_string(&path).unwrap()
+    }
+
+    fn custody(i: &Integrity) -> Option<String> {
+        i.checks
+            .iter()
+            .find(|c| c.name == "custody")
+            .map(|c| c.detail.clone())
+    }
+
+    /// A restart that adds `--workload-uid` does not vouch for the session
+    /// before it: a window spanning both is as weak as the weaker one, also
+    /// when it starts inside the weak session (a baseline).
+    #[test]
+    fn every_session_of_the_window_counts_for_custody() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let explicit = ListenerTier::Explicit;
+        let text = sessions(
+            &dir,
+            &sealer,
+            vec![
+                session_of(&sealer, explicit, (Some(1000), None)),
+                session_of(&sealer, explicit, (Some(1000), Some(2000))),
+            ],
+        );
+        let mut all = pinned(&sealer, &text);
+        all.scope = WindowSpec::All;
+        let i = verdict_of(&text, &all);
+        assert!(
+            custody(&i)
+                .unwrap()
+                .contains("workload may share the proxy uid"),
+            "{i:?}"
+        );
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        // From a baseline inside the first session: its custody holds.
+        let mut since = all.clone();
+        since.scope = WindowSpec::Since(2);
+        assert!(custody(&verdict_of(&text, &since)).is_some());
+        // The latest session alone has its workload uid.
+        let latest = pinned(&sealer, &text);
+        assert_eq!(custody(&verdict_of(&text, &latest)), None);
+        // A baseline inside the latest session.
+        let mut inside = all;
+        inside.scope = WindowSpec::Since(7);
+        assert_eq!(custody(&verdict_of(&text, &inside)), None);
+    }
+
+    /// The transparent tier's redirect exempts the proxy uid, which does not
+    /// show that the workload runs as another; root can read any key.
+    #[test]
+    fn only_a_named_other_uid_keeps_the_key_from_the_workload() {
+        let cases = [
+            (
+                ListenerTier::Transparent,
+                (Some(14741), None),
+                Some("may share"),
+            ),
+            (
+                ListenerTier::Transparent,
+                (Some(0), None),
+                Some("may share"),
+            ),
+            (
+                ListenerTier::Transparent,
+                (Some(14741), Some(0)),
+                Some("runs as root"),
+            ),
+            (
+                ListenerTier::Explicit,
+                (Some(0), Some(0)),
+                Some("runs as root"),
+            ),
+            (ListenerTier::Transparent, (Some(14741), Some(1000)), None),
+            (ListenerTier::Explicit, (Some(0), Some(65534)), None),
+        ];
+        for (tier, uids, want) in cases {
+            let dir = Dir::new();
+            let sealer = Sealer::ephemeral().unwrap();
+            let text = sessions(&dir, &sealer, vec![session_of(&sealer, tier, uids)]);
+            let got = custody(&verdict_of(&text, &pinned(&sealer, &text)));
+            match want {
+                Some(w) => assert!(
+                    got.as_deref().is_some_and(|g| g.contains(w)),
+                    "{tier:?} {uids:?}: {got:?}"
+                ),
+                None => assert_eq!(got, None, "{tier:?} {uids:?}"),
+            }
+        }
     }
 
     /// Read live, the answer comes from whatever `admin.addr` names, which a
