@@ -474,7 +474,7 @@ impl SessionFacts {
     pub fn of_file(path: &Path, until: u64) -> Result<SessionFacts, veris_receipt::LedgerError> {
         use veris_receipt::ledger::{LineReader, RawLine};
         let mut f = SessionFacts::default();
-        let file = match std::fs::File::open(path) {
+        let file = match veris_receipt::ledger::open_ledger(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(f),
             Err(source) => {

@@ -552,4 +552,11 @@ fn planted_fifos_and_dev_zero_in_the_state_dir_neither_hang_nor_fill_a_reader() 
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
     assert!(stdout.contains("not a regular file"), "{stdout}");
+
+    // A FIFO as the ledger itself.
+    mkfifo(&state.join("ledger.jsonl"));
+    let out = limited(&format!("receipt --state-dir {s}"));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("not a regular file"), "{stderr}");
 }

@@ -44,7 +44,8 @@ mod tail;
 mod write;
 
 pub use read::{
-    mentions, read, read_bytes, scan, scan_file, LineReader, RawLine, MAX_LINE, PROBLEM_CAP,
+    mentions, open_ledger, read, read_bytes, scan, scan_file, LineReader, RawLine, MAX_LINE,
+    PROBLEM_CAP,
 };
 pub use write::{Appending, Ledger, INDEX_EVERY};
 

@@ -48,6 +48,24 @@ pub fn read_bytes(bytes: &[u8]) -> LedgerRead {
 }
 
 /// [`scan`] over a file; a missing file is an empty ledger.
+/// Opens a ledger for reading: a regular file only, opened without blocking,
+/// so a FIFO (or a device) the workload planted at the ledger's path is an
+/// error, not a reader (an MCP tool call, `veris receipt`) stuck forever.
+pub fn open_ledger(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
+    }
+    Ok(f)
+}
+
 pub fn scan_file(
     path: &Path,
     problem_cap: usize,
@@ -57,7 +75,7 @@ pub fn scan_file(
         path: path.to_path_buf(),
         source,
     };
-    match std::fs::File::open(path) {
+    match open_ledger(path) {
         Ok(f) => scan(f, problem_cap, visit).map_err(read_err),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             Ok(scan(&[][..], problem_cap, visit).unwrap_or_default())
