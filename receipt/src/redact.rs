@@ -478,6 +478,26 @@ const KEY_STARTS: [bool; 256] = {
     starts
 };
 
+/// The first two bytes of [`SECRET_PREFIXES`] (every prefix has at least
+/// two), one bit per byte pair: a word that starts like one (`s` of
+/// `stripe`) but goes on unlike any (`st`) is passed over too.
+const KEY_PAIRS: [u64; 1024] = {
+    let mut pairs = [0u64; 1024];
+    let mut k = 0;
+    while k < SECRET_PREFIXES.len() {
+        let p = SECRET_PREFIXES[k].0.as_bytes();
+        let at = (p[0] as usize) << 8 | p[1] as usize;
+        pairs[at >> 6] |= 1 << (at & 63);
+        k += 1;
+    }
+    pairs
+};
+
+fn key_pair(first: u8, second: u8) -> bool {
+    let at = usize::from(first) << 8 | usize::from(second);
+    KEY_PAIRS[at >> 6] >> (at & 63) & 1 == 1
+}
+
 fn key_shapes(b: &[u8]) -> Vec<(usize, usize)> {
     let mut spans = Vec::new();
     // Per shape, the first position where it may match again after a miss.
@@ -486,7 +506,10 @@ fn key_shapes(b: &[u8]) -> Vec<(usize, usize)> {
     while i < b.len() {
         let mut hit = None;
         let c = b[i];
-        if KEY_STARTS[usize::from(c)] && boundary(b, i) {
+        if KEY_STARTS[usize::from(c)]
+            && b.get(i + 1).is_some_and(|&d| key_pair(c, d))
+            && boundary(b, i)
+        {
             for (k, &(prefix, min, body)) in SECRET_PREFIXES.iter().enumerate() {
                 // Most shapes start with another byte: one compare each.
                 if prefix.as_bytes()[0] != c || i < retry[k] {
@@ -1088,6 +1111,22 @@ pub fn url(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_key_prefix_passes_the_pair_filter_and_others_do_not() {
+        for (prefix, _, _) in SECRET_PREFIXES {
+            let p = prefix.as_bytes();
+            assert!(p.len() >= 2, "{prefix}");
+            assert!(
+                KEY_STARTS[usize::from(p[0])] && key_pair(p[0], p[1]),
+                "{prefix}"
+            );
+        }
+        for pair in ["st", "ww", "sa", "gm", "Ap", "xy", "s_"] {
+            let p = pair.as_bytes();
+            assert!(!key_pair(p[0], p[1]), "{pair}");
+        }
+    }
 
     #[test]
     fn the_untouched_shortcut_agrees_with_every_scanner() {
