@@ -15,29 +15,12 @@ use clap::Args;
 use veris_receipt::har::HarBuilder;
 use veris_receipt::receipt::CheckStatus;
 
-use crate::receipt_cmd::{ReceiptArgs, RequireArgs};
+use crate::receipt_cmd::{ReceiptArgs, RequireArgs, WindowArgs};
 
 #[derive(Args, Debug)]
 pub struct HarArgs {
-    /// State dir whose ledger to read [default: $VERIS_STATE_DIR, else ~/.veris].
-    #[arg(long, value_name = "DIR", conflicts_with = "ledger")]
-    pub state_dir: Option<PathBuf>,
-    /// Ledger file to read (e.g. a `veris run`'s, runs/<run_id>/ledger.jsonl).
-    #[arg(long, value_name = "FILE")]
-    pub ledger: Option<PathBuf>,
-    /// Only what happened after this baseline (printed by `veris baseline`) or ledger seq.
-    #[arg(long, value_name = "TOKEN", conflicts_with = "all")]
-    pub since: Option<String>,
-    /// The whole ledger, every session [default: the latest session].
-    #[arg(long)]
-    pub all: bool,
-    /// Pin the seal key, as for `veris receipt --key` (needed for a
-    /// `verified` comment offline).
-    #[arg(long, value_name = "FINGERPRINT|FILE")]
-    pub key: Option<String>,
-    /// Only this service.
-    #[arg(long, value_name = "NAME")]
-    pub service: Option<String>,
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// Write the HAR to FILE (replaced atomically) instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -45,12 +28,7 @@ pub struct HarArgs {
 
 pub async fn har(args: HarArgs) -> Result<u8> {
     let receipt_args = ReceiptArgs {
-        state_dir: args.state_dir.clone(),
-        ledger: args.ledger.clone(),
-        since: args.since.clone(),
-        all: args.all,
-        key: args.key.clone(),
-        service: args.service.clone(),
+        window: args.window.clone(),
         json: true,
         junit: None,
         require: RequireArgs {
@@ -60,7 +38,7 @@ pub async fn har(args: HarArgs) -> Result<u8> {
     };
     // One pass over the file for both: the HAR holds exactly the lines the
     // receipt's verdict was reached on, whatever happens to the file after.
-    let mut har = HarBuilder::new(args.service.as_deref());
+    let mut har = HarBuilder::new(args.window.service.as_deref());
     let report = crate::receipt_cmd::build_with(&receipt_args, |line, fold| {
         har.line(line, fold.window_so_far())
     })

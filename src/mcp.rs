@@ -32,7 +32,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::check::EXIT_CHECK_FAILED;
 use crate::live::{self, Discovery};
-use crate::receipt_cmd::{ReceiptArgs, RequireArgs};
+use crate::receipt_cmd::{ReceiptArgs, RequireArgs, WindowArgs};
 use crate::EXIT_USAGE;
 
 #[derive(Args, Debug)]
@@ -226,12 +226,14 @@ impl Veris {
             return failure("veris_receipt", EXIT_USAGE, &e);
         }
         let args = ReceiptArgs {
-            state_dir: Some(self.state_dir.clone()),
-            ledger: None,
-            since: p.since,
-            all: p.all,
-            key: self.key.clone(),
-            service: p.service,
+            window: WindowArgs {
+                state_dir: Some(self.state_dir.clone()),
+                ledger: None,
+                since: p.since,
+                all: p.all,
+                key: self.key.clone(),
+                service: p.service,
+            },
             json: true,
             junit: None,
             require: RequireArgs {

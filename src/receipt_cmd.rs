@@ -54,8 +54,10 @@ impl RequireArgs {
     }
 }
 
-#[derive(Args, Debug)]
-pub struct ReceiptArgs {
+/// Which ledger and which window of it: shared by `veris receipt` and
+/// `veris har`, so the two read the same lines for the same flags.
+#[derive(Args, Debug, Clone, Default)]
+pub struct WindowArgs {
     /// State dir whose ledger to read [default: $VERIS_STATE_DIR, else ~/.veris].
     #[arg(long, value_name = "DIR", conflicts_with = "ledger")]
     pub state_dir: Option<PathBuf>,
@@ -76,6 +78,12 @@ pub struct ReceiptArgs {
     /// Only this service.
     #[arg(long, value_name = "NAME")]
     pub service: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReceiptArgs {
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// Print the receipt as JSON.
     #[arg(long)]
     pub json: bool,
@@ -225,22 +233,22 @@ pub async fn build_with(
     visit: impl FnMut(&Line, &receipt::Builder<'_>),
 ) -> Result<Report> {
     let reqs = args.require.parse()?;
-    let baseline = match &args.since {
+    let baseline = match &args.window.since {
         Some(t) => Some(Baseline::parse(t)?),
         None => None,
     };
-    let pin = match &args.key {
+    let pin = match &args.window.key {
         Some(k) => Some(parse_pin(k)?),
         None => None,
     };
-    let state_dir = crate::state_dir(args.state_dir.clone());
-    let path = match &args.ledger {
+    let state_dir = crate::state_dir(args.window.state_dir.clone());
+    let path = match &args.window.ledger {
         Some(p) => p.clone(),
         None => state_dir.join("ledger.jsonl"),
     };
     // A live proxy for this state dir makes the full set of checks possible.
     let mut unusable = None;
-    let live = match &args.ledger {
+    let live = match &args.window.ledger {
         Some(_) => None,
         None => match crate::live::discover(&state_dir).await {
             Discovery::Live(l) => Some(l),
@@ -258,7 +266,7 @@ pub async fn build_with(
         );
     }
     let mut options = Options {
-        scope: if args.all {
+        scope: if args.window.all {
             WindowSpec::All
         } else {
             match &baseline {
@@ -266,7 +274,7 @@ pub async fn build_with(
                 None => WindowSpec::LatestSession,
             }
         },
-        service: args.service.clone(),
+        service: args.window.service.clone(),
         hint_keys: seal_keys_beside(&path),
         ..Options::default()
     };
@@ -291,7 +299,7 @@ pub async fn build_with(
             // never be met: a typo is a usage error listing the real names,
             // as in `veris run` (before the seal: a usage error writes nothing).
             // `--all` may reach back to sessions that routed other services.
-            if !args.all {
+            if !args.window.all {
                 let routed: Vec<String> = status.services.iter().map(|s| s.name.clone()).collect();
                 crate::run::known_services(&reqs, &routed)?;
             }
