@@ -480,34 +480,32 @@ fn permissions(state: &Path) -> Finding {
         Ok(_) => {}
     }
     let m = walk_modes(state);
-    if !m.writable.is_empty() {
-        let paths: Vec<&str> = m
-            .writable
+    // Each finding is `path (why)`; the fix names the paths alone.
+    let fail = |found: &[String], what: &str, why: &str, chmod: &str| {
+        let paths: Vec<&str> = found
             .iter()
             .map(|p| p.rsplit_once(" (").map_or(p.as_str(), |(p, _)| p))
             .collect();
-        return Finding::fail(
+        Finding::fail(
             "permissions",
-            format!(
-                "writable by group or others: {} (anyone could replace the CA, the ledger or the address a reader trusts)",
-                m.writable.join(", ")
-            ),
-            format!("chmod go-w {}", paths.join(" ")),
+            format!("{what}: {} ({why})", found.join(", ")),
+            format!("chmod {chmod} {}", paths.join(" ")),
+        )
+    };
+    if !m.writable.is_empty() {
+        return fail(
+            &m.writable,
+            "writable by group or others",
+            "anyone could replace the CA, the ledger or the address a reader trusts",
+            "go-w",
         );
     }
     if !m.exposed.is_empty() {
-        let paths: Vec<&str> = m
-            .exposed
-            .iter()
-            .map(|p| p.rsplit_once(" (").map_or(p.as_str(), |(p, _)| p))
-            .collect();
-        return Finding::fail(
-            "permissions",
-            format!(
-                "open to group or others: {} (the CA dir must be 0700, keys and the admin token 0600)",
-                m.exposed.join(", ")
-            ),
-            format!("chmod go-rwx {}", paths.join(" ")),
+        return fail(
+            &m.exposed,
+            "open to group or others",
+            "the CA dir must be 0700, keys and the admin token 0600",
+            "go-rwx",
         );
     }
     Finding::ok(

@@ -932,14 +932,9 @@ mod tests {
         }
     }
 
-    /// Read live, the answer comes from whatever `admin.addr` names, which a
-    /// workload holding the key and token could have pointed at itself.
-    #[test]
-    fn a_key_on_disk_shared_with_the_workload_caps_live_verdicts_too() {
-        let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
-        let (text, last) = finished_run(&dir, &sealer, "file", "ok");
-        let live = Options {
+    /// A live read anchored on `last`, the fresh seal the proxy returned.
+    fn live_read(sealer: &Sealer, last: &SealInfo) -> Options {
+        Options {
             anchor: Anchor::Live {
                 seal: last.clone(),
                 public_key: sealer.public_key_hex(),
@@ -947,7 +942,17 @@ mod tests {
             until: Some(last.seq),
             proxy_live: true,
             ..Options::default()
-        };
+        }
+    }
+
+    /// Read live, the answer comes from whatever `admin.addr` names, which a
+    /// workload holding the key and token could have pointed at itself.
+    #[test]
+    fn a_key_on_disk_shared_with_the_workload_caps_live_verdicts_too() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let (text, last) = finished_run(&dir, &sealer, "file", "ok");
+        let live = live_read(&sealer, &last);
         let i = verdict_of(&text, &live);
         assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
         assert!(i.reason.unwrap().contains("workload shares the proxy uid"));
@@ -958,15 +963,7 @@ mod tests {
         let dir = Dir::new();
         let sealer = Sealer::ephemeral().unwrap();
         let (text, last) = finished_run(&dir, &sealer, "memory", "ok");
-        let live = Options {
-            anchor: Anchor::Live {
-                seal: last.clone(),
-                public_key: sealer.public_key_hex(),
-            },
-            until: Some(last.seq),
-            proxy_live: true,
-            ..Options::default()
-        };
+        let live = live_read(&sealer, &last);
         let i = verdict_of(&text, &live);
         assert_eq!(i.status, IntegrityStatus::Verified, "{i:?}");
 
