@@ -95,7 +95,15 @@ fn secret_header_lower(name: &[u8]) -> bool {
     SECRET_HEADERS.iter().any(|h| name == h.as_bytes())
         || SECRET_HEADER_FRAGMENTS
             .iter()
-            .any(|f| name.windows(f.len()).any(|w| w == f.as_bytes()))
+            .any(|f| has_part(name, f.as_bytes()))
+}
+
+/// True when `part` (non-empty) occurs in `hay`. Both are a few bytes long,
+/// so a first-byte check before each compare beats a substring searcher's
+/// setup.
+fn has_part(hay: &[u8], part: &[u8]) -> bool {
+    hay.windows(part.len())
+        .any(|w| w[0] == part[0] && w[1..] == part[1..])
 }
 
 /// Redacts a query string (without the leading `?`): a parameter whose name
@@ -174,12 +182,24 @@ enum Context {
 /// (`client_assertion_type`, `token_type_hint`): they say which kind of
 /// credential, not which one. Their values are still scanned by [`text`].
 fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
-    let norm: String = name
-        .iter()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .map(|c| char::from(c.to_ascii_lowercase()))
-        .collect();
-    if norm.ends_with("type") || norm.ends_with("typehint") {
+    // The name's letters and digits, lower-cased: on the stack for any name
+    // a parameter has in practice (this runs for every recorded parameter).
+    let mut buf = [0u8; 64];
+    let long: Vec<u8>;
+    let alnum = name.iter().filter(|c| c.is_ascii_alphanumeric());
+    let norm: &[u8] = if alnum.clone().count() <= buf.len() {
+        let mut n = 0;
+        for (slot, c) in buf.iter_mut().zip(alnum) {
+            *slot = c.to_ascii_lowercase();
+            n += 1;
+        }
+        &buf[..n]
+    } else {
+        long = alnum.map(|c| c.to_ascii_lowercase()).collect();
+        &long
+    };
+    let is = |word: &&str| word.as_bytes() == norm;
+    if norm.ends_with(b"type") || norm.ends_with(b"typehint") {
         return false;
     }
     // Names that mean a secret wherever they stand.
@@ -203,7 +223,7 @@ fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
         "cvv",
         "accountnumber",
     ];
-    if CONTAINS.iter().any(|f| norm.contains(f)) {
+    if CONTAINS.iter().any(|f| has_part(norm, f.as_bytes())) {
         return true;
     }
     if context == Context::Prose {
@@ -233,12 +253,12 @@ fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
     const FLAGS: &[&str] = &[
         "true", "false", "1", "0", "yes", "no", "on", "off", "wait_for",
     ];
-    EXACT.contains(&norm.as_str())
-        || (UNLESS_FLAG.contains(&norm.as_str())
+    EXACT.iter().any(is)
+        || (UNLESS_FLAG.iter().any(is)
             && !FLAGS.iter().any(|f| value.eq_ignore_ascii_case(f.as_bytes())))
         // `x-goog-api-key`, `subscription-key`, `access_key`: a name ending
         // in "key" is a key in a query string often enough to err this way.
-        || norm.ends_with("key")
+        || norm.ends_with(b"key")
 }
 
 /// True for a payment card number: 12 to 19 digits (spaces and dashes
@@ -452,6 +472,70 @@ fn every_scanner(s: &str) -> String {
 /// is the same answer for the common case (a host, a method, a clean path)
 /// at the cost of one scan and no copies.
 fn untouched(s: &str) -> bool {
+    quiet(s.as_bytes()) || scanners_find_nothing(s)
+}
+
+/// True when no scanner can start anywhere in `b`: one pass over the bytes
+/// that checks, at each byte that could begin a match, the condition every
+/// scanner needs there (a key prefix's first two bytes at a token boundary,
+/// `eyJ` at a boundary, `bearer`/`basic` at a boundary, any `=`). A `%`
+/// (the decoded view may differ) or an `@` (a URL's `user:pass@`) leaves
+/// the answer to the scanners themselves. A screen, never a verdict: when
+/// it says false, [`scanners_find_nothing`] decides.
+fn quiet(b: &[u8]) -> bool {
+    for (i, &c) in b.iter().enumerate() {
+        let trigger = match TRIGGERS[usize::from(c)] {
+            Trigger::None => false,
+            Trigger::Always => true,
+            Trigger::AtBoundary => {
+                boundary(b, i)
+                    && ((KEY_STARTS[usize::from(c)]
+                        && b.get(i + 1).is_some_and(|&d| key_pair(c, d)))
+                        || b[i..].starts_with(b"eyJ")
+                        || starts_with_ignore_case(&b[i..], b"bearer")
+                        || starts_with_ignore_case(&b[i..], b"basic"))
+            }
+        };
+        if trigger {
+            return false;
+        }
+    }
+    true
+}
+
+fn starts_with_ignore_case(b: &[u8], word: &[u8]) -> bool {
+    b.get(..word.len())
+        .is_some_and(|h| h.eq_ignore_ascii_case(word))
+}
+
+/// What a byte means to [`quiet`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    None,
+    /// `%`, `=`, `@`: the scanners decide.
+    Always,
+    /// May begin a key shape, a JWT or an auth scheme at a token boundary.
+    AtBoundary,
+}
+
+const TRIGGERS: [Trigger; 256] = {
+    let mut t = [Trigger::None; 256];
+    let mut k = 0;
+    while k < SECRET_PREFIXES.len() {
+        t[SECRET_PREFIXES[k].0.as_bytes()[0] as usize] = Trigger::AtBoundary;
+        k += 1;
+    }
+    t[b'e' as usize] = Trigger::AtBoundary;
+    t[b'b' as usize] = Trigger::AtBoundary;
+    t[b'B' as usize] = Trigger::AtBoundary;
+    t[b'%' as usize] = Trigger::Always;
+    t[b'=' as usize] = Trigger::Always;
+    t[b'@' as usize] = Trigger::Always;
+    t
+};
+
+/// The exact answer of [`untouched`]: every scanner run over one decoded view.
+fn scanners_find_nothing(s: &str) -> bool {
     let decoded;
     let b = if s.as_bytes().contains(&b'%') {
         decoded = Decoded::new(s);
@@ -1152,6 +1236,78 @@ mod tests {
         ] {
             assert_eq!(text(s), every_scanner(s), "{s:?}");
         }
+    }
+
+    /// The one-pass screen of `untouched` passes only text in which no
+    /// scanner finds anything: random text built from the pieces every
+    /// scanner looks for (each key prefix with a body, JWT parts, auth
+    /// schemes in any case, assignments, encodings, URLs with users).
+    #[test]
+    fn the_screen_never_passes_text_a_scanner_would_change() {
+        let mut pieces: Vec<String> = SECRET_PREFIXES
+            .iter()
+            .map(|(p, min, _)| format!("{p}{}", "aB3".repeat(min / 3 + 1)))
+            .collect();
+        pieces.extend(
+            [
+                "eyJhbGciOiJIUzI1NiJ9",
+                ".",
+                "eyJzdWIiOiIxIn0",
+                "-",
+                "_",
+                "/",
+                " ",
+                "+",
+                "Bearer ",
+                "bEaReR",
+                "BASIC ",
+                "dXNlcjpwYXNz",
+                "=",
+                "&",
+                ";",
+                "?",
+                "%73",
+                "%5F",
+                "%",
+                "@",
+                "://",
+                "password",
+                "token",
+                "pin",
+                "x",
+                "A",
+                "7",
+                "4242424242424242",
+                "stripe",
+                "eyJ",
+                "sk",
+                "AKIA",
+                "ABCDEFGHIJKLMNOP",
+            ]
+            .map(String::from),
+        );
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let (mut screened, mut total) = (0, 0);
+        for _ in 0..50_000 {
+            let len = 1 + next() % 6;
+            let s: String = (0..len)
+                .map(|_| pieces[(next() % pieces.len() as u64) as usize].as_str())
+                .collect();
+            total += 1;
+            if quiet(s.as_bytes()) {
+                screened += 1;
+                assert!(scanners_find_nothing(&s), "{s:?}");
+                assert_eq!(text(&s), s, "{s:?}");
+            }
+        }
+        // The screen is exercised both ways.
+        assert!(screened > 1000 && screened < total, "{screened} of {total}");
     }
 
     #[test]
