@@ -488,6 +488,7 @@ impl SessionFacts {
         let mut buf = Vec::new();
         let mut head_hash = None;
         let mut n = 0u64;
+        let mentions_session = veris_receipt::ledger::mentions(b"session");
         while let Some(raw) =
             lines
                 .next_into(&mut buf)
@@ -502,7 +503,7 @@ impl SessionFacts {
                 RawLine::Torn(_) => break,
             };
             n += 1;
-            if n <= 2 || veris_receipt::ledger::mentions(&buf, b"session") {
+            if n <= 2 || mentions_session(&buf) {
                 if let Ok(line) = serde_json::from_slice::<veris_receipt::Line>(&buf) {
                     if f.prefix.lines.len() < 2 && n <= 2 {
                         f.prefix.lines.push(line.clone());

@@ -35,10 +35,12 @@ impl Default for LineHasher {
 /// Lower-case hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let digits: Vec<u8> = bytes
-        .iter()
-        .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]])
-        .collect();
+    // Sized once: a collected flat_map grows its buffer as it goes.
+    let mut digits = vec![0u8; 2 * bytes.len()];
+    for (pair, b) in digits.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
+    }
     // Every byte is an ASCII digit or letter.
     String::from_utf8(digits).unwrap_or_default()
 }

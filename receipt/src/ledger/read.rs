@@ -108,25 +108,37 @@ pub fn scan<R: Read + Send>(
     // Results in file order: one receiver per batch, queued when it is read,
     // so the chain check takes them in order whichever worker ends first.
     let (order_tx, order_rx) = sync_channel::<Receiver<Parsed>>(2 * workers);
-    let (used_tx, used_rx): (Vec<_>, Vec<_>) = (0..workers).map(|_| channel()).unzip();
+    let (used_tx, used_rx): (Vec<_>, Vec<_>) = (0..workers).map(|_| channel::<Vec<Item>>()).unzip();
+    // Read batches go back to the splitter to be filled again: a fresh
+    // buffer per batch cost an allocation of its size (and its growth).
+    let (spare_tx, spare_rx) = channel::<Batch>();
     std::thread::scope(|s| {
-        let split = s.spawn(move || split(reader, &work_tx, &order_tx));
+        let split = s.spawn(move || split(reader, &work_tx, &order_tx, &spare_rx));
         for (worker, used) in used_rx.into_iter().enumerate() {
-            let work_rx = &work_rx;
-            s.spawn(move || loop {
-                // Drop what the chain check is done with before parsing more.
-                while used.try_recv().is_ok() {}
-                // A poisoned lock means another worker panicked: stop too.
-                let Ok(next) = work_rx.lock().map(|rx| rx.recv()) else {
-                    return;
-                };
-                let Ok((batch, done)) = next else { return };
-                let _ = done.send(Parsed {
-                    worker,
-                    items: batch.prepare(),
-                });
+            let (work_rx, spare_tx) = (&work_rx, spare_tx.clone());
+            s.spawn(move || {
+                let mut spare_items: Vec<Vec<Item>> = Vec::new();
+                loop {
+                    // Drop what the chain check is done with before parsing
+                    // more; its vector holds the next batch's items.
+                    while let Ok(mut items) = used.try_recv() {
+                        items.clear();
+                        spare_items.push(items);
+                    }
+                    // A poisoned lock means another worker panicked: stop too.
+                    let Ok(next) = work_rx.lock().map(|rx| rx.recv()) else {
+                        return;
+                    };
+                    let Ok((mut batch, done)) = next else { return };
+                    let mut items = spare_items.pop().unwrap_or_default();
+                    batch.prepare(&mut items);
+                    batch.clear();
+                    let _ = spare_tx.send(batch);
+                    let _ = done.send(Parsed { worker, items });
+                }
             });
         }
+        drop(spare_tx);
         for done in order_rx {
             // A batch with no answer was lost to a panicking worker; the
             // join below reports the reader's side, the scope the panic.
@@ -197,23 +209,27 @@ enum Item {
 }
 
 impl Batch {
-    fn prepare(self) -> Vec<Item> {
-        self.raw
-            .into_iter()
-            .map(|raw| match raw {
-                BatchLine::Line {
-                    from,
-                    to,
-                    start,
-                    end,
-                } => Item::Line {
-                    pre: Pre::of(&self.bytes[from..to]),
-                    start,
-                    end,
-                },
-                BatchLine::Overlong { len, hash, end } => Item::Overlong { len, hash, end },
-            })
-            .collect()
+    /// Hashes and parses the batch's lines into `items`.
+    fn prepare(&mut self, items: &mut Vec<Item>) {
+        items.extend(self.raw.drain(..).map(|raw| match raw {
+            BatchLine::Line {
+                from,
+                to,
+                start,
+                end,
+            } => Item::Line {
+                pre: Pre::of(&self.bytes[from..to]),
+                start,
+                end,
+            },
+            BatchLine::Overlong { len, hash, end } => Item::Overlong { len, hash, end },
+        }));
+    }
+
+    /// Empty, keeping its buffers for the next lines.
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.raw.clear();
     }
 }
 
@@ -223,10 +239,12 @@ fn split<R: Read>(
     reader: R,
     work: &SyncSender<(Batch, SyncSender<Parsed>)>,
     order: &SyncSender<Receiver<Parsed>>,
+    spare: &Receiver<Batch>,
 ) -> std::io::Result<usize> {
     let mut lines = LineReader::new(reader);
     let mut buf = Vec::new();
-    let mut batch = Batch::default();
+    let next_batch = || spare.try_recv().unwrap_or_default();
+    let mut batch = next_batch();
     let send = |batch: Batch| {
         let (done_tx, done_rx) = sync_channel(1);
         // Either side gone means the scan is over (a panic elsewhere).
@@ -261,16 +279,18 @@ fn split<R: Read>(
             Err(e) => return Err(e),
         }
         if (batch.raw.len() >= BATCH_LINES || batch.bytes.len() >= BATCH_BYTES)
-            && !send(std::mem::take(&mut batch))
+            && !send(std::mem::replace(&mut batch, next_batch()))
         {
             return Ok(0);
         }
     }
 }
 
-/// Whether `word` occurs in `line` (a cheap test before parsing a line).
-pub fn mentions(line: &[u8], word: &[u8]) -> bool {
-    memchr::memmem::find(line, word).is_some()
+/// A test for whether `word` occurs in a line (cheap, before parsing the
+/// line), built once for all the lines of a file.
+pub fn mentions(word: &[u8]) -> impl Fn(&[u8]) -> bool + '_ {
+    let finder = memchr::memmem::Finder::new(word);
+    move |line| finder.find(line).is_some()
 }
 
 /// What [`LineReader::next_into`] found.

@@ -203,9 +203,10 @@ pub(super) fn check(file: &File, own: &PublicKeys) -> io::Result<Tail> {
 fn why_not(file: &File, own: &PublicKeys, last: Back) -> io::Result<String> {
     let mut after = 0u64;
     let mut cur = Some(last);
+    let mentions_seal = mentions(b"seal");
     while let Some(back) = cur {
         if let Back::Line { bytes, .. } = &back {
-            if mentions(bytes, b"seal") {
+            if mentions_seal(bytes) {
                 if let Ok(line) = serde_json::from_slice::<Line>(bytes) {
                     if matches!(line.entry, Entry::Seal { .. }) {
                         let mut report = SealReport::default();
