@@ -365,9 +365,10 @@ pub async fn build_with(
                 public_key: status.public_key.clone().unwrap_or_default(),
             };
         }
-        None => {
-            // What must be known before the fold: the ledger id, and the
-            // keys the session lines offer (a cheap first pass).
+        // What must be known before the fold: the ledger id a baseline
+        // names, and the keys the session lines offer a pin (a cheap first
+        // pass, skipped when neither is asked for).
+        None if baseline.is_some() || pin.is_some() => {
             let facts = crate::live::SessionFacts::of_file(&path, u64::MAX)
                 .with_context(|| format!("reading ledger {}", path.display()))?;
             if let Some(b) = &baseline {
@@ -381,6 +382,7 @@ pub async fn build_with(
                 ));
             }
         }
+        None => {}
     };
     // The receipt is a fold over the file, a line at a time.
     let built = receipt::build_file_with(&path, &options, visit)
