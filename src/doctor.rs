@@ -784,21 +784,39 @@ async fn live(state: &Path) -> Live {
     let serve = format!("`veris serve --state-dir {s}`");
     match crate::live::discover(state).await {
         Discovery::Live(proxy) => match proxy.status().await {
-            Ok(status) => Live {
-                finding: Finding::ok(
-                    "proxy",
-                    format!(
-                        "live at {} (run {}, {} tier, proxy {})",
-                        proxy.base,
-                        status.run_id,
-                        match status.tier {
-                            ListenerTier::Explicit => "explicit",
-                            ListenerTier::Transparent => "transparent",
-                        },
-                        status.proxy_url
+            Ok(status) => match status.writes_ledger(&state.join("ledger.jsonl")) {
+                // Admin files copied from another state dir reach a proxy
+                // that answers to the token but writes another ledger: not
+                // this state dir's proxy, so nothing else is judged against it.
+                Err(why) => Live {
+                    finding: Finding::fail(
+                        "proxy",
+                        format!(
+                            "the proxy at {} (run {}) is not the one writing this state dir's ledger: {why}",
+                            proxy.base, status.run_id
+                        ),
+                        format!(
+                            "{s}/{ADDR_FILE} and {s}/{TOKEN_FILE} name another state dir's proxy (copied, or left by a proxy that moved): do not trust them; remove both and start {serve}, or run doctor with that proxy's own --state-dir"
+                        ),
                     ),
-                ),
-                status: Some(status),
+                    status: None,
+                },
+                Ok(()) => Live {
+                    finding: Finding::ok(
+                        "proxy",
+                        format!(
+                            "live at {} (run {}, {} tier, proxy {})",
+                            proxy.base,
+                            status.run_id,
+                            match status.tier {
+                                ListenerTier::Explicit => "explicit",
+                                ListenerTier::Transparent => "transparent",
+                            },
+                            status.proxy_url
+                        ),
+                    ),
+                    status: Some(status),
+                },
             },
             Err(e) => Live {
                 finding: Finding::fail(

@@ -214,3 +214,47 @@ fn an_admin_addr_naming_a_dead_port_fails_with_a_next_step() {
     );
     assert!(!report.contains("0123456789abcdef"), "{report}");
 }
+
+/// Red team F4: `admin.addr` and `admin.token` copied from another state
+/// dir's live proxy. That proxy answers `/status` to the token, but it
+/// writes the other state dir's ledger: doctor must say so and judge
+/// nothing (canary, env) against it.
+#[test]
+fn admin_files_copied_from_another_state_dirs_proxy_fail() {
+    let theirs = Serve::start("doctor-theirs", &[]);
+    let mut ours = Serve::start("doctor-ours", &[]);
+    // Ours has a ledger of its own (stopped: its announcement is gone).
+    ours.stop();
+    for name in ["admin.addr", "admin.token"] {
+        std::fs::copy(theirs.state.join(name), ours.state.join(name)).unwrap();
+    }
+    let (code, report) = doctor(&ours.state, &[("HTTPS_PROXY", &theirs.proxy_url)]);
+    assert_eq!(code, Some(2), "{report}");
+    let proxy = line(&report, "proxy");
+    assert!(
+        proxy.starts_with("FAIL proxy: the proxy at http://"),
+        "{proxy}"
+    );
+    assert!(
+        proxy.contains("is not the one writing this state dir's ledger"),
+        "{proxy}"
+    );
+    let run = theirs.ledger_lines()[0]["run_id"]
+        .as_str()
+        .expect("the session line's run_id")
+        .to_string();
+    assert!(proxy.contains(&run), "{proxy}");
+    assert!(
+        proxy.contains(&format!(
+            "Next: {s}/admin.addr and {s}/admin.token name another state dir's proxy",
+            s = ours.state.display()
+        )),
+        "{proxy}"
+    );
+    assert_eq!(level(&report, "canary"), "warn", "{report}");
+    assert!(!report.contains(&theirs.token()), "{report}");
+    // The proxy itself, asked through its own state dir, is fine.
+    let (code, report) = doctor(&theirs.state, &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(level(&report, "proxy"), "ok", "{report}");
+}
