@@ -41,6 +41,9 @@ pub struct DoctorArgs {
     /// State dir to check [default: $VERIS_STATE_DIR, else ~/.veris].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// CA dir to check, as given to serve and run [default: <state>/ca].
+    #[arg(long, value_name = "DIR")]
+    pub ca_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -101,17 +104,18 @@ impl Finding {
 
 pub async fn doctor(args: DoctorArgs) -> Result<u8> {
     let state = crate::state_dir(args.state_dir);
+    let ca_dir = args.ca_dir.unwrap_or_else(|| state.join("ca"));
     let s = shown(&state);
-    let (ca_finding, ca) = ca(&state);
+    let (ca_finding, ca) = ca(&state, &ca_dir);
     let pem = ca.as_ref().map(|ca| cert_body(ca.cert_pem()));
     let live = live(&state).await;
     let status = live.status.as_ref();
     let mut findings = vec![
         ca_finding,
-        clock(ca.as_ref(), &s, OffsetDateTime::now_utc()),
+        clock(ca.as_ref(), &s, &ca_dir, OffsetDateTime::now_utc()),
         trust_files(&state, pem.as_deref()),
         system_trust(&state, pem.as_deref()),
-        permissions(&state),
+        permissions(&state, &ca_dir),
     ];
     let env: BTreeMap<String, String> = std::env::vars().collect();
     findings.push(environment(&state, &env, status, pem.as_deref()));
@@ -140,31 +144,40 @@ fn shown(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// The CA in `<state>/ca`, loaded as serve would load it (nothing created).
-fn ca(state: &Path) -> (Finding, Option<CertificateAuthority>) {
-    let dir = state.join("ca");
+/// `--state-dir STATE`, and `--ca-dir DIR` when it is not the default.
+fn dir_flags(state: &Path, ca_dir: &Path) -> String {
+    if ca_dir == state.join("ca") {
+        format!("--state-dir {}", shown(state))
+    } else {
+        format!("--state-dir {} --ca-dir {}", shown(state), shown(ca_dir))
+    }
+}
+
+/// The CA in `dir` (`--ca-dir`, else `<state>/ca`), loaded as serve
+/// would load it (nothing created).
+fn ca(state: &Path, dir: &Path) -> (Finding, Option<CertificateAuthority>) {
     let init = format!(
-        "`veris ca init --state-dir {}` (serve and run create one too)",
-        shown(state)
+        "`veris ca init {}` (serve and run create one too)",
+        dir_flags(state, dir)
     );
-    match CertificateAuthority::load(&dir) {
+    match CertificateAuthority::load(dir) {
         Ok(ca) => {
             let detail = format!(
                 "{} in {} (sha256 {}…)",
                 ca.subject(),
-                shown(&dir),
+                shown(dir),
                 ca.fingerprint_sha256().get(..23).unwrap_or_default()
             );
             (Finding::ok("ca", detail), Some(ca))
         }
         Err(CaError::NoCa { reason, .. }) if reason.starts_with("missing") => (
-            Finding::fail("ca", format!("no CA in {} ({reason})", shown(&dir)), init),
+            Finding::fail("ca", format!("no CA in {} ({reason})", shown(dir)), init),
             None,
         ),
         Err(CaError::NoCa { reason, .. }) if reason == "expired" => (
             Finding::fail(
                 "ca",
-                format!("the CA in {} has expired (or this clock is ahead)", shown(&dir)),
+                format!("the CA in {} has expired (or this clock is ahead)", shown(dir)),
                 format!("check the clock (`date -u`); if it is right, {init} makes a new CA, which clients must trust again"),
             ),
             None,
@@ -172,7 +185,7 @@ fn ca(state: &Path) -> (Finding, Option<CertificateAuthority>) {
         Err(CaError::NoCa { reason, .. }) => (
             Finding::fail(
                 "ca",
-                format!("the CA in {} cannot be used ({reason})", shown(&dir)),
+                format!("the CA in {} cannot be used ({reason})", shown(dir)),
                 format!("{init} replaces it; clients must trust the new one"),
             ),
             None,
@@ -212,7 +225,14 @@ fn ca(state: &Path) -> (Finding, Option<CertificateAuthority>) {
 
 /// The clock against the CA's validity: a CA "not yet valid" or expired
 /// makes every client refuse every leaf.
-fn clock(ca: Option<&CertificateAuthority>, state: &str, now: OffsetDateTime) -> Finding {
+fn clock(
+    ca: Option<&CertificateAuthority>,
+    state: &str,
+    ca_dir: &Path,
+    now: OffsetDateTime,
+) -> Finding {
+    let flags = dir_flags(Path::new(state), ca_dir);
+    let ca_dir = shown(ca_dir);
     let Some(ca) = ca else {
         return Finding::warn(
             "clock",
@@ -233,19 +253,19 @@ fn clock(ca: Option<&CertificateAuthority>, state: &str, now: OffsetDateTime) ->
                 when(now),
                 when(nb)
             ),
-            format!("set the clock (`timedatectl set-ntp true`, or the container host's); else `rm -r {state}/ca && veris ca init --state-dir {state}` and trust the new CA"),
+            format!("set the clock (`timedatectl set-ntp true`, or the container host's); else `rm -r {ca_dir} && veris ca init {flags}` and trust the new CA"),
         )
     } else if now >= na {
         Finding::fail(
             "clock",
             format!("the CA expired at {} (now {})", when(na), when(now)),
-            format!("check the clock; if it is right, `veris ca init --state-dir {state}` makes a new CA"),
+            format!("check the clock; if it is right, `veris ca init {flags}` makes a new CA"),
         )
     } else if na - now < EXPIRY_WARNING {
         Finding::warn(
             "clock",
             format!("the CA expires at {}", when(na)),
-            format!("after it does, serve and run make a new CA (`veris ca init --state-dir {state}` now), which clients must trust again"),
+            format!("after it does, serve and run make a new CA (`veris ca init {flags}` now), which clients must trust again"),
         )
     } else {
         Finding::ok(
@@ -396,6 +416,8 @@ struct Modes {
     writable: Vec<String>,
     /// Secrets group or others can read, or the CA dir open to them.
     exposed: Vec<String>,
+    /// Secrets (or the CA dir) that are symlinks: `(link, what it points at)`.
+    linked: Vec<(String, String)>,
 }
 
 /// The secrets of a state dir, relative to it.
@@ -417,6 +439,14 @@ fn judge_mode(rel: &Path, is_dir: bool, mode: u32, shown: String, m: &mut Modes)
 /// Walks the state dir (not following links, bounded) and judges each mode.
 fn walk_modes(state: &Path) -> Modes {
     let mut m = Modes::default();
+    walk_into(state, Path::new(""), &mut m);
+    m
+}
+
+/// Walks `root` as if it were `as_rel` inside a state dir (`""` for the
+/// state dir, `ca` for a CA dir given with `--ca-dir`).
+fn walk_into(root: &Path, as_rel: &Path, m: &mut Modes) {
+    let state = root;
     let mut stack = vec![state.to_path_buf()];
     let mut seen = 0;
     while let Some(path) = stack.pop() {
@@ -427,7 +457,8 @@ fn walk_modes(state: &Path) -> Modes {
         let Ok(mut meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
-        let rel = path.strip_prefix(state).unwrap_or(&path);
+        let rel = as_rel.join(path.strip_prefix(state).unwrap_or(&path));
+        let rel = rel.as_path();
         // A link's own mode is always 0777 and means nothing: the state dir
         // itself is judged by what it points at; a secret (or `ca/`) that is
         // a link is a finding (its target's modes and owner are anyone's).
@@ -439,7 +470,7 @@ fn walk_modes(state: &Path) -> Modes {
                 }
             } else {
                 if rel == Path::new("ca") || SECRETS.map(Path::new).contains(&rel) {
-                    m.exposed.push(format!("{} (a symlink)", shown(&path)));
+                    m.linked.push((shown(&path), link_target(&path)));
                 }
                 continue;
             }
@@ -449,7 +480,7 @@ fn walk_modes(state: &Path) -> Modes {
             meta.is_dir(),
             meta.permissions().mode(),
             shown(&path),
-            &mut m,
+            m,
         );
         if meta.is_dir() {
             if let Ok(entries) = std::fs::read_dir(&path) {
@@ -457,10 +488,51 @@ fn walk_modes(state: &Path) -> Modes {
             }
         }
     }
-    m
 }
 
-fn permissions(state: &Path) -> Finding {
+/// Where the link at `path` leads: the resolved path, or the raw target of
+/// a dangling link.
+fn link_target(path: &Path) -> String {
+    match std::fs::canonicalize(path) {
+        Ok(target) => shown(&target),
+        Err(_) => match std::fs::read_link(path) {
+            Ok(raw) => format!("{} (missing)", shown(&raw)),
+            Err(_) => "an unreadable target".into(),
+        },
+    }
+}
+
+/// The finding for secrets that are symlinks: what each points at, why
+/// that matters, and how to replace the link (chmod would only change the
+/// target, and the link would still lead wherever its target is moved).
+fn linked_secrets(linked: &[(String, String)]) -> Finding {
+    let mut fixes = Vec::new();
+    for (link, target) in linked {
+        if Path::new(link).file_name() == Some(std::ffi::OsStr::new("ca")) {
+            fixes.push(format!(
+                "`rm {link}` and pass `--ca-dir {target}` to serve, run and doctor (or move that dir to {link})"
+            ));
+        } else {
+            fixes.push(format!(
+                "`cp --remove-destination {target} {link} && chmod 600 {link}`"
+            ));
+        }
+    }
+    let found: Vec<String> = linked
+        .iter()
+        .map(|(link, target)| format!("{link} -> {target}"))
+        .collect();
+    Finding::fail(
+        "permissions",
+        format!(
+            "secrets that are symlinks: {} (a link's modes say nothing: whoever can write its target, or a dir on the way there, can read or swap the key or token, and veris would use it)",
+            found.join(", ")
+        ),
+        format!("replace each link with a file of the state dir's own: {}", fixes.join("; ")),
+    )
+}
+
+fn permissions(state: &Path, ca_dir: &Path) -> Finding {
     let s = shown(state);
     match std::fs::symlink_metadata(state) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -479,7 +551,16 @@ fn permissions(state: &Path) -> Finding {
         }
         Ok(_) => {}
     }
-    let m = walk_modes(state);
+    let mut m = walk_modes(state);
+    // A CA dir given with --ca-dir is judged as `<state>/ca` would be.
+    if ca_dir != state.join("ca") && std::fs::symlink_metadata(ca_dir).is_ok() {
+        walk_into(ca_dir, Path::new("ca"), &mut m);
+        // Inside the state dir, its entries were seen twice.
+        for found in [&mut m.writable, &mut m.exposed] {
+            let mut seen = std::collections::BTreeSet::new();
+            found.retain(|f| seen.insert(f.clone()));
+        }
+    }
     // Each finding is `path (why)`; the fix names the paths alone.
     let fail = |found: &[String], what: &str, why: &str, chmod: &str| {
         let paths: Vec<&str> = found
@@ -500,6 +581,9 @@ fn permissions(state: &Path) -> Finding {
             "go-w",
         );
     }
+    if !m.linked.is_empty() {
+        return linked_secrets(&m.linked);
+    }
     if !m.exposed.is_empty() {
         return fail(
             &m.exposed,
@@ -508,9 +592,14 @@ fn permissions(state: &Path) -> Finding {
             "go-rwx",
         );
     }
+    let dirs = if ca_dir == state.join("ca") {
+        s
+    } else {
+        format!("{s} and {}", shown(ca_dir))
+    };
     Finding::ok(
         "permissions",
-        format!("{s}: nothing writable by group or others; CA dir 0700, keys and token 0600"),
+        format!("{dirs}: nothing writable by group or others; CA dir 0700, keys and token 0600"),
     )
 }
 
@@ -784,21 +873,39 @@ async fn live(state: &Path) -> Live {
     let serve = format!("`veris serve --state-dir {s}`");
     match crate::live::discover(state).await {
         Discovery::Live(proxy) => match proxy.status().await {
-            Ok(status) => Live {
-                finding: Finding::ok(
-                    "proxy",
-                    format!(
-                        "live at {} (run {}, {} tier, proxy {})",
-                        proxy.base,
-                        status.run_id,
-                        match status.tier {
-                            ListenerTier::Explicit => "explicit",
-                            ListenerTier::Transparent => "transparent",
-                        },
-                        status.proxy_url
+            Ok(status) => match status.writes_ledger(&state.join("ledger.jsonl")) {
+                // Admin files copied from another state dir reach a proxy
+                // that answers to the token but writes another ledger: not
+                // this state dir's proxy, so nothing else is judged against it.
+                Err(why) => Live {
+                    finding: Finding::fail(
+                        "proxy",
+                        format!(
+                            "the proxy at {} (run {}) is not the one writing this state dir's ledger: {why}",
+                            proxy.base, status.run_id
+                        ),
+                        format!(
+                            "{s}/{ADDR_FILE} and {s}/{TOKEN_FILE} name another state dir's proxy (copied, or left by a proxy that moved): do not trust them; remove both and start {serve}, or run doctor with that proxy's own --state-dir"
+                        ),
                     ),
-                ),
-                status: Some(status),
+                    status: None,
+                },
+                Ok(()) => Live {
+                    finding: Finding::ok(
+                        "proxy",
+                        format!(
+                            "live at {} (run {}, {} tier, proxy {})",
+                            proxy.base,
+                            status.run_id,
+                            match status.tier {
+                                ListenerTier::Explicit => "explicit",
+                                ListenerTier::Transparent => "transparent",
+                            },
+                            status.proxy_url
+                        ),
+                    ),
+                    status: Some(status),
+                },
             },
             Err(e) => Live {
                 finding: Finding::fail(
@@ -931,10 +1038,17 @@ mod tests {
             m.writable.iter().any(|w| w.contains("ledger.jsonl")),
             "{m:?}"
         );
-        assert!(
-            m.exposed.iter().any(|e| e.contains("seal.key (a symlink)")),
+        assert_eq!(
+            m.linked,
+            [(
+                shown(&link.join("seal.key")),
+                shown(&std::fs::canonicalize(base.join("key")).unwrap())
+            )],
             "{m:?}"
         );
+        let line = linked_secrets(&m.linked).line();
+        assert!(line.contains("cp --remove-destination"), "{line}");
+        assert!(!line.contains("chmod go-rwx"), "{line}");
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -279,6 +279,54 @@ pub struct LiveStatus {
     pub public_key: Option<String>,
 }
 
+impl LiveStatus {
+    /// Whether this proxy is the one writing the ledger at `path`: the
+    /// file's line at the proxy's `session_seq` must be a session line with
+    /// its run id and (when both name one) its public key. `admin.addr` and
+    /// `admin.token` copied from another state dir reach a proxy that
+    /// answers `/status` to the token but writes another file. Reads a few
+    /// blocks of the file (found by seq), opened without blocking; `Err`
+    /// says what does not match.
+    pub fn writes_ledger(&self, path: &Path) -> Result<(), String> {
+        let shown = path.display();
+        let file = veris_receipt::ledger::open_ledger(path)
+            .map_err(|e| format!("cannot read its ledger {shown} ({e})"))?;
+        let line = veris_receipt::ledger::line_at(&file, self.session_seq)
+            .map_err(|e| format!("cannot read its ledger {shown} ({e})"))?;
+        let Some(line) = line else {
+            return Err(format!(
+                "it says its session line is seq {}, but {shown} has no such line",
+                self.session_seq
+            ));
+        };
+        let Entry::Session {
+            run_id, public_key, ..
+        } = &line.entry
+        else {
+            return Err(format!(
+                "it says its session line is seq {}, but that line of {shown} is a {} line",
+                self.session_seq,
+                line.entry.kind()
+            ));
+        };
+        if *run_id != self.run_id {
+            return Err(format!(
+                "it is run {}, but the session line at seq {} of {shown} is run {run_id}",
+                self.run_id, self.session_seq
+            ));
+        }
+        if let (Some(file_key), Some(live_key)) = (public_key, &self.public_key) {
+            if file_key != live_key {
+                return Err(format!(
+                    "it seals with another key than the session line at seq {} of {shown} names",
+                    self.session_seq
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The routed services and their twin upstreams.
 pub fn service_refs(router: &veris_proxy::route::Router) -> Vec<ServiceRef> {
     router

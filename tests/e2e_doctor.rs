@@ -214,3 +214,160 @@ fn an_admin_addr_naming_a_dead_port_fails_with_a_next_step() {
     );
     assert!(!report.contains("0123456789abcdef"), "{report}");
 }
+
+/// Red team F4: `admin.addr` and `admin.token` copied from another state
+/// dir's live proxy. That proxy answers `/status` to the token, but it
+/// writes the other state dir's ledger: doctor must say so and judge
+/// nothing (canary, env) against it.
+#[test]
+fn admin_files_copied_from_another_state_dirs_proxy_fail() {
+    let theirs = Serve::start("doctor-theirs", &[]);
+    let mut ours = Serve::start("doctor-ours", &[]);
+    // Ours has a ledger of its own (stopped: its announcement is gone).
+    ours.stop();
+    for name in ["admin.addr", "admin.token"] {
+        std::fs::copy(theirs.state.join(name), ours.state.join(name)).unwrap();
+    }
+    let (code, report) = doctor(&ours.state, &[("HTTPS_PROXY", &theirs.proxy_url)]);
+    assert_eq!(code, Some(2), "{report}");
+    let proxy = line(&report, "proxy");
+    assert!(
+        proxy.starts_with("FAIL proxy: the proxy at http://"),
+        "{proxy}"
+    );
+    assert!(
+        proxy.contains("is not the one writing this state dir's ledger"),
+        "{proxy}"
+    );
+    let run = theirs.ledger_lines()[0]["run_id"]
+        .as_str()
+        .expect("the session line's run_id")
+        .to_string();
+    assert!(proxy.contains(&run), "{proxy}");
+    assert!(
+        proxy.contains(&format!(
+            "Next: {s}/admin.addr and {s}/admin.token name another state dir's proxy",
+            s = ours.state.display()
+        )),
+        "{proxy}"
+    );
+    assert_eq!(level(&report, "canary"), "warn", "{report}");
+    assert!(!report.contains(&theirs.token()), "{report}");
+    // The proxy itself, asked through its own state dir, is fine.
+    let (code, report) = doctor(&theirs.state, &[]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(level(&report, "proxy"), "ok", "{report}");
+}
+
+/// A serve given `--ca-dir` uses that CA: doctor checks it with the same
+/// flag (and without it says the state dir's default CA is missing, with a
+/// fix that names the flags).
+#[test]
+fn ca_dir_checks_the_ca_serve_uses() {
+    let dir = TempDir::new("doctor-ca-dir");
+    let ca_dir = dir.join("own-ca");
+    let ca_arg = ca_dir.to_str().unwrap().to_string();
+    let serve = Serve::start_in(
+        dir,
+        &["--workload-uid", DECLARED_WORKLOAD_UID, "--ca-dir", &ca_arg],
+    );
+    assert!(!serve.state.join("ca").exists(), "serve used <state>/ca");
+
+    let (code, report) = doctor(&serve.state, &[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert!(
+        line(&report, "ca").starts_with("FAIL ca: no CA in"),
+        "{report}"
+    );
+
+    let mut cmd = veris(["doctor", "--state-dir"]);
+    cmd.arg(&serve.state).arg("--ca-dir").arg(&ca_dir);
+    let out = output(&mut cmd);
+    let (report, stderr) = text(&out);
+    assert!(stderr.trim().is_empty(), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    let ca = line(&report, "ca");
+    assert!(ca.starts_with("ok   ca: "), "{ca}");
+    assert!(ca.contains(&ca_arg), "{ca}");
+    for check in ["clock", "trust files", "permissions", "proxy", "canary"] {
+        assert_eq!(level(&report, check), "ok", "{report}");
+    }
+    assert!(line(&report, "permissions").contains(&ca_arg), "{report}");
+
+    // That CA dir opened to others: judged as <state>/ca would be.
+    std::fs::set_permissions(&ca_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = output(&mut cmd);
+    let (report, _) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{report}");
+    let perms = line(&report, "permissions");
+    assert!(perms.contains(&format!("{ca_arg} (0755)")), "{perms}");
+    std::fs::set_permissions(&ca_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+    // No CA there: the fix names both flags.
+    let empty = serve.dir.join("no-ca");
+    let mut cmd = veris(["doctor", "--state-dir"]);
+    cmd.arg(&serve.state).arg("--ca-dir").arg(&empty);
+    let (report, _) = text(&output(&mut cmd));
+    let ca = line(&report, "ca");
+    assert!(
+        ca.contains(&format!(
+            "Next: `veris ca init --state-dir {} --ca-dir {}`",
+            serve.state.display(),
+            empty.display()
+        )),
+        "{ca}"
+    );
+}
+
+/// A secret that is a symlink: the report says where it leads and how to
+/// replace the link, not a chmod (which would change only the target).
+#[test]
+fn a_linked_secret_names_its_target_and_how_to_replace_it() {
+    let dir = TempDir::new("doctor-links");
+    let state = dir.join("state");
+    ca_init(&state);
+    let elsewhere = dir.join("elsewhere-token");
+    std::fs::write(&elsewhere, "not a real token\n").unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let token = state.join("admin.token");
+    std::os::unix::fs::symlink(&elsewhere, &token).unwrap();
+    let target = std::fs::canonicalize(&elsewhere).unwrap();
+
+    let (code, report) = doctor(&state, &[]);
+    assert_eq!(code, Some(2), "{report}");
+    let perms = line(&report, "permissions");
+    assert!(
+        perms.starts_with("FAIL permissions: secrets that are symlinks: "),
+        "{perms}"
+    );
+    assert!(
+        perms.contains(&format!("{} -> {}", token.display(), target.display())),
+        "{perms}"
+    );
+    assert!(perms.contains("can read or swap"), "{perms}");
+    assert!(
+        perms.contains(&format!(
+            "`cp --remove-destination {t} {l} && chmod 600 {l}`",
+            t = target.display(),
+            l = token.display()
+        )),
+        "{perms}"
+    );
+    assert!(!perms.contains("chmod go-rwx"), "{perms}");
+    assert!(!report.contains("not a real token"), "{report}");
+
+    // The CA dir as a link: use --ca-dir instead.
+    std::fs::remove_file(&token).unwrap();
+    let real_ca = dir.join("real-ca");
+    std::fs::rename(state.join("ca"), &real_ca).unwrap();
+    std::os::unix::fs::symlink(&real_ca, state.join("ca")).unwrap();
+    let (code, report) = doctor(&state, &[]);
+    assert_eq!(code, Some(2), "{report}");
+    let perms = line(&report, "permissions");
+    let real_ca = std::fs::canonicalize(&real_ca).unwrap();
+    assert!(
+        perms.contains(&format!("pass `--ca-dir {}`", real_ca.display())),
+        "{perms}"
+    );
+    assert!(!perms.contains("chmod go-rwx"), "{perms}");
+}

@@ -422,3 +422,43 @@ fn an_isolated_runs_passthrough_goes_through_the_upstream_proxy_by_name() {
     assert_eq!(upstream.tunnels(), 1);
     assert_eq!(upstream.targets(), [format!("passthrough.test:{port}")]);
 }
+
+/// Only an http:// upstream proxy is supported: an https:// (TLS to the
+/// proxy) or SOCKS URL is refused at start, by serve and by run before its
+/// command starts, in words with the next step, and nothing is written.
+#[test]
+fn an_upstream_proxy_that_is_not_http_is_refused_at_start() {
+    let dir = TempDir::new("upstream-scheme");
+    for url in ["https://proxy.test:3128", "socks5://proxy.test:1080"] {
+        let scheme = url.split_once("://").unwrap().0;
+        let state = dir.join(format!("serve-{scheme}"));
+        let mut cmd = support::veris(["serve", "--listen", "127.0.0.1:0", "--state-dir"]);
+        cmd.arg(&state).args(["--upstream-proxy", url]);
+        let out = output_within(&mut cmd, RUN_TIMEOUT);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "--upstream-proxy \"{url}\": the upstream proxy must be an http:// URL (a {scheme}:// proxy is not supported). Next: give it as http://[user:password@]host:port"
+            )),
+            "{stderr}"
+        );
+        assert!(!state.exists(), "nothing written before the refusal");
+
+        let state = dir.join(format!("run-{scheme}"));
+        let marker = dir.join(format!("ran-{scheme}"));
+        let mut cmd = support::veris(["run", "--tier", "explicit", "--state-dir"]);
+        cmd.arg(&state)
+            .args(["--upstream-proxy", url, "--", "touch"])
+            .arg(&marker);
+        let out = output_within(&mut cmd, RUN_TIMEOUT);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("the upstream proxy must be an http:// URL"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("Next: "), "{stderr}");
+        assert!(!marker.exists(), "the command ran");
+    }
+}

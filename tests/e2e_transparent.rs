@@ -1048,3 +1048,231 @@ fn strict_mode_refuses_names_that_do_not_match_their_destination() {
         "{receipt}"
     );
 }
+
+/// A corporate proxy stand-in and a TLS origin, in the namespace on
+/// loopback (which the redirect leaves alone): the proxy appends each
+/// request line to argv[3], answers `CONNECT 203.0.113.21:*` with 403 and
+/// tunnels any other `CONNECT` to the origin (never dialing what it was
+/// asked for); the origin answers `origin ok` over TLS with its own
+/// certificate (argv[1], argv[2]). Prints `ready PROXY_PORT`.
+const CHAIN_PY: &str = r#"
+import socket, ssl, sys, threading
+cert, key, log = sys.argv[1], sys.argv[2], sys.argv[3]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+origin = socket.socket()
+origin.bind(("127.0.0.1", 0))
+origin.listen(16)
+origin_port = origin.getsockname()[1]
+def answer(c):
+    try:
+        s = ctx.wrap_socket(c, server_side=True)
+        data = b""
+        while b"\r\n\r\n" not in data and len(data) < 16384:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\norigin ok")
+        s.close()
+    except Exception:
+        c.close()
+def origins():
+    while True:
+        c, _ = origin.accept()
+        threading.Thread(target=answer, args=(c,), daemon=True).start()
+def pump(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except Exception:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except Exception:
+        pass
+def tunnel(c):
+    head = b""
+    while not head.endswith(b"\r\n\r\n") and len(head) < 16384:
+        byte = c.recv(1)
+        if not byte:
+            break
+        head += byte
+    line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+    with open(log, "a") as f:
+        f.write(line + "\n")
+    words = line.split()
+    if len(words) < 2 or words[0] != "CONNECT":
+        c.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+        c.close()
+        return
+    if words[1].startswith("203.0.113.21:"):
+        c.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+        c.close()
+        return
+    u = socket.create_connection(("127.0.0.1", origin_port))
+    c.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    t = threading.Thread(target=pump, args=(u, c), daemon=True)
+    t.start()
+    pump(c, u)
+    t.join()
+    c.close()
+    u.close()
+threading.Thread(target=origins, daemon=True).start()
+proxy = socket.socket()
+proxy.bind(("127.0.0.1", 0))
+proxy.listen(16)
+print("ready", proxy.getsockname()[1], flush=True)
+while True:
+    c, _ = proxy.accept()
+    threading.Thread(target=tunnel, args=(c,), daemon=True).start()
+"#;
+
+/// `--upstream-proxy` in the transparent tier, through the kernel redirect:
+/// a TLS connection to a name no service routes is passed through (the
+/// client verifies the origin's own certificate, so veris did not
+/// terminate it) by a `CONNECT` to the original destination through the
+/// upstream proxy — the direct route leads only to the sink, so a leak
+/// would fail — and the ledger records it. When the upstream proxy refuses
+/// (403), the client's connection fails and the ledger says why, as in the
+/// explicit tier: a passthrough line without `dst` (nothing was reached)
+/// and a `tunnel_close` carrying the proxy's answer.
+#[test]
+fn transparent_tls_passthrough_is_chained_through_the_upstream_proxy() {
+    if let Some(why) = unavailable() {
+        return skip(&why);
+    }
+    let Some(python) = which("python3") else {
+        if require_all() {
+            panic!("VERIS_REQUIRE_ALL=1 and python3 is not installed");
+        }
+        return skip("python3 is not installed");
+    };
+    let dir = TempDir::new("chain");
+    let ns = Netns::create("chain");
+    let cert = dir.join("origin.crt");
+    let key = dir.join("origin.key");
+    let status = self_signed(
+        &cert,
+        &key,
+        "/CN=origin.test",
+        Some("subjectAltName=DNS:origin.test,DNS:denied.test"),
+    )
+    .status()
+    .unwrap();
+    assert!(status.success());
+    let script = dir.join("chain.py");
+    std::fs::write(&script, CHAIN_PY).unwrap();
+    let log = dir.join("connects.log");
+    std::fs::write(&log, "").unwrap();
+    ns.own(&dir.path);
+    let mut chain = ns
+        .command(&python)
+        .arg(&script)
+        .arg(&cert)
+        .arg(&key)
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting the upstream proxy");
+    let mut line = String::new();
+    {
+        use std::io::BufRead;
+        let stdout = chain.stdout.take().expect("piped");
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+    }
+    let port = line
+        .trim()
+        .strip_prefix("ready ")
+        .unwrap_or_else(|| panic!("the upstream proxy did not start: {line:?}"))
+        .to_string();
+    let upstream = format!("http://127.0.0.1:{port}");
+    let veris = Veris::start(
+        &ns,
+        &dir,
+        &["--mode", "passthrough", "--upstream-proxy", &upstream],
+    );
+    let origin_cert = cert.to_str().unwrap();
+
+    // Passed through, untouched: only the origin's own certificate is
+    // trusted, so a leaf of ours would fail the handshake.
+    let (code, body, err) = curl(
+        &ns,
+        &[
+            "--cacert",
+            origin_cert,
+            "--resolve",
+            "origin.test:443:203.0.113.20",
+            "https://origin.test/",
+        ],
+    );
+    assert_eq!(
+        (code.as_str(), body.as_str()),
+        ("200", "origin ok"),
+        "{err}"
+    );
+    let connects = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(connects, "CONNECT 203.0.113.20:443 HTTP/1.1\n");
+
+    // Refused by the upstream proxy: the client's connection fails.
+    let (code, body, _) = curl(
+        &ns,
+        &[
+            "--cacert",
+            origin_cert,
+            "--resolve",
+            "denied.test:443:203.0.113.21",
+            "https://denied.test/",
+        ],
+    );
+    assert_eq!(code, "000", "{body}");
+    assert_ne!(body, "origin ok");
+    let connects = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        connects,
+        "CONNECT 203.0.113.20:443 HTTP/1.1\nCONNECT 203.0.113.21:443 HTTP/1.1\n"
+    );
+
+    let state = veris.state.clone();
+    assert!(veris.stop().success());
+    let _ = chain.kill();
+    let _ = chain.wait();
+    let ledger = ledger(&state);
+    let passthrough = kinds(&ledger, "passthrough");
+    let through = passthrough
+        .iter()
+        .find(|l| l["host"] == "origin.test")
+        .unwrap_or_else(|| panic!("a passthrough line for origin.test: {ledger:?}"));
+    assert_eq!(through["tier"], "transparent", "{through}");
+    assert_eq!(through["port"], 443, "{through}");
+    assert_eq!(through["dst"], "203.0.113.20:443", "{through}");
+    let closed = ledger
+        .iter()
+        .find(|l| l["kind"] == "tunnel_close" && l["of"] == through["seq"])
+        .unwrap_or_else(|| panic!("a tunnel_close for origin.test: {ledger:?}"));
+    assert!(closed.get("error").is_none(), "{closed}");
+    assert!(closed["bytes_in"].as_u64() > Some(0), "{closed}");
+    assert!(closed["bytes_out"].as_u64() > Some(0), "{closed}");
+
+    let denied = passthrough
+        .iter()
+        .find(|l| l["host"] == "denied.test")
+        .unwrap_or_else(|| panic!("a passthrough line for denied.test: {ledger:?}"));
+    assert!(denied.get("dst").is_none(), "nothing was reached: {denied}");
+    let closed = ledger
+        .iter()
+        .find(|l| l["kind"] == "tunnel_close" && l["of"] == denied["seq"])
+        .unwrap_or_else(|| panic!("a tunnel_close for the refused passthrough: {ledger:?}"));
+    let error = closed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "the upstream proxy http://127.0.0.1:{port} answered CONNECT 203.0.113.21:443 with \"HTTP/1.1 403 Forbidden\""
+        )),
+        "{closed}"
+    );
+    assert!(kinds(&ledger, "request").is_empty());
+}

@@ -672,14 +672,8 @@ impl Proxy {
         started: Instant,
         chain: &dial::ChainError,
     ) -> Response<ProxyBody> {
-        warn!(host = %leg.host, port = leg.port, error = %chain, "the upstream proxy failed a passthrough");
-        if let Ok(open) = self
-            .record_passthrough(leg, reason, None, (0, 0), started)
-            .await
-        {
-            self.record_tunnel_close(open, (0, 0), started, Some(chain.to_string()))
-                .await;
-        }
+        self.record_upstream_proxy_failure(leg, reason, started, chain)
+            .await;
         let status = match &chain.failure {
             dial::ChainFailure::Refused { status, .. } => Some(*status),
             _ => None,
@@ -692,6 +686,26 @@ impl Proxy {
             ),
             json!({"host": leg.host, "upstream_proxy": chain.proxy, "upstream_proxy_status": status}),
         )
+    }
+
+    /// What both tiers record when the upstream proxy failed a passthrough:
+    /// a `passthrough` line with no destination (none was reached), closed
+    /// at once by a `tunnel_close` line carrying what the proxy said.
+    pub(crate) async fn record_upstream_proxy_failure(
+        &self,
+        leg: &Leg,
+        reason: &str,
+        started: Instant,
+        chain: &dial::ChainError,
+    ) {
+        warn!(host = %leg.host, port = leg.port, error = %chain, "the upstream proxy failed a passthrough");
+        if let Ok(open) = self
+            .record_passthrough(leg, reason, None, (0, 0), started)
+            .await
+        {
+            self.record_tunnel_close(open, (0, 0), started, Some(chain.to_string()))
+                .await;
+        }
     }
 
     /// Records a passthrough: the name the client gave (`leg.host`) beside

@@ -38,7 +38,12 @@
 //! the original destination is the other proxy, which is never dialed, so
 //! the tunnel goes where the `CONNECT` names, as in the explicit tier, and
 //! its line records the address that dial reached. Our own dials are exempt
-//! from the redirect by uid or mark ([`crate::dial`]).
+//! from the redirect by uid or mark ([`crate::dial`]). With
+//! `--upstream-proxy`, the re-dial is a `CONNECT` to the original
+//! destination through that proxy; when it refuses, nothing reached the
+//! destination and the ledger says so as in the explicit tier: a
+//! passthrough line without `dst`, closed by a `tunnel_close` carrying the
+//! proxy's answer.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -696,6 +701,16 @@ impl Transparent {
                     return;
                 }
                 Err(e) => {
+                    // The upstream proxy refused or failed: nothing reached
+                    // `dst`, and the ledger says why, as in the explicit tier
+                    // (the client's connection just closes: no status line
+                    // can be sent inside its TLS).
+                    if let Some(chain) = dial::ChainError::find(&e) {
+                        proxy
+                            .record_upstream_proxy_failure(leg, reason, started, chain)
+                            .await;
+                        return;
+                    }
                     info!(error = %e, %dst, "passthrough destination unreachable");
                     let _ = proxy
                         .record_passthrough(leg, reason, Some(dst), (0, 0), started)

@@ -23,7 +23,7 @@
 //! - `tail`: the file read from its end, for a proxy that continues a
 //!   ledger its own last seal vouches for without reading the history
 //!   ([`Ledger::open_sealed_by`]), and a line found by seq by a binary
-//!   search of the file ([`Ledger::position_after`]).
+//!   search of the file ([`Ledger::position_after`], [`line_at`]).
 //!
 //! This module holds what both share: the types, the line encoding and the
 //! file helpers.
@@ -47,6 +47,7 @@ pub use read::{
     mentions, open_ledger, read, read_bytes, scan, scan_file, LineReader, RawLine, MAX_LINE,
     PROBLEM_CAP,
 };
+pub use tail::line_at;
 pub use write::{Appending, Ledger, INDEX_EVERY};
 
 /// A line as committed: its seq and its exact text (without `\n`).
@@ -887,6 +888,31 @@ mod tests {
                 first.seq
             );
         }
+    }
+
+    /// A line by seq, read from a few blocks of the file: each seq finds
+    /// its own line, one past the end or in a file of other lines none.
+    #[test]
+    fn a_line_is_found_by_its_seq() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let sealer = Sealer::ephemeral().unwrap();
+        sealed(&path, &sealer, 3000);
+        let head = read(&path).unwrap().head.0;
+        let file = open_ledger(&path).unwrap();
+        for seq in (1..=head).step_by(97).chain([head]) {
+            let line = line_at(&file, seq).unwrap().expect("a line");
+            assert_eq!(line.seq, seq);
+        }
+        assert!(matches!(
+            line_at(&file, 1).unwrap().unwrap().entry,
+            Entry::Session { .. }
+        ));
+        assert!(line_at(&file, head + 1).unwrap().is_none());
+        assert!(line_at(&file, 0).unwrap().is_none());
+        let empty = dir.0.join("empty.jsonl");
+        std::fs::write(&empty, "").unwrap();
+        assert!(line_at(&open_ledger(&empty).unwrap(), 1).unwrap().is_none());
     }
 
     /// Attacks on a stopped proxy's file, then a restart: what the open

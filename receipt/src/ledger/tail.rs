@@ -277,3 +277,48 @@ pub(super) fn offset_of_seq(file: &File, len: u64, target: u64) -> io::Result<u6
     }
     Ok(lo)
 }
+
+/// Line `seq` of `file`, parsed: found by [`offset_of_seq`] and read
+/// forward from there, so a few blocks whatever the file's length, a line
+/// at a time and never more than [`MAX_LINE`] of one. `None` when no
+/// complete line of the file has that seq (or it does not parse). For a
+/// reader that must know what a file says at one seq (whether the session
+/// line a live proxy names is in this file) without reading its history.
+pub fn line_at(file: &File, seq: u64) -> io::Result<Option<Line>> {
+    use super::read::{LineReader, RawLine};
+    use std::io::{Read, Seek, SeekFrom};
+    let len = file.metadata()?.len();
+    let mut from = offset_of_seq(file, len, seq)?;
+    let mut buf = Vec::new();
+    loop {
+        let mut f = file;
+        f.seek(SeekFrom::Start(from))?;
+        let mut lines = LineReader::at(f.take(len - from), from);
+        // Whether the search's assumption held: the line it found is at or
+        // before `seq`.
+        let mut first = true;
+        let mut misplaced = false;
+        while let Some(raw) = lines.next_into(&mut buf)? {
+            if raw != RawLine::Line {
+                continue;
+            }
+            let found = sniff_seq(&buf[..buf.len().min(256)]);
+            match found {
+                Some(s) if s == seq => return Ok(serde_json::from_slice::<Line>(&buf).ok()),
+                // Past it: seqs ascend in any file a writer wrote.
+                Some(s) if s > seq => {
+                    misplaced = first;
+                    break;
+                }
+                _ => {}
+            }
+            first = false;
+        }
+        // The search assumes ascending seqs; when its line is already past
+        // `seq`, read from the start once.
+        if from == 0 || !misplaced {
+            return Ok(None);
+        }
+        from = 0;
+    }
+}
