@@ -1222,10 +1222,38 @@ fn json_value(v: serde_json::Value, key: &str) -> serde_json::Value {
     }
 }
 
+/// The index of the bracket that closes the one at `open`, skipping
+/// strings; `None` when the text ends first.
+fn closing(b: &[u8], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
 /// JSON that does not parse (cut at the cap, or malformed), redacted string
 /// by string: a string followed by `:` is a key, and the string or number
 /// after it is redacted when the key names a secret (or it is a card
-/// number); every other string goes through [`text`]. Everything between
+/// number), and so is a whole object or array under such a key; every
+/// other string goes through [`text`]. Everything between
 /// strings is copied as it is, bare numbers checked as card numbers.
 fn json_lenient(s: &str) -> String {
     let b = s.as_bytes();
@@ -1280,6 +1308,13 @@ fn json_lenient(s: &str) -> String {
             c if c.is_ascii_whitespace() || c == b':' => {
                 out.push(char::from(c));
                 i += 1;
+            }
+            b'{' | b'[' if key.is_some_and(|k| secret_param(k.as_bytes(), b"", Context::Param)) => {
+                // A secret name over an object or array: all of it goes,
+                // to its closing bracket or to the cut.
+                key = None;
+                out.push_str(REDACTED);
+                i = closing(b, i).map_or(b.len(), |j| j + 1);
             }
             _ => {
                 key = None;
@@ -1926,6 +1961,20 @@ mod tests {
             clean(&out);
             assert!(!out.contains("sk_live_51"), "{out}");
         }
+        // A secret name over an array or object, cut or whole, in a body
+        // that does not parse.
+        for body in [
+            r#"{"tokens":["abc-1","def-2"],"x":1,"#,
+            r#"{"tokens":["abc-1","def-2"#,
+            r#"{"client_secret":{"v":"abc-1","w":["]"]},"x":"#,
+        ] {
+            let out = stored("application/json", body, true);
+            assert!(!out.contains("abc-1") && !out.contains("def-2"), "{out}");
+        }
+        assert_eq!(
+            stored("application/json", r#"{"tokens":["abc-1"],"x":1,"#, false),
+            r#"{"tokens":[redacted],"x":1,"#
+        );
         // Malformed but whole: the same lenient scan.
         let out = stored(
             "application/json",
