@@ -24,6 +24,12 @@ pub struct HarArgs {
     /// Write the HAR to FILE (replaced atomically) instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Add the bodies captured with `--capture-bodies DIR` (redacted): each
+    /// only when its file is the one the sealed ledger names by SHA-256;
+    /// otherwise the entry says why not (`body_altered`, `body_missing`,
+    /// `not_captured: …`). Bodies are never evidence for the verdict.
+    #[arg(long, value_name = "DIR")]
+    pub bodies: Option<PathBuf>,
 }
 
 pub async fn har(args: HarArgs) -> Result<u8> {
@@ -43,7 +49,10 @@ pub async fn har(args: HarArgs) -> Result<u8> {
         har.line(line, fold.window_so_far())
     })
     .await?;
-    let har = har.finish(&report.receipt);
+    let mut har = har.finish(&report.receipt);
+    if let Some(dir) = &args.bodies {
+        har.attach_bodies(dir);
+    }
     let mut json = serde_json::to_string_pretty(&har).context("encoding the HAR")?;
     json.push('\n');
     match &args.output {

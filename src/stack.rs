@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use veris_ca::env::{EnvFormat, EnvSpec};
 use veris_ca::trust::TrustFiles;
 use veris_ca::{CertificateAuthority, Issuer, LoadOutcome};
+use veris_proxy::capture::{Capture, CaptureOptions};
 use veris_proxy::config::{Flags, Overrides, Settings};
 use veris_proxy::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Proxy, ProxyOptions};
@@ -97,6 +98,19 @@ pub struct ProxyArgs {
     /// go through it.
     #[arg(long, value_name = "URL")]
     pub upstream_proxy: Option<String>,
+    /// Store the redacted request and response bodies of twin traffic in
+    /// DIR (created if missing) for `veris har --bodies DIR`; each stored
+    /// body's SHA-256 goes into the sealed ledger. Off by default.
+    #[arg(long, value_name = "DIR")]
+    pub capture_bodies: Option<PathBuf>,
+    /// With --capture-bodies: bytes kept of each body (the rest is cut, and
+    /// the cut is recorded).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024, requires = "capture_bodies")]
+    pub capture_max_body: usize,
+    /// With --capture-bodies: bytes stored in all; then nothing more is
+    /// stored (and each later body is recorded as `total_cap`).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024, requires = "capture_bodies")]
+    pub capture_max_total: u64,
 }
 
 /// `veris serve`: the proxy's flags plus what only a long-running service
@@ -237,6 +251,8 @@ pub struct Stack {
     twin_task: Option<JoinHandle<()>>,
     /// Admin API (serve only), seal timer and the files that announce them.
     pub admin: crate::live::AdminHandle,
+    /// Body capture (`--capture-bodies`), flushed before the final seal.
+    capture: Option<Arc<Capture>>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -451,6 +467,26 @@ impl Stack {
             r.watch(ledger.clone());
         }
 
+        let capture = match &args.proxy.capture_bodies {
+            Some(dir) => Some(
+                Capture::start(
+                    CaptureOptions {
+                        dir: dir.clone(),
+                        max_body: args.proxy.capture_max_body,
+                        max_total: args.proxy.capture_max_total,
+                    },
+                    &identity.run_id,
+                    ledger.clone(),
+                )
+                .with_context(|| {
+                    format!(
+                        "opening the capture dir {}. Next: pass --capture-bodies a directory the proxy can create and write",
+                        dir.display()
+                    )
+                })?,
+            ),
+            None => None,
+        };
         let twin_base = settings.twin_base.clone();
         let proxy = Proxy::new(
             ProxyOptions {
@@ -468,6 +504,7 @@ impl Stack {
                 },
                 grace: Duration::from_secs(args.proxy.grace),
                 limits: client_limits(&args.proxy, raised.0),
+                capture: capture.clone(),
             },
             issuer,
             ledger.clone(),
@@ -525,6 +562,7 @@ impl Stack {
             redirect,
             twin_task,
             admin,
+            capture,
         })
     }
 
@@ -594,6 +632,12 @@ impl Stack {
                 Ok(Err(e)) => warn!(error = %e, "transparent listeners ended with an error"),
                 Err(e) => warn!(error = %e, "transparent listener task failed"),
             }
+        }
+
+        // Every captured body's line goes in before the checks and the
+        // final seal, which then covers them.
+        if let Some(capture) = self.capture.clone() {
+            let _ = tokio::task::spawn_blocking(move || capture.flush()).await;
         }
 
         // No traffic can arrive now: the window is exact.

@@ -34,6 +34,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod capture;
 pub mod catalog;
 pub mod clienthello;
 pub mod config;
@@ -73,6 +74,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, debug_span, info, info_span, warn, Instrument, Span};
 use veris_ca::Issuer;
+use veris_receipt::capture::Side;
 use veris_receipt::{redact, Entry, ListenerTier, Mode};
 
 use crate::body::{Counted, ProxyBody, Tally};
@@ -110,6 +112,8 @@ pub struct ProxyOptions {
     pub grace: Duration,
     /// Client timeouts and the connection cap.
     pub limits: Limits,
+    /// Body capture for `veris har --bodies` (`--capture-bodies`); off when `None`.
+    pub capture: Option<Arc<capture::Capture>>,
 }
 
 /// How long a client may take, and how many may be connected at once: one
@@ -166,6 +170,8 @@ pub struct Proxy {
     stats: Arc<metrics::Stats>,
     /// One server config per minted leaf, sharing a ticket key.
     tls: tls::ServerConfigs,
+    /// Tees vendor request and response bodies into the capture dir.
+    capture: Option<Arc<capture::Capture>>,
 }
 
 /// Request headers worth keeping in the ledger (values redacted by its writer).
@@ -248,6 +254,7 @@ impl Proxy {
             summary: summary::Summary::default(),
             stats,
             tls: tls::ServerConfigs::new(Issuer::DEFAULT_CAPACITY),
+            capture: options.capture,
         })
     }
 
@@ -934,6 +941,17 @@ impl Proxy {
             headers: recorded_headers(&parts.headers),
         };
 
+        let slot = self.capture.as_ref().map(|c| c.slot());
+        let incoming = match &slot {
+            Some(slot) => slot.tee(
+                incoming,
+                Side::Request,
+                content_type(&parts.headers),
+                encoded(&parts.headers),
+            ),
+            None => capture::Tee::off(incoming),
+        };
+
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers, websocket);
         headers.remove(header::HOST);
@@ -975,6 +993,7 @@ impl Proxy {
             started,
             line,
             index,
+            slot,
         })
     }
 
@@ -991,6 +1010,7 @@ impl Proxy {
             started,
             line,
             index,
+            slot,
         } = outbound;
         let result = self.upstream.send(request, websocket).await;
         let elapsed = started.elapsed();
@@ -1041,7 +1061,13 @@ impl Proxy {
         };
         // Counted once recorded, so the counts agree with the ledger.
         self.stats.request(index, status.as_u16());
+        if let Some(slot) = &slot {
+            slot.recorded(seq);
+        }
         if client_gone {
+            if let Some(slot) = &slot {
+                slot.skip(Side::Response, "client_gone");
+            }
             self.summary.note(summary::Outcome::ClientGone);
             debug!(
                 status = status.as_u16(),
@@ -1058,7 +1084,7 @@ impl Proxy {
             declared,
         };
         if reply
-            .send(self.relay(resp, client_upgrade, answer))
+            .send(self.relay(resp, client_upgrade, answer, slot))
             .is_err()
         {
             // The client left between the check above and now: its line says
@@ -1125,9 +1151,13 @@ impl Proxy {
         mut resp: Response<Incoming>,
         client_upgrade: Option<hyper::upgrade::OnUpgrade>,
         answer: Answer,
+        slot: Option<Arc<capture::Slot>>,
     ) -> Response<ProxyBody> {
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(client_upgrade) = client_upgrade {
+                if let Some(slot) = &slot {
+                    slot.skip(Side::Response, "websocket");
+                }
                 let twin_upgrade = hyper::upgrade::on(&mut resp);
                 self.tasks.spawn(async move {
                     match (client_upgrade.await, twin_upgrade.await) {
@@ -1149,6 +1179,15 @@ impl Proxy {
         let (mut parts, incoming) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers, false);
         parts.version = Version::default();
+        let incoming = match &slot {
+            Some(slot) => slot.tee(
+                incoming,
+                Side::Response,
+                content_type(&parts.headers),
+                encoded(&parts.headers),
+            ),
+            None => capture::Tee::off(incoming),
+        };
         let body = meter::Delivered::new(incoming, self.on_short(answer));
         Response::from_parts(parts, body.boxed())
     }
@@ -1424,6 +1463,8 @@ struct Outbound {
     line: RequestLine,
     /// The service's slot in [`metrics::Stats`].
     index: usize,
+    /// Its body capture, when the proxy captures bodies.
+    slot: Option<Arc<capture::Slot>>,
 }
 
 /// Which recorded request a relayed answer belongs to.
@@ -1492,6 +1533,23 @@ fn ledger_unavailable(e: &RecordError, service: &str) -> Response<ProxyBody> {
 
 /// The request headers the ledger keeps, as sent: the writer redacts them
 /// (`redact::entry`) like every field of every line.
+/// A body's `Content-Type`, for its capture.
+fn content_type(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// True when a `Content-Encoding` other than identity makes a body bytes
+/// that are not its text (its capture stores nothing).
+fn encoded(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+}
+
 fn recorded_headers(headers: &http::HeaderMap) -> Vec<(String, String)> {
     RECORDED_HEADERS
         .iter()

@@ -1133,6 +1133,7 @@ mod lifecycle_tests {
                 upstream: UpstreamOptions::default(),
                 grace: Duration::from_secs(1),
                 limits: crate::Limits::default(),
+                capture: None,
             },
             issuer,
             recorder.clone(),

@@ -79,6 +79,7 @@ async fn start_proxy(setup: Setup, tag: &str) -> Harness {
             },
             grace: Duration::from_secs(2),
             limits: veris_proxy::Limits::default(),
+            capture: None,
         },
         issuer,
         recorder.clone(),

@@ -2,12 +2,12 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 3; versions 1 and 2 are still read)
+//! # File format (version 4; versions 1 to 3 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`3`); readers accept every
+//! - `v`: the format version, [`LEDGER_VERSION`] (`4`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
 //!   `tamper` and `check`; version 3 added the kinds `tls_abandoned`,
@@ -15,7 +15,9 @@
 //!   tunnel opens (bytes then 0) rather than when it closes, and
 //!   stopped writing `trust_failure` for a handshake that ended without a
 //!   certificate alert; no earlier field changed meaning, and a reader
-//!   judges an old `trust_failure` by its alert ([`is_refusal_alert`]));
+//!   judges an old `trust_failure` by its alert ([`is_refusal_alert`]);
+//!   version 4 added the kind `body_capture`, written only when the proxy
+//!   runs with `--capture-bodies`; no earlier field changed meaning);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -23,7 +25,7 @@
 //! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`,
 //!   `trust_failure`, `ech`, `quic`, `seal`, `reserved_path`, `tamper`,
 //!   `check`, `redirect_change`, `udp_dropped`, `dns`, `tls_abandoned`,
-//!   `response_incomplete`, `tunnel_close`, followed by that kind's
+//!   `response_incomplete`, `tunnel_close`, `body_capture`, followed by that kind's
 //!   fields (see [`Entry`]);
 //! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
 //!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
@@ -35,10 +37,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 3;
+pub const LEDGER_VERSION: u32 = 4;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -60,6 +62,7 @@ pub const KINDS: &[&str] = &[
     "tls_abandoned",
     "response_incomplete",
     "tunnel_close",
+    "body_capture",
 ];
 
 /// TLS alerts that name the certificate: a client that sends one after our
@@ -473,6 +476,48 @@ pub enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// The bodies of a recorded request as the proxy stored them in its
+    /// capture dir (`--capture-bodies`): redacted, cut at the per-body cap,
+    /// and named here with their SHA-256, so a reader can tell a stored file
+    /// from one the workload edited (the dir is not sealed, this line is).
+    /// Written once both bodies ended, after the request's own line. Never
+    /// evidence for a receipt's verdict and never counted as a request.
+    BodyCapture {
+        /// The `seq` of the `request` line whose bodies these are.
+        of: u64,
+        request: CapturedBody,
+        response: CapturedBody,
+    },
+}
+
+/// One body of a [`Entry::BodyCapture`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapturedBody {
+    /// Body bytes that went through the proxy (all of them, also past the cap).
+    pub bytes: u64,
+    /// The sender's `Content-Type`, when it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime: Option<String>,
+    /// The file in the capture dir (a bare name, no directory), when stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Lower-case hex SHA-256 of the stored file's bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Length of the stored file (the redacted text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored: Option<u64>,
+    /// The body was longer than the per-body cap and cut at this many
+    /// bytes before it was redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated_at: Option<u64>,
+    /// Why nothing was stored: `empty`, `binary` (not text, or not UTF-8:
+    /// only the size is kept), `total_cap` (the dir's total was reached),
+    /// `store_failed` (the file could not be created: something already
+    /// stood at its name), `dropped` (the proxy's capture queue was full:
+    /// the request was never slowed for a capture).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
 }
 
 impl Entry {
@@ -497,6 +542,7 @@ impl Entry {
             Entry::TlsAbandoned { .. } => "tls_abandoned",
             Entry::ResponseIncomplete { .. } => "response_incomplete",
             Entry::TunnelClose { .. } => "tunnel_close",
+            Entry::BodyCapture { .. } => "body_capture",
         }
     }
 }

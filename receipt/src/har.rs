@@ -22,7 +22,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::entry::{Entry, Line, ListenerTier};
+use crate::capture::Loaded;
+use crate::entry::{CapturedBody, Entry, Line, ListenerTier};
 use crate::receipt::{IntegrityStatus, Receipt, Window};
 
 /// The HAR version written in `log.version`.
@@ -79,6 +80,10 @@ pub struct HarEntry {
     pub timings: Timings,
     #[serde(rename = "_veris")]
     pub veris: EntryVeris,
+    /// The entry's `body_capture` line, when one followed its request line:
+    /// what [`Har::attach_bodies`] looks for in the capture dir.
+    #[serde(skip)]
+    pub captured: Option<Box<(CapturedBody, CapturedBody)>>,
 }
 
 /// A header, query parameter or cookie.
@@ -103,6 +108,22 @@ pub struct Request {
     pub headers_size: i64,
     /// Request body bytes forwarded when the twin's answer arrived.
     pub body_size: i64,
+    /// The captured request body (`veris har --bodies`), when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_data: Option<PostData>,
+}
+
+/// A captured request body: its redacted text only when the stored file is
+/// the one the sealed ledger line names; `_veris` says why not, or that it
+/// was cut at the cap.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PostData {
+    pub mime_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(rename = "_veris", default, skip_serializing_if = "Option::is_none")]
+    pub veris: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,6 +150,12 @@ pub struct Content {
     /// The length the twin declared, `-1` when it did not.
     pub size: i64,
     pub mime_type: String,
+    /// The captured (redacted) response body, as [`PostData::text`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// As [`PostData::veris`].
+    #[serde(rename = "_veris", default, skip_serializing_if = "Option::is_none")]
+    pub veris: Option<String>,
 }
 
 /// Nothing is cached by the proxy: `{}`.
@@ -232,6 +259,7 @@ impl HarBuilder {
                         query_string: query.as_deref().map(query_string).unwrap_or_default(),
                         headers_size: -1,
                         body_size: size(*bytes_in),
+                        post_data: None,
                     },
                     response: Response {
                         status: *status,
@@ -242,6 +270,8 @@ impl HarBuilder {
                         content: Content {
                             size: declared,
                             mime_type: String::new(),
+                            text: None,
+                            veris: None,
                         },
                         redirect_url: String::new(),
                         headers_size: -1,
@@ -266,6 +296,7 @@ impl HarBuilder {
                         websocket: *websocket,
                         delivered: None,
                     },
+                    captured: None,
                 });
             }
             // Follows its request line: what the client actually got.
@@ -277,6 +308,15 @@ impl HarBuilder {
                     e.veris.outcome = reason.clone();
                     e.veris.delivered = Some(*bytes);
                     e.response.body_size = size(*bytes);
+                }
+            }
+            Entry::BodyCapture {
+                of,
+                request,
+                response,
+            } => {
+                if let Ok(i) = self.entries.binary_search_by_key(of, |e| e.veris.seq) {
+                    self.entries[i].captured = Some(Box::new((request.clone(), response.clone())));
                 }
             }
             _ => {}
@@ -317,6 +357,56 @@ impl HarBuilder {
                 },
             },
         }
+    }
+}
+
+/// Said in the log's comment when bodies are attached.
+const BODIES_COMMENT: &str = "bodies come from the capture dir, redacted and cut at its caps, shown only where the file matches the SHA-256 in the sealed ledger; they are a view, never evidence for the verdict";
+
+impl Har {
+    /// Fills in each entry's captured bodies from `dir`: the redacted text
+    /// where the stored file's SHA-256 is the one its sealed `body_capture`
+    /// line names, otherwise no text and a `_veris` note: `body_altered`,
+    /// `body_missing`, `not_captured: <why>`; a body cut at the cap is
+    /// noted `truncated at N bytes`. Nothing in `dir` is trusted beyond
+    /// that check.
+    pub fn attach_bodies(&mut self, dir: &std::path::Path) {
+        for e in &mut self.log.entries {
+            let Some(captured) = e.captured.as_deref() else {
+                e.response.content.veris = Some("not_captured: no body_capture line".into());
+                continue;
+            };
+            let (request, response) = captured;
+            if request.bytes > 0 {
+                let (text, note) = body(dir, request);
+                e.request.post_data = Some(PostData {
+                    mime_type: request.mime.clone().unwrap_or_default(),
+                    text,
+                    veris: note,
+                });
+            }
+            let (text, note) = body(dir, response);
+            if let Some(mime) = &response.mime {
+                e.response.content.mime_type = mime.clone();
+            }
+            e.response.content.text = text;
+            e.response.content.veris = note;
+        }
+        self.log.comment.push_str("; ");
+        self.log.comment.push_str(BODIES_COMMENT);
+    }
+}
+
+/// One body's text and note for the HAR.
+fn body(dir: &std::path::Path, b: &CapturedBody) -> (Option<String>, Option<String>) {
+    match crate::capture::load(dir, b) {
+        Loaded::Text(text) => (
+            Some(text),
+            b.truncated_at.map(|n| format!("truncated at {n} bytes")),
+        ),
+        Loaded::NotCaptured(why) => (None, Some(format!("not_captured: {why}"))),
+        Loaded::Missing => (None, Some("body_missing".into())),
+        Loaded::Altered => (None, Some("body_altered".into())),
     }
 }
 

@@ -4,6 +4,7 @@
 //! summarizes a window of the ledger. It knows nothing of sockets.
 #![forbid(unsafe_code)]
 
+pub mod capture;
 pub mod entry;
 pub mod har;
 pub mod hash;
@@ -14,8 +15,8 @@ pub mod seal;
 mod wire;
 
 pub use entry::{
-    Coverage, Entry, Line, ListenerTier, Mode, MovedAside, TornTail, GENESIS_PREV, LEDGER_VERSION,
-    READABLE_VERSIONS,
+    CapturedBody, Coverage, Entry, Line, ListenerTier, Mode, MovedAside, TornTail, GENESIS_PREV,
+    LEDGER_VERSION, READABLE_VERSIONS,
 };
 pub use ledger::{Ledger, LedgerError, LedgerRead, OpenReport, Problem};
 pub use receipt::{Receipt, Requirement, Verdict};

@@ -1162,6 +1162,15 @@ pub fn entry(entry: Entry) -> Entry {
             declared,
             reason: owned(reason),
         },
+        Entry::BodyCapture {
+            of,
+            request,
+            response,
+        } => Entry::BodyCapture {
+            of,
+            request: captured(request),
+            response: captured(response),
+        },
         Entry::TlsAbandoned {
             host,
             port,
@@ -1181,6 +1190,234 @@ pub fn entry(entry: Entry) -> Entry {
         // rewriting a signature would break it.
         seal @ Entry::Seal { .. } => seal,
     }
+}
+
+/// What a captured body may be stored as: its redacted text, or why it is
+/// not stored at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyText {
+    /// The redacted text, to be stored.
+    Text(String),
+    /// Not text (binary, compressed, or not UTF-8, or of a type that is
+    /// neither JSON, a form nor `text/*`): never stored, only its size.
+    Binary,
+}
+
+/// Redacts a captured body by its `Content-Type`:
+/// - JSON (`application/json`, `*+json`): parsed; the value of every key
+///   that names a secret (the names [`query`] redacts: `password`,
+///   `*token*`, `api_key`, `authorization`, `cvc`, …) becomes
+///   [`REDACTED`], and so does any value that is a payment card number;
+///   every other string (keys too) goes through [`text`]. A body that does
+///   not parse (cut at the cap) is scanned leniently the same way, string
+///   by string;
+/// - `application/x-www-form-urlencoded`: [`query`];
+/// - other `text/*`, XML and JavaScript: [`text`];
+/// - anything else, and bytes that are not UTF-8: [`BodyText::Binary`].
+///
+/// `truncated` says the bytes were cut at a cap: the last, possibly partial
+/// token (half a key is still part of a key) and a split character are
+/// dropped before redaction.
+pub fn body(content_type: Option<&str>, bytes: &[u8], truncated: bool) -> BodyText {
+    let essence = content_type
+        .and_then(|c| c.split(';').next())
+        .map(|c| c.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    let kind =
+        if essence == "application/json" || essence.ends_with("+json") || essence == "text/json" {
+            BodyKind::Json
+        } else if essence == "application/x-www-form-urlencoded" {
+            BodyKind::Form
+        } else if essence.starts_with("text/")
+            || essence == "application/xml"
+            || essence.ends_with("+xml")
+            || essence == "application/javascript"
+        {
+            BodyKind::Text
+        } else {
+            return BodyText::Binary;
+        };
+    let bytes = if truncated { cut_clean(bytes) } else { bytes };
+    let Ok(s) = std::str::from_utf8(bytes) else {
+        return BodyText::Binary;
+    };
+    BodyText::Text(match kind {
+        BodyKind::Json => match serde_json::from_str::<serde_json::Value>(s) {
+            Ok(v) => {
+                let v = json_value(v, "");
+                serde_json::to_string(&v).unwrap_or_else(|_| json_lenient(s))
+            }
+            Err(_) => json_lenient(s),
+        },
+        BodyKind::Form => query(s),
+        BodyKind::Text => text(s),
+    })
+}
+
+#[derive(Clone, Copy)]
+enum BodyKind {
+    Json,
+    Form,
+    Text,
+}
+
+/// `bytes` cut at a cap, less the token the cut may have split (a key cut
+/// short is too short for its shape, but is still half a key) and a split
+/// UTF-8 character.
+fn cut_clean(bytes: &[u8]) -> &[u8] {
+    let keep = bytes
+        .iter()
+        .rposition(|&b| !(b.is_ascii_alphanumeric() || b"_-.+/=%~".contains(&b) || b >= 0x80))
+        .map_or(0, |i| i + 1);
+    let bytes = &bytes[..keep];
+    match std::str::from_utf8(bytes) {
+        Err(e) if e.error_len().is_none() => &bytes[..e.valid_up_to()],
+        _ => bytes,
+    }
+}
+
+/// A parsed JSON value with secrets redacted; `key` is the name it stands
+/// under (the enclosing key for an array's items, `""` at the top).
+fn json_value(v: serde_json::Value, key: &str) -> serde_json::Value {
+    use serde_json::Value;
+    let secret = |value: &[u8]| secret_param(key.as_bytes(), value, Context::Param);
+    match v {
+        Value::String(s) if secret(s.as_bytes()) => Value::String(REDACTED.into()),
+        Value::String(s) => Value::String(owned(s)),
+        Value::Number(n) if secret(n.to_string().as_bytes()) => Value::String(REDACTED.into()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| {
+                    let v = if secret_param(k.as_bytes(), b"", Context::Param)
+                        && !matches!(v, Value::Null | Value::Bool(_))
+                    {
+                        Value::String(REDACTED.into())
+                    } else {
+                        json_value(v, &k)
+                    };
+                    (owned(k), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => {
+            Value::Array(items.into_iter().map(|v| json_value(v, key)).collect())
+        }
+        other => other,
+    }
+}
+
+/// The index of the bracket that closes the one at `open`, skipping
+/// strings; `None` when the text ends first.
+fn closing(b: &[u8], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// JSON that does not parse (cut at the cap, or malformed), redacted string
+/// by string: a string followed by `:` is a key, and the string or number
+/// after it is redacted when the key names a secret (or it is a card
+/// number), and so is a whole object or array under such a key; every
+/// other string goes through [`text`]. Everything between
+/// strings is copied as it is, bare numbers checked as card numbers.
+fn json_lenient(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut key: Option<&str> = None;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                let end = j.min(b.len());
+                // Quotes and backslashes are ASCII: the cuts are on
+                // character boundaries.
+                let inner = &s[i + 1..end];
+                let closed = j < b.len();
+                let mut k = if closed { j + 1 } else { b.len() };
+                while k < b.len() && b[k].is_ascii_whitespace() {
+                    k += 1;
+                }
+                let is_key = key.is_none() && b.get(k) == Some(&b':');
+                let name = key.take().unwrap_or("");
+                out.push('"');
+                if !is_key && secret_param(name.as_bytes(), inner.as_bytes(), Context::Param) {
+                    out.push_str(REDACTED);
+                } else {
+                    out.push_str(&text(inner));
+                }
+                if closed {
+                    out.push('"');
+                }
+                if is_key {
+                    key = Some(inner);
+                }
+                i = if closed { j + 1 } else { b.len() };
+            }
+            b'-' | b'0'..=b'9' => {
+                let end = b[i..]
+                    .iter()
+                    .position(|c| !(c.is_ascii_digit() || b"-+.eE".contains(c)))
+                    .map_or(b.len(), |n| i + n);
+                let name = key.take().unwrap_or("");
+                if secret_param(name.as_bytes(), &b[i..end], Context::Param) {
+                    out.push_str(REDACTED);
+                } else {
+                    out.push_str(&s[i..end]);
+                }
+                i = end;
+            }
+            c if c.is_ascii_whitespace() || c == b':' => {
+                out.push(char::from(c));
+                i += 1;
+            }
+            b'{' | b'[' if key.is_some_and(|k| secret_param(k.as_bytes(), b"", Context::Param)) => {
+                // A secret name over an object or array: all of it goes,
+                // to its closing bracket or to the cut.
+                key = None;
+                out.push_str(REDACTED);
+                i = closing(b, i).map_or(b.len(), |j| j + 1);
+            }
+            _ => {
+                key = None;
+                let ch = s[i..].chars().next().unwrap_or('\u{fffd}');
+                out.push(ch);
+                i += ch.len_utf8().max(1);
+            }
+        }
+    }
+    out
+}
+
+/// The text fields of a [`crate::entry::CapturedBody`]; sizes and digests
+/// stay as they are.
+fn captured(mut b: crate::entry::CapturedBody) -> crate::entry::CapturedBody {
+    b.mime = b.mime.map(owned);
+    b.file = b.file.map(owned);
+    b.skipped = b.skipped.map(owned);
+    b
 }
 
 /// A URL or path that may still carry a query: the query part is redacted
@@ -1805,5 +2042,139 @@ mod tests {
             let q = query(&s);
             assert_eq!(query(&q), q, "{unit}");
         }
+    }
+
+    /// Secrets of every shape a captured body may carry, and pieces of
+    /// them that must not survive either.
+    const SK: &str = "sk_live_51HqLyjWDarjtT1zdp7dc";
+    const PASSWORD: &str = "hunter2-Correct-Horse";
+    const CARD: &str = "4242424242424242";
+    const BEARER: &str = "Bearer abcDEF123ghiJKL456";
+
+    fn stored(ct: &str, body: &str, truncated: bool) -> String {
+        match super::body(Some(ct), body.as_bytes(), truncated) {
+            BodyText::Text(t) => t,
+            BodyText::Binary => panic!("{ct}: not stored"),
+        }
+    }
+
+    fn clean(out: &str) {
+        for secret in [
+            SK,
+            "51HqLyjWDarjtT1zdp7dc",
+            PASSWORD,
+            CARD,
+            "4242 4242",
+            "abcDEF123ghiJKL456",
+            "9271",
+            JWT,
+        ] {
+            assert!(!out.contains(secret), "{secret} survived in {out}");
+        }
+    }
+
+    #[test]
+    fn json_bodies_lose_the_values_of_secret_keys_and_every_key_shape() {
+        let body = format!(
+            r#"{{"email":"a@b.test","password":"{PASSWORD}","api_key":"{SK}","Authorization":"{BEARER}","card":{{"number":"{CARD}","cvc":"9271","exp_month":12}},"payment_method":{{"card":{{"number":{CARD}}}}},"tokens":["t1","t2"],"note":"key {SK} and {JWT}","list":["{CARD}"],"client_secret":{{"v":"x"}},"amount":2000,"refresh":true}}"#
+        );
+        let out = stored("application/json; charset=utf-8", &body, false);
+        clean(&out);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["password"], REDACTED);
+        assert_eq!(v["card"]["number"], REDACTED);
+        assert_eq!(v["card"]["cvc"], REDACTED);
+        assert_eq!(v["payment_method"]["card"]["number"], REDACTED);
+        assert_eq!(v["tokens"], REDACTED);
+        assert_eq!(v["client_secret"], REDACTED);
+        assert_eq!(v["Authorization"], REDACTED);
+        // What is not a secret stays readable.
+        assert_eq!(v["email"], "a@b.test");
+        assert_eq!(v["card"]["exp_month"], 12);
+        assert_eq!(v["amount"], 2000);
+        assert_eq!(v["refresh"], true);
+        assert_eq!(v["note"], "key [redacted] and [redacted]");
+        // A key can be a key.
+        let out = stored(
+            "application/vnd.api+json",
+            &format!(r#"{{"{SK}":1}}"#),
+            false,
+        );
+        clean(&out);
+        // Redacting the stored text again changes nothing.
+        assert_eq!(stored("application/json", &out, false), out);
+    }
+
+    #[test]
+    fn json_cut_at_the_cap_is_redacted_string_by_string() {
+        let body = format!(
+            r#"{{"password":"{PASSWORD}","card":{{"number":{CARD},"cvc":"9271"}},"desc":"{BEARER}","key2":"{SK}"}}"#
+        );
+        // Every cut, including one inside a secret: nothing survives, not
+        // even the front half of a key.
+        for cut in 1..body.len() {
+            let out = stored("application/json", &body[..cut], true);
+            clean(&out);
+            assert!(!out.contains("sk_live_51"), "{out}");
+        }
+        // A secret name over an array or object, cut or whole, in a body
+        // that does not parse.
+        for body in [
+            r#"{"tokens":["abc-1","def-2"],"x":1,"#,
+            r#"{"tokens":["abc-1","def-2"#,
+            r#"{"client_secret":{"v":"abc-1","w":["]"]},"x":"#,
+        ] {
+            let out = stored("application/json", body, true);
+            assert!(!out.contains("abc-1") && !out.contains("def-2"), "{out}");
+        }
+        assert_eq!(
+            stored("application/json", r#"{"tokens":["abc-1"],"x":1,"#, false),
+            r#"{"tokens":[redacted],"x":1,"#
+        );
+        // Malformed but whole: the same lenient scan.
+        let out = stored(
+            "application/json",
+            &format!(r#"{{"password": "{PASSWORD}", oops "token":"abc"}}"#),
+            false,
+        );
+        clean(&out);
+        assert!(!out.contains("abc"), "{out}");
+    }
+
+    #[test]
+    fn forms_text_and_binary_bodies() {
+        let out = stored(
+            "application/x-www-form-urlencoded",
+            &format!("amount=2000&card[number]={CARD}&card[cvc]=9271&password={PASSWORD}&api_key={SK}&description=ok"),
+            false,
+        );
+        clean(&out);
+        assert!(out.starts_with("amount=2000&"), "{out}");
+        assert!(out.ends_with("&description=ok"), "{out}");
+
+        let out = stored(
+            "text/plain",
+            &format!("Authorization: {BEARER}\nkey {SK}\nclient_secret={PASSWORD}\n"),
+            false,
+        );
+        clean(&out);
+
+        for (ct, bytes) in [
+            (Some("image/png"), &b"\x89PNG\r\n"[..]),
+            (Some("application/octet-stream"), b"{}"),
+            (None, b"{\"a\":1}"),
+            (Some("application/json"), b"{\"a\":\"\xff\xfe\"}"),
+        ] {
+            assert_eq!(super::body(ct, bytes, false), BodyText::Binary, "{ct:?}");
+        }
+        // A character split by the cap is dropped, not taken for binary.
+        assert_eq!(
+            super::body(
+                Some("text/plain"),
+                "a caf\u{e9}".as_bytes().split_last().unwrap().1,
+                true
+            ),
+            BodyText::Text("a ".into())
+        );
     }
 }

@@ -503,4 +503,50 @@ mod tests {
             assert!(serde_json::from_str::<Line>(&text).is_err(), "{text}");
         }
     }
+
+    #[test]
+    fn a_v4_body_capture_line_round_trips_and_v3_lines_still_read() {
+        use crate::entry::{CapturedBody, LEDGER_VERSION, READABLE_VERSIONS};
+        assert_eq!(LEDGER_VERSION, 4);
+        assert!(READABLE_VERSIONS.contains(&3));
+        let prev = "ab".repeat(32);
+        let sha = "cd".repeat(32);
+        let text = format!(
+            r#"{{"v":4,"seq":9,"ts":"2026-11-29T07:28:19.123Z","kind":"body_capture","of":7,"request":{{"bytes":120,"mime":"application/json","file":"r-7-request.txt","sha256":"{sha}","stored":98,"truncated_at":64}},"response":{{"bytes":0,"skipped":"empty"}},"prev":"{prev}"}}"#
+        );
+        let line = serde_json::from_str::<Line>(&text).unwrap();
+        assert_eq!(
+            line.entry,
+            Entry::BodyCapture {
+                of: 7,
+                request: CapturedBody {
+                    bytes: 120,
+                    mime: Some("application/json".into()),
+                    file: Some("r-7-request.txt".into()),
+                    sha256: Some(sha.clone()),
+                    stored: Some(98),
+                    truncated_at: Some(64),
+                    skipped: None,
+                },
+                response: CapturedBody {
+                    bytes: 0,
+                    mime: None,
+                    file: None,
+                    sha256: None,
+                    stored: None,
+                    truncated_at: None,
+                    skipped: Some("empty".into()),
+                },
+            }
+        );
+        assert_eq!(line.entry.kind(), "body_capture");
+        assert_eq!(serde_json::to_string(&line).unwrap(), text);
+        // A version-3 line as a version-3 writer wrote it reads as before.
+        let v3 = format!(
+            r#"{{"v":3,"seq":8,"ts":"t","kind":"response_incomplete","of":7,"service":"stripe","bytes":3,"reason":"twin_cut","prev":"{prev}"}}"#
+        );
+        let old = serde_json::from_str::<Line>(&v3).unwrap();
+        assert_eq!(old.v, 3);
+        assert_eq!(old.entry.kind(), "response_incomplete");
+    }
 }

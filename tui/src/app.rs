@@ -123,6 +123,7 @@ impl Row {
             Entry::TlsAbandoned { .. } => "tls-abandoned",
             Entry::ResponseIncomplete { service, .. } => service,
             Entry::TunnelClose { .. } => "tunnel-close",
+            Entry::BodyCapture { .. } => "body-capture",
         }
     }
 
@@ -543,6 +544,8 @@ impl App {
             | Entry::TlsAbandoned { .. }
             | Entry::ResponseIncomplete { .. }
             | Entry::TunnelClose { .. } => {}
+            // Bookkeeping for `veris har --bodies`: neither traffic nor news.
+            Entry::BodyCapture { .. } => return,
             Entry::Seal { sealed_seq, .. } => {
                 // Seals arrive every second while traffic flows: counted, not listed.
                 self.counts.sealed_seq = Some(*sealed_seq);

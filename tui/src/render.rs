@@ -357,7 +357,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         | Entry::Dns { .. }
         | Entry::TlsAbandoned { .. } => Style::new().fg(Color::DarkGray),
         Entry::ResponseIncomplete { .. } => Style::new().fg(Color::Red),
-        Entry::TunnelClose { .. } => Style::new().fg(Color::DarkGray),
+        Entry::TunnelClose { .. } | Entry::BodyCapture { .. } => Style::new().fg(Color::DarkGray),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) = match &row
         .entry
@@ -437,6 +437,13 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
             "TLS".into(),
             format!("{host}:{port}  client refused the veris CA ({alert})"),
             Cell::from("tls").red().bold(),
+            String::new(),
+            String::new(),
+        ),
+        Entry::BodyCapture { of, .. } => (
+            String::new(),
+            format!("bodies of #{of} captured"),
+            Cell::from("cap").dark_gray(),
             String::new(),
             String::new(),
         ),
@@ -824,6 +831,9 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             }
             lines.push(kv("status", format!("421 refused ({reason})")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
+        }
+        Entry::BodyCapture { of, .. } => {
+            lines.push(kv("request", format!("#{of}")));
         }
         Entry::TunnelClose {
             of,
