@@ -162,11 +162,11 @@ fn captured_bodies_are_redacted_sealed_and_checked() {
     curl(&["https://api.stripe.com/v1/customers?limit=2"]);
     let get = last_request(&serve);
     // Longer than the per-body cap: cut, and the cut recorded.
-    let long = format!("note=ok {}", "x ".repeat(3000));
+    let long = format!("note=ok{}", "&x=1".repeat(1500));
     curl(&[
         "https://api.stripe.com/v1/customers",
         "-H",
-        "Content-Type: text/plain",
+        "Content-Type: application/x-www-form-urlencoded",
         "--data-binary",
         &long,
     ]);
@@ -180,8 +180,18 @@ fn captured_bodies_are_redacted_sealed_and_checked() {
         "\u{1}\u{2}binary",
     ]);
     let binary = last_request(&serve);
+    // XML: a secret in an element, which the text scanner cannot see, so
+    // the body is not stored at all.
+    curl(&[
+        "https://api.stripe.com/v1/customers",
+        "-H",
+        "Content-Type: application/xml",
+        "--data-binary",
+        &format!("<login><password>{PASSWORD}</password></login>"),
+    ]);
+    let xml = last_request(&serve);
 
-    let lines = captures(&serve, 4);
+    let lines = captures(&serve, 5);
     let line = |of: u64| {
         lines
             .iter()
@@ -194,6 +204,7 @@ fn captured_bodies_are_redacted_sealed_and_checked() {
     assert_eq!(line(cut)["request"]["truncated_at"], 2048);
     assert_eq!(line(cut)["request"]["bytes"], long.len());
     assert_eq!(line(binary)["request"]["skipped"], "binary");
+    assert_eq!(line(xml)["request"]["skipped"], "unstructured_text");
     // Nothing secret anywhere: the dir, the ledger.
     assert_clean("the capture dir", &all_files(&bodies));
     assert_clean(
@@ -203,7 +214,7 @@ fn captured_bodies_are_redacted_sealed_and_checked() {
     // A body capture is not a request.
     let receipt = output(veris(["receipt", "--json", "--state-dir"]).arg(&serve.state));
     let receipt: Value = serde_json::from_slice(&receipt.stdout).expect("receipt JSON");
-    assert_eq!(receipt["services"]["stripe"]["requests"], 4, "{receipt}");
+    assert_eq!(receipt["services"]["stripe"]["requests"], 5, "{receipt}");
 
     let (h, raw) = har(&serve.state, &bodies, &out_dir, "live.har");
     assert_clean("the HAR", &raw);
@@ -326,12 +337,12 @@ fn caps_hold_and_without_the_flag_nothing_is_captured() {
             "700",
         ],
     );
-    let body = format!("text {}", "y ".repeat(200));
+    let body = format!("text=y{}", "&y=1".repeat(100));
     for _ in 0..8 {
         let out = output(serve.curl().args([
             "https://api.stripe.com/v1/customers",
             "-H",
-            "Content-Type: text/plain",
+            "Content-Type: application/x-www-form-urlencoded",
             "--data-binary",
             &body,
         ]));

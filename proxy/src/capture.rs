@@ -393,6 +393,7 @@ impl Writer {
         let text = match redact::body(part.mime.as_deref(), &part.kept, truncated) {
             BodyText::Text(text) => text,
             BodyText::Binary => return skip(b, "binary"),
+            BodyText::Unstructured => return skip(b, "unstructured_text"),
         };
         if self.total.saturating_add(text.len() as u64) > self.max_total {
             self.full.store(true, Ordering::Relaxed);
