@@ -136,7 +136,7 @@ fn closes_without_a_certificate_alert_never_fail_a_receipt_and_a_refusal_does() 
     for l in &abandoned {
         assert_eq!(l["service"], "github");
         assert_eq!(l["tier"], "explicit");
-        assert_eq!(l["v"], 3);
+        assert_eq!(l["v"], veris_receipt::entry::LEDGER_VERSION);
     }
     assert!(kinds(&lines, "trust_failure").is_empty(), "{lines:?}");
     // The normal request's answer reached curl whole.

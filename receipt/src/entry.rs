@@ -491,7 +491,7 @@ pub enum Entry {
 }
 
 /// One body of a [`Entry::BodyCapture`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CapturedBody {
     /// Body bytes that went through the proxy (all of them, also past the cap).
     pub bytes: u64,

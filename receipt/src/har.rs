@@ -80,11 +80,19 @@ pub struct HarEntry {
     pub timings: Timings,
     #[serde(rename = "_veris")]
     pub veris: EntryVeris,
-    /// The entry's `body_capture` line, when one followed its request line:
+    /// The entry's `body_capture` line, once a seal after it covers it:
     /// what [`Har::attach_bodies`] looks for in the capture dir.
     #[serde(skip)]
-    pub captured: Option<Box<(CapturedBody, CapturedBody)>>,
+    pub captured: Option<Box<Bodies>>,
+    /// Why the entry's bodies are not shown although a `body_capture` line
+    /// names them: `body_unsealed` (no seal covers the line) or
+    /// `body_altered` (two lines name this request).
+    #[serde(skip)]
+    pub capture_note: Option<&'static str>,
 }
+
+/// The request and response bodies a `body_capture` line names.
+pub type Bodies = (CapturedBody, CapturedBody);
 
 /// A header, query parameter or cookie.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,6 +204,9 @@ pub struct HarBuilder {
     /// gone (a later session line moved the latest session's start).
     since: u64,
     entries: Vec<HarEntry>,
+    /// `body_capture` lines no seal covers yet: (the line's seq, its
+    /// request's seq, the bodies).
+    unsealed: Vec<(u64, u64, Box<Bodies>)>,
 }
 
 impl HarBuilder {
@@ -205,6 +216,7 @@ impl HarBuilder {
             service: service.map(str::to_string),
             since: 0,
             entries: Vec::new(),
+            unsealed: Vec::new(),
         }
     }
 
@@ -297,6 +309,7 @@ impl HarBuilder {
                         delivered: None,
                     },
                     captured: None,
+                    capture_note: None,
                 });
             }
             // Follows its request line: what the client actually got.
@@ -310,13 +323,40 @@ impl HarBuilder {
                     e.response.body_size = size(*bytes);
                 }
             }
+            // Bodies count only once a seal covers their line: a line
+            // appended after the last seal (by anyone who can write the
+            // file) must not put a body of its choosing on a sealed request.
+            // A second line for the same request makes both suspect.
             Entry::BodyCapture {
                 of,
                 request,
                 response,
             } => {
                 if let Ok(i) = self.entries.binary_search_by_key(of, |e| e.veris.seq) {
-                    self.entries[i].captured = Some(Box::new((request.clone(), response.clone())));
+                    let e = &mut self.entries[i];
+                    if e.captured.is_some() || self.unsealed.iter().any(|u| u.1 == *of) {
+                        // Kept for its sizes only: the note hides the text.
+                        e.captured = Some(Box::new((request.clone(), response.clone())));
+                        e.capture_note = Some("body_altered");
+                        self.unsealed.retain(|u| u.1 != *of);
+                    } else if e.capture_note.is_none() {
+                        self.unsealed.push((
+                            line.seq,
+                            *of,
+                            Box::new((request.clone(), response.clone())),
+                        ));
+                    }
+                }
+            }
+            Entry::Seal { sealed_seq, .. } => {
+                let (covered, rest) = std::mem::take(&mut self.unsealed)
+                    .into_iter()
+                    .partition(|u| u.0 <= *sealed_seq);
+                self.unsealed = rest;
+                for (_, of, bodies) in covered {
+                    if let Ok(i) = self.entries.binary_search_by_key(&of, |e| e.veris.seq) {
+                        self.entries[i].captured = Some(bodies);
+                    }
                 }
             }
             _ => {}
@@ -326,6 +366,12 @@ impl HarBuilder {
     /// The HAR, with `receipt`'s window and integrity verdict: the receipt
     /// built from the same lines.
     pub fn finish(mut self, receipt: &Receipt) -> Har {
+        for (_, of, bodies) in std::mem::take(&mut self.unsealed) {
+            if let Ok(i) = self.entries.binary_search_by_key(&of, |e| e.veris.seq) {
+                self.entries[i].captured = Some(bodies);
+                self.entries[i].capture_note = Some("body_unsealed");
+            }
+        }
         let w = receipt.window;
         self.entries
             .retain(|e| e.veris.seq > w.since_seq && e.veris.seq <= w.until_seq);
@@ -372,6 +418,17 @@ impl Har {
     /// that check.
     pub fn attach_bodies(&mut self, dir: &std::path::Path) {
         for e in &mut self.log.entries {
+            if let Some(note) = e.capture_note {
+                if e.captured.as_ref().is_some_and(|c| c.0.bytes > 0) {
+                    e.request.post_data = Some(PostData {
+                        mime_type: String::new(),
+                        text: None,
+                        veris: Some(note.into()),
+                    });
+                }
+                e.response.content.veris = Some(note.into());
+                continue;
+            }
             let Some(captured) = e.captured.as_deref() else {
                 e.response.content.veris = Some("not_captured: no body_capture line".into());
                 continue;
@@ -672,6 +729,70 @@ mod tests {
             "{}",
             log.comment
         );
+    }
+
+    /// A body is shown only once a seal covers its `body_capture` line: a
+    /// line appended after the last seal (the workload's, naming a file it
+    /// planted with the right SHA-256) shows nothing, and a second line for
+    /// an already captured request makes it `body_altered`.
+    #[test]
+    fn only_sealed_body_capture_lines_put_a_body_in_the_har() {
+        let dir = std::env::temp_dir().join(format!("veris-har-seal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stored = |name: &str, text: &str| {
+            std::fs::write(dir.join(name), text).unwrap();
+            CapturedBody {
+                bytes: text.len() as u64,
+                mime: Some("application/json".into()),
+                file: Some(name.into()),
+                sha256: Some(crate::hash::line_hash(text.as_bytes())),
+                stored: Some(text.len() as u64),
+                ..CapturedBody::default()
+            }
+        };
+        let capture = |seq: u64, of: u64, body: CapturedBody| {
+            line(
+                seq,
+                Entry::BodyCapture {
+                    of,
+                    request: body,
+                    response: CapturedBody::default(),
+                },
+            )
+        };
+        let seal = |seq: u64, sealed_seq: u64| {
+            line(
+                seq,
+                Entry::Seal {
+                    sealed_seq,
+                    signature: String::new(),
+                    key_id: String::new(),
+                    reason: "interval".into(),
+                },
+            )
+        };
+        let lines = vec![
+            req(1, "stripe", "/v1/charges", None),
+            capture(2, 1, stored("a.txt", r#"{"amount":1}"#)),
+            req(3, "stripe", "/v1/charges", None),
+            capture(4, 3, stored("b.txt", r#"{"amount":3}"#)),
+            req(5, "stripe", "/v1/charges", None),
+            seal(6, 5),
+            // After the last seal: a second capture of 1, a first of 5.
+            capture(7, 1, stored("c.txt", r#"{"amount":999999}"#)),
+            capture(8, 5, stored("d.txt", r#"{"amount":999999}"#)),
+        ];
+        let mut har = har_of(lines, WindowSpec::All, None);
+        har.attach_bodies(&dir);
+        let shown = |seq: u64| {
+            let e = har.log.entries.iter().find(|e| e.veris.seq == seq).unwrap();
+            let post = e.request.post_data.as_ref().unwrap();
+            (post.text.clone(), post.veris.clone())
+        };
+        assert_eq!(shown(1), (None, Some("body_altered".into())));
+        assert_eq!(shown(3), (Some(r#"{"amount":3}"#.into()), None));
+        assert_eq!(shown(5), (None, Some("body_unsealed".into())));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -181,6 +181,36 @@ enum Context {
 /// clear), and any name ending in `type` or `typehint`
 /// (`client_assertion_type`, `token_type_hint`): they say which kind of
 /// credential, not which one. Their values are still scanned by [`text`].
+/// Parts of a (normalized) name that mean a secret wherever they stand.
+const SECRET_NAME_PARTS: &[&str] = &[
+    "token",
+    "secret",
+    "password",
+    "passphrase",
+    "apikey",
+    "signature",
+    "credential",
+    "accesskey",
+    "privatekey",
+    "assertion",
+    "sessionid",
+    "sessid",
+    "cookie",
+    // One-time codes with a name that says so (`verification_code`,
+    // `mfa_code`); bare `code` is exact-only below (`country_code` stays).
+    "verificationcode",
+    "mfacode",
+    "otpcode",
+    "smscode",
+    "authcode",
+    // Card data (`card[number]`, `card[cvc]`, `payment_method_data[card][cvv]`)
+    // and bank account numbers (`bank_account[account_number]`).
+    "cardnumber",
+    "cvc",
+    "cvv",
+    "accountnumber",
+];
+
 fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
     // The name's letters and digits, lower-cased: on the stack for any name
     // a parameter has in practice (this runs for every recorded parameter).
@@ -202,28 +232,10 @@ fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
     if norm.ends_with(b"type") || norm.ends_with(b"typehint") {
         return false;
     }
-    // Names that mean a secret wherever they stand.
-    const CONTAINS: &[&str] = &[
-        "token",
-        "secret",
-        "password",
-        "passphrase",
-        "apikey",
-        "signature",
-        "credential",
-        "accesskey",
-        "privatekey",
-        "assertion",
-        "sessionid",
-        "sessid",
-        // Card data (`card[number]`, `card[cvc]`, `payment_method_data[card][cvv]`)
-        // and bank account numbers (`bank_account[account_number]`).
-        "cardnumber",
-        "cvc",
-        "cvv",
-        "accountnumber",
-    ];
-    if CONTAINS.iter().any(|f| has_part(norm, f.as_bytes())) {
+    if SECRET_NAME_PARTS
+        .iter()
+        .any(|f| has_part(norm, f.as_bytes()))
+    {
         return true;
     }
     if context == Context::Prose {
@@ -248,6 +260,7 @@ fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
         "otp",
         "totp",
         "session",
+        "sid",
     ];
     const UNLESS_FLAG: &[&str] = &["pin", "refresh"];
     const FLAGS: &[&str] = &[
@@ -269,7 +282,12 @@ fn secret_param(name: &[u8], value: &[u8], context: Context) -> bool {
 fn card_number(value: &[u8]) -> bool {
     let mut digits = 0;
     let mut sum = 0;
-    for &c in value.iter().rev().filter(|c| !matches!(c, b' ' | b'-')) {
+    // `+` is a space in a form or query value.
+    for &c in value
+        .iter()
+        .rev()
+        .filter(|c| !matches!(c, b' ' | b'-' | b'+'))
+    {
         if !c.is_ascii_digit() || digits == 19 {
             return false;
         }
@@ -1243,6 +1261,20 @@ pub fn body(content_type: Option<&str>, bytes: &[u8], truncated: bool) -> BodyTe
         } else {
             return BodyText::Binary;
         };
+    // Another charset (UTF-16 JSON is valid UTF-8 with NULs between the
+    // letters, and hides every name from the scanners): not text to us.
+    let charset = content_type
+        .and_then(|c| {
+            c.split(';')
+                .skip(1)
+                .find_map(|p| p.trim().strip_prefix("charset="))
+        })
+        .map(|c| c.trim_matches('"').to_ascii_lowercase());
+    if charset.is_some_and(|c| !matches!(c.as_str(), "utf-8" | "utf8" | "us-ascii"))
+        || bytes.contains(&0)
+    {
+        return BodyText::Binary;
+    }
     let bytes = if truncated { cut_clean(bytes) } else { bytes };
     let Ok(s) = std::str::from_utf8(bytes) else {
         return BodyText::Binary;
@@ -1255,7 +1287,7 @@ pub fn body(content_type: Option<&str>, bytes: &[u8], truncated: bool) -> BodyTe
             }
             Err(_) => json_lenient(s),
         },
-        BodyKind::Form => query(s),
+        BodyKind::Form => form(s),
     })
 }
 
@@ -1287,22 +1319,38 @@ fn json_value(v: serde_json::Value, key: &str) -> serde_json::Value {
     let secret = |value: &[u8]| secret_param(key.as_bytes(), value, Context::Param);
     match v {
         Value::String(s) if secret(s.as_bytes()) => Value::String(REDACTED.into()),
-        Value::String(s) => Value::String(owned(s)),
-        Value::Number(n) if secret(n.to_string().as_bytes()) => Value::String(REDACTED.into()),
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .map(|(k, v)| {
-                    let v = if secret_param(k.as_bytes(), b"", Context::Param)
-                        && !matches!(v, Value::Null | Value::Bool(_))
-                    {
-                        Value::String(REDACTED.into())
-                    } else {
-                        json_value(v, &k)
-                    };
-                    (owned(k), v)
-                })
-                .collect(),
-        ),
+        Value::String(s) => Value::String(body_string(s)),
+        // A float of twelve digits or more may be a card number written
+        // `4111111111111111.0`.
+        Value::Number(n)
+            if secret(n.to_string().as_bytes())
+                || (n.is_f64() && n.as_f64().is_some_and(|f| f.abs() >= 1e11)) =>
+        {
+            Value::String(REDACTED.into())
+        }
+        Value::Object(map) => {
+            // `{"name": "password", "value": "…"}`: the value is named by a
+            // sibling, not by its key.
+            let named = ["name", "key"]
+                .iter()
+                .filter_map(|k| map.get(*k).and_then(Value::as_str))
+                .any(|n| secret_param(n.as_bytes(), b"", Context::Param));
+            Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| {
+                        let v = if (secret_param(k.as_bytes(), b"", Context::Param)
+                            || (named && k == "value"))
+                            && !matches!(v, Value::Null | Value::Bool(_))
+                        {
+                            Value::String(REDACTED.into())
+                        } else {
+                            json_value(v, &k)
+                        };
+                        (owned(k), v)
+                    })
+                    .collect(),
+            )
+        }
         Value::Array(items) => {
             Value::Array(items.into_iter().map(|v| json_value(v, key)).collect())
         }
@@ -1369,14 +1417,23 @@ fn json_lenient(s: &str) -> String {
                 out.push('"');
                 if !is_key && secret_param(name.as_bytes(), inner.as_bytes(), Context::Param) {
                     out.push_str(REDACTED);
-                } else {
+                } else if is_key {
                     out.push_str(&text(inner));
+                } else {
+                    out.push_str(&body_string(inner.to_string()));
                 }
                 if closed {
                     out.push('"');
                 }
                 if is_key {
-                    key = Some(inner);
+                    // Escapes are not decoded here (`pass\u0077ord` is
+                    // `password` to a server): such a key's value is taken
+                    // for a secret.
+                    key = Some(if inner.contains('\\') {
+                        "secret"
+                    } else {
+                        inner
+                    });
                 }
                 i = if closed { j + 1 } else { b.len() };
             }
@@ -1413,6 +1470,46 @@ fn json_lenient(s: &str) -> String {
         }
     }
     out
+}
+
+/// A string value of a captured body that no rule redacted by its name:
+/// redacted as the ledger's text, and withheld whole when it still names a
+/// secret (JSON or XML inside a string, `password: …`, a GraphQL argument):
+/// the text scanner cannot see where such a value ends.
+fn body_string(s: String) -> String {
+    let s = owned(s);
+    if names_secret(s.as_bytes()) {
+        REDACTED.into()
+    } else {
+        s
+    }
+}
+
+/// True when the letters and digits of `s`, lower-cased, hold a part of a
+/// secret's name ([`SECRET_NAME_PARTS`], `passwd`, `pwd`).
+fn names_secret(s: &[u8]) -> bool {
+    let norm: Vec<u8> = s
+        .iter()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(u8::to_ascii_lowercase)
+        .collect();
+    SECRET_NAME_PARTS
+        .iter()
+        .chain(&["passwd", "pwd"])
+        .any(|p| has_part(&norm, p.as_bytes()))
+}
+
+/// A form body: [`query`], then every value that still names a secret
+/// (JSON in a form field, as Slack's `payload=`) withheld whole.
+fn form(s: &str) -> String {
+    query(s)
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, value)) if names_secret(&decoded(value)) => format!("{name}={REDACTED}"),
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 /// The text fields of a [`crate::entry::CapturedBody`]; sizes and digests
@@ -2075,6 +2172,79 @@ mod tests {
         ] {
             assert!(!out.contains(secret), "{secret} survived in {out}");
         }
+    }
+
+    /// The red team's shapes: secrets the text scanner cannot delimit
+    /// inside JSON strings and form values, keys written with escapes in a
+    /// body the parser rejects, UTF-16, form-encoded and float card
+    /// numbers, one-time codes, cookies, and name/value pairs.
+    #[test]
+    fn secrets_in_strings_escapes_charsets_and_pairs_never_survive() {
+        const PW: &str = "hunter2-Correct-Horse";
+        let json_cases = [
+            format!(r#"{{"data":"{{\"password\":\"{PW}\"}}"}}"#),
+            format!(r#"{{"query":"mutation{{login(password:\"{PW}\")}}"}}"#),
+            format!(r#"{{"note":"password: {PW}"}}"#),
+            format!(r#"{{"xml":"<password>{PW}</password>"}}"#),
+            format!(r#"{{"key":"password","value":"{PW}"}}"#),
+            format!(r#"{{"name":"X-Api-Key","value":"{PW}"}}"#),
+            format!(r#"{{"verification_code":"{PW}","mfa_code":"{PW}","sid":"{PW}"}}"#),
+            format!(r#"{{"cookie":"connect.sid={PW}"}}"#),
+            format!("\u{feff}{{\"pass\\u0077ord\":\"{PW}\"}}"),
+        ];
+        for body in &json_cases {
+            let out = stored("application/json", body, false);
+            assert!(!out.contains(PW), "{body} -> {out}");
+        }
+        // Escaped key in a body cut at the cap (the lenient scanner).
+        let cut = format!(r#"{{"pass\u0077ord":"{PW}","pad":"{}"#, "x".repeat(100));
+        let out = stored("application/json", &cut, true);
+        assert!(!out.contains(PW), "{out}");
+        // Float card numbers.
+        for body in [
+            r#"{"number":4111111111111111.0}"#,
+            r#"{"n":4.111111111111111e15}"#,
+        ] {
+            let out = stored("application/json", body, false);
+            assert!(
+                !out.contains("4111") && !out.contains("4.111"),
+                "{body} -> {out}"
+            );
+        }
+        // Forms: JSON in a field, a card number with `+` for spaces.
+        let out = stored(
+            "application/x-www-form-urlencoded",
+            &format!("payload=%7B%22password%22%3A%22{PW}%22%7D&pan=4242+4242+4242+4242&a=1"),
+            false,
+        );
+        assert!(!out.contains(PW) && !out.contains("4242"), "{out}");
+        assert!(out.ends_with("&a=1"), "{out}");
+        // UTF-16 (NULs between the letters) and other charsets: not stored.
+        let utf16: Vec<u8> = format!(r#"{{"password":"{PW}"}}"#)
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        assert_eq!(
+            super::body(Some("application/json; charset=utf-16le"), &utf16, false),
+            BodyText::Binary
+        );
+        assert_eq!(
+            super::body(Some("application/json"), &utf16, false),
+            BodyText::Binary
+        );
+        assert_eq!(
+            super::body(Some("application/json; charset=latin1"), b"{}", false),
+            BodyText::Binary
+        );
+        // What is not a secret stays readable.
+        assert_eq!(
+            stored(
+                "application/json; charset=UTF-8",
+                r#"{"amount":2000,"country_code":"US","description":"coffee"}"#,
+                false
+            ),
+            r#"{"amount":2000,"country_code":"US","description":"coffee"}"#
+        );
     }
 
     #[test]
