@@ -20,17 +20,6 @@ const TYPES: &[&str] = &[
     "application/octet-stream",
 ];
 
-/// A 24-character secret with an upper, a lower and a digit, from `seed`.
-fn secret(seed: &[u8]) -> String {
-    const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789";
-    let mut s = String::from("Q7q");
-    for i in 0..21 {
-        let b = seed.get(i).copied().unwrap_or(i as u8);
-        s.push(char::from(ALPHABET[usize::from(b) % ALPHABET.len()]));
-    }
-    s
-}
-
 fn stored(ct: &str, bytes: &[u8], truncated: bool) -> Option<String> {
     match redact::body(Some(ct), bytes, truncated) {
         BodyText::Text(t) => Some(t),
@@ -47,9 +36,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = redact::body(None, text, false);
 
-    let key = secret(seed);
+    let key = common::secret(seed);
     let text = String::from_utf8_lossy(text);
-    if text.contains(&key[..8]) {
+    let note = text.replace(['&', '='], "");
+    if text.contains(&key[3..11]) || note.contains(&key[3..11]) {
         // The fuzzer copied the key into the text around it: not a plant.
         return;
     }
@@ -57,15 +47,19 @@ fuzz_target!(|data: &[u8]| {
     let json = format!(
         r#"{{"note":{quoted},"password":"{key}","nested":[{{"api_key":"{key}"}}],"client_secret":{{"v":"{key}"}}}}"#
     );
-    let form = format!(
-        "note={}&password={key}&card%5Bcvc%5D={key}",
-        text.replace(['&', '='], "")
-    );
-    for (ct, body) in [("application/json", &json), ("application/x-www-form-urlencoded", &form)] {
+    let form = format!("note={note}&password={key}&card%5Bcvc%5D={key}");
+    for (ct, body) in [
+        ("application/json", &json),
+        ("application/x-www-form-urlencoded", &form),
+    ] {
         let bytes = body.as_bytes();
         // Whole, and cut at every length the fuzzer picks (a few per input).
-        let cuts = seed.iter().take(4).map(|&b| bytes.len() * usize::from(b) / 255);
-        for (cut, truncated) in std::iter::once((bytes.len(), false)).chain(cuts.map(|c| (c, true))) {
+        let cuts = seed
+            .iter()
+            .take(4)
+            .map(|&b| bytes.len() * usize::from(b) / 255);
+        for (cut, truncated) in std::iter::once((bytes.len(), false)).chain(cuts.map(|c| (c, true)))
+        {
             if let Some(out) = stored(ct, &bytes[..cut], truncated) {
                 // Four bytes of the key are enough to call it kept: the
                 // random part is 21 characters long.
