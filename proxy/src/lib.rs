@@ -58,9 +58,14 @@ pub mod upstream;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -68,7 +73,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -863,10 +867,11 @@ impl Proxy {
     }
 
     /// Phase 6: a vendor request to its twin. The exchange and its ledger line
-    /// run in a task of their own (tracked, so shutdown waits for it) rather
-    /// than in hyper's service future, which hyper drops when the client
-    /// hangs up: a request the twin executed is recorded even when nobody is
-    /// left to read the answer (DESIGN §7a.8).
+    /// run in the client connection's task while the client waits for them,
+    /// and move to a tracked task of their own when hyper drops the service
+    /// future because the client hung up ([`Detachable`]): a request the twin
+    /// executed is recorded even when nobody is left to read the answer
+    /// (DESIGN §7a.8), and shutdown waits for it.
     async fn forward(
         self: Arc<Self>,
         service: Service,
@@ -885,15 +890,20 @@ impl Proxy {
                 )
             }
         };
-        let (reply, answer) = oneshot::channel();
+        let gone = Arc::new(AtomicBool::new(false));
         let proxy = Arc::clone(&self);
-        self.tasks.spawn(
-            async move { proxy.exchange(outbound, reply).await }.instrument(Span::current()),
-        );
-        match answer.await {
+        let exchange = {
+            let gone = Arc::clone(&gone);
+            async move { proxy.exchange(outbound, &gone).await }
+        };
+        let exchange = AssertUnwindSafe(exchange.instrument(Span::current())).catch_unwind();
+        let detachable = Detachable {
+            exchange: Some(Box::pin(exchange)),
+            gone,
+            tasks: self.tasks.clone(),
+        };
+        match detachable.await {
             Ok(resp) => resp,
-            // `exchange` replies on every path while the client waits for
-            // it; getting here means it panicked.
             Err(_) => respond::error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "veris_internal_error",
@@ -997,11 +1007,12 @@ impl Proxy {
         })
     }
 
-    /// Phases 6 to 8, in their own task: send to the twin, record, then relay
-    /// the answer to the client's connection through `reply`. The ledger line
-    /// is written before the response head is handed over; when the client
-    /// has already gone, the line says so (`client_gone`) and nothing is sent.
-    async fn exchange(&self, outbound: Outbound, reply: oneshot::Sender<Response<ProxyBody>>) {
+    /// Phases 6 to 8: send to the twin, record, then return the answer for
+    /// the client. The ledger line is written before the response head is
+    /// handed over; when the client has already gone (`gone`, set when the
+    /// exchange was detached from its connection), the line says so
+    /// (`client_gone`) and the answer goes nowhere.
+    async fn exchange(&self, outbound: Outbound, gone: &AtomicBool) -> Response<ProxyBody> {
         let Outbound {
             request,
             websocket,
@@ -1021,27 +1032,25 @@ impl Proxy {
                 // The client's body broke off mid-request: the client left
                 // (or sent garbage); the twin got a request it cannot finish.
                 debug!(error = %e, "client body failed mid-request");
-                let _ = reply.send(respond::error(
+                return respond::error(
                     StatusCode::BAD_REQUEST,
                     "veris_client_body_error",
                     "the request body ended with an error before it was forwarded".into(),
                     json!({}),
-                ));
-                return;
+                );
             }
             Err(e) => {
                 self.stats.upstream_latency(elapsed);
                 let refusal = self.upstream_failed(e, line, duration_ms).await;
                 self.stats.request(index, refusal.status().as_u16());
                 // Recorded either way; only a client still there gets the answer.
-                let _ = reply.send(refusal);
-                return;
+                return refusal;
             }
         };
 
         let status = resp.status();
         self.stats.upstream_latency(elapsed);
-        let client_gone = reply.is_closed();
+        let client_gone = gone.load(Ordering::Acquire);
         let service = line.service.clone();
         let declared = content_length(resp.headers());
         let entry = line.into_entry(
@@ -1054,10 +1063,7 @@ impl Proxy {
         );
         let seq = match self.record(entry, &service).await {
             Ok(seq) => seq,
-            Err(refusal) => {
-                let _ = reply.send(refusal);
-                return;
-            }
+            Err(refusal) => return refusal,
         };
         // Counted once recorded, so the counts agree with the ledger.
         self.stats.request(index, status.as_u16());
@@ -1073,7 +1079,7 @@ impl Proxy {
                 status = status.as_u16(),
                 duration_ms, "forwarded; the client left before the twin answered"
             );
-            return;
+            return Response::new(body::empty());
         }
         self.summary
             .note(summary::Outcome::Answered(status.as_u16()));
@@ -1083,14 +1089,10 @@ impl Proxy {
             service,
             declared,
         };
-        if reply
-            .send(self.relay(resp, client_upgrade, answer, slot))
-            .is_err()
-        {
-            // The client left between the check above and now: its line says
-            // the answer was handed over, which it was, to a closing connection.
-            debug!("the client left as the answer was handed over");
-        }
+        // Should the client leave between the check above and now, its line
+        // says the answer was handed over, which it was, to a closing
+        // connection.
+        self.relay(resp, client_upgrade, answer, slot)
     }
 
     /// Phase 7: a vendor request's ledger line (its seq), before its answer
@@ -1465,6 +1467,50 @@ struct Outbound {
     index: usize,
     /// Its body capture, when the proxy captures bodies.
     slot: Option<Arc<capture::Slot>>,
+}
+
+/// An exchange with the twin (or its panic), run by whoever polls it: the
+/// client connection's task while the client waits, or, once hyper drops it
+/// because the client hung up, a tracked task of its own that runs it to its
+/// ledger line. Detaching only when the client leaves spares every request a
+/// task and a channel.
+struct Detachable {
+    exchange: Option<Pin<Box<dyn Future<Output = Exchanged> + Send>>>,
+    /// Set before the exchange is detached: nobody will read its answer.
+    gone: Arc<AtomicBool>,
+    tasks: TaskTracker,
+}
+
+/// The answer for the client, or the panic that lost it.
+type Exchanged = std::thread::Result<Response<ProxyBody>>;
+
+impl Future for Detachable {
+    type Output = Exchanged;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(exchange) = self.exchange.as_mut() else {
+            // Polled again after it finished: a caller bug, never hyper's.
+            return Poll::Pending;
+        };
+        let out = std::task::ready!(exchange.as_mut().poll(cx));
+        self.exchange = None;
+        Poll::Ready(out)
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        if let Some(exchange) = self.exchange.take() {
+            self.gone.store(true, Ordering::Release);
+            // Outside a runtime (it is shutting down) there is nothing left
+            // to run it on, as for any task still queued then.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.tasks.spawn(async move {
+                    let _ = exchange.await;
+                });
+            }
+        }
+    }
 }
 
 /// Which recorded request a relayed answer belongs to.
