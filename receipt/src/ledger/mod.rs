@@ -39,6 +39,7 @@ use crate::seal::SealReport;
 pub use crate::entry::TornTail;
 pub use crate::hash::line_hash;
 
+mod encode;
 mod read;
 mod tail;
 mod write;
@@ -190,7 +191,13 @@ pub struct OpenReport {
 
 /// The exact bytes of a line (without `\n`), as the writer produces them.
 pub fn encode(line: &Line) -> Result<String, LedgerError> {
-    serde_json::to_string(line).map_err(LedgerError::Encode)
+    let mut fields = Vec::with_capacity(512);
+    encode::fields(&mut fields, &line.entry).map_err(LedgerError::Encode)?;
+    let mut out = Vec::with_capacity(fields.len() + 160);
+    encode::line(&mut out, line.v, line.seq, &line.ts, &fields, &line.prev);
+    // Every piece is UTF-8 text or ASCII punctuation.
+    String::from_utf8(out)
+        .map_err(|e| LedgerError::Encode(<serde_json::Error as serde::ser::Error>::custom(e)))
 }
 
 /// Current UTC time as RFC 3339 with milliseconds: `2026-11-29T07:28:19.123Z`.
@@ -680,6 +687,55 @@ mod tests {
             }
         }
         assert_eq!(ledger.counters()["request"], (tasks * each) as u64);
+    }
+
+    #[test]
+    fn queued_entries_reach_the_file_redacted_and_as_serde_writes_them() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        let secret = "sk_live_51HqLyjWDarjtT1zdp7dcXYZ";
+        let leaky = |i: u64| Entry::Request {
+            service: "stripe".into(),
+            host: "api.stripe.com".into(),
+            method: "POST".into(),
+            path: format!("/v1/charges/{i}"),
+            query: Some(format!("api_key={secret}&limit=1")),
+            status: 200,
+            http: "HTTP/1.1".into(),
+            tier: ListenerTier::Explicit,
+            bytes_in: 1,
+            bytes_out: None,
+            duration_ms: 1,
+            upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
+            headers: vec![
+                ("authorization".into(), format!("Bearer {secret}")),
+                ("x-note".into(), "\"quoted\"\n\u{2028}é".into()),
+            ],
+            websocket: false,
+            client_gone: false,
+        };
+        // One batch of many, and one line on its own.
+        ledger.pause_writes(true);
+        let queued: Vec<_> = (0..40).map(|i| ledger.append_queued(leaky(i))).collect();
+        ledger.pause_writes(false);
+        for a in queued {
+            a.wait().unwrap();
+        }
+        ledger.append(leaky(40)).unwrap();
+        drop(ledger);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 41);
+        assert!(!text.contains(secret), "{text}");
+        assert!(!text.contains("sk_live_"), "{text}");
+        assert!(text.contains(crate::redact::REDACTED));
+        // Each line is the serde encoding of what it reads back as, and
+        // the chain verifies.
+        let read = read(&path).unwrap();
+        assert!(read.problems.is_empty(), "{:?}", read.problems);
+        for (line, text) in read.lines.iter().zip(text.lines()) {
+            assert_eq!(serde_json::to_string(line).unwrap(), text);
+        }
     }
 
     #[test]

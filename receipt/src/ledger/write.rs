@@ -1,5 +1,6 @@
 //! The writer: one thread owns the file's appends. Callers redact their
-//! entry, queue it and get an [`Appending`] back, a future (or a blocking
+//! entry and encode it into the queue's batch (on their own thread), and
+//! get an [`Appending`] back, a future (or a blocking
 //! [`Appending::wait`]) that resolves once the line was handed to the
 //! kernel. The writer thread takes every line queued at that moment, gives
 //! each its seq, `ts` and `prev`, and writes them with one `write(2)` (group
@@ -25,11 +26,12 @@ use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::entry::{Entry, Line, LEDGER_VERSION};
+use crate::entry::{Entry, LEDGER_VERSION};
 use crate::hash::line_hash;
 use crate::redact;
 use crate::seal::{PublicKeys, Sealer};
 
+use super::encode;
 use super::read::{scan, MAX_LINE, PROBLEM_CAP};
 use super::tail;
 use super::{
@@ -78,9 +80,15 @@ struct Writer {
     fail_next_write: bool,
 }
 
-/// Lines waiting for the writer thread.
+/// Lines waiting for the writer thread: each entry already redacted and
+/// encoded by [`Queue::push_redacted`], on the caller's thread, so the
+/// writer only frames, hashes and writes them (and nothing the caller
+/// allocated is freed on the writer thread).
 #[derive(Default)]
 struct Queue {
+    /// The entries' parts of their lines (`"kind":…,<fields>`), one after
+    /// another; `jobs` says where each ends.
+    fields: Vec<u8>,
     jobs: Vec<Job>,
     /// The writer thread waits for work (only then does a push wake it).
     idle: bool,
@@ -90,9 +98,54 @@ struct Queue {
     paused: bool,
 }
 
+/// A line waiting for its seq, `ts` and `prev`.
 struct Job {
-    entry: Entry,
+    /// Where its entry's encoded part ends in the batch's `fields`.
+    end: usize,
+    kind: &'static str,
     ack: Arc<AckSlot>,
+}
+
+/// Why an entry was not queued.
+enum Refused {
+    Stopped,
+    Encode(serde_json::Error),
+}
+
+impl Queue {
+    /// Redacts the entry and queues its encoded part, with its answer: the
+    /// only way a line from traffic enters the queue, so none is written
+    /// unredacted. True when the writer thread waits for work (it is then
+    /// to be woken).
+    fn push_redacted(
+        queue: &Mutex<Queue>,
+        entry: Entry,
+        ack: &Arc<AckSlot>,
+    ) -> Result<bool, Refused> {
+        let entry = redact::entry(entry);
+        let kind = entry.kind();
+        // Encoded under the lock, straight into the batch: a few hundred
+        // nanoseconds, against a lock the writer takes once per batch.
+        let mut q = lock(queue);
+        if q.shutdown {
+            return Err(Refused::Stopped);
+        }
+        let start = q.fields.len();
+        if let Err(e) = encode::fields(&mut q.fields, &entry) {
+            q.fields.truncate(start);
+            return Err(Refused::Encode(e));
+        }
+        let end = q.fields.len();
+        q.jobs.push(Job {
+            end,
+            kind,
+            ack: Arc::clone(ack),
+        });
+        // Only the first push after the writer went idle wakes it: until it
+        // runs again, it has been told (a notify is a futex syscall even
+        // when the thread is already woken).
+        Ok(std::mem::take(&mut q.idle))
+    }
 }
 
 #[derive(Default)]
@@ -143,7 +196,8 @@ impl Shared {
     fn mark_dirty(&self) {
         let mut st = lock(&self.sync_state);
         st.dirty = true;
-        if st.idle {
+        // Once: until it runs again, it has been told.
+        if std::mem::take(&mut st.idle) {
             self.dirty.notify_one();
         }
     }
@@ -461,24 +515,14 @@ impl Ledger {
     /// failure nothing of the line is left in the file and the error is
     /// returned; the next append retries normally.
     pub fn append_queued(&self, entry: Entry) -> Appending {
-        let entry = redact::entry(entry);
         let ack = Arc::new(AckSlot::default());
-        let mut q = lock(&self.shared.queue);
-        if q.shutdown {
-            drop(q);
-            ack.complete(Err(
+        match Queue::push_redacted(&self.shared.queue, entry, &ack) {
+            Ok(true) => self.shared.work.notify_one(),
+            Ok(false) => {}
+            Err(Refused::Stopped) => ack.complete(Err(
                 self.write_error(std::io::Error::other("the ledger writer has stopped"))
-            ));
-            return Appending(ack);
-        }
-        q.jobs.push(Job {
-            entry,
-            ack: Arc::clone(&ack),
-        });
-        let wake = q.idle;
-        drop(q);
-        if wake {
-            self.shared.work.notify_one();
+            )),
+            Err(Refused::Encode(e)) => ack.complete(Err(LedgerError::Encode(e))),
         }
         Appending(ack)
     }
@@ -741,16 +785,18 @@ fn count(counters: &mut BTreeMap<&'static str, u64>, kind: &'static str) {
 }
 
 impl Writer {
-    /// Writes one line now, on this thread (seals and tamper lines).
+    /// Writes one line now, on this thread (seals and tamper lines: the
+    /// writer's own words, not traffic, so not redacted).
     fn append_now(&mut self, shared: &Shared, entry: Entry) -> Result<u64, LedgerError> {
+        let mut fields = Vec::new();
+        encode::fields(&mut fields, &entry).map_err(LedgerError::Encode)?;
         let slot = Arc::new(AckSlot::default());
-        self.commit(
-            shared,
-            vec![Job {
-                entry,
-                ack: Arc::clone(&slot),
-            }],
-        );
+        let mut jobs = vec![Job {
+            end: fields.len(),
+            kind: entry.kind(),
+            ack: Arc::clone(&slot),
+        }];
+        self.commit(shared, &fields, &mut jobs);
         Appending(slot).wait()
     }
 
@@ -758,7 +804,7 @@ impl Writer {
     /// `write_all`, and answers each job. A failed write truncates the file
     /// back to the last good length: none of the batch is in the file, and
     /// every job of it gets the error.
-    fn commit(&mut self, shared: &Shared, jobs: Vec<Job>) {
+    fn commit(&mut self, shared: &Shared, fields: &[u8], jobs: &mut Vec<Job>) {
         let path = &shared.path;
         let write_err = |source: &std::io::Error| LedgerError::Write {
             path: path.clone(),
@@ -766,7 +812,7 @@ impl Writer {
         };
         if self.needs_truncate {
             if let Err(e) = self.file.set_len(self.good_len) {
-                for job in jobs {
+                for job in jobs.drain(..) {
                     job.ack.complete(Err(write_err(&e)));
                 }
                 return;
@@ -780,39 +826,26 @@ impl Writer {
         let (mut seq, mut head) = (self.next_seq, self.head_hash.clone());
         // (ack, seq, start in buf, end in buf, kind)
         let mut written = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            let line = Line {
-                v: LEDGER_VERSION,
-                seq,
-                ts: ts.clone(),
-                entry: job.entry,
-                prev: head,
-            };
-            // Encoded straight into the batch; taken back out on a refusal.
+        let mut from = 0;
+        for job in jobs.drain(..) {
+            let entry_part = &fields[from..job.end];
+            from = job.end;
+            // Framed straight into the batch; taken back out on a refusal.
             let start = buf.len();
-            match serde_json::to_writer(&mut buf, &line) {
-                Ok(()) if buf.len() - start <= MAX_LINE => {}
-                Ok(()) => {
-                    let len = buf.len() - start;
-                    buf.truncate(start);
-                    job.ack
-                        .complete(Err(write_err(&std::io::Error::other(format!(
-                            "a line of {len} bytes is longer than the {MAX_LINE}-byte limit"
-                        )))));
-                    head = line.prev;
-                    continue;
-                }
-                Err(e) => {
-                    buf.truncate(start);
-                    job.ack.complete(Err(LedgerError::Encode(e)));
-                    head = line.prev;
-                    continue;
-                }
-            }
+            encode::line(&mut buf, LEDGER_VERSION, seq, &ts, entry_part, &head);
             let end = buf.len();
+            if end - start > MAX_LINE {
+                buf.truncate(start);
+                job.ack
+                    .complete(Err(write_err(&std::io::Error::other(format!(
+                        "a line of {} bytes is longer than the {MAX_LINE}-byte limit",
+                        end - start
+                    )))));
+                continue;
+            }
             head = line_hash(&buf[start..end]);
             buf.push(b'\n');
-            written.push((job.ack, seq, start, end, line.entry.kind()));
+            written.push((job.ack, seq, start, end, job.kind));
             seq = seq.saturating_add(1);
         }
         if written.is_empty() {
@@ -886,7 +919,8 @@ impl Drop for Ledger {
 /// Takes every queued line and commits them as one batch, until shutdown
 /// (after writing what was queued before it).
 fn write_loop(shared: &Shared) {
-    let mut jobs = Vec::new();
+    // Swapped with the queue's: both keep their allocations.
+    let (mut fields, mut jobs) = (Vec::new(), Vec::new());
     loop {
         {
             let mut q = lock(&shared.queue);
@@ -898,10 +932,12 @@ fn write_loop(shared: &Shared) {
             if q.jobs.is_empty() {
                 return;
             }
+            std::mem::swap(&mut fields, &mut q.fields);
             std::mem::swap(&mut jobs, &mut q.jobs);
         }
-        let batch = std::mem::take(&mut jobs);
-        shared.writer().commit(shared, batch);
+        shared.writer().commit(shared, &fields, &mut jobs);
+        fields.clear();
+        jobs.clear();
     }
 }
 
