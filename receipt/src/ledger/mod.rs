@@ -687,6 +687,48 @@ mod tests {
             }
         }
         assert_eq!(ledger.counters()["request"], (tasks * each) as u64);
+        // Whoever led, each thread's lines are in the order it queued them.
+        for t in 0..tasks {
+            let mine: Vec<u64> = (0..each)
+                .map(|i| {
+                    let p = format!("/t/{t}/{i}");
+                    got.iter().find(|(q, _)| *q == p).unwrap().1
+                })
+                .collect();
+            assert!(mine.windows(2).all(|w| w[0] < w[1]), "{t}: {mine:?}");
+        }
+    }
+
+    #[test]
+    fn an_append_dropped_before_it_led_is_written_by_the_writer_thread() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        drop(ledger.append_queued(session()));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while read(&path).unwrap().lines.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the line was never written");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(ledger.append(request("/v1/charges")).unwrap(), 2);
+    }
+
+    #[test]
+    fn a_lone_append_is_written_by_its_caller_when_it_polls_again() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        // Nobody leads the queue: the caller commits its own line when it
+        // is polled again (the first poll lets other ready tasks queue
+        // theirs), so the answer is there without any thread waking it.
+        let mut appending = std::pin::pin!(ledger.append_queued(session()));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(std::future::Future::poll(appending.as_mut(), &mut cx).is_pending());
+        assert!(matches!(
+            std::future::Future::poll(appending.as_mut(), &mut cx),
+            std::task::Poll::Ready(Ok(1))
+        ));
+        assert_eq!(read(&path).unwrap().lines.len(), 1);
     }
 
     #[test]

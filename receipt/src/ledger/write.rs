@@ -1,10 +1,17 @@
-//! The writer: one thread owns the file's appends. Callers redact their
-//! entry and encode it into the queue's batch (on their own thread), and
-//! get an [`Appending`] back, a future (or a blocking
-//! [`Appending::wait`]) that resolves once the line was handed to the
-//! kernel. The writer thread takes every line queued at that moment, gives
-//! each its seq, `ts` and `prev`, and writes them with one `write(2)` (group
-//! commit); each caller still gets its own seq, or its own error. A second
+//! The writer. Callers redact their entry and encode it into the queue's
+//! batch (on their own thread), and get an [`Appending`] back, a future (or
+//! a blocking [`Appending::wait`]) that resolves once the line was handed
+//! to the kernel. Whoever leads the queue takes every line queued at that
+//! moment, gives each its seq, `ts` and `prev`, and writes them with one
+//! `write(2)` (group commit); each caller still gets its own seq, or its
+//! own error. The lead is a caller's when nobody holds it: awaited, its
+//! [`Appending`] first yields once, so that the tasks ready on its thread
+//! queue their lines too, then commits them all on that thread, with no
+//! thread to wake and none to wake it (a leader blocks only in a `write(2)`
+//! to the page cache; fsync is never on its path). Lines queued meanwhile
+//! ride on its next batch; after [`LEAD_ROUNDS`] batches it hands the lead
+//! to the writer thread, so that no caller writes for others without end;
+//! an [`Appending`] dropped before it led hands its line over the same way. A
 //! thread fsyncs at most every [`SYNC_INTERVAL`] while there are unsynced
 //! writes; an append marks the file dirty and wakes that thread only when it
 //! sleeps with nothing to do, never cutting its pause short.
@@ -38,6 +45,9 @@ use super::{
     aside_path, file_identity, meta_identity, now_rfc3339, save_torn, sync_parent, Committed,
     LedgerError, OpenReport, SealInfo,
 };
+
+/// Batches a caller commits for others before the writer thread takes over.
+const LEAD_ROUNDS: usize = 2;
 
 /// How long the sync thread waits between two fsyncs while writes continue.
 const SYNC_INTERVAL: Duration = Duration::from_millis(50);
@@ -76,6 +86,9 @@ struct Writer {
     counters: BTreeMap<&'static str, u64>,
     /// The batch being written, kept to reuse its allocation.
     buf: Vec<u8>,
+    /// A caller leading the queue swaps these with the queue's (so both
+    /// keep their allocations).
+    spare: (Vec<u8>, Vec<Job>),
     #[cfg(test)]
     fail_next_write: bool,
 }
@@ -90,8 +103,11 @@ struct Queue {
     /// another; `jobs` says where each ends.
     fields: Vec<u8>,
     jobs: Vec<Job>,
-    /// The writer thread waits for work (only then does a push wake it).
-    idle: bool,
+    /// A caller or the writer thread takes batches from the queue and
+    /// commits them: lines queued meanwhile are left for it.
+    leading: bool,
+    /// A caller gave the lead to the writer thread.
+    handoff: bool,
     shutdown: bool,
     /// Tests hold the writer thread back to queue a known batch.
     #[cfg(test)]
@@ -115,8 +131,7 @@ enum Refused {
 impl Queue {
     /// Redacts the entry and queues its encoded part, with its answer: the
     /// only way a line from traffic enters the queue, so none is written
-    /// unredacted. True when the writer thread waits for work (it is then
-    /// to be woken).
+    /// unredacted. True when nobody leads the queue: the caller is to.
     fn push_redacted(
         queue: &Mutex<Queue>,
         entry: Entry,
@@ -141,10 +156,7 @@ impl Queue {
             kind,
             ack: Arc::clone(ack),
         });
-        // Only the first push after the writer went idle wakes it: until it
-        // runs again, it has been told (a notify is a futex syscall even
-        // when the thread is already woken).
-        Ok(std::mem::take(&mut q.idle))
+        Ok(!q.leading)
     }
 }
 
@@ -192,6 +204,48 @@ impl Shared {
             })
     }
 
+    /// Takes the lead of the queue when nobody holds it and lines wait.
+    fn take_lead(&self) -> bool {
+        let mut q = lock(&self.queue);
+        if q.leading || q.held() || q.jobs.is_empty() {
+            return false;
+        }
+        q.leading = true;
+        true
+    }
+
+    /// Commits what is queued, on this thread, until the queue is empty or
+    /// [`LEAD_ROUNDS`] batches were written; then gives the lead back, or to
+    /// the writer thread when lines are still waiting.
+    fn lead(&self) {
+        let shared = self;
+        for _ in 0..LEAD_ROUNDS {
+            let mut w = shared.writer();
+            let (mut fields, mut jobs) = std::mem::take(&mut w.spare);
+            {
+                let mut q = lock(&shared.queue);
+                if q.jobs.is_empty() || q.held() {
+                    q.leading = false;
+                    w.spare = (fields, jobs);
+                    return;
+                }
+                std::mem::swap(&mut fields, &mut q.fields);
+                std::mem::swap(&mut jobs, &mut q.jobs);
+            }
+            w.commit(shared, &fields, &mut jobs);
+            fields.clear();
+            w.spare = (fields, jobs);
+        }
+        let mut q = lock(&shared.queue);
+        if q.jobs.is_empty() || q.held() {
+            q.leading = false;
+            return;
+        }
+        q.handoff = true;
+        drop(q);
+        shared.work.notify_one();
+    }
+
     /// Marks the file dirty; wakes the sync thread only if it sleeps idle.
     fn mark_dirty(&self) {
         let mut st = lock(&self.sync_state);
@@ -220,6 +274,10 @@ struct AckState {
 }
 
 impl AckSlot {
+    fn result_pending(&self) -> bool {
+        lock(&self.state).result.is_none()
+    }
+
     fn complete(&self, result: Result<u64, LedgerError>) {
         let (waker, blocked) = {
             let mut st = lock(&self.state);
@@ -239,19 +297,58 @@ impl AckSlot {
 /// to the kernel, or to the error that kept them out of the file (nothing
 /// of the line is left in it then). Dropping it does not cancel the append.
 #[must_use = "the line is written either way; await or wait for it to know it was"]
-pub struct Appending(Arc<AckSlot>);
+pub struct Appending {
+    ack: Arc<AckSlot>,
+    /// The queue its line joined while nobody led it: this append leads it
+    /// (or hands it to the writer thread if dropped first).
+    lead: Option<Arc<Shared>>,
+    /// Polled once already: the next poll leads.
+    yielded: bool,
+}
 
 impl Appending {
+    /// An answer already known.
+    fn done(ack: Arc<AckSlot>) -> Appending {
+        Appending {
+            ack,
+            lead: None,
+            yielded: false,
+        }
+    }
+
+    /// Leads the queue its line joined, if nobody leads it by now.
+    fn lead_now(&mut self) {
+        if let Some(shared) = self.lead.take() {
+            if shared.take_lead() {
+                shared.lead();
+            }
+        }
+    }
+
     /// Blocks the calling thread until the line is written. For threads
     /// that are not async workers.
-    pub fn wait(self) -> Result<u64, LedgerError> {
-        let mut st = lock(&self.0.state);
+    pub fn wait(mut self) -> Result<u64, LedgerError> {
+        self.lead_now();
+        let mut st = lock(&self.ack.state);
         loop {
             if let Some(r) = st.result.take() {
                 return r;
             }
             st.blocked = true;
-            st = self.0.done.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = self.ack.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for Appending {
+    fn drop(&mut self) {
+        // Never led: the writer thread takes its line (a drop does not wait
+        // for a write).
+        if let Some(shared) = self.lead.take() {
+            if shared.take_lead() {
+                lock(&shared.queue).handoff = true;
+                shared.work.notify_one();
+            }
         }
     }
 }
@@ -260,7 +357,18 @@ impl Future for Appending {
     type Output = Result<u64, LedgerError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut st = lock(&self.0.state);
+        let this = self.get_mut();
+        if this.lead.is_some() && this.ack.result_pending() {
+            if !this.yielded {
+                // Let the tasks ready on this thread queue their lines
+                // first: they share this batch's write.
+                this.yielded = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            this.lead_now();
+        }
+        let mut st = lock(&this.ack.state);
         if let Some(r) = st.result.take() {
             return Poll::Ready(r);
         }
@@ -422,6 +530,7 @@ impl Ledger {
                 history,
                 counters,
                 buf: Vec::new(),
+                spare: (Vec::new(), Vec::new()),
                 #[cfg(test)]
                 fail_next_write: false,
             }),
@@ -516,15 +625,24 @@ impl Ledger {
     /// returned; the next append retries normally.
     pub fn append_queued(&self, entry: Entry) -> Appending {
         let ack = Arc::new(AckSlot::default());
-        match Queue::push_redacted(&self.shared.queue, entry, &ack) {
-            Ok(true) => self.shared.work.notify_one(),
-            Ok(false) => {}
-            Err(Refused::Stopped) => ack.complete(Err(
-                self.write_error(std::io::Error::other("the ledger writer has stopped"))
-            )),
-            Err(Refused::Encode(e)) => ack.complete(Err(LedgerError::Encode(e))),
+        let lead = match Queue::push_redacted(&self.shared.queue, entry, &ack) {
+            Ok(unled) => unled.then(|| Arc::clone(&self.shared)),
+            Err(Refused::Stopped) => {
+                ack.complete(Err(
+                    self.write_error(std::io::Error::other("the ledger writer has stopped"))
+                ));
+                None
+            }
+            Err(Refused::Encode(e)) => {
+                ack.complete(Err(LedgerError::Encode(e)));
+                None
+            }
+        };
+        Appending {
+            ack,
+            lead,
+            yielded: false,
         }
-        Appending(ack)
     }
 
     /// [`Ledger::append_queued`], waiting on this thread for the line to be
@@ -797,7 +915,7 @@ impl Writer {
             ack: Arc::clone(&slot),
         }];
         self.commit(shared, &fields, &mut jobs);
-        Appending(slot).wait()
+        Appending::done(slot).wait()
     }
 
     /// Gives each job its seq, `ts` and `prev`, writes them all with one
@@ -924,20 +1042,28 @@ fn write_loop(shared: &Shared) {
     loop {
         {
             let mut q = lock(&shared.queue);
-            while (q.jobs.is_empty() || q.held()) && !q.shutdown {
-                q.idle = true;
+            // Lines it was handed, or lines nobody leads (queued while the
+            // tests held the writes back).
+            while !q.shutdown && (q.jobs.is_empty() || q.held() || (q.leading && !q.handoff)) {
                 q = shared.work.wait(q).unwrap_or_else(|e| e.into_inner());
-                q.idle = false;
             }
             if q.jobs.is_empty() {
                 return;
             }
+            q.leading = true;
+            q.handoff = false;
             std::mem::swap(&mut fields, &mut q.fields);
             std::mem::swap(&mut jobs, &mut q.jobs);
         }
         shared.writer().commit(shared, &fields, &mut jobs);
         fields.clear();
         jobs.clear();
+        let mut q = lock(&shared.queue);
+        if q.jobs.is_empty() || q.held() {
+            q.leading = false;
+        } else {
+            q.handoff = true;
+        }
     }
 }
 
