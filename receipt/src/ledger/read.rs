@@ -11,8 +11,8 @@ use std::path::Path;
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 use std::sync::Mutex;
 
-use crate::entry::{Line, TornTail, GENESIS_PREV, KINDS, READABLE_VERSIONS};
-use crate::hash::{line_hash, LineHasher};
+use crate::entry::{Entry, Line, TornTail, GENESIS_PREV, KINDS, READABLE_VERSIONS};
+use crate::hash::{line_hash_into, LineHasher};
 
 use super::{LedgerError, LedgerRead, Problem};
 
@@ -118,11 +118,19 @@ pub fn scan<R: Read + Send>(
             let (work_rx, spare_tx) = (&work_rx, spare_tx.clone());
             s.spawn(move || {
                 let mut spare_items: Vec<Vec<Item>> = Vec::new();
+                let mut spare_lines: Vec<Pre> = Vec::new();
                 loop {
-                    // Drop what the chain check is done with before parsing
-                    // more; its vector holds the next batch's items.
+                    // Take back what the chain check is done with before
+                    // parsing more: its vector holds the next batch's items,
+                    // its lines' buffers the next lines.
                     while let Ok(mut items) = used.try_recv() {
-                        items.clear();
+                        for item in items.drain(..) {
+                            if let Item::Line { pre, .. } = item {
+                                if spare_lines.len() < SPARE_LINES {
+                                    spare_lines.push(pre);
+                                }
+                            }
+                        }
                         spare_items.push(items);
                     }
                     // A poisoned lock means another worker panicked: stop too.
@@ -131,7 +139,7 @@ pub fn scan<R: Read + Send>(
                     };
                     let Ok((mut batch, done)) = next else { return };
                     let mut items = spare_items.pop().unwrap_or_default();
-                    batch.prepare(&mut items);
+                    batch.prepare(&mut items, &mut spare_lines);
                     batch.clear();
                     let _ = spare_tx.send(batch);
                     let _ = done.send(Parsed { worker, items });
@@ -177,6 +185,10 @@ struct Parsed {
 const BATCH_LINES: usize = 256;
 const BATCH_BYTES: usize = 128 * 1024;
 
+/// Parsed lines a worker keeps to parse the next ones into (their strings'
+/// buffers are reused): a few batches' worth, the most in flight at once.
+const SPARE_LINES: usize = 4 * BATCH_LINES;
+
 /// Consecutive lines of the input, as split by [`LineReader`].
 #[derive(Default)]
 struct Batch {
@@ -209,8 +221,9 @@ enum Item {
 }
 
 impl Batch {
-    /// Hashes and parses the batch's lines into `items`.
-    fn prepare(&mut self, items: &mut Vec<Item>) {
+    /// Hashes and parses the batch's lines into `items`, reusing the
+    /// buffers of `spare` lines.
+    fn prepare(&mut self, items: &mut Vec<Item>, spare: &mut Vec<Pre>) {
         items.extend(self.raw.drain(..).map(|raw| match raw {
             BatchLine::Line {
                 from,
@@ -218,7 +231,7 @@ impl Batch {
                 start,
                 end,
             } => Item::Line {
-                pre: Pre::of(&self.bytes[from..to]),
+                pre: Pre::of(&self.bytes[from..to], spare.pop()),
                 start,
                 end,
             },
@@ -409,8 +422,14 @@ struct Unparsed {
 }
 
 impl Pre {
-    fn of(raw: &[u8]) -> Pre {
-        let hash = line_hash(raw);
+    /// Hashes and parses `raw`, reusing the buffers of a `spare` line that
+    /// is done with.
+    fn of(raw: &[u8], spare: Option<Pre>) -> Pre {
+        let (mut hash, scratch) = match spare {
+            Some(Pre { hash, parsed }) => (hash, parsed.ok()),
+            None => (String::new(), None),
+        };
+        line_hash_into(raw, &mut hash);
         if raw.is_empty() {
             let what = "empty line".into();
             let parsed = Err(Unparsed {
@@ -424,7 +443,22 @@ impl Pre {
         // again (a third of its time); invalid bytes get the parser's own
         // error and position.
         let parsed = match std::str::from_utf8(raw) {
-            Ok(text) => serde_json::from_str::<Line>(text),
+            Ok(text) => {
+                // A request line as the writer writes it, into the spare
+                // line's buffers; anything else through serde.
+                let mut line = scratch.unwrap_or_else(|| Line {
+                    v: 0,
+                    seq: 0,
+                    ts: String::new(),
+                    entry: Entry::UdpDropped { packets: 0 },
+                    prev: String::new(),
+                });
+                if crate::wire::read_request_into(text, &mut line) {
+                    Ok(line)
+                } else {
+                    serde_json::from_str::<Line>(text)
+                }
+            }
             Err(_) => serde_json::from_slice::<Line>(raw),
         };
         let parsed = parsed.map_err(|err| {
@@ -635,6 +669,7 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::line_hash;
 
     /// A small reader buffer makes lines cross chunk boundaries.
     struct Trickle<'a>(&'a [u8]);
