@@ -9,6 +9,20 @@ pub fn line_hash(bytes: &[u8]) -> String {
     hex(digest.as_ref())
 }
 
+/// [`line_hash`] into `out`'s buffer (cleared first): the reader hashes
+/// every line, and a fresh string for each was an allocation per line.
+pub fn line_hash_into(bytes: &[u8], out: &mut String) {
+    const DIGITS: [char; 16] = [
+        '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd', 'e', 'f',
+    ];
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes);
+    out.clear();
+    for b in digest.as_ref() {
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 0xf)]);
+    }
+}
+
 /// [`line_hash`] of a line fed in pieces, for lines too long to hold.
 pub struct LineHasher(aws_lc_rs::digest::Context);
 
@@ -78,5 +92,8 @@ mod tests {
         h.update(b"ab");
         h.update(b"c");
         assert_eq!(h.finish(), line_hash(b"abc"));
+        let mut out = "stale".to_string();
+        line_hash_into(b"abc", &mut out);
+        assert_eq!(out, line_hash(b"abc"));
     }
 }

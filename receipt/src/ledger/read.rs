@@ -11,8 +11,8 @@ use std::path::Path;
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 use std::sync::Mutex;
 
-use crate::entry::{Line, TornTail, GENESIS_PREV, KINDS, READABLE_VERSIONS};
-use crate::hash::{line_hash, LineHasher};
+use crate::entry::{Entry, Line, TornTail, GENESIS_PREV, KINDS, READABLE_VERSIONS};
+use crate::hash::{line_hash_into, LineHasher};
 
 use super::{LedgerError, LedgerRead, Problem};
 
@@ -119,10 +119,10 @@ pub fn scan<R: Read + Send>(
             s.spawn(move || {
                 let mut spare_items: Vec<Vec<Item>> = Vec::new();
                 loop {
-                    // Drop what the chain check is done with before parsing
-                    // more; its vector holds the next batch's items.
-                    while let Ok(mut items) = used.try_recv() {
-                        items.clear();
+                    // Take back what the chain check is done with before
+                    // parsing more: its vector and the buffers of its
+                    // lines hold the next batch's lines.
+                    while let Ok(items) = used.try_recv() {
                         spare_items.push(items);
                     }
                     // A poisoned lock means another worker panicked: stop too.
@@ -209,21 +209,44 @@ enum Item {
 }
 
 impl Batch {
-    /// Hashes and parses the batch's lines into `items`.
+    /// Hashes and parses the batch's lines into `items`, in place of the
+    /// items of an earlier batch it may hold: their lines' buffers are
+    /// reused, and a parsed line (hundreds of bytes) is not moved.
     fn prepare(&mut self, items: &mut Vec<Item>) {
-        items.extend(self.raw.drain(..).map(|raw| match raw {
-            BatchLine::Line {
-                from,
-                to,
-                start,
-                end,
-            } => Item::Line {
-                pre: Pre::of(&self.bytes[from..to]),
-                start,
-                end,
-            },
-            BatchLine::Overlong { len, hash, end } => Item::Overlong { len, hash, end },
-        }));
+        let n = self.raw.len();
+        for (i, raw) in self.raw.drain(..).enumerate() {
+            let item = match raw {
+                BatchLine::Line {
+                    from,
+                    to,
+                    start,
+                    end,
+                } => {
+                    let raw = &self.bytes[from..to];
+                    if let Some(Item::Line {
+                        pre,
+                        start: at,
+                        end: to,
+                    }) = items.get_mut(i)
+                    {
+                        pre.parse(raw);
+                        (*at, *to) = (start, end);
+                        continue;
+                    }
+                    Item::Line {
+                        pre: Pre::of(raw),
+                        start,
+                        end,
+                    }
+                }
+                BatchLine::Overlong { len, hash, end } => Item::Overlong { len, hash, end },
+            };
+            match items.get_mut(i) {
+                Some(slot) => *slot = item,
+                None => items.push(item),
+            }
+        }
+        items.truncate(n);
     }
 
     /// Empty, keeping its buffers for the next lines.
@@ -410,24 +433,64 @@ struct Unparsed {
 
 impl Pre {
     fn of(raw: &[u8]) -> Pre {
-        let hash = line_hash(raw);
+        let mut pre = Pre {
+            hash: String::new(),
+            parsed: Err(Unparsed {
+                seq: None,
+                prev: None,
+                what: String::new(),
+            }),
+        };
+        pre.parse(raw);
+        pre
+    }
+
+    /// Hashes and parses `raw` in place of the line this held, reusing its
+    /// buffers.
+    fn parse(&mut self, raw: &[u8]) {
+        line_hash_into(raw, &mut self.hash);
         if raw.is_empty() {
             let what = "empty line".into();
-            let parsed = Err(Unparsed {
+            self.parsed = Err(Unparsed {
                 seq: None,
                 prev: None,
                 what,
             });
-            return Pre { hash, parsed };
+            return;
         }
         // Checked as UTF-8 once, so the parser does not check every string
         // again (a third of its time); invalid bytes get the parser's own
         // error and position.
-        let parsed = match std::str::from_utf8(raw) {
+        let text = std::str::from_utf8(raw);
+        if let Ok(text) = text {
+            // A request line as the writer writes it, into the buffers of
+            // the line held before; anything else through serde.
+            match &mut self.parsed {
+                Ok(line) => {
+                    if crate::wire::read_request_into(text, line) {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    let mut line = Line {
+                        v: 0,
+                        seq: 0,
+                        ts: String::new(),
+                        entry: Entry::UdpDropped { packets: 0 },
+                        prev: String::new(),
+                    };
+                    if crate::wire::read_request_into(text, &mut line) {
+                        self.parsed = Ok(line);
+                        return;
+                    }
+                }
+            }
+        }
+        let parsed = match text {
             Ok(text) => serde_json::from_str::<Line>(text),
             Err(_) => serde_json::from_slice::<Line>(raw),
         };
-        let parsed = parsed.map_err(|err| {
+        self.parsed = parsed.map_err(|err| {
             // Keep the chain check going with whatever fields exist.
             let value = serde_json::from_slice::<serde_json::Value>(raw).ok();
             let obj = value.as_ref().and_then(|v| v.as_object());
@@ -443,7 +506,6 @@ impl Pre {
             };
             Unparsed { seq, prev, what }
         });
-        Pre { hash, parsed }
     }
 }
 
@@ -635,6 +697,7 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::line_hash;
 
     /// A small reader buffer makes lines cross chunk boundaries.
     struct Trickle<'a>(&'a [u8]);
@@ -747,6 +810,64 @@ mod tests {
                 line_hash(lines.last().unwrap().as_bytes())
             )
         );
+    }
+
+    #[test]
+    fn reused_lines_read_as_fresh_ones() {
+        // Request lines (read into the buffers of earlier lines), other
+        // kinds, escaped and broken lines in turn over many batches, with
+        // fewer headers than the line before: each reads as serde reads it.
+        let request = |seq: u64, headers: usize| {
+            let line = Line {
+                v: 4,
+                seq,
+                ts: "2026-11-29T07:28:19.123Z".into(),
+                entry: Entry::Request {
+                    service: format!("s{seq}"),
+                    host: "api.example.com".into(),
+                    method: "GET".into(),
+                    path: format!("/p/{seq}"),
+                    query: seq.is_multiple_of(3).then(|| "a=1".to_string()),
+                    status: 200,
+                    http: "HTTP/2".into(),
+                    tier: crate::entry::ListenerTier::Transparent,
+                    bytes_in: seq,
+                    bytes_out: seq.is_multiple_of(2).then_some(seq),
+                    duration_ms: 1,
+                    upstream: "http://t/".into(),
+                    headers: (0..headers)
+                        .map(|h| (format!("h{h}"), format!("v{seq}")))
+                        .collect(),
+                    websocket: seq.is_multiple_of(5),
+                    client_gone: seq.is_multiple_of(7),
+                },
+                prev: GENESIS_PREV.into(),
+            };
+            serde_json::to_string(&line).unwrap()
+        };
+        let texts: Vec<String> = (1..=2000u64)
+            .map(|seq| match seq % 6 {
+                0 => format!(
+                    r#"{{"v":3,"seq":{seq},"ts":"t","kind":"udp_dropped","packets":1,"prev":"{GENESIS_PREV}"}}"#
+                ),
+                1 => request(seq, 0).replace("GET", "G\\u0045T"),
+                2 => "not json".into(),
+                3 => String::new(),
+                _ => request(seq, (seq % 4) as usize),
+            })
+            .collect();
+        let text = texts.join("\n") + "\n";
+        let mut seen = Vec::new();
+        scan(text.as_bytes(), usize::MAX, |line, _, _| {
+            seen.push(line.clone())
+        })
+        .unwrap();
+        let want: Vec<Line> = texts
+            .iter()
+            .filter_map(|t| serde_json::from_str::<Line>(t).ok())
+            .collect();
+        assert_eq!(want.len(), 2000 - 334 - 333);
+        assert_eq!(seen, want);
     }
 
     #[test]
