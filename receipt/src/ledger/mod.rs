@@ -707,7 +707,10 @@ mod tests {
         drop(ledger.append_queued(session()));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while read(&path).unwrap().lines.is_empty() {
-            assert!(std::time::Instant::now() < deadline, "the line was never written");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the line was never written"
+            );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(ledger.append(request("/v1/charges")).unwrap(), 2);
