@@ -31,7 +31,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::entry::{Entry, LEDGER_VERSION};
 use crate::hash::line_hash;
@@ -48,6 +48,12 @@ use super::{
 
 /// Batches a caller commits for others before the writer thread takes over.
 const LEAD_ROUNDS: usize = 2;
+
+/// Lines queued closer together than this make a leader yield once before
+/// it commits, so that the lines its thread is about to queue share the
+/// write. Further apart (a proxy answering one request at a time), the yield
+/// would gather nothing and cost a scheduler round trip: it commits at once.
+const DENSE: Duration = Duration::from_micros(10);
 
 /// How long the sync thread waits between two fsyncs while writes continue.
 const SYNC_INTERVAL: Duration = Duration::from_millis(50);
@@ -108,6 +114,9 @@ struct Queue {
     leading: bool,
     /// A caller gave the lead to the writer thread.
     handoff: bool,
+    /// When the last line was queued: a leader yields to gather others
+    /// only when lines arrive closer together than [`DENSE`].
+    last_push: Option<Instant>,
     shutdown: bool,
     /// Tests hold the writer thread back to queue a known batch.
     #[cfg(test)]
@@ -131,12 +140,13 @@ enum Refused {
 impl Queue {
     /// Redacts the entry and queues its encoded part, with its answer: the
     /// only way a line from traffic enters the queue, so none is written
-    /// unredacted. True when nobody leads the queue: the caller is to.
+    /// unredacted. `Some` when nobody leads the queue, so the caller is to:
+    /// whether lines arrive densely (it then yields once before leading).
     fn push_redacted(
         queue: &Mutex<Queue>,
         entry: Entry,
         ack: &Arc<AckSlot>,
-    ) -> Result<bool, Refused> {
+    ) -> Result<Option<bool>, Refused> {
         let entry = redact::entry(entry);
         let kind = entry.kind();
         // Encoded under the lock, straight into the batch: a few hundred
@@ -156,7 +166,12 @@ impl Queue {
             kind,
             ack: Arc::clone(ack),
         });
-        Ok(!q.leading)
+        let now = Instant::now();
+        let dense = q
+            .last_push
+            .is_some_and(|last| now.saturating_duration_since(last) < DENSE);
+        q.last_push = Some(now);
+        Ok((!q.leading).then_some(dense))
     }
 }
 
@@ -302,7 +317,7 @@ pub struct Appending {
     /// The queue its line joined while nobody led it: this append leads it
     /// (or hands it to the writer thread if dropped first).
     lead: Option<Arc<Shared>>,
-    /// Polled once already: the next poll leads.
+    /// Yielded once already, or not to yield: the next poll leads.
     yielded: bool,
 }
 
@@ -360,10 +375,11 @@ impl Future for Appending {
         let this = self.get_mut();
         if this.lead.is_some() && this.ack.result_pending() {
             if !this.yielded {
-                // Let the tasks ready on this thread queue their lines
-                // first: they share this batch's write.
+                // Lines arrive densely: let the tasks ready on this thread
+                // queue theirs first, to share this batch's write (a yield
+                // costs a scheduler round trip, often a worker woken).
                 this.yielded = true;
-                cx.waker().wake_by_ref();
+                let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
                 return Poll::Pending;
             }
             this.lead_now();
@@ -625,23 +641,25 @@ impl Ledger {
     /// returned; the next append retries normally.
     pub fn append_queued(&self, entry: Entry) -> Appending {
         let ack = Arc::new(AckSlot::default());
-        let lead = match Queue::push_redacted(&self.shared.queue, entry, &ack) {
-            Ok(unled) => unled.then(|| Arc::clone(&self.shared)),
+        let (lead, dense) = match Queue::push_redacted(&self.shared.queue, entry, &ack) {
+            Ok(Some(dense)) => (Some(Arc::clone(&self.shared)), dense),
+            Ok(None) => (None, false),
             Err(Refused::Stopped) => {
                 ack.complete(Err(
                     self.write_error(std::io::Error::other("the ledger writer has stopped"))
                 ));
-                None
+                (None, false)
             }
             Err(Refused::Encode(e)) => {
                 ack.complete(Err(LedgerError::Encode(e)));
-                None
+                (None, false)
             }
         };
         Appending {
             ack,
             lead,
-            yielded: false,
+            // Only a dense stream has lines worth waiting for.
+            yielded: !dense,
         }
     }
 
