@@ -189,8 +189,9 @@ pub struct Line {
     pub prev: String,
 }
 
-/// What was decided. Every text field is redacted before it is built (see the
-/// `redact` module); the writer redacts again as a last line of defence.
+/// What was decided. Its text fields are redacted when it is appended
+/// (`redact::entry`, in the ledger's queue: the one door into the record);
+/// seal and tamper lines, the ledger's own words, are written as built.
 ///
 /// On its own it serializes externally tagged (`{"request":{...}}`); in a
 /// ledger line ([`Line`]) the tag is the line's `kind` field.
