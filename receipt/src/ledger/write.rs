@@ -5,8 +5,9 @@
 //! moment, gives each its seq, `ts` and `prev`, and writes them with one
 //! `write(2)` (group commit); each caller still gets its own seq, or its
 //! own error. The lead is a caller's when nobody holds it: awaited, its
-//! [`Appending`] first yields once, so that the tasks ready on its thread
-//! queue their lines too, then commits them all on that thread, with no
+//! [`Appending`] commits what is queued on that thread (first yielding
+//! once when lines arrive densely, see [`DENSE`], so that the tasks ready on
+//! its thread queue theirs too), with no
 //! thread to wake and none to wake it (a leader blocks only in a `write(2)`
 //! to the page cache; fsync is never on its path). Lines queued meanwhile
 //! ride on its next batch; after [`LEAD_ROUNDS`] batches it hands the lead
@@ -233,12 +234,11 @@ impl Shared {
     /// [`LEAD_ROUNDS`] batches were written; then gives the lead back, or to
     /// the writer thread when lines are still waiting.
     fn lead(&self) {
-        let shared = self;
         for _ in 0..LEAD_ROUNDS {
-            let mut w = shared.writer();
+            let mut w = self.writer();
             let (mut fields, mut jobs) = std::mem::take(&mut w.spare);
             {
-                let mut q = lock(&shared.queue);
+                let mut q = lock(&self.queue);
                 if q.jobs.is_empty() || q.held() {
                     q.leading = false;
                     w.spare = (fields, jobs);
@@ -247,18 +247,18 @@ impl Shared {
                 std::mem::swap(&mut fields, &mut q.fields);
                 std::mem::swap(&mut jobs, &mut q.jobs);
             }
-            w.commit(shared, &fields, &mut jobs);
+            w.commit(self, &fields, &mut jobs);
             fields.clear();
             w.spare = (fields, jobs);
         }
-        let mut q = lock(&shared.queue);
+        let mut q = lock(&self.queue);
         if q.jobs.is_empty() || q.held() {
             q.leading = false;
             return;
         }
         q.handoff = true;
         drop(q);
-        shared.work.notify_one();
+        self.work.notify_one();
     }
 
     /// Marks the file dirty; wakes the sync thread only if it sleeps idle.
