@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use veris_receipt::ledger::LedgerRead;
 use veris_receipt::receipt::{
-    self, Anchor, Check, CheckStatus, Options, Receipt, Requirement, WindowSpec,
+    self, Anchor, Check, CheckStatus, LiveChannel, Options, Receipt, Requirement, WindowSpec,
 };
 use veris_receipt::seal::{Pin, PublicKeys};
 use veris_receipt::{Line, ListenerTier};
@@ -70,9 +70,11 @@ pub struct WindowArgs {
     /// The whole ledger, every session [default: the latest session].
     #[arg(long)]
     pub all: bool,
-    /// Pin the seal key: its fingerprint (the receipt's `seal key`), or a
-    /// file holding it or `ed25519 <hex>` lines. Needed for `verified`
-    /// offline; `ledger.pub` beside the ledger is never trusted for it.
+    /// Pin the seal key: its fingerprint (the receipt's `seal key`, or the
+    /// one `veris serve` logs at start), or a file of fingerprints (one a
+    /// line: every session seals with a key of its own) or `ed25519 <hex>`
+    /// lines. Needed for `verified` offline; `ledger.pub` beside the ledger
+    /// is never trusted for it.
     #[arg(long, value_name = "FINGERPRINT|FILE")]
     pub key: Option<String>,
     /// Only this service.
@@ -237,7 +239,7 @@ pub async fn build_with(
         Some(t) => Some(Baseline::parse(t)?),
         None => None,
     };
-    let pin = match &args.window.key {
+    let mut pin = match &args.window.key {
         Some(k) => Some(parse_pin(k)?),
         None => None,
     };
@@ -246,6 +248,9 @@ pub async fn build_with(
         Some(p) => p.clone(),
         None => state_dir.join("ledger.jsonl"),
     };
+    if let Some(pin) = pin.as_mut() {
+        note_key_beside(pin, &path);
+    }
     // A live proxy for this state dir makes the full set of checks possible.
     let mut unusable = None;
     let live = match &args.window.ledger {
@@ -276,6 +281,7 @@ pub async fn build_with(
         },
         service: args.window.service.clone(),
         hint_keys: seal_keys_beside(&path),
+        pinned_key_file: pin.as_ref().and_then(|p| p.key_file.clone()),
         ..Options::default()
     };
     if let Some(why) = unusable {
@@ -354,7 +360,7 @@ pub async fn build_with(
                         name: "pinned_key".into(),
                         status: CheckStatus::Failed,
                         detail: format!(
-                            "the live proxy seals with key {}, not the pinned one",
+                            "the live proxy seals with key {}, not the pinned one (each session seals with a key of its own: pin the one `veris serve` logged at its start)",
                             fresh.key_id
                         ),
                     });
@@ -363,6 +369,7 @@ pub async fn build_with(
             options.anchor = Anchor::Live {
                 seal: fresh,
                 public_key: status.public_key.clone().unwrap_or_default(),
+                channel: LiveChannel::StateDir,
             };
         }
         // What must be known before the fold: the ledger id a baseline
@@ -390,15 +397,39 @@ pub async fn build_with(
     Ok(judge(built, &reqs, args.require.allow_empty))
 }
 
-/// `--key`: a fingerprint, or a file holding one (or `ed25519 <hex>` lines).
+/// `--key`: a fingerprint, or a file holding fingerprints (one a line) or
+/// `ed25519 <hex>` lines, or a private key file (an earlier `serve`'s
+/// `seal.key`), whose pin is marked: that key sat where a workload could
+/// read it, so it can never give `verified`.
 pub fn parse_pin(arg: &str) -> Result<Pin> {
     if let Ok(pin) = Pin::parse(arg) {
         return Ok(pin);
     }
-    let text = std::fs::read_to_string(arg).with_context(|| {
-        format!("--key {arg:?} is neither a 64-digit fingerprint nor a readable file. Next: pass the `seal key` a receipt printed")
+    let next = "Next: pass the `seal key` fingerprint a receipt (or `veris serve`'s log) printed, or a file of fingerprints, one a line";
+    let bytes =
+        crate::stack::read_bounded_bytes(Path::new(arg), 64 * 1024, true).with_context(|| {
+            format!("--key {arg:?} is neither a 64-digit fingerprint nor a readable file. {next}")
+        })?;
+    if let Some(pin) = Pin::of_key_file(&bytes, arg) {
+        return Ok(pin);
+    }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        anyhow::anyhow!("--key {arg}: the file is neither an Ed25519 private key nor text. {next}")
     })?;
-    Pin::parse(&text).with_context(|| format!("reading the key pin in {arg}"))
+    Pin::parse(&text).with_context(|| format!("reading the key pin in {arg}. {next}"))
+}
+
+/// Marks `pin` when the private key file an earlier `serve` left beside
+/// `ledger` (`seal.key`) holds a pinned key.
+pub fn note_key_beside(pin: &mut Pin, ledger: &Path) {
+    let dir = ledger
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let path = dir.join(veris_receipt::seal::KEY_FILE);
+    if let Ok(der) = crate::stack::read_bounded_bytes(&path, 64 * 1024, false) {
+        pin.note_key_file(&der, &path.display().to_string());
+    }
 }
 
 /// The raw keys offered (by session lines, then `ledger.pub`), narrowed to

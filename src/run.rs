@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tracing::{info, warn};
 use veris_receipt::ledger::{self, LedgerRead};
-use veris_receipt::receipt::{Anchor, Options, WindowSpec};
+use veris_receipt::receipt::{Anchor, LiveChannel, Options, WindowSpec};
 use veris_receipt::receipt::{Check, Requirement};
 use veris_receipt::Entry;
 
@@ -477,6 +477,7 @@ pub fn finished_receipt(f: &Finished) -> Result<(LedgerRead, Options)> {
             Some(seal) => Anchor::Live {
                 seal: seal.clone(),
                 public_key: f.public_key.clone(),
+                channel: LiveChannel::InProcess,
             },
             None => Anchor::None,
         },

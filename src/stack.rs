@@ -26,7 +26,7 @@ use veris_proxy::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::ledger::{Ledger, OpenReport, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
-use veris_receipt::seal::{PublicKeys, Sealer};
+use veris_receipt::seal::{PublicKeys, Sealer, PUB_FILE};
 use veris_receipt::{Coverage, Entry, ListenerTier, Mode};
 
 use crate::live::ServiceRef;
@@ -209,7 +209,8 @@ pub enum Confinement {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// `veris serve`: `<state>/ledger.jsonl` continued across restarts when
-    /// it verifies, `<state>/seal.key` on disk (0600), the admin API announced
+    /// its tail is a seal by an earlier session's key, a fresh in-memory key
+    /// each session (like a run's), the admin API announced
     /// in `<state>/admin.addr` and `admin.token`.
     Serve,
     /// `veris run` and `veris demo`: a ledger of its own,
@@ -355,6 +356,12 @@ impl Stack {
         let run_id = crate::random_hex(8)?;
         let (sealer, ledger, report) = open_ledger(&state_dir, role, &run_id)?;
         let ledger = Arc::new(ledger);
+        if role == Role::Serve {
+            // The operator's pin: the key exists only in this process, so
+            // this line (not a file the workload can write) is where its
+            // fingerprint comes from.
+            info!(seal_key = %sealer.key_id(), "this session's seal key; pin it to verify the session later: veris receipt --key <seal_key>");
+        }
 
         let listener = TcpListener::bind(&settings.listen)
             .await
@@ -735,10 +742,7 @@ fn session_entry(f: SessionFacts<'_>) -> Entry {
         recovered_torn_tail: f.report.torn_tail,
         key_id: Some(f.sealer.key_id().to_string()),
         public_key: Some(f.sealer.public_key_hex()),
-        key_storage: Some(match f.role {
-            Role::Serve => "file".into(),
-            Role::Run => "memory".into(),
-        }),
+        key_storage: Some("memory".into()),
         proxy_uid: Some(if t.install_redirect || t.redirect_external {
             t.proxy_uid
         } else {
@@ -984,34 +988,38 @@ fn upstream_roots(
     (twin, system)
 }
 
-/// The seal key and the ledger for `role` (see [`Role`]). `serve` continues
-/// `<state>/ledger.jsonl` only when its own key verifies all of it, and
-/// moves anything else aside; a run starts a file of its own.
+/// The seal key and the ledger for `role` (see [`Role`]). Every session
+/// seals with a fresh key held only in this process's memory (DESIGN
+/// §7a.13); `ledger.pub` lists it beside the ledger as a hint. `serve`
+/// continues `<state>/ledger.jsonl` when its last line is a seal by a key
+/// `ledger.pub` lists (an earlier session's), and moves anything else aside;
+/// a run starts a file of its own.
 fn open_ledger(
     state_dir: &Path,
     role: Role,
     run_id: &str,
 ) -> Result<(Arc<Sealer>, Ledger, veris_receipt::OpenReport)> {
-    let (sealer, path) = match role {
-        Role::Serve => (
-            Sealer::load_or_create(state_dir).with_context(|| {
-                format!("loading the ledger seal key in {}", state_dir.display())
-            })?,
-            state_dir.join("ledger.jsonl"),
-        ),
+    let sealer = Sealer::generate().context("generating this session's seal key")?;
+    let dir = match role {
+        Role::Serve => state_dir.to_path_buf(),
         Role::Run => {
             let dir = state_dir.join(RUNS_DIR).join(run_id);
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("creating the run dir {}", dir.display()))?;
-            (
-                Sealer::ephemeral().context("generating this run's seal key")?,
-                dir.join("ledger.jsonl"),
-            )
+            dir
         }
     };
-    let own = PublicKeys {
-        keys: vec![sealer.public_key()],
-    };
+    let path = dir.join("ledger.jsonl");
+    // The keys of the sessions before this one: the file's tail must be a
+    // seal by one of them to be continued. Which one does not decide any
+    // verdict (every reader checks each session's seals against its own
+    // pin), so the hint file is enough here.
+    let mut own = PublicKeys::load(&dir.join(PUB_FILE))
+        .with_context(|| format!("reading {}", dir.join(PUB_FILE).display()))?;
+    own.keys.push(sealer.public_key());
+    sealer
+        .publish(&dir)
+        .with_context(|| format!("writing {}", dir.join(PUB_FILE).display()))?;
     let (ledger, report) = Ledger::open_sealed_by(&path, &own)
         .with_context(|| format!("opening the ledger {}", path.display()))?;
     if let Some(torn) = &report.torn_tail {
@@ -1289,6 +1297,16 @@ async fn start_builtin_twin(
 /// without blocking and, unless `follow`, not through a symlink; at most `cap` bytes, more
 /// is an error.
 pub fn read_bounded(path: &Path, cap: u64, follow: bool) -> std::io::Result<String> {
+    String::from_utf8(read_bounded_bytes(path, cap, follow)?).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not UTF-8 text", path.display()),
+        )
+    })
+}
+
+/// [`read_bounded`], for a file that need not be text.
+pub fn read_bounded_bytes(path: &Path, cap: u64, follow: bool) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let mut flags = libc::O_NONBLOCK;
@@ -1305,15 +1323,15 @@ pub fn read_bounded(path: &Path, cap: u64, follow: bool) -> std::io::Result<Stri
             format!("{} is not a regular file", path.display()),
         ));
     }
-    let mut text = String::new();
-    f.take(cap + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > cap {
+    let mut bytes = Vec::new();
+    f.take(cap + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("{} is larger than {cap} bytes", path.display()),
         ));
     }
-    Ok(text)
+    Ok(bytes)
 }
 
 /// Writes via a temp file in the same dir and a rename, so readers never see a partial file.

@@ -295,16 +295,16 @@ fn receipt_live(state: &Path, extra: &[&str]) -> (std::process::Output, String) 
 }
 
 /// A plain `serve` whose workload runs as the same uid: the workload can read
-/// seal.key and admin.token and rewrite admin.addr, so it could answer a
-/// reader as "the live proxy" itself (here: a relay in front of the real
-/// admin port, which could as well have answered with a forged chain signed
-/// by that key). No live read, pin or proxy answer may then say `verified`.
+/// admin.token and rewrite admin.addr, so it could answer a reader as "the
+/// live proxy" itself (here: a relay in front of the real admin port, which
+/// could as well have answered with canary and twin answers of its own). No
+/// live read or proxy answer may then say `verified`, pinned or not.
 #[test]
 fn a_workload_sharing_the_proxy_uid_never_gets_a_verified_receipt() {
     let serve = Serve::start_same_uid("same-uid", &[]);
     assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
     let custody =
-        "unverified (workload may share the proxy uid, which could read seal.key and admin.token";
+        "unverified (workload may share the proxy uid, which could stand in for the live proxy";
     let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
     assert!(stdout.contains(custody), "{stdout}");
     assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
@@ -339,7 +339,8 @@ fn a_workload_sharing_the_proxy_uid_never_gets_a_verified_receipt() {
     );
     assert_eq!(r["integrity"]["status"], "unverified", "{r}");
     let key = r["seal_key"].as_str().expect("seal_key").to_string();
-    // Pinning the real key changes nothing: the workload could read it.
+    // Pinning the real key changes nothing live: the live checks go to
+    // whatever the stand-in names.
     let (out, stdout) = receipt_live(&serve.state, &["--require-verified", "--key", &key]);
     assert!(stdout.contains(custody), "{stdout}");
     assert_eq!(out.status.code(), Some(3), "{stdout}");
@@ -652,3 +653,130 @@ fn a_ledger_sealed_by_another_key_is_moved_aside_at_a_restart() {
     proxy.signal("TERM");
     proxy.wait();
 }
+
+/// H4 (custody): an earlier `serve` kept its key in `seal.key`, where a
+/// workload of its uid could read it. The workload signs a ledger of its
+/// own with that key, every session line saying the key stayed in memory,
+/// with a charge that never happened. Pinned by the key's fingerprint (a
+/// `seal.key` holding it beside the ledger) or by the key file itself, the
+/// receipt is never `verified`: a session's word about its own key is no
+/// evidence. A session of the current `serve` leaves no key on disk, and a
+/// pin of the fingerprint it printed verifies it offline even though its
+/// workload shared its uid.
+#[test]
+fn a_key_that_sat_in_a_file_never_verifies_whatever_the_ledger_says() {
+    if !support::tool_works(
+        "python3",
+        &[
+            "-c",
+            "import cryptography.hazmat.primitives.asymmetric.ed25519",
+        ],
+    ) {
+        return skip("python3 with cryptography is not installed");
+    }
+    let dir = TempDir::new("file-key");
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let forged = output(
+        command("python3")
+            .args(["-c", FILE_KEY_FORGER])
+            .arg(&state)
+            .arg(veris_receipt::entry::LEDGER_VERSION.to_string()),
+    );
+    let (fp, err) = text(&forged);
+    assert!(forged.status.success(), "{err}");
+    let fp = fp.trim().to_string();
+    let ledger = state.join("ledger.jsonl");
+    let read = |key: &str| {
+        let out =
+            output(veris(["receipt", "--require-verified", "--key", key, "--ledger"]).arg(&ledger));
+        let stdout = text(&out).0;
+        (out.status.code(), stdout)
+    };
+    // The forgery is otherwise perfect: chain, seals, final seal, checks.
+    for key in [fp.clone(), state.join("seal.key").display().to_string()] {
+        let (code, stdout) = read(&key);
+        assert!(
+            stdout.contains("integrity: unverified (the pinned key sits in the private key file"),
+            "{key}: {stdout}"
+        );
+        assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+        assert_eq!(code, Some(3), "{stdout}");
+    }
+
+    // Today's serve: no key on disk, and the key it logged verifies its
+    // finished session offline although the workload shared its uid.
+    let mut serve = Serve::start_same_uid("file-key-now", &[]);
+    assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
+    serve.stop();
+    assert!(!serve.state.join("seal.key").exists());
+    let key = json(
+        &text(&output(
+            veris(["receipt", "--json", "--state-dir"]).arg(&serve.state),
+        ))
+        .0,
+    )["seal_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = output(
+        veris([
+            "receipt",
+            "--require-verified",
+            "--key",
+            &key,
+            "--state-dir",
+        ])
+        .arg(&serve.state),
+    );
+    let stdout = text(&out).0;
+    assert!(stdout.contains("integrity: verified"), "{stdout}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+}
+
+/// Writes `<state>/seal.key` (PKCS#8, as `serve` did before ledger v5) and a
+/// ledger of one session signed by it, which claims `key_storage: memory`;
+/// prints the key's fingerprint.
+const FILE_KEY_FORGER: &str = r#"
+import hashlib, json, os, sys
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+state, v = sys.argv[1], int(sys.argv[2])
+key = Ed25519PrivateKey.generate()
+der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                        serialization.NoEncryption())
+with open(os.path.join(state, "seal.key"), "wb") as f:
+    f.write(der)
+raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+fp = hashlib.sha256(raw).hexdigest()
+ts = "2026-12-03T08:00:00.000Z"
+entries = [
+    {"kind": "session", "run_id": "run_x", "sandbox_id": "sbx_local", "mode": "passthrough",
+     "tier": "explicit", "twin": "http://127.0.0.1:1", "pid": 1, "version": "0.1.0",
+     "listen": "127.0.0.1:8080", "key_id": fp, "public_key": raw.hex(),
+     "key_storage": "memory", "proxy_uid": 1000, "workload_uid": 2000, "twin_heads": {}},
+    {"kind": "request", "service": "stripe", "host": "api.stripe.com", "method": "POST",
+     "path": "/v1/charges", "status": 200, "http": "HTTP/1.1", "tier": "explicit",
+     "bytes_in": 10, "duration_ms": 3,
+     "upstream": "http://127.0.0.1:1/s/sbx_local/stripe/v1/charges"},
+    {"kind": "check", "name": "canary", "status": "ok", "detail": "canary ok",
+     "since_seq": 0, "until_seq": 2},
+    {"kind": "check", "name": "twin_cross_check", "status": "ok", "detail": "twin ok",
+     "since_seq": 0, "until_seq": 2},
+    "shutdown",
+]
+lines, prev = [], "0" * 64
+for seq, e in enumerate(entries, 1):
+    if e == "shutdown":
+        msg = f"veris-seal-v2 {seq - 1} {prev} shutdown".encode()
+        e = {"kind": "seal", "sealed_seq": seq - 1, "signature": key.sign(msg).hex(),
+             "key_id": fp, "reason": "shutdown"}
+    line = json.dumps({"v": v, "seq": seq, "ts": ts, **e, "prev": prev}, separators=(",", ":"))
+    lines.append(line)
+    prev = hashlib.sha256(line.encode()).hexdigest()
+with open(os.path.join(state, "ledger.jsonl"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+with open(os.path.join(state, "ledger.pub"), "w") as f:
+    f.write("ed25519 " + raw.hex() + "\n")
+print(fp)
+"#;

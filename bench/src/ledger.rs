@@ -93,7 +93,8 @@ fn generate(dir: &Path, lines: u64) -> String {
     use std::io::Write;
     use veris_receipt::entry::{Line, GENESIS_PREV, LEDGER_VERSION};
     use veris_receipt::ledger::{encode, line_hash, now_rfc3339};
-    let sealer = Sealer::load_or_create(dir).expect("seal key");
+    let sealer = Sealer::generate().expect("seal key");
+    sealer.publish(dir).expect("ledger.pub");
     let file = std::fs::File::create(dir.join("ledger.jsonl")).expect("create ledger");
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let ts = now_rfc3339();

@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 use veris_receipt::ledger::{Committed, Ledger, LineReader, RawLine, SealInfo};
-use veris_receipt::receipt::{self, Anchor, Check, Options, WindowSpec};
+use veris_receipt::receipt::{self, Anchor, Check, LiveChannel, Options, WindowSpec};
 use veris_receipt::seal::{PublicKeys, Sealer};
 
 use prometheus_client::registry::Registry;
@@ -497,12 +497,16 @@ async fn receipt_json(admin: &Admin, since: Option<u64>) -> Response<ProxyBody> 
         service: None,
         proxy_live: true,
         until: Some(fresh.seq),
+        // The reader found this API through state-dir files, which a
+        // workload of this uid could point at a stand-in.
         anchor: Anchor::Live {
             seal: fresh,
             public_key: admin.sealer.public_key_hex(),
+            channel: LiveChannel::StateDir,
         },
         hint_keys: keys,
         external_checks,
+        pinned_key_file: None,
     };
     // A fold over the file, a line at a time: memory does not grow with
     // the ledger, and nothing of it is kept after the answer.
@@ -701,7 +705,7 @@ mod tests {
             services: Vec::new(),
             session_seq: 1,
             ledger,
-            sealer: Arc::new(Sealer::ephemeral().unwrap()),
+            sealer: Arc::new(Sealer::generate().unwrap()),
             public_keys: dir.join("ledger.pub"),
             started: Instant::now(),
             receipt_checks: None,

@@ -33,7 +33,8 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("veris-bench-seal-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let sealer = Sealer::load_or_create(&dir).expect("seal key");
+    let sealer = Sealer::generate().expect("seal key");
+    sealer.publish(&dir).expect("ledger.pub");
     let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).expect("ledger");
 
     const LINES: u64 = 20_000;

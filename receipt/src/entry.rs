@@ -2,12 +2,12 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 4; versions 1 to 3 are still read)
+//! # File format (version 5; versions 1 to 4 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`4`); readers accept every
+//! - `v`: the format version, [`LEDGER_VERSION`] (`5`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
 //!   `tamper` and `check`; version 3 added the kinds `tls_abandoned`,
@@ -17,7 +17,11 @@
 //!   certificate alert; no earlier field changed meaning, and a reader
 //!   judges an old `trust_failure` by its alert ([`is_refusal_alert`]);
 //!   version 4 added the kind `body_capture`, written only when the proxy
-//!   runs with `--capture-bodies`; no earlier field changed meaning);
+//!   runs with `--capture-bodies`; no earlier field changed meaning;
+//!   version 5 seals sign their `reason` too (`veris-seal-v2`, see
+//!   `seal`), every session seals with a key of its own that never leaves
+//!   the proxy's memory (`key_storage` is then always `memory`), and a
+//!   session's `moved_aside` counts the requests of the file it set aside);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -37,10 +41,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 4;
+pub const LEDGER_VERSION: u32 = 5;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -112,6 +116,11 @@ pub struct MovedAside {
     pub head_hash: String,
     /// Why it could not be continued.
     pub why: String,
+    /// Complete `request` lines found in it when it was moved (version 5):
+    /// what a reader of the new chain would otherwise never see. Counted
+    /// from a file the workload could have edited, so a hint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<u64>,
 }
 
 /// What the transparent tier's kernel rules cover (DESIGN §7a.9).
@@ -225,8 +234,11 @@ pub enum Entry {
         /// line naming their own key.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         public_key: Option<String>,
-        /// Where the private key lives: `memory` (this process only, as in
-        /// `veris run`) or `file` (`<state>/seal.key`, readable by `proxy_uid`).
+        /// Where the private key lives: `memory` (this process only; every
+        /// session from version 5) or `file` (`<state>/seal.key` of an
+        /// earlier `serve`, readable by `proxy_uid`). The proxy's word, so a
+        /// reader believes `file` and never takes `memory` as proof: custody
+        /// comes from how the reader got its pin (DESIGN §7a.13).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key_storage: Option<String>,
         /// The uid the proxy runs as once it serves traffic.
@@ -347,7 +359,9 @@ pub enum Entry {
     },
     /// A signature over the chain head: `sealed_seq` is the seq of the line
     /// this seal's `prev` hashes; the Ed25519 signature covers
-    /// `veris-seal-v1 {sealed_seq} {prev}` and verifies with `ledger.pub`.
+    /// `veris-seal-v2 {sealed_seq} {prev} {reason}` (before version 5:
+    /// `veris-seal-v1 {sealed_seq} {prev}`, the reason unsigned) and
+    /// verifies with the key its session line names.
     Seal {
         sealed_seq: u64,
         /// Lower-case hex of the 64-byte signature.

@@ -2080,6 +2080,7 @@ mod tests {
                 head_seq: 1,
                 head_hash: "00".into(),
                 why: "sealed by another key; last line had token=abc123".into(),
+                requests: Some(3),
             })),
             coverage: None,
         };

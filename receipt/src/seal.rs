@@ -2,18 +2,24 @@
 //! can tell an untouched ledger from one that was edited and re-chained, and
 //! (with a fresh seal demanded from the live proxy) from one whose tail was cut.
 //!
-//! Key material lives beside the ledger as files:
-//! - `<state>/seal.key`: the private key, PKCS#8 v2 DER, mode 0600, readable
-//!   only by the proxy uid. Created once, reused across restarts.
-//! - `<state>/ledger.pub`: the public keys that ever sealed this ledger, one
-//!   `ed25519 <64 hex>` line each, newest last, mode 0644. A key that is
-//!   replaced (seal.key deleted) stays listed so older seals keep verifying.
+//! Every session seals with a key of its own, made when it starts and kept
+//! only in the proxy's memory ([`Sealer::generate`]): no private key is ever
+//! written, so a workload of the proxy's uid has nothing to read and re-sign
+//! with (the process is non-dumpable). The session line names the key; the
+//! fingerprint a reader pins (`veris receipt --key`) is the one veris printed
+//! for it. `<state>/ledger.pub` lists the public keys that sealed a ledger,
+//! one `ed25519 <64 hex>` line each, newest last, mode 0644: a hint, never an
+//! anchor (the workload can write it).
 //!
 //! A seal line (`kind: seal`) directly follows the line it seals:
-//! `sealed_seq = seq - 1`, and its signature covers the ASCII text
-//! `veris-seal-v1 {sealed_seq} {prev}` where `prev` is the seal line's own
-//! `prev` (the hash of the sealed line). `key_id` is the SHA-256 (hex) of the
-//! raw 32-byte public key. The private key never appears in logs or errors.
+//! `sealed_seq = seq - 1`. From ledger version 5 its signature covers
+//! `veris-seal-v2 {sealed_seq} {prev} {reason}`, so every field a verdict
+//! reads is signed (a `shutdown` seal is what closes a session); version 1
+//! to 4 seals covered `veris-seal-v1 {sealed_seq} {prev}` and left the
+//! reason unsigned ([`SealReport::unsigned_reasons`]). `prev` is the seal
+//! line's own `prev` (the hash of the sealed line). `key_id` is the SHA-256
+//! (hex) of the raw 32-byte public key. The private key never appears in
+//! logs or errors.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -22,25 +28,21 @@ use std::path::{Path, PathBuf};
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
 
-use crate::entry::{Entry, Line};
+use crate::entry::{Entry, Line, LEDGER_VERSION};
 use crate::hash::{hex, line_hash, unhex};
 
-/// File name of the private key in the state dir.
+/// A private key file of an earlier veris (`serve` kept one here before
+/// ledger version 5): never written now; a reader treats a pin of the key it
+/// holds as a key that sat where the workload could read it.
 pub const KEY_FILE: &str = "seal.key";
 /// File name of the public key list in the state dir.
 pub const PUB_FILE: &str = "ledger.pub";
+/// The first ledger version whose seals sign their reason.
+pub const SIGNED_REASON_SINCE: u32 = 5;
 
 /// What can go wrong with seal keys.
 #[derive(Debug, thiserror::Error)]
 pub enum SealError {
-    #[error("reading seal key {path}")]
-    ReadKey {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("seal key {path} is not an Ed25519 PKCS#8 key; move it aside to let the proxy create a new one")]
-    ParseKey { path: PathBuf },
     #[error("generating a seal key")]
     Generate,
     #[error("writing {path}")]
@@ -49,7 +51,7 @@ pub enum SealError {
         #[source]
         source: std::io::Error,
     },
-    #[error("bad key pin {0:?}: expected a 64-digit hex fingerprint (the receipt's `seal key`) or a file holding one, or `ed25519 <hex>` lines")]
+    #[error("bad key pin {0:?}: expected a 64-digit hex fingerprint (the receipt's `seal key`) or a file holding fingerprints or `ed25519 <hex>` lines")]
     BadPin(String),
     #[error("reading public keys {path}")]
     ReadPub {
@@ -59,12 +61,16 @@ pub enum SealError {
     },
 }
 
-/// The text a seal signs.
-pub fn message(sealed_seq: u64, prev: &str) -> String {
-    format!("veris-seal-v1 {sealed_seq} {prev}")
+/// The text a seal of ledger version `v` signs.
+pub fn message(v: u32, sealed_seq: u64, prev: &str, reason: &str) -> String {
+    if v >= SIGNED_REASON_SINCE {
+        format!("veris-seal-v2 {sealed_seq} {prev} {reason}")
+    } else {
+        format!("veris-seal-v1 {sealed_seq} {prev}")
+    }
 }
 
-/// The private sealing key of one state dir.
+/// One session's private sealing key, in this process's memory only.
 pub struct Sealer {
     pair: Ed25519KeyPair,
     key_id: String,
@@ -80,35 +86,9 @@ impl std::fmt::Debug for Sealer {
 }
 
 impl Sealer {
-    /// Loads `<dir>/seal.key`, or creates it (0600) when missing, and makes
-    /// sure `<dir>/ledger.pub` lists its public key.
-    pub fn load_or_create(dir: &Path) -> Result<Sealer, SealError> {
-        let path = dir.join(KEY_FILE);
-        let sealer = match std::fs::read(&path) {
-            Ok(der) => {
-                let pair = Ed25519KeyPair::from_pkcs8(&der)
-                    .or_else(|_| Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der))
-                    .map_err(|_| SealError::ParseKey { path: path.clone() })?;
-                restrict_mode(&path)?;
-                Sealer::from_pair(pair)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let doc = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
-                    .map_err(|_| SealError::Generate)?;
-                write_new_private(&path, doc.as_ref())?;
-                let pair =
-                    Ed25519KeyPair::from_pkcs8(doc.as_ref()).map_err(|_| SealError::Generate)?;
-                tracing::info!(key = %path.display(), "created the ledger seal key");
-                Sealer::from_pair(pair)
-            }
-            Err(source) => return Err(SealError::ReadKey { path, source }),
-        };
-        sealer.publish(&dir.join(PUB_FILE))?;
-        Ok(sealer)
-    }
-
-    /// A throwaway in-memory key (tests, and tools that only verify).
-    pub fn ephemeral() -> Result<Sealer, SealError> {
+    /// A fresh key for one session. It is never written anywhere: the
+    /// session's seals are the only thing it leaves.
+    pub fn generate() -> Result<Sealer, SealError> {
         let doc = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
             .map_err(|_| SealError::Generate)?;
         let pair = Ed25519KeyPair::from_pkcs8(doc.as_ref()).map_err(|_| SealError::Generate)?;
@@ -138,11 +118,12 @@ impl Sealer {
         }
     }
 
-    /// Hex signature over a chain head `(sealed_seq, prev)`.
-    pub fn sign(&self, sealed_seq: u64, prev: &str) -> String {
+    /// Hex signature over a chain head `(sealed_seq, prev)` closed for
+    /// `reason`, in the current ledger version's form.
+    pub fn sign(&self, sealed_seq: u64, prev: &str, reason: &str) -> String {
         hex(self
             .pair
-            .sign(message(sealed_seq, prev).as_bytes())
+            .sign(message(LEDGER_VERSION, sealed_seq, prev, reason).as_bytes())
             .as_ref())
     }
 
@@ -150,20 +131,21 @@ impl Sealer {
     pub fn seal(&self, sealed_seq: u64, prev: &str, reason: &str) -> Entry {
         Entry::Seal {
             sealed_seq,
-            signature: self.sign(sealed_seq, prev),
+            signature: self.sign(sealed_seq, prev, reason),
             key_id: self.key_id.clone(),
             reason: reason.to_string(),
         }
     }
 
-    /// Appends this key to `ledger.pub` unless it is listed already.
-    fn publish(&self, path: &Path) -> Result<(), SealError> {
-        let keys = PublicKeys::load(path)?;
+    /// Appends this key to `<dir>/ledger.pub` unless it is listed already.
+    pub fn publish(&self, dir: &Path) -> Result<(), SealError> {
+        let path = dir.join(PUB_FILE);
+        let keys = PublicKeys::load(&path)?;
         if keys.keys.iter().any(|k| k.key_id == self.key_id) {
             return Ok(());
         }
         let err = |source| SealError::Write {
-            path: path.to_path_buf(),
+            path: path.clone(),
             source,
         };
         let mut opts = OpenOptions::new();
@@ -171,9 +153,10 @@ impl Sealer {
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o644);
+            // A link planted at `ledger.pub` is an error, not followed.
+            opts.mode(0o644).custom_flags(libc::O_NOFOLLOW);
         }
-        let mut f = opts.open(path).map_err(err)?;
+        let mut f = opts.open(&path).map_err(err)?;
         let line = format!("ed25519 {}\n", hex(self.pair.public_key().as_ref()));
         f.write_all(line.as_bytes())
             .and_then(|()| f.sync_all())
@@ -181,40 +164,14 @@ impl Sealer {
     }
 }
 
-/// Creates a private file that must not exist yet, mode 0600 from the start.
-fn write_new_private(path: &Path, bytes: &[u8]) -> Result<(), SealError> {
-    let err = |source| SealError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut opts = OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts.open(path).map_err(err)?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(err)
-}
-
-/// An existing key that others can read is tightened to 0600 (an umask or a
-/// copy may have loosened it); the key stays valid, only its exposure ends.
-fn restrict_mode(path: &Path) -> Result<(), SealError> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let err = |source| SealError::ReadKey {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mode = std::fs::metadata(path).map_err(err)?.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            tracing::warn!(key = %path.display(), mode = format!("{mode:o}"), "seal key was readable by others; setting it to 0600");
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-        }
-    }
-    Ok(())
+/// The public key of an Ed25519 private key file (PKCS#8, as an earlier
+/// `serve` wrote `seal.key`), if `der` is one: a reader must know when the
+/// key it is asked to pin sat in a file.
+pub fn private_key_public(der: &[u8]) -> Option<PublicKey> {
+    let pair = Ed25519KeyPair::from_pkcs8(der)
+        .or_else(|_| Ed25519KeyPair::from_pkcs8_maybe_unchecked(der))
+        .ok()?;
+    Some(Sealer::from_pair(pair).public_key())
 }
 
 /// One Ed25519 public key.
@@ -279,8 +236,7 @@ impl PublicKeys {
     /// Verifies one seal signature.
     pub fn verify(
         &self,
-        sealed_seq: u64,
-        prev: &str,
+        seal: &SealFields<'_>,
         signature_hex: &str,
         key_id: &str,
     ) -> Result<(), SealFault> {
@@ -290,44 +246,87 @@ impl PublicKeys {
             .find(|k| k.key_id == key_id)
             .ok_or(SealFault::UnknownKey)?;
         let sig = unhex(signature_hex).ok_or(SealFault::BadSignature)?;
+        let text = message(seal.v, seal.sealed_seq, seal.prev, seal.reason);
         UnparsedPublicKey::new(&ED25519, &key.raw)
-            .verify(message(sealed_seq, prev).as_bytes(), &sig)
+            .verify(text.as_bytes(), &sig)
             .map_err(|_| SealFault::BadSignature)
     }
+}
+
+/// What a seal signs, as read from its line.
+#[derive(Debug, Clone, Copy)]
+pub struct SealFields<'a> {
+    /// The line's format version: it decides the signed text.
+    pub v: u32,
+    pub sealed_seq: u64,
+    pub prev: &'a str,
+    pub reason: &'a str,
 }
 
 /// Keys a reader pins (`veris receipt --key`): the trust anchor of an offline
 /// verdict. A pin is a fingerprint (the receipt's `seal key`), which selects
 /// the raw key a session line or `ledger.pub` offers only when its hash
-/// matches, or raw keys given as `ed25519 <hex>` lines.
+/// matches, or raw keys given as `ed25519 <hex>` lines. How the reader got
+/// the pin is part of it: a key read off a private key file was where a
+/// workload could have read it too ([`Pin::key_file`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Pin {
     /// Fingerprints (`key_id`) the reader trusts.
     pub fingerprints: Vec<String>,
     /// Raw keys the pin itself carried (`ed25519 <hex>` lines).
     pub keys: PublicKeys,
+    /// A private key file that holds a pinned key (the pin was read from
+    /// it, or it lies beside the ledger): that key's custody is lost.
+    pub key_file: Option<String>,
 }
 
 impl Pin {
-    /// Parses `--key`: a fingerprint, or the text of a file holding a
-    /// fingerprint or `ed25519 <hex>` lines.
+    /// Parses `--key`: a fingerprint, or the text of a file holding
+    /// fingerprints (one a line) or `ed25519 <hex>` lines.
     pub fn parse(text: &str) -> Result<Pin, SealError> {
-        let t = text.trim();
-        let fp = t.strip_prefix("sha256:").unwrap_or(t).to_ascii_lowercase();
-        if crate::hash::is_sha256_hex(&fp) {
-            return Ok(Pin {
-                fingerprints: vec![fp],
-                keys: PublicKeys::default(),
-            });
+        let mut pin = Pin::default();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let fp = line
+                .strip_prefix("sha256:")
+                .unwrap_or(line)
+                .to_ascii_lowercase();
+            if crate::hash::is_sha256_hex(&fp) {
+                pin.fingerprints.push(fp);
+            } else if let Some(k) = line
+                .strip_prefix("ed25519 ")
+                .and_then(|h| PublicKeys::from_hex(h.trim()))
+            {
+                pin.fingerprints.push(k.key_id.clone());
+                pin.keys.keys.push(k);
+            } else {
+                return Err(SealError::BadPin(line.chars().take(80).collect()));
+            }
         }
-        let keys = PublicKeys::parse(text);
-        if keys.is_empty() {
-            return Err(SealError::BadPin(t.chars().take(80).collect()));
+        if pin.fingerprints.is_empty() {
+            return Err(SealError::BadPin(text.trim().chars().take(80).collect()));
         }
-        Ok(Pin {
-            fingerprints: keys.keys.iter().map(|k| k.key_id.clone()).collect(),
-            keys,
+        Ok(pin)
+    }
+
+    /// A pin of the key in a private key file (`der`, PKCS#8), marked as
+    /// such; `None` when `der` is not an Ed25519 private key.
+    pub fn of_key_file(der: &[u8], path: &str) -> Option<Pin> {
+        let key = private_key_public(der)?;
+        Some(Pin {
+            fingerprints: vec![key.key_id.clone()],
+            keys: PublicKeys { keys: vec![key] },
+            key_file: Some(path.to_string()),
         })
+    }
+
+    /// Marks the pin when the private key file at `path` (bytes `der`)
+    /// holds a pinned key.
+    pub fn note_key_file(&mut self, der: &[u8], path: &str) {
+        if let Some(k) = private_key_public(der) {
+            if self.fingerprints.contains(&k.key_id) {
+                self.key_file = Some(path.to_string());
+            }
+        }
     }
 
     /// The pinned keys among `offered` (raw hex keys from session lines and
@@ -375,6 +374,9 @@ pub struct SealReport {
     pub faults: Vec<(u64, SealFault)>,
     /// Seq of the newest seal line that verified.
     pub last_valid: Option<u64>,
+    /// A seal that verified was written before ledger version 5, whose
+    /// signature left its `reason` out.
+    pub unsigned_reasons: bool,
 }
 
 /// Verifies every seal line in `lines` against `keys`.
@@ -394,20 +396,29 @@ impl SealReport {
             sealed_seq,
             signature,
             key_id,
-            ..
+            reason,
         } = &line.entry
         else {
             return;
         };
+        let fields = SealFields {
+            v: line.v,
+            sealed_seq: *sealed_seq,
+            prev: &line.prev,
+            reason,
+        };
         let result = if line.seq.checked_sub(1) != Some(*sealed_seq) {
             Err(SealFault::NotAdjacent)
         } else {
-            keys.verify(*sealed_seq, &line.prev, signature, key_id)
+            keys.verify(&fields, signature, key_id)
         };
         match result {
             Ok(()) => {
                 self.valid += 1;
                 self.last_valid = Some(line.seq);
+                if line.v < SIGNED_REASON_SINCE {
+                    self.unsigned_reasons = true;
+                }
             }
             // The first fault decides; the rest need no memory.
             Err(fault) if self.faults.len() < 16 => self.faults.push((line.seq, fault)),
@@ -436,7 +447,7 @@ mod tests {
 
     fn line(seq: u64, entry: Entry, prev: &str) -> Line {
         Line {
-            v: 1,
+            v: LEDGER_VERSION,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
             entry,
@@ -457,57 +468,63 @@ mod tests {
     }
 
     #[test]
-    fn key_files_are_created_private_and_reused() {
+    fn each_key_is_new_and_only_its_public_half_is_written() {
         let d = dir();
-        let a = Sealer::load_or_create(&d).unwrap();
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(d.join(KEY_FILE))
-                .unwrap()
-                .permissions()
-                .mode();
-            assert_eq!(mode & 0o777, 0o600);
-        }
-        let b = Sealer::load_or_create(&d).unwrap();
-        assert_eq!(a.key_id(), b.key_id());
+        let a = Sealer::generate().unwrap();
+        let b = Sealer::generate().unwrap();
+        assert_ne!(a.key_id(), b.key_id());
+        a.publish(&d).unwrap();
+        a.publish(&d).unwrap();
+        b.publish(&d).unwrap();
         let keys = PublicKeys::load(&d.join(PUB_FILE)).unwrap();
-        assert_eq!(keys.keys, vec![a.public_key()]);
-        // A replaced key is added; the old one stays so old seals verify.
-        std::fs::remove_file(d.join(KEY_FILE)).unwrap();
-        let c = Sealer::load_or_create(&d).unwrap();
-        assert_ne!(c.key_id(), a.key_id());
-        let keys = PublicKeys::load(&d.join(PUB_FILE)).unwrap();
-        assert_eq!(keys.keys, vec![a.public_key(), c.public_key()]);
+        assert_eq!(keys.keys, vec![a.public_key(), b.public_key()]);
+        // Nothing private beside it.
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(PUB_FILE)]);
+        // A link planted at ledger.pub is not followed.
+        let other = d.join("elsewhere");
+        std::fs::write(&other, "x").unwrap();
+        std::fs::remove_file(d.join(PUB_FILE)).unwrap();
+        std::os::unix::fs::symlink(&other, d.join(PUB_FILE)).unwrap();
+        assert!(Sealer::generate().unwrap().publish(&d).is_err());
+        assert_eq!(std::fs::read_to_string(&other).unwrap(), "x");
         let _ = std::fs::remove_dir_all(d);
     }
 
     #[test]
-    fn a_loose_key_file_is_tightened() {
-        use std::os::unix::fs::PermissionsExt;
-        let d = dir();
-        Sealer::load_or_create(&d).unwrap();
-        let key = d.join(KEY_FILE);
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-        Sealer::load_or_create(&d).unwrap();
-        let mode = std::fs::metadata(&key).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        let _ = std::fs::remove_dir_all(d);
-    }
-
-    #[test]
-    fn garbage_key_is_an_error_not_a_new_key() {
-        let d = dir();
-        std::fs::write(d.join(KEY_FILE), b"not a key").unwrap();
-        let err = Sealer::load_or_create(&d).unwrap_err();
-        assert!(matches!(err, SealError::ParseKey { .. }), "{err:?}");
-        assert_eq!(std::fs::read(d.join(KEY_FILE)).unwrap(), b"not a key");
-        let _ = std::fs::remove_dir_all(d);
+    fn a_pin_knows_when_its_key_sat_in_a_file() {
+        let doc = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+        let pin = Pin::of_key_file(doc.as_ref(), "/s/seal.key").unwrap();
+        assert_eq!(pin.key_file.as_deref(), Some("/s/seal.key"));
+        assert!(Pin::of_key_file(b"not a key", "x").is_none());
+        let mut by_print = Pin::parse(&pin.fingerprints[0]).unwrap();
+        assert_eq!(by_print.key_file, None);
+        by_print.note_key_file(b"garbage", "/s/seal.key");
+        assert_eq!(by_print.key_file, None);
+        by_print.note_key_file(doc.as_ref(), "/s/seal.key");
+        assert_eq!(by_print.key_file.as_deref(), Some("/s/seal.key"));
+        // Several fingerprints, one a line, and key lines mixed.
+        let other = Sealer::generate().unwrap();
+        let text = format!(
+            "{}\ned25519 {}\n",
+            pin.fingerprints[0],
+            other.public_key_hex()
+        );
+        let both = Pin::parse(&text).unwrap();
+        assert_eq!(
+            both.fingerprints,
+            vec![pin.fingerprints[0].clone(), other.key_id().to_string()]
+        );
+        assert!(Pin::parse("nonsense").is_err());
+        assert!(Pin::parse(&format!("{}\nnonsense", pin.fingerprints[0])).is_err());
     }
 
     #[test]
     fn seals_verify_and_tampering_is_caught() {
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let keys = PublicKeys {
             keys: vec![sealer.public_key()],
         };
@@ -534,8 +551,37 @@ mod tests {
             verify_lines(&[moved], &keys).faults,
             vec![(5, SealFault::NotAdjacent)]
         );
+        // The reason is signed: an interval seal relabelled as the final
+        // one no longer verifies.
+        let mut relabelled = l2.clone();
+        if let Entry::Seal { reason, .. } = &mut relabelled.entry {
+            *reason = "shutdown".into();
+        }
+        assert_eq!(
+            verify_lines(&[relabelled.clone()], &keys).faults,
+            vec![(2, SealFault::BadSignature)]
+        );
+        // Nor does it pass for an older line that did not sign its reason.
+        relabelled.v = 4;
+        assert_eq!(
+            verify_lines(&[relabelled], &keys).faults,
+            vec![(2, SealFault::BadSignature)]
+        );
+        // A version 4 seal (reason unsigned) still verifies, and says so.
+        let old_sig = hex(sealer
+            .pair
+            .sign(message(4, 1, &h1, "x").as_bytes())
+            .as_ref());
+        let mut old = l2.clone();
+        old.v = 4;
+        if let Entry::Seal { signature, .. } = &mut old.entry {
+            *signature = old_sig;
+        }
+        let report = verify_lines(&[old], &keys);
+        assert_eq!((report.valid, report.unsigned_reasons), (1, true));
+        assert!(!verify_lines(std::slice::from_ref(&l2), &keys).unsigned_reasons);
         // A seal by another key.
-        let other = Sealer::ephemeral().unwrap();
+        let other = Sealer::generate().unwrap();
         let l2b = line(2, other.seal(1, &h1, "demand"), &h1);
         assert_eq!(
             verify_lines(&[l2b], &keys).faults,

@@ -835,8 +835,8 @@ mod tests {
     #[test]
     fn a_v4_body_capture_line_round_trips_and_v3_lines_still_read() {
         use crate::entry::{CapturedBody, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 4);
-        assert!(READABLE_VERSIONS.contains(&3));
+        assert_eq!(LEDGER_VERSION, 5);
+        assert!(READABLE_VERSIONS.contains(&3) && READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let sha = "cd".repeat(32);
         let text = format!(

@@ -943,7 +943,7 @@ mod tests {
     fn a_sealed_ledger_is_continued_from_its_tail_and_found_by_seq() {
         let dir = TempDir::new();
         let path = dir.0.join("ledger.jsonl");
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let n = INDEX_EVERY * 3;
         sealed(&path, &sealer, n);
         let before = read(&path).unwrap();
@@ -996,7 +996,7 @@ mod tests {
     fn a_line_is_found_by_its_seq() {
         let dir = TempDir::new();
         let path = dir.0.join("ledger.jsonl");
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         sealed(&path, &sealer, 3000);
         let head = read(&path).unwrap().head.0;
         let file = open_ledger(&path).unwrap();
@@ -1019,7 +1019,7 @@ mod tests {
     /// does and what a reader of the whole file says.
     #[test]
     fn a_restart_reads_the_tail_and_readers_still_catch_history_edits() {
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let keys = own(&sealer);
         let fresh = |name: &str| {
             let dir = TempDir::new();
@@ -1130,7 +1130,7 @@ mod tests {
         // ... or a seal by another key at the end.
         let (_d, path) = fresh("c2.jsonl");
         let mut l = lines_of(&path);
-        let other = Sealer::ephemeral().unwrap();
+        let other = Sealer::generate().unwrap();
         let head = line_hash(l.last().unwrap().as_bytes());
         let seal = Line {
             v: crate::entry::LEDGER_VERSION,
@@ -1182,7 +1182,7 @@ mod tests {
         let mut sub = ledger.subscribe();
         ledger.append(session()).unwrap();
         ledger.append(request("/v1/charges")).unwrap();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let seal = ledger.seal(&sealer, "demand").unwrap();
         assert_eq!((seal.seq, seal.sealed_seq), (3, 2));
         assert_eq!(seal.head, ledger.read_head_hash_of(2));

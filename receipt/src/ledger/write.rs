@@ -66,6 +66,11 @@ const SUBSCRIBER_BUFFER: usize = 4096;
 /// One entry of the seq → offset index per this many lines.
 pub const INDEX_EVERY: u64 = 1024;
 
+/// Lines after the last seal that make a seal due at once, whatever the
+/// seal timer's interval: a crash then leaves at most this many lines (or
+/// one interval's worth) unsealed, even under load.
+pub const SEAL_EVERY_LINES: u64 = 1000;
+
 /// Write-side state, behind the write lock.
 struct Writer {
     file: File,
@@ -75,6 +80,8 @@ struct Writer {
     good_len: u64,
     /// The newest seal line written by this writer.
     last_seal: Option<SealInfo>,
+    /// Lines written since the last seal (or the open).
+    unsealed: u64,
     /// A failed append may have left bytes past `good_len` that could not
     /// be truncated yet; the next append truncates first.
     needs_truncate: bool,
@@ -198,6 +205,8 @@ struct Shared {
     path: PathBuf,
     /// Every committed line, for live readers (admin `/events`).
     committed: tokio::sync::broadcast::Sender<Committed>,
+    /// Notified when [`SEAL_EVERY_LINES`] lines wait for a seal.
+    seal_due: tokio::sync::Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -418,6 +427,35 @@ impl std::fmt::Debug for Ledger {
     }
 }
 
+/// The `request` lines of a ledger file moved aside, for the session line
+/// that names it (a crash must stay visible where people read: DESIGN
+/// §7a.18). A byte search, not a parse: the writer spells `"kind":"request"`
+/// this one way, and inside a JSON string a quote is always escaped. `None`
+/// when the file cannot be read.
+fn count_requests(path: &Path) -> Option<u64> {
+    use std::io::Read;
+    const NEEDLE: &[u8] = br#""kind":"request""#;
+    let finder = memchr::memmem::Finder::new(NEEDLE);
+    let mut file = File::open(path).ok()?;
+    let mut buf = vec![0u8; 1 << 20];
+    // Bytes carried over from the previous block, so a needle cut by the
+    // block boundary is still found once.
+    let mut keep = 0;
+    let mut n = 0u64;
+    loop {
+        let got = match file.read(&mut buf[keep..]) {
+            Ok(0) => return Some(n),
+            Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        };
+        let end = keep + got;
+        n += finder.find_iter(&buf[..end]).count() as u64;
+        keep = (NEEDLE.len() - 1).min(end);
+        buf.copy_within(end - keep..end, 0);
+    }
+}
+
 /// What the open found beyond [`OpenReport`]: why the keys asked about
 /// cannot vouch for the file (tail mode), and its head.
 struct Found {
@@ -539,6 +577,7 @@ impl Ledger {
                 head_hash: read.head.1.clone(),
                 good_len: read.good_len,
                 last_seal: None,
+                unsealed: 0,
                 needs_truncate: false,
                 identity,
                 tampered: None,
@@ -558,6 +597,7 @@ impl Ledger {
             sync_file,
             path: path.to_path_buf(),
             committed: tokio::sync::broadcast::channel(SUBSCRIBER_BUFFER).0,
+            seal_due: tokio::sync::Notify::new(),
         });
         let bg = Arc::clone(&shared);
         let syncer = std::thread::Builder::new()
@@ -626,6 +666,7 @@ impl Ledger {
         fresh.torn_tail = report.torn_tail;
         fresh.torn_saved_to = report.torn_saved_to;
         fresh.moved_aside = Some(Box::new(crate::entry::MovedAside {
+            requests: count_requests(&to),
             file: to.display().to_string(),
             head_seq: found.head.0,
             head_hash: found.head.1,
@@ -708,7 +749,7 @@ impl Ledger {
         self.check_file(&mut w)?;
         let sealed_seq = w.next_seq - 1;
         let head = w.head_hash.clone();
-        let signature = sealer.sign(sealed_seq, &head);
+        let signature = sealer.sign(sealed_seq, &head, reason);
         let entry = Entry::Seal {
             sealed_seq,
             signature: signature.clone(),
@@ -727,6 +768,7 @@ impl Ledger {
             tampered: w.tampered.clone(),
         };
         w.last_seal = Some(info.clone());
+        w.unsealed = 0;
         Ok(info)
     }
 
@@ -743,6 +785,12 @@ impl Ledger {
             return Ok(last.clone());
         }
         self.seal_locked(w, sealer, reason)
+    }
+
+    /// Resolves once [`SEAL_EVERY_LINES`] lines wait for a seal (the seal
+    /// timer's second wake-up, beside its interval).
+    pub async fn seal_due(&self) {
+        self.shared.seal_due.notified().await
     }
 
     /// What this writer found done to its file behind its back, if anything.
@@ -1003,6 +1051,10 @@ impl Writer {
         self.good_len += buf.len() as u64;
         self.head_hash = head;
         self.next_seq = seq;
+        self.unsealed += written.len() as u64;
+        if self.unsealed >= SEAL_EVERY_LINES {
+            shared.seal_due.notify_one();
+        }
         // Only live readers need the text of each line.
         let announce = shared.committed.receiver_count() > 0;
         let base = self.good_len - buf.len() as u64;

@@ -149,6 +149,9 @@ impl<'o> Builder<'o> {
         }
         if line.seq <= self.w.since {
             if let Entry::Session { .. } = &line.entry {
+                // A window that starts mid-session is sealed by this
+                // session's key.
+                self.w.evidence.enter_session(line);
                 self.session_before = Some(line.clone());
             }
             return;

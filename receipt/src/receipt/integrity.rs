@@ -64,19 +64,45 @@ pub(super) struct Evidence {
     segments: Vec<Segment>,
     /// The first session line of the window whose key custody fails.
     custody: Option<Check>,
+    /// The key the current session's line names (none before the first
+    /// session line of the window, or in a version 1 line).
+    session_key: PublicKeys,
+    /// The first session of the window sealed by its own key where the
+    /// anchor is another: `(session seq, key_id)`.
+    unpinned: Option<(u64, String)>,
 }
 
-/// The seal keys a window's seals are checked with, decided by the anchor.
+/// The seal keys a window's seals are checked with, decided by the anchor,
+/// and what a session's custody of its key is judged by.
 pub(super) struct Keys {
     keys: Result<PublicKeys, &'static str>,
     anchored: bool,
     whose: &'static str,
+    custody: Custody,
+}
+
+/// What could have signed in the proxy's place, by the anchor (DESIGN
+/// §7a.13: never a session line's own word that its key was safe).
+#[derive(Debug, Clone)]
+enum Custody {
+    /// Nothing vouched for: the seals cannot lift the verdict anyway.
+    Unanchored,
+    /// The proxy's own process judged its session.
+    InProcess,
+    /// A live proxy reached through state-dir files.
+    StateDir,
+    /// A pinned key, and the private key file it sat in, if any.
+    Pin(Option<String>),
 }
 
 impl Keys {
     pub(super) fn of(options: &Options) -> Keys {
         match &options.anchor {
-            Anchor::Live { seal, public_key } => Keys {
+            Anchor::Live {
+                seal,
+                public_key,
+                channel,
+            } => Keys {
                 keys: match PublicKeys::from_hex(public_key) {
                     Some(k) if k.key_id == seal.key_id => Ok(PublicKeys { keys: vec![k] }),
                     _ => {
@@ -85,22 +111,41 @@ impl Keys {
                 },
                 anchored: true,
                 whose: "the live proxy's key",
+                custody: match channel {
+                    LiveChannel::InProcess => Custody::InProcess,
+                    LiveChannel::StateDir => Custody::StateDir,
+                },
             },
             Anchor::Pinned(keys) => Keys {
                 keys: Ok(keys.clone()),
                 anchored: true,
                 whose: "the pinned key",
+                custody: Custody::Pin(options.pinned_key_file.clone()),
             },
             Anchor::None => Keys {
                 keys: Ok(options.hint_keys.clone().unwrap_or_default()),
                 anchored: false,
                 whose: "ledger.pub",
+                custody: Custody::Unanchored,
             },
         }
     }
 }
 
 impl Evidence {
+    /// The key a session line names seals the lines that follow it.
+    pub(super) fn enter_session(&mut self, l: &Line) {
+        if let Entry::Session { public_key, .. } = &l.entry {
+            self.session_key = PublicKeys {
+                keys: public_key
+                    .as_deref()
+                    .and_then(PublicKeys::from_hex)
+                    .into_iter()
+                    .collect(),
+            };
+        }
+    }
+
     /// One line of the window, in file order.
     pub(super) fn line(&mut self, l: &Line, keys: &Keys) {
         self.first_seq.get_or_insert(l.seq);
@@ -118,6 +163,7 @@ impl Evidence {
                 moved_aside,
                 ..
             } => {
+                self.enter_session(l);
                 if let Some(t) = recovered_torn_tail {
                     self.recovered.push(format!(
                         "torn line {} ({} bytes) set aside at restart (seq {})",
@@ -131,7 +177,7 @@ impl Evidence {
                     ));
                 }
                 if self.custody.is_none() {
-                    self.custody = custody_check(l);
+                    self.custody = custody_check(l, &keys.custody);
                 }
                 if let Some(s) = self.open.filter(|_| !self.last_was_final) {
                     self.unclosed.get_or_insert(s);
@@ -164,10 +210,24 @@ impl Evidence {
             _ => {}
         }
         match &l.entry {
-            Entry::Seal { reason, .. } => {
+            Entry::Seal { reason, key_id, .. } => {
                 self.has_seals = true;
                 if let Ok(k) = &keys.keys {
-                    self.seals.check(l, k);
+                    // A session sealed by the key its own line names, where
+                    // the anchor is another key: an earlier session of the
+                    // file (each session has a key of its own), or one the
+                    // workload appended. Its seals can show breaks, never
+                    // vouch: the session stays unverified until pinned.
+                    let own = self.session_key.find(key_id).is_some();
+                    if keys.anchored && own && k.find(key_id).is_none() {
+                        self.seals.check(l, &self.session_key);
+                        if self.unpinned.is_none() {
+                            let start = self.open.unwrap_or(l.seq);
+                            self.unpinned = Some((start, key_id.clone()));
+                        }
+                    } else {
+                        self.seals.check(l, k);
+                    }
                 }
                 self.last_was_final = reason == "shutdown";
             }
@@ -277,7 +337,7 @@ pub(super) fn integrity(
     let seals_ok = seals.status == CheckStatus::Ok;
     checks.push(seals);
     if seals_ok {
-        if let Some(c) = window_custody(&ev, facts) {
+        if let Some(c) = window_custody(&ev, facts, keys) {
             checks.push(c);
         }
     }
@@ -404,6 +464,17 @@ fn seals_check(
                 ),
             );
         }
+    }
+    if let Some((seq, key)) = &ev.unpinned {
+        return check(
+            name,
+            CheckStatus::Unverified,
+            format!(
+                "the session at seq {seq} is sealed by its own key {key}, not {whose}: every session seals with a key of its own. Next: pin that session's key too (--key FILE, one fingerprint a line)"
+            ),
+        );
+    }
+    if let Anchor::Live { seal, .. } = &options.anchor {
         return check(
             name,
             CheckStatus::Ok,
@@ -440,24 +511,32 @@ fn seals_check(
             "the seals match ledger.pub, which the workload could have written. Next: pin the seal key (--key) or read while the proxy is live",
         );
     }
+    let unsigned = if report.unsigned_reasons {
+        " (seals before ledger v5 leave their reason unsigned: that the session closed cleanly is the file's word)"
+    } else {
+        ""
+    };
     check(
         name,
         CheckStatus::Ok,
         format!(
-            "{} seal(s) by {whose}, through the final seal at seq {last}",
+            "{} seal(s) by {whose}, through the final seal at seq {last}{unsigned}",
             report.valid
         ),
     )
 }
 
-/// A key on disk is only as private as the uid that can read it: a workload
-/// sharing the proxy's uid could have re-signed everything, and (read live)
-/// could have pointed `admin.addr` at a stand-in that answers with the real
-/// key and token. Nothing in the state dir can rule that out, so neither a
-/// live read nor a pin lifts it; only the session's custody can.
-/// Every session the window covers counts, the worst deciding: a window
-/// that spans a restart is only as safe as its least guarded session.
-fn window_custody(ev: &Evidence, facts: &FileFacts<'_>) -> Option<Check> {
+/// Could something other than the proxy have signed, or answered, as the
+/// proxy? Never decided by what a session line says of itself (DESIGN
+/// §7a.13): its `key_storage: file` is believed (it says less), its
+/// `memory` proves nothing; custody comes from the anchor: a pin of a key
+/// veris printed (which only ever lived in its memory), not one read off a
+/// key file; the proxy's own process; or a live proxy reached through
+/// state-dir files, which a workload of the proxy's uid could rewrite to
+/// answer in its place. Every session the window covers counts, the worst
+/// deciding: a window that spans a restart is only as safe as its least
+/// guarded session.
+fn window_custody(ev: &Evidence, facts: &FileFacts<'_>, keys: &Keys) -> Option<Check> {
     if let Some(c) = &ev.custody {
         return Some(c.clone());
     }
@@ -467,7 +546,7 @@ fn window_custody(ev: &Evidence, facts: &FileFacts<'_>) -> Option<Check> {
         .and_then(|s| s.first)
         .is_some_and(|(_, s)| s);
     match facts.session_before.filter(|_| !starts_with_session) {
-        Some(before) => custody_check(before),
+        Some(before) => custody_check(before, &keys.custody),
         // No session line names the key's custody at all.
         None if facts.session.is_none() => Some(check(
             "custody",
@@ -478,7 +557,7 @@ fn window_custody(ev: &Evidence, facts: &FileFacts<'_>) -> Option<Check> {
     }
 }
 
-fn custody_check(session: &Line) -> Option<Check> {
+fn custody_check(session: &Line, custody: &Custody) -> Option<Check> {
     let Entry::Session {
         key_storage,
         proxy_uid,
@@ -488,23 +567,34 @@ fn custody_check(session: &Line) -> Option<Check> {
     else {
         return None;
     };
-    if key_storage.as_deref() == Some("memory") {
-        return None;
+    let unverified = |detail: String| Some(check("custody", CheckStatus::Unverified, detail));
+    if key_storage.as_deref() != Some("memory") {
+        return unverified(format!(
+            "the session at seq {} kept its seal key in a file (seal.key, veris before ledger v5), which a workload of the proxy's uid could read and re-sign with. Next: verify a session of a current veris, whose keys never touch disk",
+            session.seq
+        ));
     }
-    // Only a uid the proxy was told (`--workload-uid`) counts: the redirect
-    // exempting the proxy's uid does not show that the workload runs as
-    // another (one started as the proxy's uid is simply not redirected).
-    let detail = match (proxy_uid, workload_uid) {
-        (_, Some(0)) => "workload runs as root",
-        (Some(p), Some(wl)) if p == wl => "workload shares the proxy uid",
-        (Some(_), Some(_)) => return None,
-        _ => "workload may share the proxy uid",
-    };
-    Some(check(
-        "custody",
-        CheckStatus::Unverified,
-        format!("{detail}, which could read seal.key and admin.token and so re-sign the ledger or stand in for the live proxy. Next: use `veris run` (its key never touches disk), or run the workload as another uid and name it with `serve --workload-uid`"),
-    ))
+    match custody {
+        Custody::Unanchored | Custody::InProcess | Custody::Pin(None) => None,
+        Custody::Pin(Some(file)) => unverified(format!(
+            "the pinned key sits in the private key file {file}: whoever could read it could have re-signed the ledger. Next: pin the fingerprint veris printed for the session (its `seal key`)"
+        )),
+        Custody::StateDir => {
+            // Only a uid the proxy was told (`--workload-uid`) counts: the
+            // redirect exempting the proxy's uid does not show that the
+            // workload runs as another (one started as the proxy's uid is
+            // simply not redirected).
+            let detail = match (proxy_uid, workload_uid) {
+                (_, Some(0)) => "workload runs as root",
+                (Some(p), Some(wl)) if p == wl => "workload shares the proxy uid",
+                (Some(_), Some(_)) => return None,
+                _ => "workload may share the proxy uid",
+            };
+            unverified(format!(
+                "{detail}, which could stand in for the live proxy (admin.addr and admin.token are files of its uid). Next: once the session has ended, read it with the seal key `veris serve` logged at its start (--key), or run the workload as another uid and name it with `serve --workload-uid`"
+            ))
+        }
+    }
 }
 
 /// The canary or twin cross-check, per session of the window: for the
@@ -725,7 +815,7 @@ mod tests {
     #[test]
     fn a_finished_run_with_its_key_pinned_is_verified_offline() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let (text, _) = finished_run(&dir, &sealer, "memory", "ok");
         let i = verdict_of(&text, &pinned(&sealer, &text));
         assert_eq!(i.status, IntegrityStatus::Verified, "{i:?}");
@@ -747,7 +837,7 @@ mod tests {
     #[test]
     fn a_recorded_failed_cross_check_fails_the_receipt() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let (text, _) = finished_run(&dir, &sealer, "memory", "failed");
         let i = verdict_of(&text, &pinned(&sealer, &text));
         assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
@@ -756,7 +846,7 @@ mod tests {
     #[test]
     fn offline_forgeries_never_verify() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let (text, _) = finished_run(&dir, &sealer, "memory", "ok");
         let opts = pinned(&sealer, &text);
 
@@ -791,10 +881,19 @@ mod tests {
         assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
         assert!(i.reason.unwrap().contains("no final seal"), "cut");
 
-        // Everything re-signed with another key (the workload's own).
-        let other = Sealer::ephemeral().unwrap();
+        // Everything re-signed with another key (the workload's own), its
+        // session line naming that key: a session sealed by its own key is
+        // never vouched for by a pin of another.
+        let other = Sealer::generate().unwrap();
         let (resigned, _) = finished_run(&Dir::new(), &other, "memory", "ok");
         let i = verdict_of(&resigned, &opts);
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        assert!(i.reason.unwrap().contains("not the pinned key"));
+        // Re-signed but still naming the real key: re-sealed.
+        let mut l = lines(&resigned);
+        l[0] = l[0].replace(&other.public_key_hex(), &sealer.public_key_hex());
+        let renamed = rechain(&mut l);
+        let i = verdict_of(&renamed, &opts);
         assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
         assert!(i.reason.unwrap().contains("re-sealed"));
         // The pin resolved against the forged file alone finds no key of it.
@@ -803,18 +902,124 @@ mod tests {
         assert!(i.reason.unwrap().contains("not the ledger that key sealed"));
     }
 
+    /// A session of a veris that kept its key in `seal.key` says so, and
+    /// that is believed: no pin lifts it, whatever uid the workload had.
     #[test]
-    fn a_key_on_disk_shared_with_the_workload_caps_offline_verdicts() {
+    fn a_session_whose_key_sat_in_a_file_never_verifies() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
-        let (text, _) = finished_run(&dir, &sealer, "file", "ok");
-        let i = verdict_of(&text, &pinned(&sealer, &text));
+        let sealer = Sealer::generate().unwrap();
+        let (text, last) = finished_run(&dir, &sealer, "file", "ok");
+        for options in [pinned(&sealer, &text), live_read(&sealer, &last)] {
+            let i = verdict_of(&text, &options);
+            assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+            assert!(i.reason.unwrap().contains("kept its seal key in a file"));
+        }
+    }
+
+    /// H4: a workload of `serve`'s uid read the old `seal.key`, rewrote
+    /// the session line to say `memory`, and re-signed every seal. The
+    /// session's word is no evidence; the pin's provenance is: a key that
+    /// sits in a private key file (the pin was read from it, or it lies
+    /// beside the ledger) never gives `verified`.
+    #[test]
+    fn a_pin_of_a_key_that_sat_in_a_file_never_verifies() {
+        let dir = Dir::new();
+        let sealer = Sealer::generate().unwrap();
+        let (text, _) = finished_run(&dir, &sealer, "memory", "ok");
+        let mut options = pinned(&sealer, &text);
+        assert_eq!(
+            verdict_of(&text, &options).status,
+            IntegrityStatus::Verified
+        );
+        options.pinned_key_file = Some("/s/seal.key".into());
+        let i = verdict_of(&text, &options);
         assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
-        assert!(i.reason.unwrap().contains("workload shares the proxy uid"));
+        assert!(
+            custody(&i)
+                .unwrap()
+                .contains("private key file /s/seal.key"),
+            "{i:?}"
+        );
+    }
+
+    /// Every session seals with a key of its own. A pin vouches for the
+    /// sessions that key sealed; the others of a window stay unverified
+    /// (never failed: a restart is no forgery), and a session the workload
+    /// appends with a key of its own after the real final seal is one of
+    /// those.
+    #[test]
+    fn each_session_is_verified_by_a_pin_of_its_own_key() {
+        let dir = Dir::new();
+        let first = Sealer::generate().unwrap();
+        let second = Sealer::generate().unwrap();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        for sealer in [&first, &second] {
+            ledger
+                .append(session(sealer, "memory", (1000, 1000)))
+                .unwrap();
+            ledger.append(request("/v1/charges")).unwrap();
+            ledger.append(recorded("canary", "ok")).unwrap();
+            ledger.append(recorded("twin_cross_check", "ok")).unwrap();
+            ledger.seal(sealer, "shutdown").unwrap();
+        }
+        drop(ledger);
+        let text = std::fs::read_to_string(&path).unwrap();
+        // The latest session, pinned: verified.
+        let latest = pinned(&second, &text);
+        assert_eq!(verdict_of(&text, &latest).status, IntegrityStatus::Verified);
+        // The whole file with one pin: the other session is unverified.
+        let mut all = latest.clone();
+        all.scope = WindowSpec::All;
+        let i = verdict_of(&text, &all);
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        assert!(
+            i.reason.as_deref().unwrap().contains(&format!(
+                "session at seq 1 is sealed by its own key {}",
+                first.key_id()
+            )),
+            "{i:?}"
+        );
+        // Both pinned: verified.
+        let both = Pin::parse(&format!("{}\n{}", first.key_id(), second.key_id())).unwrap();
+        all.anchor = Anchor::Pinned(both.select([
+            first.public_key_hex().as_str(),
+            second.public_key_hex().as_str(),
+        ]));
+        assert_eq!(verdict_of(&text, &all).status, IntegrityStatus::Verified);
+        // The latest session read with a pin of the first alone.
+        let old_pin = pinned(&first, &text);
+        let i = verdict_of(&text, &old_pin);
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+
+        // The workload appends a session of its own, well chained, sealed
+        // by its own key, after the real final seal.
+        let forger = Sealer::generate().unwrap();
+        let (extra, _) = finished_run(&Dir::new(), &forger, "memory", "ok");
+        let mut l = lines(&text);
+        let n = l.len() as u64;
+        for (k, mut line) in lines(&extra).into_iter().enumerate() {
+            let seq_at = line.find(",\"seq\":").unwrap();
+            let rest = &line[seq_at + 7..];
+            let end = rest.find(',').unwrap();
+            let old: u64 = rest[..end].parse().unwrap();
+            line = format!("{},\"seq\":{}{}", &line[..seq_at], n + old, &rest[end..]);
+            if let Some(s) = line.find("\"sealed_seq\":") {
+                let rest = &line[s + 13..];
+                let end = rest.find(',').unwrap();
+                let old: u64 = rest[..end].parse().unwrap();
+                line = format!("{}\"sealed_seq\":{}{}", &line[..s], n + old, &rest[end..]);
+            }
+            let _ = k;
+            l.push(line);
+        }
+        let appended = rechain(&mut l);
+        let i = verdict_of(&appended, &pinned(&second, &appended));
+        assert_ne!(i.status, IntegrityStatus::Verified, "{i:?}");
     }
 
     fn session_of(sealer: &Sealer, tier: ListenerTier, uids: (Option<u32>, Option<u32>)) -> Entry {
-        let mut e = session(sealer, "file", (0, 0));
+        let mut e = session(sealer, "memory", (0, 0));
         if let Entry::Session {
             tier: t,
             proxy_uid,
@@ -828,19 +1033,21 @@ mod tests {
         e
     }
 
-    /// Each session: its line, a request, its final seal.
-    fn sessions(dir: &Dir, sealer: &Sealer, lines: Vec<Entry>) -> String {
+    /// Each session: its line, a request, its final seal. Returns the text
+    /// and the last seal (a live reader's anchor).
+    fn sessions(dir: &Dir, sealer: &Sealer, lines: Vec<Entry>) -> (String, SealInfo) {
         let path = dir.0.join("ledger.jsonl");
         let (ledger, _) = Ledger::open(&path).unwrap();
+        let mut last = None;
         for session in lines {
             ledger.append(session).unwrap();
             ledger.append(request("/v1/charges")).unwrap();
             ledger.append(recorded("canary", "ok")).unwrap();
             ledger.append(recorded("twin_cross_check", "ok")).unwrap();
-            ledger.seal(sealer, "shutdown").unwrap();
+            last = Some(ledger.seal(sealer, "shutdown").unwrap());
         }
         drop(ledger);
-        std::fs::read_to_string(&path).unwrap()
+        (std::fs::read_to_string(&path).unwrap(), last.unwrap())
     }
 
     fn custody(i: &Integrity) -> Option<String> {
@@ -850,15 +1057,16 @@ mod tests {
             .map(|c| c.detail.clone())
     }
 
-    /// A restart that adds `--workload-uid` does not vouch for the session
-    /// before it: a window spanning both is as weak as the weaker one, also
-    /// when it starts inside the weak session (a baseline).
+    /// Read live through state-dir files, a restart that adds
+    /// `--workload-uid` does not vouch for the session before it: a window
+    /// spanning both is as weak as the weaker one, also when it starts
+    /// inside the weak session (a baseline).
     #[test]
     fn every_session_of_the_window_counts_for_custody() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let explicit = ListenerTier::Explicit;
-        let text = sessions(
+        let (text, last) = sessions(
             &dir,
             &sealer,
             vec![
@@ -866,7 +1074,7 @@ mod tests {
                 session_of(&sealer, explicit, (Some(1000), Some(2000))),
             ],
         );
-        let mut all = pinned(&sealer, &text);
+        let mut all = live_read(&sealer, &last);
         all.scope = WindowSpec::All;
         let i = verdict_of(&text, &all);
         assert!(
@@ -881,16 +1089,22 @@ mod tests {
         since.scope = WindowSpec::Since(2);
         assert!(custody(&verdict_of(&text, &since)).is_some());
         // The latest session alone has its workload uid.
-        let latest = pinned(&sealer, &text);
+        let latest = live_read(&sealer, &last);
         assert_eq!(custody(&verdict_of(&text, &latest)), None);
+        // A pin needs no uid: the key never left the proxy's memory.
+        let mut pin_all = pinned(&sealer, &text);
+        pin_all.scope = WindowSpec::All;
+        assert_eq!(custody(&verdict_of(&text, &pin_all)), None);
         // A baseline inside the latest session.
         let mut inside = all;
         inside.scope = WindowSpec::Since(7);
         assert_eq!(custody(&verdict_of(&text, &inside)), None);
     }
 
-    /// The transparent tier's redirect exempts the proxy uid, which does not
-    /// show that the workload runs as another; root can read any key.
+    /// Read live through state-dir files: the transparent tier's redirect
+    /// exempts the proxy uid, which does not show that the workload runs as
+    /// another; root can rewrite any file. A pin of the in-memory key, or
+    /// the proxy's own process, needs no uid.
     #[test]
     fn only_a_named_other_uid_keeps_the_key_from_the_workload() {
         let cases = [
@@ -919,9 +1133,12 @@ mod tests {
         ];
         for (tier, uids, want) in cases {
             let dir = Dir::new();
-            let sealer = Sealer::ephemeral().unwrap();
-            let text = sessions(&dir, &sealer, vec![session_of(&sealer, tier, uids)]);
-            let got = custody(&verdict_of(&text, &pinned(&sealer, &text)));
+            let sealer = Sealer::generate().unwrap();
+            let (text, last) = sessions(&dir, &sealer, vec![session_of(&sealer, tier, uids)]);
+            assert_eq!(custody(&verdict_of(&text, &pinned(&sealer, &text))), None);
+            let own = in_process(live_read(&sealer, &last));
+            assert_eq!(custody(&verdict_of(&text, &own)), None);
+            let got = custody(&verdict_of(&text, &live_read(&sealer, &last)));
             match want {
                 Some(w) => assert!(
                     got.as_deref().is_some_and(|g| g.contains(w)),
@@ -938,6 +1155,7 @@ mod tests {
             anchor: Anchor::Live {
                 seal: last.clone(),
                 public_key: sealer.public_key_hex(),
+                channel: LiveChannel::StateDir,
             },
             until: Some(last.seq),
             proxy_live: true,
@@ -945,13 +1163,21 @@ mod tests {
         }
     }
 
+    /// A live read by the proxy's own process (`veris run`'s end).
+    fn in_process(mut options: Options) -> Options {
+        if let Anchor::Live { channel, .. } = &mut options.anchor {
+            *channel = LiveChannel::InProcess;
+        }
+        options
+    }
+
     /// Read live, the answer comes from whatever `admin.addr` names, which a
-    /// workload holding the key and token could have pointed at itself.
+    /// workload of the proxy's uid could have pointed at a stand-in.
     #[test]
-    fn a_key_on_disk_shared_with_the_workload_caps_live_verdicts_too() {
+    fn a_live_read_through_state_dir_files_needs_another_workload_uid() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
-        let (text, last) = finished_run(&dir, &sealer, "file", "ok");
+        let sealer = Sealer::generate().unwrap();
+        let (text, last) = finished_run(&dir, &sealer, "memory", "ok");
         let live = live_read(&sealer, &last);
         let i = verdict_of(&text, &live);
         assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
@@ -961,15 +1187,15 @@ mod tests {
     #[test]
     fn the_live_anchor_demands_the_proxys_own_seal_line() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let (text, last) = finished_run(&dir, &sealer, "memory", "ok");
-        let live = live_read(&sealer, &last);
+        let live = in_process(live_read(&sealer, &last));
         let i = verdict_of(&text, &live);
         assert_eq!(i.status, IntegrityStatus::Verified, "{i:?}");
 
         // The workload wrote its own ledger of the same length, sealed with
         // its own key, and put it in place: the seal at that seq is not ours.
-        let other = Sealer::ephemeral().unwrap();
+        let other = Sealer::generate().unwrap();
         let (forged, _) = finished_run(&Dir::new(), &other, "memory", "ok");
         let i = verdict_of(&forged, &live);
         assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
@@ -992,7 +1218,7 @@ mod tests {
     #[test]
     fn the_writer_notices_its_file_replaced_cut_or_extended() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let path = dir.0.join("ledger.jsonl");
         let (ledger, _) = Ledger::open(&path).unwrap();
         ledger.append(session(&sealer, "memory", (1, 1))).unwrap();
@@ -1037,7 +1263,7 @@ mod tests {
     #[test]
     fn a_restarted_proxy_never_continues_history_it_cannot_verify() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let own = PublicKeys {
             keys: vec![sealer.public_key()],
         };

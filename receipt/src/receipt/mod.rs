@@ -330,6 +330,10 @@ pub struct Options {
     /// Results of checks run outside this crate (`canary`,
     /// `twin_cross_check`); a check named here replaces the recorded one.
     pub external_checks: Vec<Check>,
+    /// A private key file that holds a pinned key (the pin was read from
+    /// it, or it lies beside the ledger): that key was where the workload
+    /// could read it, so the pin vouches for nothing (DESIGN §7a.13).
+    pub pinned_key_file: Option<String>,
 }
 
 /// Which lines a receipt covers.
@@ -352,10 +356,29 @@ pub enum Anchor {
     None,
     /// The live proxy's own chain head: the seal it appended for this read
     /// (with the hash of that seal line) and the raw public key (hex) it
-    /// reported over its authenticated admin API.
-    Live { seal: SealInfo, public_key: String },
+    /// reported, and how the reader reached it.
+    Live {
+        seal: SealInfo,
+        public_key: String,
+        channel: LiveChannel,
+    },
     /// Keys the reader pinned (`--key`), already selected by fingerprint.
     Pinned(PublicKeys),
+}
+
+/// How a live reader reached the proxy whose chain head anchors its read:
+/// what decides whether the workload could have answered in its place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LiveChannel {
+    /// The proxy judges its own session in its own process (`veris run`).
+    InProcess,
+    /// Through `admin.addr` and `admin.token` in the state dir: a workload
+    /// that can write them could answer as the proxy. A pin does not lift
+    /// this: the seal would be genuine, but the live checks (canary, twin
+    /// cross-check) go to the endpoints the answer names. Offline, the
+    /// checks the proxy recorded before its final seal count instead.
+    #[default]
+    StateDir,
 }
 
 impl Receipt {
