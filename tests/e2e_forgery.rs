@@ -780,3 +780,63 @@ with open(os.path.join(state, "ledger.pub"), "w") as f:
     f.write("ed25519 " + raw.hex() + "\n")
 print(fp)
 "#;
+
+/// H4 (a crash is visible): `serve` is killed with lines after its last
+/// seal (a crash mid-traffic; the test adds the unsealed line a crash
+/// leaves, since the seal timer may have covered the real ones). The
+/// restart moves the file aside; the new session's text receipt, and
+/// `--all`, name it with its request count and how to read it.
+#[test]
+fn a_crashed_session_is_named_in_the_text_receipt_after_a_restart() {
+    let mut serve = Serve::start("crash", &[]);
+    for _ in 0..3 {
+        assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
+    }
+    serve.process.signal("KILL");
+    let _ = serve.process.wait_timeout(DEADLINE);
+    let ledger = serve.ledger();
+    let mut lines: Vec<String> = std::fs::read_to_string(&ledger)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let mut unsealed = json(
+        lines
+            .iter()
+            .find(|l| l.contains("\"kind\":\"request\""))
+            .unwrap(),
+    );
+    unsealed["seq"] = (lines.len() as u64 + 1).into();
+    unsealed["prev"] = veris_receipt::ledger::line_hash(lines.last().unwrap().as_bytes()).into();
+    lines.push(serde_json::to_string(&unsealed).unwrap());
+    std::fs::write(&ledger, lines.join("\n") + "\n").unwrap();
+
+    let mut proxy = restart(&serve.state, "crash-restart");
+    let aside = serve.state.join("ledger.jsonl.moved-1");
+    assert!(aside.exists());
+    for extra in [&[][..], &["--all"]] {
+        let (_, stdout) = receipt_live(&serve.state, extra);
+        // How many lines the seal timer covered before the kill varies.
+        let line = stdout
+            .lines()
+            .find(|l| {
+                l.starts_with(
+                    "  set aside at seq 1: an earlier ledger this proxy could not verify (",
+                )
+            })
+            .unwrap_or_else(|| panic!("{extra:?}: {stdout}"));
+        assert!(line.contains("line(s) after the last seal (seq "), "{line}");
+        let tail = format!(
+            ", 4 request(s) in it). Read it: veris receipt --all --ledger {}",
+            aside.display()
+        );
+        assert!(line.ends_with(&tail), "{line}");
+    }
+    proxy.signal("TERM");
+    proxy.wait();
+    // What it points at works, and says what it can.
+    let out = output(veris(["receipt", "--all", "--ledger"]).arg(&aside));
+    let stdout = text(&out).0;
+    assert!(stdout.contains("4 request(s) reached the twin"), "{stdout}");
+    assert!(!stdout.contains("integrity: verified"), "{stdout}");
+}

@@ -408,6 +408,36 @@ mod tests {
         assert::<Ledger>();
     }
 
+    /// A seal is due once a thousand lines wait, whatever the timer: a
+    /// crash under load then leaves at most that many lines unsealed. A
+    /// moved-aside file's request lines are counted for the session line.
+    #[test]
+    fn a_thousand_unsealed_lines_make_a_seal_due() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        // Ready at its first poll: a permit is waiting.
+        let due = |ledger: &Ledger| {
+            use std::future::Future;
+            let fut = std::pin::pin!(ledger.seal_due());
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            fut.poll(&mut cx).is_ready()
+        };
+        for _ in 0..999 {
+            ledger.append(request("/v1/charges")).unwrap();
+        }
+        assert!(!due(&ledger), "due before a thousand lines");
+        ledger.append(request("/v1/charges")).unwrap();
+        assert!(due(&ledger), "not due after a thousand lines");
+        let sealer = crate::seal::Sealer::generate().unwrap();
+        ledger.seal(&sealer, "interval").unwrap();
+        ledger.append(request("/v1/charges")).unwrap();
+        assert!(!due(&ledger), "due again right after a seal");
+        drop(ledger);
+        // The byte count over block boundaries: 1,001 request lines.
+        assert_eq!(super::write::count_requests(&path), Some(1001));
+    }
+
     #[test]
     fn appends_chain_and_verify() {
         let dir = TempDir::new();

@@ -432,7 +432,7 @@ impl std::fmt::Debug for Ledger {
 /// §7a.18). A byte search, not a parse: the writer spells `"kind":"request"`
 /// this one way, and inside a JSON string a quote is always escaped. `None`
 /// when the file cannot be read.
-fn count_requests(path: &Path) -> Option<u64> {
+pub(super) fn count_requests(path: &Path) -> Option<u64> {
     use std::io::Read;
     const NEEDLE: &[u8] = br#""kind":"request""#;
     let finder = memchr::memmem::Finder::new(NEEDLE);
@@ -1051,8 +1051,10 @@ impl Writer {
         self.good_len += buf.len() as u64;
         self.head_hash = head;
         self.next_seq = seq;
-        self.unsealed += written.len() as u64;
-        if self.unsealed >= SEAL_EVERY_LINES {
+        // A seal line is not a line waiting for one.
+        let added = written.iter().filter(|w| w.4 != "seal").count() as u64;
+        self.unsealed += added;
+        if added > 0 && self.unsealed >= SEAL_EVERY_LINES {
             shared.seal_due.notify_one();
         }
         // Only live readers need the text of each line.

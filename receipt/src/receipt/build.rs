@@ -339,8 +339,10 @@ impl<'o> Builder<'o> {
             session_before: self.session_before.as_ref(),
             live_seal_found: self.live_seal == Some(true),
         };
+        let mut evidence = w.evidence;
+        let set_aside = std::mem::take(&mut evidence.set_aside);
         let integrity =
-            super::integrity::integrity(w.evidence, &self.keys, &facts, self.options, &window);
+            super::integrity::integrity(evidence, &self.keys, &facts, self.options, &window);
         let (twin, mode, tier, isolation, seal_key) = match self.session.as_ref().map(|l| &l.entry)
         {
             Some(Entry::Session {
@@ -386,6 +388,7 @@ impl<'o> Builder<'o> {
             upstream_errors: w.upstream_errors,
             seal_key,
             reserved_paths: w.reserved_paths,
+            set_aside,
         }
     }
 }

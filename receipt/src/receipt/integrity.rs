@@ -50,6 +50,8 @@ struct Segment {
 pub(super) struct Evidence {
     recovered: Vec<String>,
     moved: Vec<String>,
+    /// The same, for the receipt's `set_aside`.
+    pub(super) set_aside: Vec<SetAside>,
     tampered: Vec<String>,
     redirects: Vec<String>,
     has_seals: bool,
@@ -171,10 +173,19 @@ impl Evidence {
                     ));
                 }
                 if let Some(m) = moved_aside {
+                    let requests = m
+                        .requests
+                        .map_or(String::new(), |n| format!(", {n} request(s)"));
                     self.moved.push(format!(
-                        "an earlier ledger the proxy could not verify ({}) was moved to {} (head seq {}, hash {}) before seq {}",
+                        "an earlier ledger the proxy could not verify ({}) was moved to {} (head seq {}, hash {}{requests}) before seq {}",
                         m.why, m.file, m.head_seq, m.head_hash, l.seq
                     ));
+                    self.set_aside.push(SetAside {
+                        file: m.file.clone(),
+                        requests: m.requests,
+                        why: m.why.clone(),
+                        before_seq: l.seq,
+                    });
                 }
                 if self.custody.is_none() {
                     self.custody = custody_check(l, &keys.custody);

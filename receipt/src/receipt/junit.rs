@@ -347,6 +347,7 @@ mod tests {
             upstream_errors: Vec::new(),
             seal_key: None,
             reserved_paths: BTreeMap::new(),
+            set_aside: Vec::new(),
         }
     }
 

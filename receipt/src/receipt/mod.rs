@@ -106,6 +106,26 @@ pub struct Receipt {
     /// surface, dot-segment paths), per `service METHOD /path`: never vendor calls.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub reserved_paths: BTreeMap<String, u64>,
+    /// Ledgers a restarting proxy could not verify and moved aside (a crash
+    /// leaves one), named by the window's session lines: their requests are
+    /// in no window of this file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set_aside: Vec<SetAside>,
+}
+
+/// A ledger moved aside at a restart, as the new session line names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAside {
+    /// Where it is now.
+    pub file: String,
+    /// Its request lines when it was moved (a hint: the file is not sealed
+    /// by this chain), absent before ledger v5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<u64>,
+    /// Why the proxy could not continue it.
+    pub why: String,
+    /// Seq of the session line that names it.
+    pub before_seq: u64,
 }
 
 /// The ledger lines summarized: `since_seq < seq <= until_seq`.

@@ -111,6 +111,18 @@ pub fn render_text(r: &Receipt) -> String {
     if let Some(key) = &r.seal_key {
         let _ = writeln!(out, "  seal key: {key}");
     }
+    // A crash and the restart after it: what the earlier ledger held is in
+    // no window of this file, so it is named where people read.
+    for a in &r.set_aside {
+        let held = a
+            .requests
+            .map_or(String::new(), |n| format!(", {n} request(s) in it"));
+        let _ = writeln!(
+            out,
+            "  set aside at seq {}: an earlier ledger this proxy could not verify ({}{held}). Read it: veris receipt --all --ledger {}",
+            a.before_seq, a.why, a.file
+        );
+    }
     out.push('\n');
 
     let total = r.total_requests();
