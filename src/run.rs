@@ -99,6 +99,20 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     // First, so that a report left by an earlier run is gone even when this
     // one stops at a usage error (which then gets a report of its own).
     let junit = Junit::start(args.junit.as_deref(), "veris run")?;
+    let receipt_file = args.receipt.clone();
+    if let Some(path) = &receipt_file {
+        // Likewise a receipt left by an earlier run (unlinked, never
+        // followed): a run that ends without one leaves none behind.
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => bail!(
+                "--receipt {}: is a directory. Next: pass --receipt a file path",
+                path.display()
+            ),
+            Ok(_) => std::fs::remove_file(path)
+                .with_context(|| format!("--receipt {}: cannot replace it", path.display()))?,
+            Err(_) => {}
+        }
+    }
     let ended = async {
         let reqs = args.require.parse()?;
         // Checked before anything starts: a typo must not cost a whole run.
@@ -106,28 +120,55 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         run_with(args, &reqs).await
     }
     .await;
-    let Some(junit) = junit else {
-        return ended.map(|e| match e {
-            Ended::Judged { exit, .. } | Ended::NotStarted { exit, .. } => exit,
-        });
-    };
     match ended {
         Ok(Ended::Judged {
             report,
             status,
             exit,
         }) => {
-            junit.write(&report, Some(status))?;
-            Ok(exit)
+            // The text receipt is out already; each file is written even
+            // when another cannot be, and the first failure decides the exit.
+            let mut failures = Vec::new();
+            if let Some(path) = &receipt_file {
+                let json = serde_json::to_vec_pretty(&report.receipt).map(|mut j| {
+                    j.push(b'\n');
+                    j
+                })?;
+                if let Err(e) = veris_ca::fsutil::write_file(path, &json, 0o600) {
+                    failures.push(anyhow::anyhow!(e).context(format!(
+                        "writing receipt {}. Next: pass --receipt a file path in a directory veris can write",
+                        path.display()
+                    )));
+                }
+            }
+            if let Some(junit) = &junit {
+                if let Err(e) = junit.write(&report, Some(status)) {
+                    failures.push(e);
+                }
+            }
+            let mut failures = failures.into_iter();
+            match failures.next() {
+                None => Ok(exit),
+                Some(first) => {
+                    for other in failures {
+                        eprintln!("veris: {other:#}");
+                    }
+                    Err(first)
+                }
+            }
         }
         Ok(Ended::NotStarted { exit, why }) => {
-            junit.write_error(&why)?;
+            if let Some(junit) = &junit {
+                junit.write_error(&why)?;
+            }
             Ok(exit)
         }
         Err(e) => {
             // CI reads the report whatever happened; the error decides the exit.
-            if let Err(write) = junit.write_error(&format!("{e:#}")) {
-                eprintln!("veris: {write:#}");
+            if let Some(junit) = &junit {
+                if let Err(write) = junit.write_error(&format!("{e:#}")) {
+                    eprintln!("veris: {write:#}");
+                }
             }
             Err(e)
         }
@@ -191,11 +232,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let finished = stack.finish_with(canary).await?;
     let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, reqs, args.require.allow_empty);
-    // The file first: whatever happens to stderr, the receipt is kept.
-    if let Some(path) = &args.receipt {
-        write_private(path, &serde_json::to_vec_pretty(&report.receipt)?)
-            .with_context(|| format!("writing receipt {}", path.display()))?;
-    }
+    // The text first, whatever then happens to the files (DESIGN §7a.15).
     crate::sys::blocking_stdio();
     eprint!("{}", report.text);
     eprintln!(
@@ -492,20 +529,6 @@ fn forward(pgid: Option<u32>, signal: i32) {
             warn!(error = %e, "cannot forward the signal to the child");
         }
     }
-}
-
-fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)?;
-    f.write_all(b"\n")?;
-    f.sync_all()
 }
 
 #[cfg(test)]
