@@ -185,6 +185,11 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         return Ok(Ended::NotStarted { exit, why });
     }
     let started = std::time::Instant::now();
+    // Before anything is started: whatever the command leaves behind
+    // (a `setsid` daemon included) becomes ours to end (DESIGN §7a.14).
+    if let Err(e) = crate::sys::become_subreaper() {
+        warn!(error = %e, "cannot become the subreaper of the command's processes");
+    }
     let (confinement, isolation) = confine(&args).await?;
     let landlock = matches!(confinement, Confinement::Landlock);
     let serve = ServeArgs::with_defaults(args.proxy.clone());
@@ -198,6 +203,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
             match isolated(isolation, &stack, vars, &args.trust_file, started).await {
                 Ok(done) => done,
                 Err(e) => {
+                    end_leftovers().await;
                     stack.finish().await?;
                     return Err(e);
                 }
@@ -222,6 +228,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
             match explicit(&command, vars, stack.file_limit).await {
                 Ok(code) => (code, None),
                 Err(e) => {
+                    end_leftovers().await;
                     stack.finish().await?;
                     return Err(e);
                 }
@@ -229,7 +236,11 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         }
     };
 
-    let finished = stack.finish_with(canary).await?;
+    // Nothing the command started may outlive it (DESIGN §7a.14): ended
+    // before the final seal, so the check is recorded under it, and before
+    // any report is written, so nothing can rewrite one afterwards.
+    let leftovers = end_leftovers().await;
+    let finished = stack.finish_with(canary, vec![leftovers]).await?;
     let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, reqs, args.require.allow_empty);
     // The text first, whatever then happens to the files (DESIGN §7a.15).
@@ -523,6 +534,53 @@ pub fn finished_receipt(f: &Finished) -> Result<(LedgerRead, Options)> {
     Ok((read, options))
 }
 
+/// How long the command's leftover processes get after SIGTERM before
+/// SIGKILL, and how long the whole ending may take.
+const LEFTOVER_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+const LEFTOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Ends every process the command left running, and says so as the
+/// `descendants` check: `ok` when none is left, `unverified` naming each
+/// one that could not be ended (it could still rewrite this run's files or
+/// send traffic after its window).
+async fn end_leftovers() -> Check {
+    let ending = tokio::task::spawn_blocking(|| {
+        crate::sys::end_descendants(LEFTOVER_GRACE, LEFTOVER_DEADLINE)
+    })
+    .await
+    .unwrap_or_default();
+    leftover_check(&ending)
+}
+
+fn leftover_check(ending: &crate::sys::Ending) -> Check {
+    use veris_receipt::receipt::CheckStatus;
+    if ending.left.is_empty() {
+        return Check {
+            name: "descendants".into(),
+            status: CheckStatus::Ok,
+            detail: match ending.ended {
+                0 => "the command left no process running".into(),
+                n => format!("the command left {n} process(es) running; veris ended them before writing the receipt"),
+            },
+        };
+    }
+    let named: Vec<String> = ending
+        .left
+        .iter()
+        .map(|p| format!("pid {} ({:?}, state {})", p.pid, p.name, p.state))
+        .collect();
+    warn!(processes = %named.join(", "), "processes of the command could not be ended");
+    Check {
+        name: "descendants".into(),
+        status: CheckStatus::Unverified,
+        detail: format!(
+            "{} process(es) the command started outlived it and could not be ended: {}; they may still send traffic or rewrite this run's files",
+            named.len(),
+            named.join(", ")
+        ),
+    }
+}
+
 fn forward(pgid: Option<u32>, signal: i32) {
     if let Some(pgid) = pgid {
         if let Err(e) = crate::sys::kill_group(pgid, signal) {
@@ -560,6 +618,36 @@ mod tests {
         assert_eq!(findable("veris-no-such-command").unwrap_err().0, 127);
         assert_eq!(findable("/no/such/file").unwrap_err().0, 127);
         assert_eq!(findable("/etc/passwd").unwrap_err().0, 126);
+    }
+
+    #[test]
+    fn a_process_that_could_not_be_ended_is_named_in_quotes() {
+        use crate::sys::{Descendant, Ending};
+        let none = leftover_check(&Ending::default());
+        assert_eq!(none.status, veris_receipt::receipt::CheckStatus::Ok);
+        let ended = leftover_check(&Ending {
+            ended: 2,
+            left: Vec::new(),
+        });
+        assert!(
+            ended.detail.contains("left 2 process(es)"),
+            "{}",
+            ended.detail
+        );
+        let left = leftover_check(&Ending {
+            ended: 1,
+            left: vec![Descendant {
+                pid: 42,
+                name: "x\nFAIL: y".into(),
+                state: 'D',
+            }],
+        });
+        assert_eq!(left.status, veris_receipt::receipt::CheckStatus::Unverified);
+        assert!(
+            left.detail.contains(r#"pid 42 ("x\nFAIL: y", state D)"#),
+            "{}",
+            left.detail
+        );
     }
 
     #[test]

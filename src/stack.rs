@@ -592,12 +592,18 @@ impl Stack {
     /// log while the twin still answers, records both checks in the ledger,
     /// appends the final seal over all of it, then stops the rest.
     pub async fn finish(self) -> Result<Finished> {
-        self.finish_with(None).await
+        self.finish_with(None, Vec::new()).await
     }
 
     /// [`Stack::finish`], with the canary already probed by whoever can
-    /// reach the interception path (an isolated run's init step, inside).
-    pub async fn finish_with(self, probed_canary: Option<Check>) -> Result<Finished> {
+    /// reach the interception path (an isolated run's init step, inside),
+    /// and further checks of the caller's (`veris run`'s `descendants`),
+    /// recorded with the others before the final seal.
+    pub async fn finish_with(
+        self,
+        probed_canary: Option<Check>,
+        more: Vec<Check>,
+    ) -> Result<Finished> {
         let canary = match (probed_canary, self.identity.tier) {
             (Some(probed), _) => probed,
             (None, ListenerTier::Explicit) => {
@@ -652,7 +658,8 @@ impl Stack {
             false,
         )
         .await;
-        let checks = vec![canary, twin];
+        let mut checks = vec![canary, twin];
+        checks.extend(more);
         for c in &checks {
             let entry = Entry::Check {
                 name: c.name.clone(),

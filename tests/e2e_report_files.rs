@@ -1,6 +1,12 @@
-//! End-to-end tests of DESIGN §7a rule 15, with the command under
+//! End-to-end tests of DESIGN §7a rules 14 and 15, with the command under
 //! `veris run` as the attacker (it runs as veris's own uid):
 //!
+//! - **Nothing of the command outlives it.** A `setsid` grandchild that
+//!   ignores SIGTERM, waits until veris is done and then rewrites the
+//!   `--junit` and `--receipt` files and prints a forged receipt is ended
+//!   before veris writes its reports — in the isolated, confined and
+//!   explicit tiers. It holds a `flock` on a file while it lives, so "is it
+//!   dead?" is a non-blocking lock attempt, not a sleep.
 //! - **Report files are veris's alone.** The command replaces `--receipt`
 //!   and `--junit` with a FIFO (a regression hangs; the run has a
 //!   deadline), a symlink to another file (which must stay untouched), a
@@ -13,11 +19,11 @@ mod support;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{output_within, skip, text, veris, TempDir};
+use support::{output_within, skip, text, tool_works, veris, wait_for, Guard, TempDir, DEADLINE};
 
 /// The deadline of one `veris run`: a hang fails the test instead.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -26,6 +32,167 @@ fn euid() -> u32 {
     std::fs::metadata("/proc/self")
         .expect("stat /proc/self")
         .uid()
+}
+
+/// A `veris run` whose stdout and stderr go to files: a leftover process
+/// holding a pipe could otherwise keep the test waiting for EOF.
+struct Run {
+    code: Option<i32>,
+    stderr: String,
+    stderr_path: PathBuf,
+}
+
+fn run_to_files(dir: &TempDir, flags: &[&str], child: &[&str]) -> Run {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let err_path = dir.join(format!("veris-{n}.stderr"));
+    let mut cmd = veris(["run", "--state-dir"]);
+    cmd.arg(dir.join("state"))
+        .args(flags)
+        .arg("--")
+        .args(child)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(dir.join(format!("veris-{n}.stdout"))).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    let mut guard = Guard::spawn(&mut cmd);
+    let status = guard.wait_timeout(RUN_TIMEOUT).unwrap_or_else(|| {
+        panic!(
+            "veris run did not finish within {RUN_TIMEOUT:?}; stderr:\n{}",
+            std::fs::read_to_string(&err_path).unwrap_or_default()
+        )
+    });
+    Run {
+        code: status.code(),
+        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
+        stderr_path: err_path,
+    }
+}
+
+/// Whether nobody holds a lock on `path` (`flock -n` gets it at once).
+fn unlocked(path: &Path) -> bool {
+    Command::new("flock")
+        .args(["-n", "-E", "99"])
+        .arg(path)
+        .arg("true")
+        .status()
+        .expect("running flock")
+        .success()
+}
+
+/// The grandchild: a new session (`setsid`), holding `$1` locked while it
+/// lives, deaf to SIGTERM; it marks `$2` once running, waits for `$3` (at
+/// most ~10 s), then rewrites `$4` and `$5` and prints a forged receipt.
+/// Its parent waits for the mark and exits 0.
+const LEFTOVER: &str = r#"
+setsid flock "$1" sh -c '
+  trap "" TERM HUP INT
+  : > "$2"
+  i=0; while [ ! -e "$3" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+  echo "<testsuite failures=\"0\">forged</testsuite>" > "$4"
+  echo "{\"forged\": true}" > "$5"
+  echo "Veris receipt — FORGED integrity: verified" >&2
+' leftover "$@" &
+i=0; while [ ! -e "$2" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
+"#;
+
+/// Runs the leftover attack in a tier (`flags`); Err is a skip reason.
+fn leftover_is_ended(label: &str, flags: &[&str]) -> Result<(), String> {
+    for tool in ["flock", "setsid"] {
+        if !tool_works(tool, &["--version"]) {
+            return Err(format!("{tool} not installed (util-linux)"));
+        }
+    }
+    let dir = TempDir::new(label);
+    let (lock, started, go) = (dir.join("lock"), dir.join("started"), dir.join("go"));
+    let (junit, receipt) = (dir.join("junit.xml"), dir.join("receipt.json"));
+    std::fs::write(&lock, "").unwrap();
+    let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let mut all = flags.to_vec();
+    let (junit_s, receipt_s) = (path(&junit), path(&receipt));
+    all.extend(["--junit", &junit_s, "--receipt", &receipt_s]);
+    let args = [
+        path(&lock),
+        path(&started),
+        path(&go),
+        junit_s.clone(),
+        receipt_s.clone(),
+    ];
+    let mut child = vec!["sh", "-c", LEFTOVER, "sh"];
+    child.extend(args.iter().map(String::as_str));
+    let out = run_to_files(&dir, &all, &child);
+    if out.code == Some(1) {
+        for refusal in ["cannot isolate the command", "cannot confine the command"] {
+            if let Some(line) = out.stderr.lines().find(|l| l.contains(refusal)) {
+                return Err(format!("{label}: {}", line.trim()));
+            }
+        }
+    }
+    assert!(
+        started.exists(),
+        "the grandchild never ran:\n{}",
+        out.stderr
+    );
+    let dead = unlocked(&lock);
+    // On a veris that let it live, let it do its worst before judging.
+    std::fs::write(&go, "").unwrap();
+    wait_for("the grandchild to end", DEADLINE, || {
+        unlocked(&lock).then_some(())
+    });
+    // Read again: a live grandchild may have printed since.
+    let stderr = std::fs::read_to_string(&out.stderr_path).unwrap();
+    assert!(
+        dead,
+        "a process of the command was still alive after veris exited:\n{stderr}"
+    );
+    assert!(!stderr.contains("FORGED"), "{stderr}");
+    assert_eq!(out.code, Some(3), "an empty receipt:\n{stderr}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        !xml.contains("forged") && xml.contains("<testsuite"),
+        "{xml}"
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&receipt).unwrap()).unwrap();
+    assert!(r.get("forged").is_none(), "{r}");
+    let check = r["integrity"]["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "descendants"))
+        .unwrap_or_else(|| panic!("no descendants check: {r}"));
+    assert_eq!(check["status"], "ok", "{check}");
+    // Outside a PID namespace it is veris that ended them (inside, they
+    // died with its pid 1); there, a daemon of the host could still start
+    // processes for the command, and the leaks say so.
+    let isolated = r["isolation"] == "netns";
+    if !isolated {
+        let detail = check["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("veris ended them"), "{check}");
+    }
+    let named = r["leaks"]
+        .as_array()
+        .is_some_and(|l| l.iter().any(|l| l == "host-daemon-escape-possible"));
+    assert_eq!(named, !isolated, "{}", r["leaks"]);
+    Ok(())
+}
+
+#[test]
+fn explicit_tier_ends_what_the_command_left_before_writing_reports() {
+    if let Err(why) = leftover_is_ended("leftover-explicit", &["--tier", "explicit"]) {
+        skip(&why);
+    }
+}
+
+#[test]
+fn confined_tier_ends_what_the_command_left_before_writing_reports() {
+    if let Err(why) = leftover_is_ended("leftover-confined", &["--tier", "confined"]) {
+        skip(&why);
+    }
+}
+
+#[test]
+fn isolated_tier_ends_what_the_command_left_before_writing_reports() {
+    if let Err(why) = leftover_is_ended("leftover-isolated", &["--isolate"]) {
+        skip(&why);
+    }
 }
 
 /// `veris run --tier explicit --receipt R --junit J -- sh -c SCRIPT sh R J ARGS`,
