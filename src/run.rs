@@ -493,11 +493,16 @@ async fn explicit(
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
+        let mut chld = signal(SignalKind::child())?;
         loop {
             tokio::select! {
                 status = child.wait() => break status?,
                 _ = term.recv() => forward(pgid, libc::SIGTERM),
                 _ = int.recv() => forward(pgid, libc::SIGINT),
+                // Orphans of the command that ended while it runs are
+                // ours to reap (we are their subreaper); the command
+                // itself is tokio's.
+                _ = chld.recv() => crate::sys::reap_orphans(pgid),
             }
         }
     };

@@ -365,18 +365,33 @@ pub fn end_descendants(grace: std::time::Duration, deadline: std::time::Duration
     }
 }
 
-/// Reaps the zombies among `root`'s own children (only they can be), then
-/// lists its living descendants.
-fn reap_and_list(root: u32) -> Vec<Descendant> {
+/// Reaps the zombies among this process's children but `except` (a child
+/// someone else waits for): orphans of `veris run`'s command that ended
+/// while it runs would otherwise stay zombies until it exits.
+pub fn reap_orphans(except: Option<u32>) {
+    reap(std::process::id(), &processes(), except);
+}
+
+fn reap(
+    root: u32,
+    all: &std::collections::BTreeMap<u32, (u32, char, String)>,
+    except: Option<u32>,
+) {
     use rustix::process::{waitpid, Pid, WaitOptions};
-    let all = processes();
-    for (pid, (ppid, state, _)) in &all {
-        if *ppid == root && *state == 'Z' {
+    for (pid, (ppid, state, _)) in all {
+        if *ppid == root && *state == 'Z' && Some(*pid) != except {
             if let Some(pid) = Pid::from_raw(*pid as i32) {
                 let _ = waitpid(Some(pid), WaitOptions::NOHANG);
             }
         }
     }
+}
+
+/// Reaps the zombies among `root`'s own children (only they can be), then
+/// lists its living descendants.
+fn reap_and_list(root: u32) -> Vec<Descendant> {
+    let all = processes();
+    reap(root, &all, None);
     let under = |mut pid: u32| {
         // Bounded: a parent chain is at most as long as the process table.
         for _ in 0..all.len() {

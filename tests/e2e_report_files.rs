@@ -423,3 +423,36 @@ fn har_output_replaces_a_fifo_or_a_link_and_refuses_a_directory() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("is a directory"), "{stderr}");
 }
+
+/// Orphans that end while the command still runs: `veris run`, their
+/// subreaper, reaps them then, so they do not pile up as zombies over a
+/// long run. The command waits (bounded) until veris has no child left but
+/// itself, and exits 42 if one stays.
+const ORPHANS: &str = r#"
+for n in 1 2 3 4 5 6 7 8 9 10; do (sleep 0.01 &); done
+i=0
+while [ $i -lt 100 ]; do
+  others=0
+  for s in /proc/[0-9]*/status; do
+    pid=${s#/proc/}; pid=${pid%/status}
+    [ "$pid" = "$$" ] && continue
+    grep -q "^PPid:[[:space:]]*$PPID\$" "$s" 2>/dev/null && others=$((others+1))
+  done
+  [ $others -eq 0 ] && exit 0
+  sleep 0.1; i=$((i+1))
+done
+exit 42
+"#;
+
+#[test]
+fn orphans_that_end_during_the_run_are_reaped() {
+    let dir = TempDir::new("orphans");
+    let out = output_within(
+        veris(["run", "--tier", "explicit", "--allow-empty", "--state-dir"])
+            .arg(dir.join("state"))
+            .args(["--", "sh", "-c", ORPHANS]),
+        RUN_TIMEOUT,
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
