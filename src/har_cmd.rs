@@ -56,7 +56,8 @@ pub async fn har(args: HarArgs) -> Result<u8> {
     let mut json = serde_json::to_string_pretty(&har).context("encoding the HAR")?;
     json.push('\n');
     match &args.output {
-        Some(out) => crate::stack::write_atomic(out, json.as_bytes()).with_context(|| {
+        // 0600, as the JSON receipt: it may hold captured (redacted) bodies.
+        Some(out) => veris_ca::fsutil::write_file(out, json.as_bytes(), 0o600).with_context(|| {
             format!(
                 "writing the HAR to {}. Next: pass -o a file path in a directory that exists and is writable",
                 out.display()

@@ -19,6 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
+use veris_ca::fsutil::write_file;
 use veris_proxy::admin::{Admin, ReceiptWindow};
 use veris_proxy::Proxy;
 use veris_receipt::ledger::{Ledger, LedgerRead, SealInfo};
@@ -241,22 +242,6 @@ impl AdminHandle {
         }
         seal
     }
-}
-
-/// Writes via a temp file created with `mode` and a rename.
-fn write_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 /// A live proxy found through its state dir.

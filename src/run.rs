@@ -99,6 +99,20 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     // First, so that a report left by an earlier run is gone even when this
     // one stops at a usage error (which then gets a report of its own).
     let junit = Junit::start(args.junit.as_deref(), "veris run")?;
+    let receipt_file = args.receipt.clone();
+    if let Some(path) = &receipt_file {
+        // Likewise a receipt left by an earlier run (unlinked, never
+        // followed): a run that ends without one leaves none behind.
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => bail!(
+                "--receipt {}: is a directory. Next: pass --receipt a file path",
+                path.display()
+            ),
+            Ok(_) => std::fs::remove_file(path)
+                .with_context(|| format!("--receipt {}: cannot replace it", path.display()))?,
+            Err(_) => {}
+        }
+    }
     let ended = async {
         let reqs = args.require.parse()?;
         // Checked before anything starts: a typo must not cost a whole run.
@@ -106,28 +120,55 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         run_with(args, &reqs).await
     }
     .await;
-    let Some(junit) = junit else {
-        return ended.map(|e| match e {
-            Ended::Judged { exit, .. } | Ended::NotStarted { exit, .. } => exit,
-        });
-    };
     match ended {
         Ok(Ended::Judged {
             report,
             status,
             exit,
         }) => {
-            junit.write(&report, Some(status))?;
-            Ok(exit)
+            // The text receipt is out already; each file is written even
+            // when another cannot be, and the first failure decides the exit.
+            let mut failures = Vec::new();
+            if let Some(path) = &receipt_file {
+                let json = serde_json::to_vec_pretty(&report.receipt).map(|mut j| {
+                    j.push(b'\n');
+                    j
+                })?;
+                if let Err(e) = veris_ca::fsutil::write_file(path, &json, 0o600) {
+                    failures.push(anyhow::anyhow!(e).context(format!(
+                        "writing receipt {}. Next: pass --receipt a file path in a directory veris can write",
+                        path.display()
+                    )));
+                }
+            }
+            if let Some(junit) = &junit {
+                if let Err(e) = junit.write(&report, Some(status)) {
+                    failures.push(e);
+                }
+            }
+            let mut failures = failures.into_iter();
+            match failures.next() {
+                None => Ok(exit),
+                Some(first) => {
+                    for other in failures {
+                        eprintln!("veris: {other:#}");
+                    }
+                    Err(first)
+                }
+            }
         }
         Ok(Ended::NotStarted { exit, why }) => {
-            junit.write_error(&why)?;
+            if let Some(junit) = &junit {
+                junit.write_error(&why)?;
+            }
             Ok(exit)
         }
         Err(e) => {
             // CI reads the report whatever happened; the error decides the exit.
-            if let Err(write) = junit.write_error(&format!("{e:#}")) {
-                eprintln!("veris: {write:#}");
+            if let Some(junit) = &junit {
+                if let Err(write) = junit.write_error(&format!("{e:#}")) {
+                    eprintln!("veris: {write:#}");
+                }
             }
             Err(e)
         }
@@ -144,6 +185,11 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         return Ok(Ended::NotStarted { exit, why });
     }
     let started = std::time::Instant::now();
+    // Before anything is started: whatever the command leaves behind
+    // (a `setsid` daemon included) becomes ours to end (DESIGN §7a.14).
+    if let Err(e) = crate::sys::become_subreaper() {
+        warn!(error = %e, "cannot become the subreaper of the command's processes");
+    }
     let (confinement, isolation) = confine(&args).await?;
     let landlock = matches!(confinement, Confinement::Landlock);
     let serve = ServeArgs::with_defaults(args.proxy.clone());
@@ -157,6 +203,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
             match isolated(isolation, &stack, vars, &args.trust_file, started).await {
                 Ok(done) => done,
                 Err(e) => {
+                    end_leftovers().await;
                     stack.finish().await?;
                     return Err(e);
                 }
@@ -181,6 +228,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
             match explicit(&command, vars, stack.file_limit).await {
                 Ok(code) => (code, None),
                 Err(e) => {
+                    end_leftovers().await;
                     stack.finish().await?;
                     return Err(e);
                 }
@@ -188,14 +236,14 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         }
     };
 
-    let finished = stack.finish_with(canary).await?;
+    // Nothing the command started may outlive it (DESIGN §7a.14): ended
+    // before the final seal, so the check is recorded under it, and before
+    // any report is written, so nothing can rewrite one afterwards.
+    let leftovers = end_leftovers().await;
+    let finished = stack.finish_with(canary, vec![leftovers]).await?;
     let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, reqs, args.require.allow_empty);
-    // The file first: whatever happens to stderr, the receipt is kept.
-    if let Some(path) = &args.receipt {
-        write_private(path, &serde_json::to_vec_pretty(&report.receipt)?)
-            .with_context(|| format!("writing receipt {}", path.display()))?;
-    }
+    // The text first, whatever then happens to the files (DESIGN §7a.15).
     crate::sys::blocking_stdio();
     eprint!("{}", report.text);
     eprintln!(
@@ -445,11 +493,16 @@ async fn explicit(
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
+        let mut chld = signal(SignalKind::child())?;
         loop {
             tokio::select! {
                 status = child.wait() => break status?,
                 _ = term.recv() => forward(pgid, libc::SIGTERM),
                 _ = int.recv() => forward(pgid, libc::SIGINT),
+                // Orphans of the command that ended while it runs are
+                // ours to reap (we are their subreaper); the command
+                // itself is tokio's.
+                _ = chld.recv() => crate::sys::reap_orphans(pgid),
             }
         }
     };
@@ -487,26 +540,59 @@ pub fn finished_receipt(f: &Finished) -> Result<(LedgerRead, Options)> {
     Ok((read, options))
 }
 
+/// How long the command's leftover processes get after SIGTERM before
+/// SIGKILL, and how long the whole ending may take.
+const LEFTOVER_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+const LEFTOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Ends every process the command left running, and says so as the
+/// `descendants` check: `ok` when none is left, `unverified` naming each
+/// one that could not be ended (it could still rewrite this run's files or
+/// send traffic after its window).
+async fn end_leftovers() -> Check {
+    let ending = tokio::task::spawn_blocking(|| {
+        crate::sys::end_descendants(LEFTOVER_GRACE, LEFTOVER_DEADLINE)
+    })
+    .await
+    .unwrap_or_default();
+    leftover_check(&ending)
+}
+
+fn leftover_check(ending: &crate::sys::Ending) -> Check {
+    use veris_receipt::receipt::CheckStatus;
+    if ending.left.is_empty() {
+        return Check {
+            name: "descendants".into(),
+            status: CheckStatus::Ok,
+            detail: match ending.ended {
+                0 => "the command left no process running".into(),
+                n => format!("the command left {n} process(es) running; veris ended them before writing the receipt"),
+            },
+        };
+    }
+    let named: Vec<String> = ending
+        .left
+        .iter()
+        .map(|p| format!("pid {} ({:?}, state {})", p.pid, p.name, p.state))
+        .collect();
+    warn!(processes = %named.join(", "), "processes of the command could not be ended");
+    Check {
+        name: "descendants".into(),
+        status: CheckStatus::Unverified,
+        detail: format!(
+            "{} process(es) the command started outlived it and could not be ended: {}; they may still send traffic or rewrite this run's files",
+            named.len(),
+            named.join(", ")
+        ),
+    }
+}
+
 fn forward(pgid: Option<u32>, signal: i32) {
     if let Some(pgid) = pgid {
         if let Err(e) = crate::sys::kill_group(pgid, signal) {
             warn!(error = %e, "cannot forward the signal to the child");
         }
     }
-}
-
-fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)?;
-    f.write_all(b"\n")?;
-    f.sync_all()
 }
 
 #[cfg(test)]
@@ -538,6 +624,36 @@ mod tests {
         assert_eq!(findable("veris-no-such-command").unwrap_err().0, 127);
         assert_eq!(findable("/no/such/file").unwrap_err().0, 127);
         assert_eq!(findable("/etc/passwd").unwrap_err().0, 126);
+    }
+
+    #[test]
+    fn a_process_that_could_not_be_ended_is_named_in_quotes() {
+        use crate::sys::{Descendant, Ending};
+        let none = leftover_check(&Ending::default());
+        assert_eq!(none.status, veris_receipt::receipt::CheckStatus::Ok);
+        let ended = leftover_check(&Ending {
+            ended: 2,
+            left: Vec::new(),
+        });
+        assert!(
+            ended.detail.contains("left 2 process(es)"),
+            "{}",
+            ended.detail
+        );
+        let left = leftover_check(&Ending {
+            ended: 1,
+            left: vec![Descendant {
+                pid: 42,
+                name: "x\nFAIL: y".into(),
+                state: 'D',
+            }],
+        });
+        assert_eq!(left.status, veris_receipt::receipt::CheckStatus::Unverified);
+        assert!(
+            left.detail.contains(r#"pid 42 ("x\nFAIL: y", state D)"#),
+            "{}",
+            left.detail
+        );
     }
 
     #[test]

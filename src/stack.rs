@@ -599,12 +599,18 @@ impl Stack {
     /// log while the twin still answers, records both checks in the ledger,
     /// appends the final seal over all of it, then stops the rest.
     pub async fn finish(self) -> Result<Finished> {
-        self.finish_with(None).await
+        self.finish_with(None, Vec::new()).await
     }
 
     /// [`Stack::finish`], with the canary already probed by whoever can
-    /// reach the interception path (an isolated run's init step, inside).
-    pub async fn finish_with(self, probed_canary: Option<Check>) -> Result<Finished> {
+    /// reach the interception path (an isolated run's init step, inside),
+    /// and further checks of the caller's (`veris run`'s `descendants`),
+    /// recorded with the others before the final seal.
+    pub async fn finish_with(
+        self,
+        probed_canary: Option<Check>,
+        more: Vec<Check>,
+    ) -> Result<Finished> {
         let canary = match (probed_canary, self.identity.tier) {
             (Some(probed), _) => probed,
             (None, ListenerTier::Explicit) => {
@@ -659,7 +665,8 @@ impl Stack {
             false,
         )
         .await;
-        let checks = vec![canary, twin];
+        let mut checks = vec![canary, twin];
+        checks.extend(more);
         for c in &checks {
             let entry = Entry::Check {
                 name: c.name.clone(),
@@ -804,12 +811,14 @@ impl Announce<'_> {
                 "https_listen": self.transparent.map(|a| a.0.to_string()),
                 "http_listen": self.transparent.map(|a| a.1.to_string()),
             });
-            write_atomic(path, format!("{ready}\n").as_bytes()).with_context(|| {
-                format!(
-                    "writing ready file {}. Next: name a file in a directory veris can write",
-                    path.display()
-                )
-            })?;
+            // 0644: no secret in it (the admin token stays in its own file).
+            veris_ca::fsutil::write_file(path, format!("{ready}\n").as_bytes(), 0o644)
+                .with_context(|| {
+                    format!(
+                        "writing ready file {}. Next: name a file in a directory veris can write",
+                        path.display()
+                    )
+                })?;
         }
         Ok(())
     }
@@ -1334,14 +1343,6 @@ pub fn read_bounded_bytes(path: &Path, cap: u64, follow: bool) -> std::io::Resul
     Ok(bytes)
 }
 
-/// Writes via a temp file in the same dir and a rename, so readers never see a partial file.
-/// The temp file is created new (`O_EXCL`: never through a link or a file someone planted at
-/// its name, which matters when root writes the ready file into a shared directory) and removed
-/// if anything fails.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_via(&temp_beside(path, "tmp"), path, bytes)
-}
-
 /// A name beside `path` for a file of this process (`.<name>.<tag>-<pid>-<nanos>`), not
 /// guessable ahead of time; create it with `create_new`.
 pub fn temp_beside(path: &Path, tag: &str) -> PathBuf {
@@ -1357,22 +1358,6 @@ pub fn temp_beside(path: &Path, tag: &str) -> PathBuf {
         path.file_name().and_then(|n| n.to_str()).unwrap_or("veris"),
         std::process::id()
     ))
-}
-
-fn write_via(tmp: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(tmp)?;
-    let written = f
-        .write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .and_then(|()| std::fs::rename(tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(tmp);
-    }
-    written
 }
 
 /// `veris serve`: runs until SIGINT or SIGTERM.
@@ -1410,44 +1395,4 @@ async fn wait_for_signal() -> Result<()> {
         _ = int.recv() => {}
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{write_atomic, write_via};
-
-    #[test]
-    fn write_atomic_never_writes_through_a_planted_link() {
-        let dir = std::env::temp_dir().join(format!("veris-write-atomic-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let victim = dir.join("victim");
-        std::fs::write(&victim, "keep").unwrap();
-        let names = || {
-            let mut n: Vec<String> = std::fs::read_dir(&dir)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect();
-            n.sort();
-            n
-        };
-        // A link planted at the temp name: refused, nothing written through it.
-        let target = dir.join("ready.json");
-        let tmp = dir.join(".ready.json.tmp");
-        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
-        assert!(write_via(&tmp, &target, b"new").is_err());
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
-        std::fs::remove_file(&tmp).unwrap();
-        // A link at the target itself is replaced, not followed.
-        std::os::unix::fs::symlink(&victim, &target).unwrap();
-        write_atomic(&target, b"new").unwrap();
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
-        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
-        assert!(!std::fs::symlink_metadata(&target).unwrap().is_symlink());
-        // No temp file is left behind, also by a rename that fails.
-        assert_eq!(names(), ["ready.json", "victim"]);
-        assert!(write_via(&tmp, &dir.join("no/such/dir/x"), b"x").is_err());
-        assert_eq!(names(), ["ready.json", "victim"]);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 }

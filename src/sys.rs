@@ -293,3 +293,154 @@ pub fn blocking_stdio() {
         }
     }
 }
+
+/// Makes this process the subreaper of everything it starts
+/// (`PR_SET_CHILD_SUBREAPER`): a descendant whose parent exits (a
+/// `setsid`/double-fork daemon of `veris run`'s command) becomes this
+/// process's child instead of init's, so [`end_descendants`] still finds it.
+pub fn become_subreaper() -> std::io::Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    Ok(())
+}
+
+/// A process found under this one in `/proc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descendant {
+    pub pid: u32,
+    /// Its `comm` (at most 15 bytes, set by the process itself).
+    pub name: String,
+    /// Its state letter (`S`, `D`, `T`, …) when last read.
+    pub state: char,
+}
+
+/// What [`end_descendants`] did.
+#[derive(Debug, Default)]
+pub struct Ending {
+    /// How many distinct processes were found still running and signalled.
+    pub ended: usize,
+    /// The ones still there at the deadline.
+    pub left: Vec<Descendant>,
+}
+
+/// Ends every living descendant of this process (DESIGN §7a.14): SIGTERM
+/// (with SIGCONT, so a stopped one sees it), up to `grace` for them to go,
+/// then SIGKILL, repeated for whatever appears meanwhile (forks, orphans
+/// reparented here), until none is left or `deadline` has passed since the
+/// start. Reaps the ones that became this process's children. Found by
+/// walking `/proc` for processes whose parent chain leads here; call it
+/// only once the children this process waits for itself (tokio's) are
+/// reaped, as the zombies among its own children are collected here.
+pub fn end_descendants(grace: std::time::Duration, deadline: std::time::Duration) -> Ending {
+    use rustix::process::{kill_process, Pid, Signal};
+    use std::time::Instant;
+    let me = std::process::id();
+    let started = Instant::now();
+    let mut seen = std::collections::BTreeSet::new();
+    let signal = |procs: &[Descendant], sig: Signal| {
+        for p in procs {
+            if let Some(pid) = Pid::from_raw(p.pid as i32) {
+                let _ = kill_process(pid, sig);
+                if sig != Signal::KILL {
+                    let _ = kill_process(pid, Signal::CONT);
+                }
+            }
+        }
+    };
+    let mut living = reap_and_list(me);
+    seen.extend(living.iter().map(|p| p.pid));
+    signal(&living, Signal::TERM);
+    let mut killing = false;
+    while !living.is_empty() && started.elapsed() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        living = reap_and_list(me);
+        seen.extend(living.iter().map(|p| p.pid));
+        if killing || started.elapsed() >= grace {
+            killing = true;
+            signal(&living, Signal::KILL);
+        }
+    }
+    Ending {
+        ended: seen.len(),
+        left: living,
+    }
+}
+
+/// Reaps the zombies among this process's children but `except` (a child
+/// someone else waits for): orphans of `veris run`'s command that ended
+/// while it runs would otherwise stay zombies until it exits.
+pub fn reap_orphans(except: Option<u32>) {
+    reap(std::process::id(), &processes(), except);
+}
+
+fn reap(
+    root: u32,
+    all: &std::collections::BTreeMap<u32, (u32, char, String)>,
+    except: Option<u32>,
+) {
+    use rustix::process::{waitpid, Pid, WaitOptions};
+    for (pid, (ppid, state, _)) in all {
+        if *ppid == root && *state == 'Z' && Some(*pid) != except {
+            if let Some(pid) = Pid::from_raw(*pid as i32) {
+                let _ = waitpid(Some(pid), WaitOptions::NOHANG);
+            }
+        }
+    }
+}
+
+/// Reaps the zombies among `root`'s own children (only they can be), then
+/// lists its living descendants.
+fn reap_and_list(root: u32) -> Vec<Descendant> {
+    let all = processes();
+    reap(root, &all, None);
+    let under = |mut pid: u32| {
+        // Bounded: a parent chain is at most as long as the process table.
+        for _ in 0..all.len() {
+            match all.get(&pid) {
+                Some((ppid, ..)) if *ppid == root => return true,
+                Some((ppid, ..)) if *ppid > 1 => pid = *ppid,
+                _ => return false,
+            }
+        }
+        false
+    };
+    all.iter()
+        .filter(|(pid, (_, state, _))| **pid != root && *state != 'Z' && under(**pid))
+        .map(|(pid, (_, state, name))| Descendant {
+            pid: *pid,
+            name: name.clone(),
+            state: *state,
+        })
+        .collect()
+}
+
+/// Every process in `/proc`: pid → (parent pid, state, name).
+fn processes() -> std::collections::BTreeMap<u32, (u32, char, String)> {
+    let mut all = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return all;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_string();
+        let mut rest = stat[close + 1..].split_whitespace();
+        let state = rest.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let Some(ppid) = rest.next().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        all.insert(pid, (ppid, state, name));
+    }
+    all
+}

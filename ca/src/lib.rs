@@ -9,7 +9,7 @@
 mod authority;
 pub mod env;
 mod error;
-mod fsutil;
+pub mod fsutil;
 mod issuer;
 pub mod trust;
 

@@ -325,6 +325,7 @@ fn rich_receipt_is_golden() {
         [
             "direct-egress-possible",
             "udp-quic-possible",
+            "host-daemon-escape-possible",
             "ech-possible"
         ]
     );

@@ -29,6 +29,9 @@ fn check(name: &str, status: CheckStatus, detail: impl Into<String>) -> Check {
     }
 }
 
+/// How many names of other recorded checks a session keeps.
+const MAX_OTHER_CHECKS: usize = 8;
+
 /// A recorded `check` line: its status, detail and seq.
 type Recorded = (String, String, u64);
 
@@ -41,6 +44,9 @@ struct Segment {
     /// The newest recorded `canary` and `twin_cross_check` lines.
     canary: Option<Recorded>,
     twin: Option<Recorded>,
+    /// Other checks the proxy recorded (`veris run`'s `descendants`), the
+    /// newest per name; a few names at most.
+    other: Vec<(String, Recorded)>,
 }
 
 /// What the integrity checks need from a window, gathered a line at a time
@@ -214,7 +220,18 @@ impl Evidence {
                     match name.as_str() {
                         "canary" => seg.canary = r,
                         "twin_cross_check" => seg.twin = r,
-                        _ => {}
+                        _ => {
+                            if let Some(r) = r {
+                                let at = seg.other.iter().position(|(n, _)| n == name);
+                                match at {
+                                    Some(i) => seg.other[i].1 = r,
+                                    None if seg.other.len() < MAX_OTHER_CHECKS => {
+                                        seg.other.push((name.clone(), r))
+                                    }
+                                    None => {}
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -366,6 +383,28 @@ pub(super) fn integrity(
             .filter(|c| !NETWORK.contains(&c.name.as_str()))
             .cloned(),
     );
+    // Other checks the proxy recorded under its seals (`descendants`: a
+    // process of a `veris run` it could not end) count offline as they did
+    // in the run's own receipt, unless the reader handed the same in.
+    if !matches!(options.anchor, Anchor::None) {
+        for seg in &ev.segments {
+            for (name, (status, detail, seq)) in &seg.other {
+                if options.external_checks.iter().any(|c| &c.name == name) {
+                    continue;
+                }
+                let status = match status.as_str() {
+                    "ok" => CheckStatus::Ok,
+                    "failed" => CheckStatus::Failed,
+                    _ => CheckStatus::Unverified,
+                };
+                checks.push(check(
+                    name,
+                    status,
+                    format!("{detail} (recorded by the proxy at seq {seq})"),
+                ));
+            }
+        }
+    }
     verdict(checks)
 }
 
@@ -852,6 +891,31 @@ mod tests {
         let (text, _) = finished_run(&dir, &sealer, "memory", "failed");
         let i = verdict_of(&text, &pinned(&sealer, &text));
         assert_eq!(i.status, IntegrityStatus::Failed, "{i:?}");
+    }
+
+    #[test]
+    fn a_recorded_leftover_process_keeps_an_offline_receipt_unverified() {
+        let dir = Dir::new();
+        let sealer = Sealer::ephemeral().unwrap();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger
+            .append(session(&sealer, "memory", (1000, 1000)))
+            .unwrap();
+        ledger.append(recorded("canary", "ok")).unwrap();
+        ledger.append(recorded("twin_cross_check", "ok")).unwrap();
+        ledger
+            .append(recorded("descendants", "unverified"))
+            .unwrap();
+        ledger.seal(&sealer, "shutdown").unwrap();
+        drop(ledger);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let i = verdict_of(&text, &pinned(&sealer, &text));
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        assert!(
+            i.reason.unwrap().contains("descendants unverified"),
+            "the run's own words"
+        );
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
             // nothing redirects UDP in this tier.
             out.push("direct-egress-possible".to_string());
             out.push("udp-quic-possible".to_string());
+            out.push(HOST_DAEMONS.to_string());
         }
         Some((ListenerTier::Transparent, None, _)) => {
             out.push("coverage-unknown".to_string());
@@ -130,8 +131,16 @@ fn confined_leaks(c: &Coverage) -> Vec<String> {
         "tcp-fastopen-mptcp-open".to_string(),
     ];
     out.extend(open_channels(c));
+    out.push(HOST_DAEMONS.to_string());
     out
 }
+
+/// The explicit and confined tiers run the command in the host's
+/// namespaces, where it can ask a daemon of its uid that is already running
+/// (a tmux server, `systemd --user`, `atd`) to start a process: that process
+/// is no descendant of `veris run`, so it is neither confined nor ended with
+/// the run, and it may go around the proxy or outlive the receipt.
+const HOST_DAEMONS: &str = "host-daemon-escape-possible";
 
 /// The channels besides TCP that a coverage leaves open: QUIC, other UDP,
 /// ICMP echo or raw IP, and queries to a real resolver — each can carry
@@ -243,7 +252,8 @@ mod tests {
                 "udp-quic-possible",
                 "udp-other-open",
                 "ip-other-open",
-                "dns-egress"
+                "dns-egress",
+                "host-daemon-escape-possible"
             ]
         );
     }
