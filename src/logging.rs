@@ -33,6 +33,17 @@ pub fn colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> b
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
+/// What to print before veris's own report on a stream: on a terminal, the
+/// SGR reset, so colours or a hidden mode the workload left set (say
+/// `ESC[30;40m`, black on black) cannot disguise it; elsewhere nothing.
+pub fn reset(terminal: bool) -> &'static str {
+    if terminal {
+        "\x1b[0m"
+    } else {
+        ""
+    }
+}
+
 /// Installs the subscriber writing to stderr.
 pub fn init(format: LogFormat, default_level: &str) {
     let ansi = colour(

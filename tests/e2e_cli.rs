@@ -31,8 +31,8 @@ fn demo_makes_four_calls_and_prints_the_receipt() {
         "{stdout}"
     );
     assert!(stdout.contains("4 request(s) reached the twin"), "{stdout}");
-    assert!(stdout.contains("POST /v1/customers -> 200"), "{stdout}");
-    assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+    assert!(stdout.contains("POST \"/v1/customers\" -> 200"), "{stdout}");
+    assert!(stdout.contains("POST \"/v1/charges\" -> 200"), "{stdout}");
     assert!(!stdout.contains("FAIL:"), "{stdout}");
 }
 

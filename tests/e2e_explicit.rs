@@ -316,10 +316,13 @@ fn receipt_after_a_serve_session_and_tampering() {
     );
     assert!(stdout.contains("  stripe: 2 request(s)\n"), "{stdout}");
     assert!(
-        stdout.contains("    POST /v1/customers -> 200\n"),
+        stdout.contains("    POST \"/v1/customers\" -> 200\n"),
         "{stdout}"
     );
-    assert!(stdout.contains("    POST /v1/charges -> 200\n"), "{stdout}");
+    assert!(
+        stdout.contains("    POST \"/v1/charges\" -> 200\n"),
+        "{stdout}"
+    );
 
     let out = receipt(&["--json"]);
     assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));

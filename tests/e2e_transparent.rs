@@ -328,11 +328,11 @@ fn transparent_tier_intercepts_clients_without_proxy_variables() {
         "{receipt}"
     );
     assert!(
-        receipt.contains("trust failure: api.github.com: 1 refusal(s), 0 completed: alerts unknown_ca (1). Next:"),
+        receipt.contains("trust failure: \"api.github.com\": 1 refusal(s), 0 completed: alerts unknown_ca (1). Next:"),
         "{receipt}"
     );
     assert!(
-        receipt.contains("FAIL: vendor host api.github.com refused the veris certificate"),
+        receipt.contains("FAIL: vendor host \"api.github.com\" refused the veris certificate"),
         "{receipt}"
     );
 }
@@ -832,7 +832,9 @@ fn opaque_tcp_on_any_port_is_passed_through_recorded_or_refused() {
     assert!(veris.stop().success());
     let receipt = receipt_text(&state);
     assert!(
-        receipt.contains(&format!("passthrough: {VENDOR_V4} → {VENDOR_V4}:2222 (1)")),
+        receipt.contains(&format!(
+            "passthrough: \"{VENDOR_V4}\" → {VENDOR_V4}:2222 (1)"
+        )),
         "{receipt}"
     );
     drop(vendor);
@@ -871,7 +873,7 @@ fn opaque_tcp_on_any_port_is_passed_through_recorded_or_refused() {
     assert!(kinds(&ledger(&state), "passthrough").is_empty());
     let receipt = receipt_text(&state);
     assert!(
-        receipt.contains(&format!("blocked: {VENDOR_V4} → {VENDOR_V4}:2222 (1)")),
+        receipt.contains(&format!("blocked: \"{VENDOR_V4}\" → {VENDOR_V4}:2222 (1)")),
         "{receipt}"
     );
 }
@@ -1038,12 +1040,14 @@ fn strict_mode_refuses_names_that_do_not_match_their_destination() {
     );
     let receipt = receipt_text(&state);
     assert!(
-        receipt.contains(&format!("passthrough: origin.test → {LOCAL_V4}:443 (1)")),
+        receipt.contains(&format!(
+            "passthrough: \"origin.test\" → {LOCAL_V4}:443 (1)"
+        )),
         "{receipt}"
     );
     assert!(
         receipt.contains(&format!(
-            "blocked: localhost → {VENDOR_V4}:80 (1), origin.test → {VENDOR_V4}:443 (1), x.localhost → {VENDOR_V4}:443 (1)"
+            "blocked: \"localhost\" → {VENDOR_V4}:80 (1), \"origin.test\" → {VENDOR_V4}:443 (1), \"x.localhost\" → {VENDOR_V4}:443 (1)"
         )),
         "{receipt}"
     );
