@@ -223,7 +223,7 @@ fn junit_cases_fail_exactly_where_the_exit_code_says() {
         assert!(xml.contains(&format!("name=\"{name}\"")), "{name}: {xml}");
     }
     assert!(
-        xml.contains("POST /v1/charges -&gt; 200"),
+        xml.contains("POST \"/v1/charges\" -&gt; 200"),
         "the receipt text is the system-out: {xml}"
     );
     let (ledger, key) = ledger_and_key(&text(&out).1);
