@@ -38,8 +38,8 @@ pub use build::{build, build_file, build_file_with, Builder};
 pub use integrity::PROXY_NOT_LIVE;
 pub use junit::{render_junit, render_junit_error, JunitContext};
 pub use require::{
-    evaluate, Assertion, Outcome, Requirement, RequirementError, RequirementResult, StatusFilter,
-    Verdict,
+    evaluate, split_status, Assertion, Outcome, Requirement, RequirementError, RequirementResult,
+    StatusFilter, Verdict,
 };
 pub(crate) use text::integrity_text;
 pub use text::render_text;

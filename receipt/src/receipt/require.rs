@@ -116,8 +116,10 @@ pub enum RequirementError {
     Hidden(String),
 }
 
-/// Splits a trailing ` status=…` clause off `s` (2xx when there is none).
-fn split_status(s: &str) -> Result<(&str, StatusFilter), RequirementError> {
+/// Splits a trailing ` status=…` clause off `s` (2xx when there is none),
+/// refusing control and invisible characters: the grammar every
+/// requirement flag shares (a callback requirement's too).
+pub fn split_status(s: &str) -> Result<(&str, StatusFilter), RequirementError> {
     if s.chars()
         .any(|c| crate::quote::hidden(c) && !c.is_ascii_whitespace())
     {
