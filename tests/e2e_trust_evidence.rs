@@ -188,9 +188,12 @@ fn closes_without_a_certificate_alert_never_fail_a_receipt_and_a_refusal_does() 
     // The verdict names the refusal, and only it.
     let verdict = format!("{stdout}{stderr}");
     assert!(
-        verdict.contains("vendor host api.hubapi.com refused the veris certificate"),
+        verdict.contains("vendor host \"api.hubapi.com\" refused the veris certificate"),
         "{verdict}"
     );
-    assert!(!verdict.contains("vendor host api.github.com"), "{verdict}");
+    assert!(
+        !verdict.contains("vendor host \"api.github.com\""),
+        "{verdict}"
+    );
     serve.stop();
 }
