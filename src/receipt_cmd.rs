@@ -522,9 +522,12 @@ mod tests {
             .replace("\x1b[31m", "")
             .replace("\x1b[0m", "");
         assert_eq!(plain, text);
-        assert!(paint("integrity: verified\n", true).contains("\x1b[32mintegrity: verified"));
-        assert!(
-            paint("integrity: failed (x)", true).contains("\x1b[31mintegrity: failed\x1b[0m (x)")
-        );
+        let line = "  interception: x   integrity: verified\n";
+        assert!(paint(line, true).contains("\x1b[32mintegrity: verified"));
+        let line = "  interception: x   integrity: failed (x)";
+        assert!(paint(line, true).contains("\x1b[31mintegrity: failed\x1b[0m (x)"));
+        // The same words anywhere else (a quoted host) are not coloured.
+        let line = "passthrough: \"integrity: verified\" (1)\n";
+        assert_eq!(paint(line, true), line);
     }
 }
