@@ -33,6 +33,17 @@ pub fn colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> b
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
+/// What to print before veris's own report on a stream: on a terminal, the
+/// SGR reset, so colours or a hidden mode the workload left set (say
+/// `ESC[30;40m`, black on black) cannot disguise it; elsewhere nothing.
+pub fn reset(terminal: bool) -> &'static str {
+    if terminal {
+        "\x1b[0m"
+    } else {
+        ""
+    }
+}
+
 /// Installs the subscriber writing to stderr.
 pub fn init(format: LogFormat, default_level: &str) {
     let ansi = colour(
@@ -84,6 +95,9 @@ impl Visit for PlainVisitor<'_, '_> {
                 None => return,
             }
         };
+        // A host or path the workload chose stays on its log line, with
+        // no control character or bidi mark reaching the terminal.
+        let shown = veris_receipt::quote::escaped(&shown);
         let sep = if self.seen { " " } else { "" };
         self.seen = true;
         self.result = write!(self.writer, "{sep}{shown}");
@@ -162,6 +176,7 @@ mod tests {
         let none: Option<u32> = None;
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(host = %"api.stripe.com", ?service, ?none, n = 2, "refused");
+            tracing::warn!(host = %"a\tb\u{1b}[0m\u{202e}", "Host disagrees");
         });
         let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         assert!(
@@ -169,5 +184,9 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("none"), "{out}");
+        assert!(
+            out.contains("Host disagrees host=a\\tb\\u{1b}[0m\\u{202e}"),
+            "{out}"
+        );
     }
 }

@@ -165,13 +165,13 @@ pub struct ReceiptParams {
     /// Only this service.
     #[serde(default)]
     pub service: Option<String>,
-    /// Require at least N requests of a service: "SERVICE" (N = 1) or "SERVICE:N", e.g. "stripe:1".
+    /// Require at least N requests of a service answered 2xx: "SERVICE" (N = 1) or "SERVICE:N", e.g. "stripe:1"; a last word "status=CODE", "status=Nxx" or "status=any" counts other answers, e.g. "stripe:1 status=4xx".
     #[serde(default)]
     pub require: Vec<String>,
-    /// Require at least N requests to a host: "HOST" or "HOST:N", e.g. "api.stripe.com:2".
+    /// Require at least N requests to a host answered 2xx (requests that reached the twin): "HOST" or "HOST:N", e.g. "api.stripe.com:2"; a last word "status=…" as for `require`.
     #[serde(default)]
     pub require_host: Vec<String>,
-    /// Require one request: "SERVICE METHOD /path", e.g. "stripe POST /v1/charges".
+    /// Require one request answered 2xx: "SERVICE METHOD /path", e.g. "stripe POST /v1/charges" (one trailing slash does not matter); a last word "status=…" as for `require`, e.g. "stripe POST /v1/charges status=402".
     #[serde(default)]
     pub require_request: Vec<String>,
     /// Do not fail when no request reached the twin.

@@ -15,16 +15,26 @@ use veris_receipt::{Line, ListenerTier};
 use crate::baseline::Baseline;
 use crate::live::{Discovery, ServiceRef};
 
+/// The requirement flags. Each counts answers the twin gave with a 2xx
+/// status, unless the same argument ends in a status clause:
+/// `status=402` (that code), `status=4xx` (that class) or `status=any`.
 #[derive(Args, Clone, Debug, Default)]
 pub struct RequireArgs {
-    /// Require at least N requests of SERVICE (repeatable): SERVICE[:N].
-    #[arg(long = "require", value_name = "SERVICE[:N]")]
+    /// Require at least N requests of SERVICE answered 2xx (repeatable):
+    /// 'SERVICE[:N] [status=CODE|Nxx|any]'.
+    #[arg(long = "require", value_name = "SERVICE[:N] [status=…]")]
     pub require: Vec<String>,
-    /// Require at least N requests to HOST (repeatable): HOST[:N].
-    #[arg(long = "require-host", value_name = "HOST[:N]")]
+    /// Require at least N requests to HOST answered 2xx (repeatable; only
+    /// requests that reached the twin count, never passthrough):
+    /// 'HOST[:N] [status=CODE|Nxx|any]'.
+    #[arg(long = "require-host", value_name = "HOST[:N] [status=…]")]
     pub require_host: Vec<String>,
-    /// Require one request (repeatable): 'SERVICE METHOD /path'.
-    #[arg(long = "require-request", value_name = "'SERVICE METHOD /path'")]
+    /// Require one request answered 2xx (repeatable; one trailing slash of
+    /// the path does not matter): 'SERVICE METHOD /path [status=CODE|Nxx|any]'.
+    #[arg(
+        long = "require-request",
+        value_name = "'SERVICE METHOD /path [status=…]'"
+    )]
     pub require_request: Vec<String>,
     /// Do not fail when no request reached the twin.
     #[arg(long)]
@@ -120,6 +130,8 @@ pub fn report(
 pub fn judge(receipt: Receipt, reqs: &[Requirement], allow_empty: bool) -> Report {
     let mut text = receipt::render_text(&receipt);
     let verdict = receipt::evaluate(&receipt, reqs, allow_empty);
+    let mut receipt = receipt;
+    receipt.requirements = verdict.requirements.clone();
     if !verdict.lines.is_empty() {
         if !text.ends_with('\n') {
             text.push('\n');
@@ -171,11 +183,13 @@ fn print(args: &ReceiptArgs, report: &Report) -> Result<()> {
         }
     } else {
         use std::io::IsTerminal;
-        let colour = crate::logging::colour(
-            std::io::stdout().is_terminal(),
-            std::env::var_os("NO_COLOR").as_deref(),
+        let terminal = std::io::stdout().is_terminal();
+        let colour = crate::logging::colour(terminal, std::env::var_os("NO_COLOR").as_deref());
+        crate::out!(
+            "{}{}",
+            crate::logging::reset(terminal),
+            paint(&report.text, colour)
         );
-        crate::out!("{}", paint(&report.text, colour));
     }
     Ok(())
 }
@@ -199,6 +213,12 @@ fn paint(text: &str, colour: bool) -> String {
             continue;
         }
         let mut line = line.to_string();
+        // Only veris's own integrity line is coloured, never a phrase
+        // elsewhere (recorded text is quoted, and this keeps it so).
+        if !line.starts_with("  interception: ") {
+            out.push_str(&line);
+            continue;
+        }
         for (word, hue) in [
             ("integrity: verified", GREEN),
             ("integrity: unverified", YELLOW),
@@ -533,9 +553,12 @@ mod tests {
             .replace("\x1b[31m", "")
             .replace("\x1b[0m", "");
         assert_eq!(plain, text);
-        assert!(paint("integrity: verified\n", true).contains("\x1b[32mintegrity: verified"));
-        assert!(
-            paint("integrity: failed (x)", true).contains("\x1b[31mintegrity: failed\x1b[0m (x)")
-        );
+        let line = "  interception: x   integrity: verified\n";
+        assert!(paint(line, true).contains("\x1b[32mintegrity: verified"));
+        let line = "  interception: x   integrity: failed (x)";
+        assert!(paint(line, true).contains("\x1b[31mintegrity: failed\x1b[0m (x)"));
+        // The same words anywhere else (a quoted host) are not coloured.
+        let line = "passthrough: \"integrity: verified\" (1)\n";
+        assert_eq!(paint(line, true), line);
     }
 }

@@ -245,7 +245,11 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let report = report(&read, &options, reqs, args.require.allow_empty);
     // The text first, whatever then happens to the files (DESIGN §7a.15).
     crate::sys::blocking_stdio();
-    eprint!("{}", report.text);
+    {
+        use std::io::IsTerminal;
+        let reset = crate::logging::reset(std::io::stderr().is_terminal());
+        eprint!("{reset}{}", report.text);
+    }
     eprintln!(
         "\nledger: {} (verify it later: veris receipt --ledger {} --key {})",
         finished.ledger_path.display(),
@@ -258,7 +262,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         eprintln!(
             "veris run: exit {}: {}; the command itself exited {status}",
             report.exit_code,
-            unmet(&report.text)
+            unmet(&report.verdict)
         );
     }
     let exit = match report.exit_code {
@@ -272,22 +276,13 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     })
 }
 
-/// What the receipt's verdict found unmet, from its `FAIL:` lines (or the
-/// empty-receipt sentence, which stands without one).
-fn unmet(text: &str) -> String {
-    let fails: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("FAIL: "))
-        .collect();
-    if !fails.is_empty() {
-        format!("requirement unmet: {}", fails.join("; "))
-    } else if text.contains(veris_receipt::receipt::EMPTY_SENTENCE) {
-        format!(
-            "requirement unmet: {}",
-            veris_receipt::receipt::EMPTY_SENTENCE
-        )
-    } else {
+/// What the receipt's verdict found unmet, from its lines (never from the
+/// rendered text, where only veris's own lines may start with `FAIL:`).
+fn unmet(verdict: &veris_receipt::Verdict) -> String {
+    if verdict.lines.is_empty() {
         "requirement unmet (see the receipt above)".to_string()
+    } else {
+        format!("requirement unmet: {}", verdict.lines.join("; "))
     }
 }
 
@@ -658,9 +653,17 @@ mod tests {
 
     #[test]
     fn the_unmet_requirement_is_named() {
+        let verdict = veris_receipt::Verdict {
+            exit_code: 3,
+            lines: vec![
+                "required service stripe: at least 2 request(s) answered 2xx; saw 1".into(),
+            ],
+            outcomes: Vec::new(),
+            requirements: Vec::new(),
+        };
         assert_eq!(
-            unmet("x\nFAIL: stripe: wanted at least 2 request(s), saw 1\n"),
-            "requirement unmet: stripe: wanted at least 2 request(s), saw 1"
+            unmet(&verdict),
+            "requirement unmet: required service stripe: at least 2 request(s) answered 2xx; saw 1"
         );
     }
 }

@@ -31,8 +31,8 @@ fn demo_makes_four_calls_and_prints_the_receipt() {
         "{stdout}"
     );
     assert!(stdout.contains("4 request(s) reached the twin"), "{stdout}");
-    assert!(stdout.contains("POST /v1/customers -> 200"), "{stdout}");
-    assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+    assert!(stdout.contains("POST \"/v1/customers\" -> 200"), "{stdout}");
+    assert!(stdout.contains("POST \"/v1/charges\" -> 200"), "{stdout}");
     assert!(!stdout.contains("FAIL:"), "{stdout}");
 }
 
@@ -373,8 +373,13 @@ fn no_color_turns_colour_off_on_a_terminal() {
         let out = output(&mut cmd);
         let (terminal, _) = text(&out);
         assert!(terminal.contains("the twin is not reachable"), "{terminal}");
+        // The SGR reset before the receipt is no colour: it undoes what the
+        // command left set, NO_COLOR or not.
+        assert!(terminal.contains("\x1b[0mVeris receipt"), "{terminal:?}");
         assert_eq!(
-            terminal.contains("\x1b["),
+            terminal
+                .replace("\x1b[0mVeris receipt", "")
+                .contains("\x1b["),
             coloured,
             "NO_COLOR={no_color:?}: {terminal:?}"
         );

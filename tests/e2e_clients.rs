@@ -308,7 +308,7 @@ fn java_reaches_the_twin_through_the_env_veris_run_sets() {
     );
     assert!(stderr.contains("stripe: 2 request(s)"), "{stderr}");
     assert_eq!(
-        stderr.matches("POST /v1/charges -> 200").count(),
+        stderr.matches("POST \"/v1/charges\" -> 200").count(),
         2,
         "{stderr}"
     );

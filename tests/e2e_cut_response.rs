@@ -115,7 +115,7 @@ fn a_body_the_twin_cuts_is_recorded_as_incomplete_and_still_counted() {
     );
     assert!(
         stdout.contains(&format!(
-            "GET /v1/charges -> 200 (cut after {SENT} of {DECLARED} bytes)"
+            "GET \"/v1/charges\" -> 200 (cut after {SENT} of {DECLARED} bytes)"
         )),
         "{stdout}"
     );

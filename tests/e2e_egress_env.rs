@@ -179,7 +179,7 @@ exec curl -sS --max-time 20 https://api.stripe.com/v1/customers"#;
     let list: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(list["object"], "list", "{stdout}");
     assert!(stderr.contains("stripe: 1 request(s)"), "{stderr}");
-    assert!(stderr.contains("GET /v1/customers -> 200"), "{stderr}");
+    assert!(stderr.contains("GET \"/v1/customers\" -> 200"), "{stderr}");
 }
 
 /// A loopback HTTP/1.1 server that answers every request `origin:<path>`

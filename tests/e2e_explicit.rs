@@ -316,10 +316,13 @@ fn receipt_after_a_serve_session_and_tampering() {
     );
     assert!(stdout.contains("  stripe: 2 request(s)\n"), "{stdout}");
     assert!(
-        stdout.contains("    POST /v1/customers -> 200\n"),
+        stdout.contains("    POST \"/v1/customers\" -> 200\n"),
         "{stdout}"
     );
-    assert!(stdout.contains("    POST /v1/charges -> 200\n"), "{stdout}");
+    assert!(
+        stdout.contains("    POST \"/v1/charges\" -> 200\n"),
+        "{stdout}"
+    );
 
     let out = receipt(&["--json"]);
     assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
@@ -389,4 +392,123 @@ fn sigterm_lets_an_in_flight_request_finish() {
     assert!(body.ends_with("\n200"), "{body}");
     assert!(body.contains("test_hang"), "{body}");
     assert_eq!(ledger_requests(&serve, "POST", "/v1/test/hang").len(), 1);
+}
+
+/// DESIGN §7a.16: a requirement counts the twin's 2xx answers. A charge the
+/// twin refused (400: a body it cannot parse) does not meet
+/// `stripe POST /v1/charges`, and the FAIL line says what was seen; a
+/// status clause counts other answers; a charge at `/v1/charges/` (one
+/// trailing slash, which the twin answers) meets `/v1/charges`.
+#[test]
+fn a_refused_charge_does_not_meet_a_charge_requirement() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let mut serve = Serve::start("require-status", &[]);
+    let refused = output(serve.curl().args([
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "https://api.stripe.com/v1/charges",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        "{",
+    ]));
+    assert_eq!(text(&refused).0, "400", "{:?}", text(&refused));
+    serve.process.signal("TERM");
+    assert!(serve.process.wait().success(), "{}", serve.stderr());
+    let state = serve.state.clone();
+    let receipt = |extra: &[&str]| {
+        let mut cmd = veris(["receipt", "--state-dir"]);
+        cmd.arg(&state).args(extra);
+        output(&mut cmd)
+    };
+
+    let out = receipt(&["--require-request", "stripe POST /v1/charges"]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "FAIL: required request stripe POST \"/v1/charges\" answered 2xx: saw 1, with status 400\n"
+        ),
+        "{stdout}"
+    );
+    let out = receipt(&["--require", "stripe:1"]);
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+    assert!(
+        text(&out).0.contains("saw 1, with status 400"),
+        "{:?}",
+        text(&out)
+    );
+    for met in [
+        &["--require-request", "stripe POST /v1/charges status=4xx"][..],
+        &["--require-request", "stripe POST /v1/charges/ status=400"],
+        &["--require", "stripe:1 status=any"],
+        &["--require-host", "api.stripe.com status=4xx"],
+    ] {
+        let out = receipt(met);
+        assert_eq!(out.status.code(), Some(0), "{met:?}: {:?}", text(&out));
+    }
+    // The JSON receipt carries the filter and the statuses seen.
+    let out = receipt(&["--json", "--require-request", "stripe POST /v1/charges"]);
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("receipt JSON");
+    let req = &json["requirements"][0];
+    assert_eq!(req["status"], "2xx", "{json}");
+    assert_eq!(req["counted"], 0, "{json}");
+    assert_eq!(req["seen_statuses"]["400"], 1, "{json}");
+    assert_eq!(req["holds"], false, "{json}");
+    // On a terminal the receipt starts with an SGR reset, so colours the
+    // workload left set cannot hide it; in a pipe there is no escape at all.
+    assert!(!text(&receipt(&[])).0.contains('\x1b'));
+    if command("script").arg("--version").output().is_ok() {
+        let line = format!(
+            "{} receipt --state-dir {}",
+            support::bin().display(),
+            state.display()
+        );
+        let out = output(command("script").args(["-qec", &line, "/dev/null"]));
+        let (stdout, _) = text(&out);
+        assert!(stdout.starts_with("\x1b[0mVeris receipt"), "{stdout:?}");
+    } else if support::require_all() {
+        panic!("VERIS_REQUIRE_ALL=1 and `script` (util-linux) is missing");
+    }
+    // A malformed clause is a usage error.
+    for bad in [
+        &["--require-request", "stripe POST /v1/charges status=4x"][..],
+        &["--require", "stripe:1 4xx"],
+        &["--require-host", "api.stripe.com status=999"],
+    ] {
+        let out = receipt(bad);
+        assert_eq!(out.status.code(), Some(1), "{bad:?}: {:?}", text(&out));
+        assert!(
+            text(&out).1.contains("status="),
+            "{bad:?}: {:?}",
+            text(&out)
+        );
+    }
+
+    // A charge at /v1/charges/ meets /v1/charges.
+    let mut serve = Serve::start("require-slash", &[]);
+    let out = output(serve.curl().args([
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "https://api.stripe.com/v1/charges/",
+        "-d",
+        "amount=100",
+        "-d",
+        "currency=usd",
+    ]));
+    assert_eq!(text(&out).0, "200", "{:?}", text(&out));
+    serve.process.signal("TERM");
+    assert!(serve.process.wait().success(), "{}", serve.stderr());
+    let mut cmd = veris(["receipt", "--state-dir"]);
+    cmd.arg(&serve.state)
+        .args(["--require-request", "stripe POST /v1/charges"]);
+    let out = output(&mut cmd);
+    assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
 }

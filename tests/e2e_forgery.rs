@@ -147,7 +147,7 @@ fn a_genuine_run_is_verified_live_and_offline_with_its_key_pinned() {
     let out = offline(&["--key", &key]);
     let (stdout, _) = text(&out);
     assert!(stdout.contains("integrity: verified"), "{stdout}");
-    assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+    assert!(stdout.contains("POST \"/v1/charges\" -> 200"), "{stdout}");
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     // The key in a file works as well.
     let key_file = dir.join("run.key");
@@ -307,7 +307,7 @@ fn a_workload_sharing_the_proxy_uid_never_gets_a_verified_receipt() {
         "unverified (workload may share the proxy uid, which could stand in for the live proxy";
     let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
     assert!(stdout.contains(custody), "{stdout}");
-    assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+    assert!(stdout.contains("POST \"/v1/charges\" -> 200"), "{stdout}");
     assert_eq!(out.status.code(), Some(3), "{stdout}");
 
     // The workload points admin.addr at its own listener, which relays to the
@@ -394,7 +394,7 @@ fn a_twin_topped_up_directly_fails_the_cross_check() {
         ),
         "{stdout}"
     );
-    assert!(!stdout.contains("POST /v1/charges -> "), "{stdout}");
+    assert!(!stdout.contains("POST \"/v1/charges\" -> "), "{stdout}");
     assert_eq!(out.status.code(), Some(3), "{stdout}");
 }
 
@@ -460,7 +460,7 @@ fn a_client_that_gives_up_before_the_answer_is_still_recorded() {
     assert_eq!(found["client_gone"], true, "{found}");
     let (out, stdout) = receipt_live(&serve.state, &["--require-verified"]);
     assert!(
-        stdout.contains("POST /v1/test/hang -> 200 (client gone)"),
+        stdout.contains("POST \"/v1/test/hang\" -> 200 (client gone)"),
         "{stdout}"
     );
     assert!(stdout.contains("integrity: verified"), "{stdout}");
@@ -490,7 +490,7 @@ fn after_a_restart_the_receipt_is_the_new_sessions() {
     // The continued file verified with the proxy's own key: not moved aside.
     assert!(!serve.state.join("ledger.jsonl.moved-1").exists());
     let (out, stdout) = receipt_live(&serve.state, &["--all"]);
-    assert!(stdout.contains("GET /v1/customers -> 200"), "{stdout}");
+    assert!(stdout.contains("GET \"/v1/customers\" -> 200"), "{stdout}");
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     proxy.signal("TERM");
     proxy.wait();
@@ -700,7 +700,7 @@ fn a_key_that_sat_in_a_file_never_verifies_whatever_the_ledger_says() {
             stdout.contains("integrity: unverified (the pinned key sits in the private key file"),
             "{key}: {stdout}"
         );
-        assert!(stdout.contains("POST /v1/charges -> 200"), "{stdout}");
+        assert!(stdout.contains(r#"POST "/v1/charges" -> 200"#), "{stdout}");
         assert_eq!(code, Some(3), "{stdout}");
     }
 

@@ -526,7 +526,7 @@ fn a_full_run_with_curl_is_verified() {
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
     assert!(stderr.contains("integrity: verified"), "{stderr}");
-    assert!(stderr.contains("POST /v1/customers -> 200"), "{stderr}");
+    assert!(stderr.contains("POST \"/v1/customers\" -> 200"), "{stderr}");
 }
 
 #[test]
@@ -607,7 +607,7 @@ fn the_transparent_canary_answers_only_through_the_redirect() {
         ),
         "{all}"
     );
-    assert!(stdout.contains("POST /v1/customers -> 200"), "{all}");
+    assert!(stdout.contains("POST \"/v1/customers\" -> 200"), "{all}");
     assert!(stdout.contains("receipt=0"), "{all}");
     assert!(stdout.contains("other=2"), "{all}");
 }

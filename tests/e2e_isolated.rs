@@ -567,7 +567,7 @@ fn isolated_python_requests_without_env_reaches_the_twin_through_the_system_stor
     );
     assert!(
         out.stderr
-            .contains("FAIL: vendor host api.stripe.com refused the veris certificate"),
+            .contains("FAIL: vendor host \"api.stripe.com\" refused the veris certificate"),
         "{}",
         out.ctx()
     );

@@ -216,14 +216,14 @@ fn junit_cases_fail_exactly_where_the_exit_code_says() {
         "integrity: verified",
         "at least 1 request reached the twin",
         "no vendor host refused the veris certificate",
-        "require stripe &gt;= 1",
-        "require request stripe POST /v1/charges",
+        "require stripe &gt;= 1 (2xx)",
+        "require request stripe POST /v1/charges (2xx)",
         "command exits 0",
     ] {
         assert!(xml.contains(&format!("name=\"{name}\"")), "{name}: {xml}");
     }
     assert!(
-        xml.contains("POST /v1/charges -&gt; 200"),
+        xml.contains("POST \"/v1/charges\" -&gt; 200"),
         "the receipt text is the system-out: {xml}"
     );
     let (ledger, key) = ledger_and_key(&text(&out).1);
@@ -258,7 +258,7 @@ fn junit_cases_fail_exactly_where_the_exit_code_says() {
     assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
     assert_eq!(
         agrees(&unmet, &out, Some(7), false),
-        ["require stripe >= 2", "command exits 0"]
+        ["require stripe >= 2 (2xx)", "command exits 0"]
     );
 
     // The command's code alone.

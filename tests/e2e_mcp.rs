@@ -308,7 +308,10 @@ fn mcp_tools_report_what_the_receipt_reports() {
 
     let pass = &results[0];
     let pass_text = text_of(pass);
-    assert!(pass_text.contains("POST /v1/charges -> 200"), "{pass_text}");
+    assert!(
+        pass_text.contains("POST \"/v1/charges\" -> 200"),
+        "{pass_text}"
+    );
     assert!(pass_text.contains("verdict: pass"), "{pass_text}");
     let s = &pass["structuredContent"];
     assert_eq!(s["verdict"], "pass", "{s}");

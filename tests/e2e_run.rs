@@ -54,7 +54,7 @@ fn run_curl_gets_proxy_and_ca_from_the_env() {
         stderr.contains("1 request(s) reached the twin:"),
         "{stderr}"
     );
-    assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
+    assert!(stderr.contains("POST \"/v1/charges\" -> 200"), "{stderr}");
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn run_returns_the_childs_code_when_the_receipt_is_satisfied() {
     );
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(7), "{stdout}\n{stderr}");
-    assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
+    assert!(stderr.contains("POST \"/v1/charges\" -> 200"), "{stderr}");
 }
 
 #[test]
@@ -149,7 +149,7 @@ print(r.json()["object"], r.json()["amount"])
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert_eq!(stdout.trim(), "charge 300");
-    assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
+    assert!(stderr.contains("POST \"/v1/charges\" -> 200"), "{stderr}");
 }
 
 #[test]
@@ -186,7 +186,7 @@ fn sigterm_to_run_reaches_the_child_and_the_receipt_is_printed() {
         "term\n"
     );
     assert!(stderr.contains("Veris receipt"), "{stderr}");
-    assert!(stderr.contains("POST /v1/charges -> 200"), "{stderr}");
+    assert!(stderr.contains("POST \"/v1/charges\" -> 200"), "{stderr}");
 }
 
 #[test]

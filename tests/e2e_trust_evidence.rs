@@ -147,7 +147,7 @@ fn closes_without_a_certificate_alert_never_fail_a_receipt_and_a_refusal_does() 
     let (code, stdout, stderr) = receipt(&serve);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("tls note: api.github.com: 1 handshake(s) closed after our certificate with no alert naming it (alerts: none (1))"),
+        stdout.contains("tls note: \"api.github.com\": 1 handshake(s) closed after our certificate with no alert naming it (alerts: none (1))"),
         "{stdout}"
     );
     assert!(
@@ -182,15 +182,18 @@ fn closes_without_a_certificate_alert_never_fail_a_receipt_and_a_refusal_does() 
     let (code, stdout, stderr) = receipt(&serve);
     assert_eq!(code, Some(3), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("trust failure: api.hubapi.com: 1 refusal(s), 0 completed"),
+        stdout.contains("trust failure: \"api.hubapi.com\": 1 refusal(s), 0 completed"),
         "{stdout}"
     );
     // The verdict names the refusal, and only it.
     let verdict = format!("{stdout}{stderr}");
     assert!(
-        verdict.contains("vendor host api.hubapi.com refused the veris certificate"),
+        verdict.contains("vendor host \"api.hubapi.com\" refused the veris certificate"),
         "{verdict}"
     );
-    assert!(!verdict.contains("vendor host api.github.com"), "{verdict}");
+    assert!(
+        !verdict.contains("vendor host \"api.github.com\""),
+        "{verdict}"
+    );
     serve.stop();
 }

@@ -86,8 +86,8 @@ fn tui_shows_a_request_made_through_veris_run() {
         TUI_DEADLINE,
         |s| {
             s.contains("detail · seq")
-                && s.contains("POST /v1/charges?expand=customer")
-                && s.contains("host     api.stripe.com")
+                && s.contains("POST \"/v1/charges?expand=customer\"")
+                && s.contains("host     \"api.stripe.com\"")
                 && s.contains("filter: service:stripe")
         },
     );

@@ -9,6 +9,7 @@ pub mod entry;
 pub mod har;
 pub mod hash;
 pub mod ledger;
+pub mod quote;
 pub mod receipt;
 pub mod redact;
 pub mod seal;

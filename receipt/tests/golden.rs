@@ -280,8 +280,9 @@ fn json(r: &receipt::Receipt) -> String {
 
 #[test]
 fn design_example_renders_exactly() {
-    // DESIGN §8, verbatim. Integrity cannot be `verified` from a ledger file
-    // alone, so the model is filled in by hand where build() would say
+    // DESIGN §8, verbatim but for the path, which is the workload's text
+    // and so quoted (§7a.17). Integrity cannot be `verified` from a ledger
+    // file alone, so the model is filled in by hand where build() would say
     // unverified (proxy not live).
     let bytes = ledger_file("basic.jsonl", basic_ledger());
     let mut r = receipt_of(&bytes, &Options::default());
@@ -294,7 +295,7 @@ Veris receipt — twin sbx_a1b2c3
 
 1 request(s) reached the twin:
   stripe: 1 request(s)
-    POST /v1/charges -> 200
+    POST \"/v1/charges\" -> 200
 ";
     assert_eq!(render_text(&r), expected);
 }
@@ -423,14 +424,134 @@ fn requirements_report_wanted_and_seen() {
     assert_eq!(
         v.lines,
         [
-            "required service stripe: at least 30 request(s), saw 24",
-            "required service hubspot: at least 1 request(s), saw 0",
-            "required host api.github.com: at least 1 request(s), saw 0",
-            "required request google-calendar POST /calendar/v3/calendars: not seen; \
-             google-calendar saw 1 request(s): GET /calendar/v3/calendars/primary/events (1)",
-            "required request notion GET /v1/pages: not seen; notion saw 0 requests",
+            "required service stripe: at least 30 request(s) answered 2xx; saw 24, with status 200",
+            "required service hubspot: at least 1 request(s) answered 2xx; saw 0",
+            "required host \"api.github.com\": at least 1 request(s) answered 2xx; saw 0",
+            "required request google-calendar POST \"/calendar/v3/calendars\" answered 2xx: saw 0; \
+             google-calendar saw 1 request(s): GET \"/calendar/v3/calendars/primary/events\" (1)",
+            "required request notion GET \"/v1/pages\" answered 2xx: saw 0; notion saw 0 requests",
         ]
     );
+}
+
+#[test]
+fn a_requirement_counts_success_unless_its_status_clause_says_otherwise() {
+    // A charge the twin refused (400), one it declined (402) at a path
+    // with a trailing slash, and a customer created (200).
+    let bytes = chain(vec![
+        session("sbx_st", Mode::Passthrough, ListenerTier::Explicit, None),
+        request("stripe", "api.stripe.com", "POST", "/v1/charges", 400),
+        request("stripe", "api.stripe.com", "POST", "/v1/charges/", 402),
+        request("stripe", "api.stripe.com", "POST", "/v1/customers", 200),
+    ]);
+    let r = receipt_of(bytes.as_bytes(), &Options::default());
+    let req = |s: &str| Requirement::parse_request(s).unwrap();
+    let v = evaluate(&r, &[req("stripe POST /v1/charges")], false);
+    assert_eq!(v.exit_code, 3);
+    assert_eq!(
+        v.lines,
+        ["required request stripe POST \"/v1/charges\" answered 2xx: saw 2, with statuses 400 (1), 402 (1)"]
+    );
+    assert_eq!(v.requirements[0].status.as_deref(), Some("2xx"));
+    assert_eq!(v.requirements[0].counted, Some(0));
+    assert_eq!(
+        v.requirements[0].seen_statuses,
+        std::collections::BTreeMap::from([(400, 1), (402, 1)])
+    );
+    for met in [
+        "stripe POST /v1/charges status=4xx",
+        "stripe POST /v1/charges status=402",
+        "stripe POST /v1/charges/ status=400",
+        "stripe POST /v1/charges status=any",
+        "stripe POST /v1/customers/",
+    ] {
+        let v = evaluate(&r, &[req(met)], false);
+        assert_eq!(v.exit_code, 0, "{met}: {:?}", v.lines);
+    }
+    let service = |s: &str| Requirement::parse_service(s).unwrap();
+    let v = evaluate(&r, &[service("stripe:2")], false);
+    assert_eq!(
+        v.lines,
+        ["required service stripe: at least 2 request(s) answered 2xx; saw 3, with statuses 200 (1), 400 (1), 402 (1)"]
+    );
+    assert_eq!(
+        evaluate(&r, &[service("stripe:2 status=4xx")], false).exit_code,
+        0
+    );
+    assert_eq!(
+        evaluate(&r, &[service("stripe:3 status=any")], false).exit_code,
+        0
+    );
+    let v = evaluate(
+        &r,
+        &[Requirement::parse_host("api.stripe.com:1 status=500").unwrap()],
+        false,
+    );
+    assert_eq!(
+        v.lines,
+        ["required host \"api.stripe.com\": at least 1 request(s) answered 500; saw 3, with statuses 200 (1), 400 (1), 402 (1)"]
+    );
+    // The JSON receipt carries each requirement's filter and what was seen.
+    let mut judged = r.clone();
+    judged.requirements = v.requirements;
+    let j: serde_json::Value = serde_json::to_value(&judged).unwrap();
+    assert_eq!(j["requirements"][0]["status"], "500");
+    assert_eq!(j["requirements"][0]["seen_statuses"]["400"], 1);
+    assert_eq!(j["requirements"][0]["holds"], false);
+    assert_eq!(
+        j["services"]["stripe"]["call_statuses"]["POST /v1/charges/"]["402"],
+        1
+    );
+}
+
+#[test]
+fn a_status_clause_is_the_last_word_and_nothing_else_may_follow() {
+    use veris_receipt::receipt::StatusFilter;
+    assert_eq!(
+        Requirement::parse_service("stripe:2 status=4xx").unwrap(),
+        Requirement::Service {
+            name: "stripe".into(),
+            min: 2,
+            status: StatusFilter::Class(4)
+        }
+    );
+    assert_eq!(
+        Requirement::parse_host("api.stripe.com status=any").unwrap(),
+        Requirement::Host {
+            host: "api.stripe.com".into(),
+            min: 1,
+            status: StatusFilter::Any
+        }
+    );
+    for bad in [
+        "stripe status=",
+        "stripe status=20",
+        "stripe status=2x",
+        "stripe status=600",
+        "stripe status=6xx",
+        "stripe status=2xx,402",
+        "stripe status:4xx",
+        "stripe:1 statuses=4xx",
+    ] {
+        let err = Requirement::parse_service(bad).unwrap_err().to_string();
+        assert!(
+            err.contains("status=CODE") && err.contains("status=Nxx"),
+            "{bad:?}: {err}"
+        );
+    }
+    for bad in ["stripe:1 4xx", "stripe 1", "stripe:1 status=4xx extra"] {
+        let err = Requirement::parse_service(bad).unwrap_err().to_string();
+        assert!(err.contains("status=CODE"), "{bad:?}: {err}");
+    }
+    for bad in [
+        "stripe POST /v1/charges 402",
+        "stripe POST /v1/charges status=4xy",
+    ] {
+        let err = Requirement::parse_request(bad).unwrap_err().to_string();
+        assert!(err.contains("status="), "{bad:?}: {err}");
+    }
+    let err = Requirement::parse_request("stripe POST /v1/\u{1b}[0m").unwrap_err();
+    assert!(err.to_string().contains("\\u{1b}"), "{err}");
 }
 
 #[test]
@@ -442,7 +563,7 @@ fn upstream_errors_did_not_reach_the_twin() {
     golden("upstream-error.txt", &text);
     assert!(text.contains(
         "upstream errors (did not reach the twin): 1 \
-         (stripe POST /v1/charges -> 502 veris_upstream_unreachable)"
+         (stripe POST \"/v1/charges\" -> 502 veris_upstream_unreachable)"
     ));
     let v = evaluate(
         &r,
@@ -452,7 +573,7 @@ fn upstream_errors_did_not_reach_the_twin() {
     assert_eq!(v.exit_code, 3);
     assert_eq!(
         v.lines,
-        ["required request stripe POST /v1/charges: not seen; stripe saw 0 requests"]
+        ["required request stripe POST \"/v1/charges\" answered 2xx: saw 0; stripe saw 0 requests"]
     );
 }
 
@@ -493,7 +614,8 @@ fn requirement_parse_errors_are_clear() {
         Requirement::parse_host("API.Stripe.com:3").unwrap(),
         Requirement::Host {
             host: "api.stripe.com".into(),
-            min: 3
+            min: 3,
+            status: veris_receipt::receipt::StatusFilter::SUCCESS,
         }
     );
 }

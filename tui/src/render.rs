@@ -8,6 +8,7 @@ use ratatui::style::{Color, Modifier, Style, Stylize};
 use ratatui::text::{Line as TextLine, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row as TableRow, Table, Wrap};
 use ratatui::Frame;
+use veris_receipt::quote::{escaped, quoted, token};
 use veris_receipt::receipt::{CheckStatus, IntegrityStatus};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
@@ -170,8 +171,13 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
                     .checks
                     .iter()
                     .find(|c| c.status == CheckStatus::Failed)
-                    .map(|c| format!("{}: {}", c.name, c.detail))
-                    .or_else(|| r.integrity.reason.clone())
+                    .map(|c| format!("{}: {}", c.name, escaped(&c.detail)))
+                    .or_else(|| {
+                        r.integrity
+                            .reason
+                            .as_deref()
+                            .map(|r| escaped(r).into_owned())
+                    })
                     .unwrap_or_default();
                 vec![
                     Span::raw("integrity: FAILED").red().bold(),
@@ -205,7 +211,7 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
 
     let leaks = match receipt {
         Some(r) if r.leaks.is_empty() => Span::raw("leaks: none").green(),
-        Some(r) => Span::raw(format!("leaks: {}", r.leaks.join(", "))).yellow(),
+        Some(r) => Span::raw(format!("leaks: {}", escaped(&r.leaks.join(", ")))).yellow(),
         None => Span::raw("leaks: ?").dark_gray(),
     };
     let mut line3 = vec![leaks, sep(), Span::raw(format!("seq {}", app.last_seq()))];
@@ -265,6 +271,7 @@ fn render_services(app: &App, frame: &mut Frame, area: Rect) {
         .iter()
         .take(cap)
         .map(|(name, s)| {
+            let name = token(name);
             let p50 = s.p50_ms().map_or("-".to_string(), latency);
             let mut spans = vec![
                 Span::raw(format!("{name:<name_w$.name_w$}")).bold(),
@@ -359,226 +366,247 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         Entry::ResponseIncomplete { .. } => Style::new().fg(Color::Red),
         Entry::TunnelClose { .. } | Entry::BodyCapture { .. } => Style::new().fg(Color::DarkGray),
     };
-    let (method, what, status, lat, bytes): (String, String, Cell, String, String) = match &row
-        .entry
-    {
-        Entry::Request {
-            method,
-            path,
-            query,
-            status,
-            duration_ms,
-            bytes_in,
-            bytes_out,
-            websocket,
-            ..
-        } => (
-            if *websocket {
-                format!("{method} ws")
-            } else {
-                method.clone()
-            },
-            match query {
-                Some(q) => format!("{path}?{q}"),
-                None => path.clone(),
-            },
-            Cell::from(status.to_string()).style(status_style(*status)),
-            latency(*duration_ms),
-            format!(
-                "{}/{}",
-                human_bytes(*bytes_in),
-                bytes_out.map_or("?".into(), human_bytes)
+    let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
+        match &row.entry {
+            Entry::Request {
+                method,
+                path,
+                query,
+                status,
+                duration_ms,
+                bytes_in,
+                bytes_out,
+                websocket,
+                ..
+            } => (
+                if *websocket {
+                    format!("{} ws", token(method))
+                } else {
+                    token(method).into_owned()
+                },
+                match query {
+                    Some(q) => quoted(&format!("{path}?{q}")),
+                    None => quoted(path),
+                },
+                Cell::from(status.to_string()).style(status_style(*status)),
+                latency(*duration_ms),
+                format!(
+                    "{}/{}",
+                    human_bytes(*bytes_in),
+                    bytes_out.map_or("?".into(), human_bytes)
+                ),
             ),
-        ),
-        Entry::UpstreamError {
-            method,
-            path,
-            status,
-            error,
-            duration_ms,
-            ..
-        } => (
-            method.clone(),
-            format!("{path}  {error}"),
-            Cell::from(status.to_string()).style(status_style(*status).bold()),
-            latency(*duration_ms),
-            String::new(),
-        ),
-        Entry::Passthrough {
-            host,
-            port,
-            bytes_in,
-            bytes_out,
-            duration_ms,
-            ..
-        } => (
-            "TUNNEL".into(),
-            format!("{host}:{port}"),
-            Cell::from("tun").dark_gray(),
-            latency(*duration_ms),
-            format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
-        ),
-        Entry::Blocked {
-            host,
-            port,
-            method,
-            path,
-            ..
-        } => (
-            method.clone().unwrap_or_else(|| "CONNECT".into()),
-            format!("{host}:{port}{}", path.as_deref().unwrap_or("")),
-            Cell::from("421").style(status_style(421).bold()),
-            String::new(),
-            String::new(),
-        ),
-        Entry::TrustFailure {
-            host, port, alert, ..
-        } => (
-            "TLS".into(),
-            format!("{host}:{port}  client refused the veris CA ({alert})"),
-            Cell::from("tls").red().bold(),
-            String::new(),
-            String::new(),
-        ),
-        Entry::BodyCapture { of, .. } => (
-            String::new(),
-            format!("bodies of #{of} captured"),
-            Cell::from("cap").dark_gray(),
-            String::new(),
-            String::new(),
-        ),
-        Entry::TunnelClose {
-            of,
-            bytes_in,
-            bytes_out,
-            duration_ms,
-            error,
-        } => (
-            String::new(),
-            match error {
-                Some(e) => format!("tunnel #{of} closed ({e})"),
-                None => format!("tunnel #{of} closed"),
-            },
-            Cell::from("tun").dark_gray(),
-            latency(*duration_ms),
-            format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
-        ),
-        Entry::ResponseIncomplete {
-            of,
-            bytes,
-            declared,
-            reason,
-            ..
-        } => (
-            String::new(),
-            match declared {
-                Some(d) => format!("response of #{of} incomplete ({reason}): {bytes} of {d} bytes"),
-                None => format!("response of #{of} incomplete ({reason}): {bytes} bytes"),
-            },
-            Cell::from("cut").red(),
-            String::new(),
-            String::new(),
-        ),
-        Entry::TlsAbandoned {
-            host, port, stage, ..
-        } => (
-            "TLS".into(),
-            format!("{host}:{port}  client left after our certificate ({stage}), no refusal alert"),
-            Cell::from("tls"),
-            String::new(),
-            String::new(),
-        ),
-        Entry::Session { pid, listen, .. } => (
-            String::new(),
-            format!("proxy started (pid {pid}, listening on {listen})"),
-            Cell::from(""),
-            String::new(),
-            String::new(),
-        ),
-        Entry::Quic {
-            host,
-            dst,
-            attempts,
-        } => (
-            "UDP".into(),
-            format!(
-                "{}{dst}  {attempts} QUIC attempt(s) dropped",
-                host.as_deref().map(|h| format!("{h} ")).unwrap_or_default()
+            Entry::UpstreamError {
+                method,
+                path,
+                status,
+                error,
+                duration_ms,
+                ..
+            } => (
+                token(method).into_owned(),
+                format!("{}  {}", quoted(path), token(error)),
+                Cell::from(status.to_string()).style(status_style(*status).bold()),
+                latency(*duration_ms),
+                String::new(),
             ),
-            Cell::from("quic").dark_gray(),
-            String::new(),
-            String::new(),
-        ),
-        Entry::Ech { host, port, .. } => (
-            "TLS".into(),
-            format!("{host}:{port}  ClientHello carried ECH"),
-            Cell::from("ech").yellow(),
-            String::new(),
-            String::new(),
-        ),
-        Entry::ReservedPath {
-            method,
-            path,
-            status,
-            error,
-            ..
-        } => (
-            method.clone(),
-            format!("{path}  {error} (answered by the proxy)"),
-            Cell::from(status.to_string()).style(status_style(*status)),
-            String::new(),
-            String::new(),
-        ),
-        Entry::Tamper { what, .. } => (
-            String::new(),
-            format!("ledger file {what} behind the proxy's back"),
-            Cell::from("!").red().bold(),
-            String::new(),
-            String::new(),
-        ),
-        Entry::RedirectChange { detail } => (
-            String::new(),
-            format!("kernel rules changed: {detail}"),
-            Cell::from("!").red().bold(),
-            String::new(),
-            String::new(),
-        ),
-        Entry::Dns { name, qtype } => (
-            qtype.clone(),
-            format!("DNS {name} (answered by the stub)"),
-            Cell::from(""),
-            String::new(),
-            String::new(),
-        ),
-        Entry::UdpDropped { packets } => (
-            String::new(),
-            format!("{packets} UDP datagram(s) dropped by the rules"),
-            Cell::from(""),
-            String::new(),
-            String::new(),
-        ),
-        Entry::Check { name, status, .. } => (
-            String::new(),
-            format!("{name}: {status}"),
-            Cell::from(""),
-            String::new(),
-            String::new(),
-        ),
-        Entry::Seal { sealed_seq, .. } => (
-            String::new(),
-            format!("sealed through seq {sealed_seq}"),
-            Cell::from(""),
-            String::new(),
-            String::new(),
-        ),
-    };
+            Entry::Passthrough {
+                host,
+                port,
+                bytes_in,
+                bytes_out,
+                duration_ms,
+                ..
+            } => (
+                "TUNNEL".into(),
+                format!("{}:{port}", quoted(host)),
+                Cell::from("tun").dark_gray(),
+                latency(*duration_ms),
+                format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
+            ),
+            Entry::Blocked {
+                host,
+                port,
+                method,
+                path,
+                ..
+            } => (
+                method
+                    .as_deref()
+                    .map_or("CONNECT".into(), |m| token(m).into_owned()),
+                match path {
+                    Some(p) => format!("{}:{port} {}", quoted(host), quoted(p)),
+                    None => format!("{}:{port}", quoted(host)),
+                },
+                Cell::from("421").style(status_style(421).bold()),
+                String::new(),
+                String::new(),
+            ),
+            Entry::TrustFailure {
+                host, port, alert, ..
+            } => (
+                "TLS".into(),
+                format!(
+                    "{}:{port}  client refused the veris CA ({})",
+                    quoted(host),
+                    token(alert)
+                ),
+                Cell::from("tls").red().bold(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::BodyCapture { of, .. } => (
+                String::new(),
+                format!("bodies of #{of} captured"),
+                Cell::from("cap").dark_gray(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::TunnelClose {
+                of,
+                bytes_in,
+                bytes_out,
+                duration_ms,
+                error,
+            } => (
+                String::new(),
+                match error {
+                    Some(e) => format!("tunnel #{of} closed ({})", escaped(e)),
+                    None => format!("tunnel #{of} closed"),
+                },
+                Cell::from("tun").dark_gray(),
+                latency(*duration_ms),
+                format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
+            ),
+            Entry::ResponseIncomplete {
+                of,
+                bytes,
+                declared,
+                reason,
+                ..
+            } => (
+                String::new(),
+                match declared {
+                    Some(d) => format!(
+                        "response of #{of} incomplete ({}): {bytes} of {d} bytes",
+                        token(reason)
+                    ),
+                    None => format!(
+                        "response of #{of} incomplete ({}): {bytes} bytes",
+                        token(reason)
+                    ),
+                },
+                Cell::from("cut").red(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::TlsAbandoned {
+                host, port, stage, ..
+            } => (
+                "TLS".into(),
+                format!(
+                    "{}:{port}  client left after our certificate ({}), no refusal alert",
+                    quoted(host),
+                    token(stage)
+                ),
+                Cell::from("tls"),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Session { pid, listen, .. } => (
+                String::new(),
+                format!("proxy started (pid {pid}, listening on {})", token(listen)),
+                Cell::from(""),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Quic {
+                host,
+                dst,
+                attempts,
+            } => (
+                "UDP".into(),
+                format!(
+                    "{}{}  {attempts} QUIC attempt(s) dropped",
+                    host.as_deref()
+                        .map(|h| format!("{} ", quoted(h)))
+                        .unwrap_or_default(),
+                    token(dst)
+                ),
+                Cell::from("quic").dark_gray(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Ech { host, port, .. } => (
+                "TLS".into(),
+                format!("{}:{port}  ClientHello carried ECH", quoted(host)),
+                Cell::from("ech").yellow(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::ReservedPath {
+                method,
+                path,
+                status,
+                error,
+                ..
+            } => (
+                token(method).into_owned(),
+                format!("{}  {} (answered by the proxy)", quoted(path), token(error)),
+                Cell::from(status.to_string()).style(status_style(*status)),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Tamper { what, .. } => (
+                String::new(),
+                format!("ledger file {} behind the proxy's back", escaped(what)),
+                Cell::from("!").red().bold(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::RedirectChange { detail } => (
+                String::new(),
+                format!("kernel rules changed: {}", escaped(detail)),
+                Cell::from("!").red().bold(),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Dns { name, qtype } => (
+                token(qtype).into_owned(),
+                format!("DNS {} (answered by the stub)", quoted(name)),
+                Cell::from(""),
+                String::new(),
+                String::new(),
+            ),
+            Entry::UdpDropped { packets } => (
+                String::new(),
+                format!("{packets} UDP datagram(s) dropped by the rules"),
+                Cell::from(""),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Check { name, status, .. } => (
+                String::new(),
+                format!("{}: {}", token(name), escaped(status)),
+                Cell::from(""),
+                String::new(),
+                String::new(),
+            ),
+            Entry::Seal { sealed_seq, .. } => (
+                String::new(),
+                format!("sealed through seq {sealed_seq}"),
+                Cell::from(""),
+                String::new(),
+                String::new(),
+            ),
+        };
     let mut cells = vec![
         Cell::from(time).dark_gray(),
-        Cell::from(row.label().to_string()).style(label_style),
+        Cell::from(token(row.label()).into_owned()).style(label_style),
         Cell::from(method),
     ];
     if cols == Columns::Wide {
-        cells.push(Cell::from(row.host().unwrap_or("").to_string()));
+        cells.push(Cell::from(row.host().map(quoted).unwrap_or_default()));
     }
     cells.extend([
         Cell::from(what),
@@ -694,6 +722,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
         return;
     };
     let key = |k: &str| Span::raw(format!("{k:<9}")).dark_gray();
+    // Recorded values are quoted (names) or escaped (sentences) below.
     let kv = |k: &str, v: String| TextLine::from(vec![key(k), Span::raw(v)]);
     let mut lines = vec![kv("ledger", format!("seq {} · {}", row.seq, row.ts))];
     lines.push(kv("kind", row.entry.kind().to_string()));
@@ -715,16 +744,20 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             websocket,
             client_gone,
         } => {
-            lines.push(kv("service", service.clone()));
-            lines.push(kv("host", host.clone()));
+            lines.push(kv("service", token(service).into_owned()));
+            lines.push(kv("host", quoted(host)));
             lines.push(kv(
                 "request",
                 format!(
-                    "{method} {path}{}",
-                    query
-                        .as_deref()
-                        .map(|q| format!("?{q}"))
-                        .unwrap_or_default()
+                    "{} {}",
+                    token(method),
+                    quoted(&format!(
+                        "{path}{}",
+                        query
+                            .as_deref()
+                            .map(|q| format!("?{q}"))
+                            .unwrap_or_default()
+                    ))
                 ),
             ));
             lines.push(TextLine::from(vec![
@@ -753,13 +786,17 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                     bytes_out.map_or("not declared".into(), human_bytes)
                 ),
             ));
-            lines.push(kv("upstream", upstream.clone()));
+            lines.push(kv("upstream", quoted(upstream)));
             if headers.is_empty() {
                 lines.push(kv("headers", "none recorded".into()));
             } else {
                 lines.push(kv("headers", String::new()));
                 for (name, value) in headers {
-                    lines.push(TextLine::from(format!("  {name}: {value}")));
+                    lines.push(TextLine::from(format!(
+                        "  {}: {}",
+                        token(name),
+                        quoted(value)
+                    )));
                 }
             }
         }
@@ -774,9 +811,9 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             tier,
             duration_ms,
         } => {
-            lines.push(kv("service", service.clone()));
-            lines.push(kv("host", host.clone()));
-            lines.push(kv("request", format!("{method} {path}")));
+            lines.push(kv("service", token(service).into_owned()));
+            lines.push(kv("host", quoted(host)));
+            lines.push(kv("request", format!("{} {}", token(method), quoted(path))));
             let meaning = if error == "veris_upstream_timeout" {
                 "no answer in time: the twin may have processed it"
             } else {
@@ -785,7 +822,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("status", format!("{status} · {error} ({meaning})")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
             lines.push(kv("timing", latency(*duration_ms)));
-            lines.push(kv("upstream", upstream.clone()));
+            lines.push(kv("upstream", quoted(upstream)));
         }
         Entry::Passthrough {
             host,
@@ -797,9 +834,9 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             reason,
             dst,
         } => {
-            lines.push(kv("host", format!("{host}:{port}")));
+            lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(dst) = dst {
-                lines.push(kv("dialed", dst.clone()));
+                lines.push(kv("dialed", token(dst).into_owned()));
             }
             lines.push(kv("why", format!("tunneled to the real host ({reason})")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
@@ -822,12 +859,12 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             reason,
             dst,
         } => {
-            lines.push(kv("host", format!("{host}:{port}")));
+            lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(dst) = dst {
-                lines.push(kv("dst", dst.clone()));
+                lines.push(kv("dst", token(dst).into_owned()));
             }
             if let (Some(m), Some(p)) = (method, path) {
-                lines.push(kv("request", format!("{m} {p}")));
+                lines.push(kv("request", format!("{} {}", token(m), quoted(p))));
             }
             lines.push(kv("status", format!("421 refused ({reason})")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
@@ -849,7 +886,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             ));
             lines.push(kv("open for", format!("{duration_ms} ms")));
             if let Some(e) = error {
-                lines.push(kv("error", e.clone()));
+                lines.push(kv("error", escaped(e).into_owned()));
             }
         }
         Entry::ResponseIncomplete {
@@ -859,12 +896,12 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             declared,
             reason,
         } => {
-            lines.push(kv("request", format!("#{of} ({service})")));
+            lines.push(kv("request", format!("#{of} ({})", token(service))));
             lines.push(kv("delivered", format!("{bytes} bytes")));
             if let Some(d) = declared {
                 lines.push(kv("declared", format!("{d} bytes")));
             }
-            lines.push(kv("reason", reason.clone()));
+            lines.push(kv("reason", token(reason).into_owned()));
         }
         Entry::TlsAbandoned {
             host,
@@ -874,11 +911,11 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             stage,
             alert,
         } => {
-            lines.push(kv("host", format!("{host}:{port}")));
+            lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(s) = service {
-                lines.push(kv("service", s.clone()));
+                lines.push(kv("service", token(s).into_owned()));
             }
-            lines.push(kv("stage", stage.clone()));
+            lines.push(kv("stage", token(stage).into_owned()));
             lines.push(kv("alert", alert.clone().unwrap_or_else(|| "none".into())));
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
@@ -889,11 +926,11 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             service,
             alert,
         } => {
-            lines.push(kv("host", format!("{host}:{port}")));
+            lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(s) = service {
-                lines.push(kv("service", s.clone()));
+                lines.push(kv("service", token(s).into_owned()));
             }
-            lines.push(kv("alert", alert.clone()));
+            lines.push(kv("alert", token(alert).into_owned()));
             lines.push(kv("tier", tier_word(*tier).to_string()));
             lines.push(kv(
                 "meaning",
@@ -947,15 +984,15 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
         } => {
             lines.push(kv(
                 "host",
-                host.clone().unwrap_or_else(|| "(no SNI)".into()),
+                host.as_deref().map_or("(no SNI)".into(), quoted),
             ));
-            lines.push(kv("dst", dst.clone()));
+            lines.push(kv("dst", token(dst).into_owned()));
             lines.push(kv("attempts", attempts.to_string()));
         }
         Entry::Ech {
             host, port, tier, ..
         } => {
-            lines.push(kv("host", format!("{host}:{port}")));
+            lines.push(kv("host", format!("{}:{port}", quoted(host))));
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
         Entry::Seal { sealed_seq, .. } => lines.push(kv("sealed", sealed_seq.to_string())),
@@ -968,9 +1005,9 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             error,
             tier,
         } => {
-            lines.push(kv("service", service.clone()));
-            lines.push(kv("host", host.clone()));
-            lines.push(kv("request", format!("{method} {path}")));
+            lines.push(kv("service", token(service).into_owned()));
+            lines.push(kv("host", quoted(host)));
+            lines.push(kv("request", format!("{} {}", token(method), quoted(path))));
             lines.push(kv(
                 "status",
                 format!("{status} · {error} (answered by the proxy, never sent to the twin)"),
@@ -982,18 +1019,18 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 "rules",
                 "the kernel redirect changed while the proxy ran".into(),
             ));
-            lines.push(kv("detail", detail.clone()));
+            lines.push(kv("detail", escaped(detail).into_owned()));
         }
         Entry::UdpDropped { packets } => {
             lines.push(kv("dropped", format!("{packets} datagram(s)")))
         }
         Entry::Dns { name, qtype } => {
-            lines.push(kv("name", name.clone()));
-            lines.push(kv("type", qtype.clone()));
+            lines.push(kv("name", quoted(name)));
+            lines.push(kv("type", token(qtype).into_owned()));
         }
         Entry::Tamper { what, detail } => {
-            lines.push(kv("tamper", what.clone()));
-            lines.push(kv("detail", detail.clone()));
+            lines.push(kv("tamper", escaped(what).into_owned()));
+            lines.push(kv("detail", escaped(detail).into_owned()));
         }
         Entry::Check {
             name,
@@ -1002,9 +1039,9 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             since_seq,
             until_seq,
         } => {
-            lines.push(kv("check", format!("{name}: {status}")));
+            lines.push(kv("check", format!("{}: {}", token(name), escaped(status))));
             lines.push(kv("window", format!("seq {since_seq}..{until_seq}")));
-            lines.push(kv("detail", detail.clone()));
+            lines.push(kv("detail", escaped(detail).into_owned()));
         }
     }
     frame.render_widget(

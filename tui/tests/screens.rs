@@ -99,7 +99,28 @@ fn filter_typing_and_applied() {
     }
     app.update(code(KeyCode::Enter));
     assert_eq!(app.visible_len(), 1);
-    assert!(screen(&app).contains("trust-failure    TLS     files.stripe.com:443"));
+    assert!(screen(&app).contains("trust-failure    TLS     \"files.stripe.com\":443"));
+}
+
+#[test]
+fn a_hostile_host_is_quoted_and_escaped_in_table_and_detail() {
+    // A plain-HTTP passthrough's Host header is the workload's text.
+    let host = "a\tintegrity: verified   leaks: none \u{1b}[30;40m\u{202e}x";
+    let lines = chain(vec![(2_000, session()), (1_000, passthrough(host))]);
+    let mut app = app_with(lines, (160, 45));
+    app.update(code(KeyCode::Enter));
+    let s = screen(&app);
+    // The table row and the detail pane both show it quoted, tab escaped.
+    assert!(
+        s.contains("TUNNEL \"a\\tintegrity: verified   leaks: none \\u{1b"),
+        "{s}"
+    );
+    assert!(
+        s.contains("host     \"a\\tintegrity: verified   leaks: none"),
+        "{s}"
+    );
+    assert!(s.contains("\\u{1b}[30;40m\\u{202e}x\":443"), "{s}");
+    assert!(!s.contains('\u{1b}') && !s.contains('\u{202e}'), "{s}");
 }
 
 #[test]

@@ -187,8 +187,11 @@ impl<'o> Builder<'o> {
                 });
                 if plain {
                     count_key(&mut summary.hosts, host);
+                    count_status(&mut summary.host_statuses, host, *status);
                 } else {
-                    count_key(&mut summary.hosts, &normalize_host(host));
+                    let host = normalize_host(host);
+                    count_key(&mut summary.hosts, &host);
+                    count_status(&mut summary.host_statuses, &host, *status);
                 }
                 let path = strip_query(path);
                 let call = &mut self.call;
@@ -197,6 +200,7 @@ impl<'o> Builder<'o> {
                 call.push(' ');
                 call.push_str(path);
                 count_key(&mut summary.calls, call);
+                count_status(&mut summary.call_statuses, call, *status);
                 if summary.entries.len() < JSON_ENTRY_CAP {
                     summary.entries.push(RequestEntry {
                         seq: line.seq,
@@ -389,6 +393,7 @@ impl<'o> Builder<'o> {
             seal_key,
             reserved_paths: w.reserved_paths,
             set_aside,
+            requirements: Vec::new(),
         }
     }
 }
@@ -399,6 +404,17 @@ fn count_key(counts: &mut BTreeMap<String, u64>, key: &str) {
         Some(n) => *n += 1,
         None => {
             counts.insert(key.to_string(), 1);
+        }
+    }
+}
+
+/// Adds one to `key`'s count of `status`, allocating the key only the
+/// first time.
+fn count_status(counts: &mut BTreeMap<String, BTreeMap<u16, u64>>, key: &str, status: u16) {
+    match counts.get_mut(key) {
+        Some(by_status) => *by_status.entry(status).or_default() += 1,
+        None => {
+            counts.insert(key.to_string(), BTreeMap::from([(status, 1)]));
         }
     }
 }
@@ -582,11 +598,11 @@ mod tests {
         );
         let text = render_text(&r);
         assert!(
-            text.contains("passthrough: example.org → 198.51.100.7:443 (1), example.org → 203.0.113.10:443 (2), registry.npmjs.org (1)\n"),
+            text.contains("passthrough: \"example.org\" → 198.51.100.7:443 (1), \"example.org\" → 203.0.113.10:443 (2), \"registry.npmjs.org\" (1)\n"),
             "{text}"
         );
         assert!(
-            text.contains("blocked: x.localhost → 203.0.113.10:443 (1)\n"),
+            text.contains("blocked: \"x.localhost\" → 203.0.113.10:443 (1)\n"),
             "{text}"
         );
         // JSON adds the field beside `hosts`, and reads back.
@@ -673,7 +689,9 @@ mod tests {
         // An unmapped host is not a vendor: never fatal.
         assert!(!by_host["example.org"].is_fatal());
         let text = render_text(&r);
-        assert!(text.contains("trust failure: api.github.com: 2 refusal(s), 0 completed: alerts"));
+        assert!(
+            text.contains("trust failure: \"api.github.com\": 2 refusal(s), 0 completed: alerts")
+        );
         let verdict = evaluate(&r, &[], false);
         assert_eq!(verdict.exit_code, EXIT_UNMET);
         let fatal: Vec<&String> = verdict

@@ -896,7 +896,7 @@ mod tests {
     #[test]
     fn a_recorded_leftover_process_keeps_an_offline_receipt_unverified() {
         let dir = Dir::new();
-        let sealer = Sealer::ephemeral().unwrap();
+        let sealer = Sealer::generate().unwrap();
         let path = dir.0.join("ledger.jsonl");
         let (ledger, _) = Ledger::open(&path).unwrap();
         ledger

@@ -58,7 +58,13 @@ pub fn render_junit(
     };
     let mut checks = format!("integrity: {}\n", super::text::integrity_text(&r.integrity));
     for c in &r.integrity.checks {
-        let _ = writeln!(checks, "  {}: {:?} {}", c.name, c.status, c.detail);
+        let _ = writeln!(
+            checks,
+            "  {}: {:?} {}",
+            c.name,
+            c.status,
+            crate::quote::escaped(&c.detail)
+        );
     }
     cases.push(Case {
         name: format!("integrity: {word}"),
@@ -125,16 +131,21 @@ pub fn render_junit_error(message: &str, cx: &JunitContext<'_>) -> String {
     document(cx, &[], &[case], Some(message), message)
 }
 
-/// `require stripe >= 1`: how a CI page lists a requirement.
+/// `require stripe >= 1 (2xx)`: how a CI page lists a requirement.
 fn requirement_name(req: &Requirement) -> String {
     match req {
-        Requirement::Service { name, min } => format!("require {name} >= {min}"),
-        Requirement::Host { host, min } => format!("require host {host} >= {min}"),
+        Requirement::Service { name, min, status } => {
+            format!("require {name} >= {min} ({status})")
+        }
+        Requirement::Host { host, min, status } => {
+            format!("require host {host} >= {min} ({status})")
+        }
         Requirement::Request {
             service,
             method,
             path,
-        } => format!("require request {service} {method} {path}"),
+            status,
+        } => format!("require request {service} {method} {path} ({status})"),
         Requirement::Verified => "require integrity verified".into(),
     }
 }
@@ -318,6 +329,11 @@ mod tests {
                             incomplete: None,
                         })
                         .collect(),
+                    calls: paths.iter().map(|p| (format!("GET {p}"), 1)).collect(),
+                    call_statuses: paths
+                        .iter()
+                        .map(|p| (format!("GET {p}"), BTreeMap::from([(200, 1)])))
+                        .collect(),
                     ..ServiceSummary::default()
                 },
             );
@@ -348,6 +364,7 @@ mod tests {
             seal_key: None,
             reserved_paths: BTreeMap::new(),
             set_aside: Vec::new(),
+            requirements: Vec::new(),
         }
     }
 
@@ -384,14 +401,14 @@ mod tests {
         let text = render_text(&r);
         let x = render_junit(&r, &v, &text, Some(7), &cx());
         assert!(x.contains("<testsuite name=\"veris receipt\" tests=\"7\" failures=\"4\" errors=\"0\" skipped=\"0\" time=\"1.234\" timestamp=\"2023-11-14T22:13:20\" hostname=\"ci-1\">"), "{x}");
-        assert!(x.contains("<testcase name=\"require stripe &gt;= 1\" classname=\"veris.receipt\" time=\"0.000\"/>"), "{x}");
+        assert!(x.contains("<testcase name=\"require stripe &gt;= 1 (2xx)\" classname=\"veris.receipt\" time=\"0.000\"/>"), "{x}");
         assert!(
-            x.contains("<testcase name=\"require stripe &gt;= 5\""),
+            x.contains("<testcase name=\"require stripe &gt;= 5 (2xx)\""),
             "{x}"
         );
-        assert!(x.contains("message=\"required service stripe: at least 5 request(s), saw 2\" type=\"requirement\""), "{x}");
+        assert!(x.contains("message=\"required service stripe: at least 5 request(s) answered 2xx; saw 2, with status 200\" type=\"requirement\""), "{x}");
         assert!(
-            x.contains("<testcase name=\"require request stripe POST /v1/charges\""),
+            x.contains("<testcase name=\"require request stripe POST /v1/charges (2xx)\""),
             "{x}"
         );
         assert!(
@@ -404,7 +421,7 @@ mod tests {
             "{x}"
         );
         assert!(
-            x.contains("GET /v1/x]]&gt;\u{FFFD}&amp;\u{FFFD} -&gt; 200"),
+            x.contains("GET \"/v1/x]]&gt;\\u{1b}&amp;\\u{0}\" -&gt; 200"),
             "{x}"
         );
         assert!(!x.contains('\u{0}') && !x.contains('\u{1b}'));

@@ -94,7 +94,9 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
     }
     if !ech_hosts.is_empty() {
         ech_hosts.sort();
-        out.push(format!("ech-observed {}", ech_hosts.join(",")));
+        // The SNI is the workload's text: quoted (DESIGN §7a.17).
+        let hosts: Vec<String> = ech_hosts.iter().map(|h| crate::quote::quoted(h)).collect();
+        out.push(format!("ech-observed {}", hosts.join(",")));
     }
     let udp_dropped: u64 = read
         .lines
@@ -114,7 +116,8 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
         out.push(if quic_hosts.is_empty() {
             format!("quic-attempts {quic_attempts}")
         } else {
-            format!("quic-attempts {quic_attempts} ({})", quic_hosts.join(","))
+            let hosts: Vec<String> = quic_hosts.iter().map(|h| crate::quote::quoted(h)).collect();
+            format!("quic-attempts {quic_attempts} ({})", hosts.join(","))
         });
     }
     out

@@ -37,7 +37,10 @@ mod tls;
 pub use build::{build, build_file, build_file_with, Builder};
 pub use integrity::PROXY_NOT_LIVE;
 pub use junit::{render_junit, render_junit_error, JunitContext};
-pub use require::{evaluate, Assertion, Outcome, Requirement, RequirementError, Verdict};
+pub use require::{
+    evaluate, split_status, Assertion, Outcome, Requirement, RequirementError, RequirementResult,
+    StatusFilter, Verdict,
+};
 pub(crate) use text::integrity_text;
 pub use text::render_text;
 
@@ -53,6 +56,11 @@ pub use text::render_text;
 /// holds only refusals, an alert that names the certificate), and the
 /// `incomplete` of a request and a service (a response body that did not
 /// reach the client whole).
+///
+/// Still version 3, with additions only: `host_statuses` and
+/// `call_statuses` of a service (what requirements count), and
+/// `requirements` (each requirement's status filter, count and the
+/// statuses seen).
 pub const RECEIPT_VERSION: u32 = 3;
 
 /// Requests listed per service in the text receipt.
@@ -111,6 +119,11 @@ pub struct Receipt {
     /// in no window of this file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set_aside: Vec<SetAside>,
+    /// The requirements it was judged against and how each came out
+    /// (`veris receipt --json`, `veris run --receipt`); absent when none
+    /// were given. Not part of the summary: [`evaluate`] fills it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<RequirementResult>,
 }
 
 /// A ledger moved aside at a restart, as the new session line names it.
@@ -198,9 +211,17 @@ pub struct ServiceSummary {
     /// Request count per host (lower-case, no port), for `--require-host`.
     #[serde(default)]
     pub hosts: BTreeMap<String, u64>,
-    /// Request count per `METHOD /path` (no query), for `--require-request`.
+    /// Request count per `METHOD /path` (no query), any status.
     #[serde(default)]
     pub calls: BTreeMap<String, u64>,
+    /// Per host, the count of each status the twin answered: what
+    /// `--require-host` counts (2xx unless its status clause says otherwise).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_statuses: BTreeMap<String, BTreeMap<u16, u64>>,
+    /// Per `METHOD /path`, the count of each status the twin answered:
+    /// what `--require` and `--require-request` count.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub call_statuses: BTreeMap<String, BTreeMap<u16, u64>>,
     /// Requests among `requests` whose response body did not reach the
     /// client whole (still counted: the twin got them).
     #[serde(default, skip_serializing_if = "is_zero")]

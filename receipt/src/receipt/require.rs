@@ -1,20 +1,97 @@
 //! Requirements asserted against a receipt, and the exit code they give.
+//!
+//! A requirement counts successful answers: the twin's 2xx, unless it ends
+//! in a status clause (DESIGN §7a.16). The clause is the last word of the
+//! same argument: `status=402` (that code), `status=4xx` (that class) or
+//! `status=any`, as in `stripe:1 status=4xx` or
+//! `stripe POST /v1/charges status=402`. A request requirement's path
+//! matches with or without one trailing slash.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use super::*;
+use crate::quote::{quoted, token};
+
+/// Which answers a requirement counts (` status=…`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusFilter {
+    /// One status code (`status=402`).
+    Code(u16),
+    /// A class by its first digit (`status=4xx`).
+    Class(u8),
+    /// Any answer the twin gave (`status=any`).
+    Any,
+}
+
+impl StatusFilter {
+    /// What a requirement without a clause counts: success.
+    pub const SUCCESS: StatusFilter = StatusFilter::Class(2);
+
+    pub fn matches(self, status: u16) -> bool {
+        match self {
+            StatusFilter::Code(c) => status == c,
+            StatusFilter::Class(d) => status / 100 == u16::from(d),
+            StatusFilter::Any => true,
+        }
+    }
+
+    /// `402`, `4xx` or `any`, as written after `status=`.
+    fn parse(v: &str) -> Option<StatusFilter> {
+        let b = v.as_bytes();
+        match b {
+            b"any" => Some(StatusFilter::Any),
+            [d @ b'1'..=b'5', b'x', b'x'] => Some(StatusFilter::Class(d - b'0')),
+            [b'1'..=b'5', b'0'..=b'9', b'0'..=b'9'] => v.parse().ok().map(StatusFilter::Code),
+            _ => None,
+        }
+    }
+
+    /// `answered 2xx`, `answered 402`, `with any status`.
+    fn counted(self) -> String {
+        match self {
+            StatusFilter::Any => "with any status".into(),
+            f => format!("answered {f}"),
+        }
+    }
+}
+
+impl std::fmt::Display for StatusFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StatusFilter::Code(c) => write!(f, "{c}"),
+            StatusFilter::Class(d) => write!(f, "{d}xx"),
+            StatusFilter::Any => f.write_str("any"),
+        }
+    }
+}
 
 /// A requirement asserted against a receipt (`--require`, `--require-host`,
 /// `--require-request`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
-    /// At least `min` requests of a service.
-    Service { name: String, min: u64 },
-    /// At least `min` requests to a host.
-    Host { host: String, min: u64 },
-    /// At least one `METHOD /path` request of a service (path exact, no query).
+    /// At least `min` requests of a service answered as `status` says.
+    Service {
+        name: String,
+        min: u64,
+        status: StatusFilter,
+    },
+    /// At least `min` requests to a host answered as `status` says. Only
+    /// requests that reached the twin count: a passthrough connection
+    /// carries no answer veris saw.
+    Host {
+        host: String,
+        min: u64,
+        status: StatusFilter,
+    },
+    /// At least one `METHOD /path` request of a service answered as
+    /// `status` says (path exact but for one trailing slash, no query).
     Request {
         service: String,
         method: String,
         path: String,
+        status: StatusFilter,
     },
     /// Integrity must be `verified` (`--require-verified`).
     Verified,
@@ -31,45 +108,91 @@ pub enum RequirementError {
     Request(String),
     #[error("request requirement `{0}` has a query; requirements match the method and path only. Next: drop the `?…`")]
     Query(String),
+    #[error("bad status clause `{1}` in requirement `{0}`; expected status=CODE (e.g. status=402), status=Nxx (e.g. status=4xx) or status=any, as the last word")]
+    Status(String, String),
+    #[error("unexpected `{1}` in requirement `{0}`; after the name only a status clause may follow: status=CODE, status=Nxx or status=any")]
+    Clause(String, String),
+    #[error("requirement {0} has a control or invisible character. Next: write it in plain text")]
+    Hidden(String),
 }
 
-fn parse_counted(s: &str, what: &'static str) -> Result<(String, u64), RequirementError> {
+/// Splits a trailing ` status=…` clause off `s` (2xx when there is none),
+/// refusing control and invisible characters: the grammar every
+/// requirement flag shares (a callback requirement's too).
+pub fn split_status(s: &str) -> Result<(&str, StatusFilter), RequirementError> {
+    if s.chars()
+        .any(|c| crate::quote::hidden(c) && !c.is_ascii_whitespace())
+    {
+        return Err(RequirementError::Hidden(quoted(s)));
+    }
     let s = s.trim();
-    let (name, min) = match s.rsplit_once(':') {
+    let Some((head, last)) = s.rsplit_once(|c: char| c.is_ascii_whitespace()) else {
+        return Ok((s, StatusFilter::SUCCESS));
+    };
+    match last.strip_prefix("status=") {
+        Some(v) => match StatusFilter::parse(v) {
+            Some(f) => Ok((head.trim_end(), f)),
+            None => Err(RequirementError::Status(s.into(), last.into())),
+        },
+        None if last.starts_with("status") => Err(RequirementError::Status(s.into(), last.into())),
+        None => Ok((s, StatusFilter::SUCCESS)),
+    }
+}
+
+/// `NAME` or `NAME:N`, then an optional status clause.
+fn parse_counted(
+    s: &str,
+    what: &'static str,
+) -> Result<(String, u64, StatusFilter), RequirementError> {
+    let (head, status) = split_status(s)?;
+    if let Some((_, extra)) = head.split_once(|c: char| c.is_ascii_whitespace()) {
+        return Err(RequirementError::Clause(
+            s.trim().into(),
+            extra.trim().into(),
+        ));
+    }
+    let (name, min) = match head.rsplit_once(':') {
         Some((name, n)) => {
-            let min: u64 = n.parse().map_err(|_| RequirementError::Count(s.into()))?;
+            let min: u64 = n
+                .parse()
+                .map_err(|_| RequirementError::Count(s.trim().into()))?;
             if min == 0 {
-                return Err(RequirementError::Count(s.into()));
+                return Err(RequirementError::Count(s.trim().into()));
             }
             (name, min)
         }
-        None => (s, 1),
+        None => (head, 1),
     };
     if name.is_empty() {
-        return Err(RequirementError::Empty(what, s.into()));
+        return Err(RequirementError::Empty(what, s.trim().into()));
     }
-    Ok((name.to_string(), min))
+    Ok((name.to_string(), min, status))
 }
 
 impl Requirement {
-    /// `stripe` (at least 1) or `stripe:2`.
+    /// `stripe` (at least 1), `stripe:2`, `stripe:1 status=4xx`.
     pub fn parse_service(s: &str) -> Result<Requirement, RequirementError> {
-        let (name, min) = parse_counted(s, "service")?;
-        Ok(Requirement::Service { name, min })
+        let (name, min, status) = parse_counted(s, "service")?;
+        Ok(Requirement::Service { name, min, status })
     }
 
-    /// `api.stripe.com` (at least 1) or `api.stripe.com:2`.
+    /// `api.stripe.com` (at least 1), `api.stripe.com:2`, `… status=any`.
     pub fn parse_host(s: &str) -> Result<Requirement, RequirementError> {
-        let (host, min) = parse_counted(s, "host")?;
+        let (host, min, status) = parse_counted(s, "host")?;
         Ok(Requirement::Host {
             host: host.to_ascii_lowercase(),
             min,
+            status,
         })
     }
 
-    /// `stripe POST /v1/charges` (a query on the path is ignored).
+    /// `stripe POST /v1/charges`, `stripe POST /v1/charges status=402`.
     pub fn parse_request(s: &str) -> Result<Requirement, RequirementError> {
-        let parts: Vec<&str> = s.split_whitespace().collect();
+        let (head, status) = split_status(s)?;
+        let parts: Vec<&str> = head.split_whitespace().collect();
+        if parts.len() == 4 && parts[2].starts_with('/') {
+            return Err(RequirementError::Clause(s.trim().into(), parts[3].into()));
+        }
         let [service, method, path] = parts[..] else {
             return Err(RequirementError::Request(s.into()));
         };
@@ -86,6 +209,7 @@ impl Requirement {
             service: service.to_string(),
             method: method.to_ascii_uppercase(),
             path: path.to_string(),
+            status,
         })
     }
 }
@@ -93,16 +217,125 @@ impl Requirement {
 impl std::fmt::Display for Requirement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Requirement::Service { name, min } => write!(f, "{name}:{min}"),
-            Requirement::Host { host, min } => write!(f, "host {host}:{min}"),
+            Requirement::Service { name, min, status } => {
+                write!(f, "{name}:{min} status={status}")
+            }
+            Requirement::Host { host, min, status } => {
+                write!(f, "host {host}:{min} status={status}")
+            }
             Requirement::Request {
                 service,
                 method,
                 path,
-            } => write!(f, "{service} {method} {path}"),
+                status,
+            } => write!(f, "{service} {method} {path} status={status}"),
             Requirement::Verified => f.write_str("integrity verified"),
         }
     }
+}
+
+/// `/v1/charges/` and `/v1/charges` are the same path to a requirement.
+fn same_path(a: &str, b: &str) -> bool {
+    let trim = |p: &str| -> usize {
+        if p.len() > 1 && p.ends_with('/') {
+            p.len() - 1
+        } else {
+            p.len()
+        }
+    };
+    a[..trim(a)] == b[..trim(b)]
+}
+
+/// How one requirement came out, for the JSON receipt and the MCP tool: what
+/// it counts and what was seen, the statuses among them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequirementResult {
+    /// The requirement in the flags' words, its status clause spelled out.
+    pub requirement: String,
+    /// `service`, `host`, `request` or `verified`.
+    pub kind: String,
+    /// The answers counted: `2xx` (without a clause), a code, a class, `any`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// At least this many must have been counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u64>,
+    /// Requests it names whose answer it counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted: Option<u64>,
+    /// Every request it names, per status of the answer, counted or not.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub seen_statuses: BTreeMap<u16, u64>,
+    pub holds: bool,
+}
+
+/// `saw 1, with status 400`; `saw 3, with statuses 200 (1), 400 (2)`.
+fn seen_text(statuses: &BTreeMap<u16, u64>) -> String {
+    let total: u64 = statuses.values().sum();
+    match statuses.len() {
+        0 => format!("saw {total}"),
+        1 => format!(
+            "saw {total}, with status {}",
+            statuses.keys().next().copied().unwrap_or(0)
+        ),
+        _ => {
+            let each: Vec<String> = statuses.iter().map(|(s, n)| format!("{s} ({n})")).collect();
+            format!("saw {total}, with statuses {}", each.join(", "))
+        }
+    }
+}
+
+fn add_statuses(into: &mut BTreeMap<u16, u64>, from: &BTreeMap<u16, u64>) {
+    for (s, n) in from {
+        *into.entry(*s).or_default() += n;
+    }
+}
+
+/// The statuses of what a requirement names (not `verified`).
+fn seen_for(r: &Receipt, req: &Requirement) -> BTreeMap<u16, u64> {
+    let mut seen = BTreeMap::new();
+    match req {
+        Requirement::Service { name, .. } => {
+            for by_status in r
+                .services
+                .get(name)
+                .into_iter()
+                .flat_map(|s| s.call_statuses.values())
+            {
+                add_statuses(&mut seen, by_status);
+            }
+        }
+        Requirement::Host { host, .. } => {
+            let host = normalize_host(host);
+            for s in r.services.values() {
+                if let Some(by_status) = s.host_statuses.get(&host) {
+                    add_statuses(&mut seen, by_status);
+                }
+            }
+        }
+        Requirement::Request {
+            service,
+            method,
+            path,
+            ..
+        } => {
+            let calls = r
+                .services
+                .get(service)
+                .into_iter()
+                .flat_map(|s| s.call_statuses.iter());
+            for (call, by_status) in calls {
+                let matches = call
+                    .split_once(' ')
+                    .is_some_and(|(m, p)| m == method && same_path(p, path));
+                if matches {
+                    add_statuses(&mut seen, by_status);
+                }
+            }
+        }
+        Requirement::Verified => {}
+    }
+    seen
 }
 
 /// What one [`Outcome`] of [`evaluate`] asserts.
@@ -153,6 +386,9 @@ pub struct Verdict {
     /// trust, then each requirement. `exit_code` and `lines` are derived
     /// from these, so every rendering of the verdict (text, JUnit) agrees.
     pub outcomes: Vec<Outcome>,
+    /// Each requirement's result, in the order given (the JSON receipt's
+    /// `requirements`).
+    pub requirements: Vec<RequirementResult>,
 }
 
 /// Checks a receipt: failed integrity, an empty window (unless
@@ -182,81 +418,15 @@ pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict
     for f in r.trust_failures.iter().filter(|f| f.is_fatal()) {
         lines.push(format!(
             "vendor host {} refused the veris certificate {} time(s) and completed no request. Next: fix the client's trust as the trust failure line says",
-            f.host, f.refusals
+            quoted(&f.host), f.refusals
         ));
     }
     outcomes.push(Outcome::new(Assertion::Trust, std::mem::take(&mut lines)));
+    let mut results = Vec::new();
     for req in reqs {
-        match req {
-            Requirement::Verified => {
-                // A failed integrity already has its own line above.
-                if r.integrity.status == IntegrityStatus::Unverified {
-                    lines.push(format!(
-                        "required verified integrity (--require-verified), got {}",
-                        super::text::integrity_text(&r.integrity)
-                    ));
-                }
-            }
-            Requirement::Service { name, min } => {
-                let seen = r.services.get(name).map_or(0, |s| s.requests);
-                if seen < *min {
-                    lines.push(format!(
-                        "required service {name}: at least {min} request(s), saw {seen}"
-                    ));
-                }
-            }
-            Requirement::Host { host, min } => {
-                let host = normalize_host(host);
-                let seen: u64 = r.services.values().filter_map(|s| s.hosts.get(&host)).sum();
-                if seen < *min {
-                    lines.push(format!(
-                        "required host {host}: at least {min} request(s), saw {seen}"
-                    ));
-                }
-            }
-            Requirement::Request {
-                service,
-                method,
-                path,
-            } => {
-                let key = format!("{method} {path}");
-                let summary = r.services.get(service);
-                if summary
-                    .and_then(|s| s.calls.get(&key))
-                    .copied()
-                    .unwrap_or(0)
-                    == 0
-                {
-                    let seen = match summary {
-                        None => format!("{service} saw 0 requests"),
-                        Some(s) => {
-                            const SHOWN: usize = 5;
-                            let mut calls: Vec<String> = s
-                                .calls
-                                .iter()
-                                .take(SHOWN)
-                                .map(|(c, n)| format!("{c} ({n})"))
-                                .collect();
-                            if s.calls.len() > SHOWN {
-                                calls.push(format!("… and {} more", s.calls.len() - SHOWN));
-                            }
-                            format!(
-                                "{service} saw {} request(s): {}",
-                                s.requests,
-                                calls.join(", ")
-                            )
-                        }
-                    };
-                    lines.push(format!(
-                        "required request {service} {method} {path}: not seen; {seen}"
-                    ));
-                }
-            }
-        }
-        outcomes.push(Outcome::new(
-            Assertion::Requirement(req.clone()),
-            std::mem::take(&mut lines),
-        ));
+        let (lines, result) = judge_requirement(r, req);
+        outcomes.push(Outcome::new(Assertion::Requirement(req.clone()), lines));
+        results.push(result);
     }
     let lines: Vec<String> = outcomes
         .iter()
@@ -266,7 +436,105 @@ pub fn evaluate(r: &Receipt, reqs: &[Requirement], allow_empty: bool) -> Verdict
         exit_code: if lines.is_empty() { 0 } else { EXIT_UNMET },
         lines,
         outcomes,
+        requirements: results,
     }
+}
+
+/// The failure lines of one requirement (none when it holds) and its result.
+fn judge_requirement(r: &Receipt, req: &Requirement) -> (Vec<String>, RequirementResult) {
+    let mut lines = Vec::new();
+    let (kind, status, min) = match req {
+        Requirement::Service { min, status, .. } => ("service", Some(*status), Some(*min)),
+        Requirement::Host { min, status, .. } => ("host", Some(*status), Some(*min)),
+        Requirement::Request { status, .. } => ("request", Some(*status), Some(1)),
+        Requirement::Verified => ("verified", None, None),
+    };
+    let seen = seen_for(r, req);
+    let counted: u64 = match status {
+        Some(f) => seen
+            .iter()
+            .filter(|(s, _)| f.matches(**s))
+            .map(|(_, n)| n)
+            .sum(),
+        None => 0,
+    };
+    match req {
+        // A failed integrity already has its own line above.
+        Requirement::Verified if r.integrity.status == IntegrityStatus::Unverified => {
+            lines.push(format!(
+                "required verified integrity (--require-verified), got {}",
+                super::text::integrity_text(&r.integrity)
+            ));
+        }
+        Requirement::Service { name, min, status } if counted < *min => {
+            lines.push(format!(
+                "required service {}: at least {min} request(s) {}; {}",
+                token(name),
+                status.counted(),
+                seen_text(&seen)
+            ));
+        }
+        Requirement::Host { host, min, status } if counted < *min => {
+            lines.push(format!(
+                "required host {}: at least {min} request(s) {}; {}",
+                quoted(&normalize_host(host)),
+                status.counted(),
+                seen_text(&seen)
+            ));
+        }
+        Requirement::Request {
+            service,
+            method,
+            path,
+            status,
+        } if counted == 0 => {
+            let wanted = format!(
+                "required request {} {} {} {}",
+                token(service),
+                token(method),
+                quoted(path),
+                status.counted()
+            );
+            let summary = r.services.get(service);
+            let line = match summary {
+                _ if !seen.is_empty() => format!("{wanted}: {}", seen_text(&seen)),
+                None => format!("{wanted}: saw 0; {} saw 0 requests", token(service)),
+                Some(s) => {
+                    const SHOWN: usize = 5;
+                    let mut calls: Vec<String> = s
+                        .calls
+                        .iter()
+                        .take(SHOWN)
+                        .map(|(c, n)| {
+                            let (m, p) = c.split_once(' ').unwrap_or((c, ""));
+                            format!("{} {} ({n})", token(m), quoted(p))
+                        })
+                        .collect();
+                    if s.calls.len() > SHOWN {
+                        calls.push(format!("… and {} more", s.calls.len() - SHOWN));
+                    }
+                    format!(
+                        "{wanted}: saw 0; {} saw {} request(s): {}",
+                        token(service),
+                        s.requests,
+                        calls.join(", ")
+                    )
+                }
+            };
+            lines.push(line);
+        }
+        _ => {}
+    }
+    let result = RequirementResult {
+        requirement: req.to_string(),
+        kind: kind.into(),
+        status: status.map(|f| f.to_string()),
+        min,
+        counted: status.map(|_| counted),
+        seen_statuses: seen,
+        holds: lines.is_empty(),
+    };
+    (lines, result)
 }
 
 #[cfg(test)]
@@ -281,6 +549,7 @@ mod tests {
                 service: "stripe".into(),
                 method: "POST".into(),
                 path: "/v1/charges".into(),
+                status: StatusFilter::SUCCESS,
             }
         );
         for bad in [

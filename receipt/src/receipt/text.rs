@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::entry::{ListenerTier, Mode};
+use crate::quote::{quoted, token};
 
 use super::*;
 
@@ -14,7 +15,10 @@ pub(crate) fn integrity_text(i: &Integrity) -> String {
         IntegrityStatus::Failed => "failed",
     };
     match &i.reason {
-        Some(reason) if i.status != IntegrityStatus::Verified => format!("{word} ({reason})"),
+        // A reason may carry what a ledger line said: kept on its line.
+        Some(reason) if i.status != IntegrityStatus::Verified => {
+            format!("{word} ({})", crate::quote::escaped(reason))
+        }
         _ => word.to_string(),
     }
 }
@@ -29,7 +33,7 @@ fn tier_word(t: ListenerTier) -> &'static str {
 fn host_list(hosts: &BTreeMap<String, u64>) -> String {
     hosts
         .iter()
-        .map(|(h, n)| format!("{h} ({n})"))
+        .map(|(h, n)| format!("{} ({n})", quoted(h)))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -45,8 +49,8 @@ fn destination_list(counts: &HostCounts) -> String {
         .destinations
         .iter()
         .map(|d| match &d.dst {
-            Some(dst) => format!("{} → {dst} ({})", d.host, d.count),
-            None => format!("{} ({})", d.host, d.count),
+            Some(dst) => format!("{} → {} ({})", quoted(&d.host), token(dst), d.count),
+            None => format!("{} ({})", quoted(&d.host), d.count),
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -64,14 +68,30 @@ fn incomplete_text(i: &Incomplete) -> String {
     }
 }
 
+/// A `service METHOD /path` key: words as tokens, the path quoted.
+fn call_text(key: &str) -> String {
+    let mut words = key.splitn(3, ' ');
+    match (words.next(), words.next(), words.next()) {
+        (Some(service), Some(method), Some(path)) => {
+            format!("{} {} {}", token(service), token(method), quoted(path))
+        }
+        _ => quoted(key),
+    }
+}
+
 /// The text receipt (DESIGN §8): title with the twin id, interception and
 /// integrity, leaks, the count line, then per service its count and its
 /// requests `METHOD /path -> status` oldest first (newest last), at most
 /// [`TEXT_ENTRY_CAP`] then `… and N more`. Upstream errors, passthrough and
-/// blocked hosts follow when there are any.
+/// blocked hosts follow when there are any. Every recorded string is
+/// shown through [`quoted`] or [`token`]: no line can start with, or
+/// spell, the workload's text (DESIGN §7a.17).
 pub fn render_text(r: &Receipt) -> String {
     let mut out = String::new();
-    let twin = r.twin.as_deref().unwrap_or("unknown (no session line)");
+    let twin = r
+        .twin
+        .as_deref()
+        .map_or("unknown (no session line)".into(), token);
     let _ = write!(out, "Veris receipt — twin {twin}");
     match r.window.scope {
         Scope::Baseline => {
@@ -105,7 +125,8 @@ pub fn render_text(r: &Receipt) -> String {
     let leaks = if r.leaks.is_empty() {
         "none".to_string()
     } else {
-        r.leaks.join(", ")
+        let leaks: Vec<_> = r.leaks.iter().map(|l| crate::quote::escaped(l)).collect();
+        leaks.join(", ")
     };
     let _ = writeln!(out, "  leaks: {leaks}");
     if let Some(key) = &r.seal_key {
@@ -136,14 +157,21 @@ pub fn render_text(r: &Receipt) -> String {
             0 => String::new(),
             n => format!(", {n} answered incomplete"),
         };
-        let _ = writeln!(out, "  {name}: {} request(s){incomplete}", s.requests);
+        let _ = writeln!(
+            out,
+            "  {}: {} request(s){incomplete}",
+            token(name),
+            s.requests
+        );
         for e in s.entries.iter().take(TEXT_ENTRY_CAP) {
             let gone = if e.client_gone { " (client gone)" } else { "" };
             let cut = e.incomplete.as_ref().map_or(String::new(), incomplete_text);
             let _ = writeln!(
                 out,
                 "    {} {} -> {}{gone}{cut}",
-                e.method, e.path, e.status
+                token(&e.method),
+                quoted(&e.path),
+                e.status
             );
         }
         let shown = s.entries.len().min(TEXT_ENTRY_CAP) as u64;
@@ -176,7 +204,11 @@ pub fn render_text(r: &Receipt) -> String {
             .map(|e| {
                 format!(
                     "{} {} {} -> {} {}",
-                    e.service, e.method, e.path, e.status, e.error
+                    token(&e.service),
+                    token(&e.method),
+                    quoted(&e.path),
+                    e.status,
+                    token(&e.error)
                 )
             })
             .collect();
@@ -188,13 +220,20 @@ pub fn render_text(r: &Receipt) -> String {
     if !r.reserved_paths.is_empty() {
         extra.push(format!(
             "answered by the proxy, not vendor calls (reserved paths): {}",
-            host_list(&r.reserved_paths)
+            r.reserved_paths
+                .iter()
+                .map(|(call, n)| format!("{} ({n})", call_text(call)))
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     for f in &r.trust_failures {
         extra.push(format!(
             "trust failure: {}: {} refusal(s), {} completed: {}",
-            f.host, f.refusals, f.completed, f.detail
+            quoted(&f.host),
+            f.refusals,
+            f.completed,
+            f.detail
         ));
     }
     for a in &r.tls_abandoned {
@@ -254,12 +293,12 @@ mod tests {
         };
         let text = render_text(&super::super::build(&read, &Options::default()));
         assert!(
-            text.contains("upstream timeouts (the twin may have processed them): 1 (stripe POST /v1/charges -> 504"),
+            text.contains("upstream timeouts (the twin may have processed them): 1 (stripe POST \"/v1/charges\" -> 504"),
             "{text}"
         );
         assert!(
             text.contains(
-                "upstream errors (did not reach the twin): 1 (stripe POST /v1/charges -> 502"
+                "upstream errors (did not reach the twin): 1 (stripe POST \"/v1/charges\" -> 502"
             ),
             "{text}"
         );

@@ -104,8 +104,11 @@ impl TlsTally {
             .into_values()
             .map(|mut f| {
                 f.completed = completed(&f.host);
-                let alerts: Vec<String> =
-                    f.alerts.iter().map(|(a, n)| format!("{a} ({n})")).collect();
+                let alerts: Vec<String> = f
+                    .alerts
+                    .iter()
+                    .map(|(a, n)| format!("{} ({n})", crate::quote::token(a)))
+                    .collect();
                 f.detail = format!(
                     "alerts {}. Next: {}",
                     alerts.join(", "),
@@ -158,7 +161,7 @@ pub(super) fn abandoned_text(a: &AbandonedTls) -> String {
         let alerts: Vec<String> = a
             .alerts
             .iter()
-            .map(|(alert, n)| format!("{alert} ({n})"))
+            .map(|(alert, n)| format!("{} ({n})", crate::quote::token(alert)))
             .collect();
         parts.push(format!(
             "{} handshake(s) closed after our certificate with no alert naming it (alerts: {}) — a client that gave up closes like this, and so does one that rejects the veris CA without saying so (Node does)",
@@ -174,7 +177,7 @@ pub(super) fn abandoned_text(a: &AbandonedTls) -> String {
     }
     format!(
         "tls note: {}: {}; {} completed (not a failure by itself)",
-        a.host,
+        crate::quote::quoted(&a.host),
         parts.join("; "),
         a.completed
     )
@@ -256,7 +259,9 @@ mod tests {
         assert_eq!(verdict.exit_code, 0, "{:?}", verdict.lines);
         let text = render_text(&r);
         assert!(
-            text.contains("tls note: api.stripe.com: 4 handshake(s) closed after our certificate"),
+            text.contains(
+                "tls note: \"api.stripe.com\": 4 handshake(s) closed after our certificate"
+            ),
             "{text}"
         );
         assert!(
