@@ -116,6 +116,7 @@ pub async fn doctor(args: DoctorArgs) -> Result<u8> {
         trust_files(&state, pem.as_deref()),
         system_trust(&state, pem.as_deref()),
         permissions(&state, &ca_dir),
+        custody(&state),
     ];
     let env: BTreeMap<String, String> = std::env::vars().collect();
     findings.push(environment(&state, &env, status, pem.as_deref()));
@@ -138,6 +139,31 @@ pub async fn doctor(args: DoctorArgs) -> Result<u8> {
         findings.len() - fails - warns
     );
     Ok(if fails > 0 { EXIT_FAILED } else { 0 })
+}
+
+/// Whether a pin of this state dir's sessions can give `verified`: every
+/// current session's key lives only in the proxy's memory, but a `seal.key`
+/// an earlier veris left held its key on disk, where a workload of the
+/// proxy's uid could have read it.
+fn custody(state: &Path) -> Finding {
+    let key = state.join(veris_receipt::seal::KEY_FILE);
+    if std::fs::symlink_metadata(&key).is_ok() {
+        return Finding::warn(
+            "custody",
+            format!(
+                "{} holds a seal key an earlier veris kept on disk: a receipt pinned to it can never be verified",
+                shown(&key)
+            ),
+            format!(
+                "delete {} (veris now keeps every session's key in memory only) and pin the fingerprint `veris serve` logs at start",
+                shown(&key)
+            ),
+        );
+    }
+    Finding::ok(
+        "custody",
+        "no seal key on disk: each session's key lives only in its proxy's memory (pin the fingerprint `veris serve` logs at start, or the `seal key` a receipt prints; live reads of a serve whose workload may share its uid stay unverified without --workload-uid)",
+    )
 }
 
 fn shown(p: &Path) -> String {

@@ -371,3 +371,27 @@ fn a_linked_secret_names_its_target_and_how_to_replace_it() {
     );
     assert!(!perms.contains("chmod go-rwx"), "{perms}");
 }
+
+/// H4: doctor says when a pin can never give `verified`: a `seal.key` an
+/// earlier veris left holds a key that sat on disk.
+#[test]
+fn a_seal_key_left_on_disk_is_named_as_a_custody_problem() {
+    let dir = TempDir::new("doctor-custody");
+    let state = dir.join("state");
+    ca_init(&state);
+    let (_, report) = doctor(&state, &[]);
+    assert_eq!(level(&report, "custody"), "ok", "{report}");
+    let key = state.join("seal.key");
+    std::fs::write(&key, b"old key").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_, report) = doctor(&state, &[]);
+    let custody = line(&report, "custody");
+    assert!(
+        custody.starts_with("warn custody: ") && custody.contains("can never be verified"),
+        "{custody}"
+    );
+    assert!(
+        custody.contains(&format!("Next: delete {}", key.display())),
+        "{custody}"
+    );
+}
