@@ -1362,6 +1362,10 @@ pub fn temp_beside(path: &Path, tag: &str) -> PathBuf {
 
 /// `veris serve`: runs until SIGINT or SIGTERM.
 pub async fn serve(args: ServeArgs) -> Result<u8> {
+    // Before anything is announced: a SIGTERM that arrives right after the
+    // ready file must end the session cleanly (final seal, admin files
+    // removed), never by the default action.
+    let signals = Signals::install()?;
     let stack = Stack::start(
         &args,
         veris_proxy::config::DEFAULT_LISTEN,
@@ -1377,7 +1381,7 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
         stack.trust.ca_pem.display()
     );
     crate::outln!("{}", stack.proxy_url);
-    wait_for_signal().await?;
+    signals.wait().await;
     info!("shutting down");
     let finished = stack.finish().await?;
     if let Some(seal) = &finished.seal {
@@ -1386,13 +1390,25 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
     Ok(0)
 }
 
-async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from the moment they are installed.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }

@@ -611,3 +611,38 @@ fn the_transparent_canary_answers_only_through_the_redirect() {
     assert!(stdout.contains("receipt=0"), "{all}");
     assert!(stdout.contains("other=2"), "{all}");
 }
+
+/// E1: a SIGTERM that arrives the moment the ready file exists ends the
+/// session cleanly (final seal, admin files removed), never by the default
+/// action. Ten starts, each signalled as soon as its ready file appears.
+#[test]
+fn a_sigterm_right_after_the_ready_file_ends_the_session_cleanly() {
+    for i in 0..10 {
+        let dir = support::TempDir::new(&format!("term-{i}"));
+        let state = dir.join("state");
+        let ready = dir.join("ready.json");
+        let mut proxy = support::Guard::spawn(
+            veris(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+                .arg(&state)
+                .arg("--ready-file")
+                .arg(&ready)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null()),
+        );
+        let start = Instant::now();
+        while !ready.exists() {
+            assert!(start.elapsed() < support::DEADLINE, "no ready file");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        proxy.signal("TERM");
+        let status = proxy
+            .wait_timeout(support::DEADLINE)
+            .expect("serve did not stop on SIGTERM");
+        assert_eq!(status.code(), Some(0), "try {i}: {status:?}");
+        assert!(!state.join("admin.addr").exists(), "try {i}");
+        let ledger = std::fs::read_to_string(state.join("ledger.jsonl")).unwrap();
+        let last: serde_json::Value = serde_json::from_str(ledger.lines().last().unwrap()).unwrap();
+        assert_eq!(last["reason"], "shutdown", "try {i}: {ledger}");
+    }
+}
