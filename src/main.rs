@@ -206,13 +206,17 @@ fn main() -> ExitCode {
 
 /// `--state-dir`, else `$VERIS_STATE_DIR`, else `~/.veris`.
 pub fn state_dir(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| std::env::var_os("VERIS_STATE_DIR").map(PathBuf::from))
+    let dir = flag
+        .or_else(|| std::env::var_os("VERIS_STATE_DIR").map(PathBuf::from))
         .unwrap_or_else(|| {
             std::env::var_os("HOME")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/tmp"))
                 .join(".veris")
-        })
+        });
+    // Absolute, so the paths written into env and ready files still work
+    // when they are read from another directory.
+    std::path::absolute(&dir).unwrap_or(dir)
 }
 
 /// `println!` for command output: a reader that closed the pipe early

@@ -565,3 +565,50 @@ fn planted_fifos_and_dev_zero_in_the_state_dir_neither_hang_nor_fill_a_reader() 
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(stderr.contains("not a regular file"), "{stderr}");
 }
+
+/// E1: a relative `--state-dir` never puts a relative path into a file
+/// that is read from elsewhere (`--write-env`, the ready file, `ca env`).
+#[test]
+fn a_relative_state_dir_writes_absolute_paths() {
+    let dir = TempDir::new("relative-state");
+    let mut proxy = support::Guard::spawn(
+        veris([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            "st",
+            "--write-env",
+            "env.sh",
+            "--ready-file",
+            "ready.json",
+        ])
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null()),
+    );
+    let ready = support::wait_json_file(&dir.join("ready.json"), DEADLINE);
+    proxy.signal("TERM");
+    proxy.wait();
+    for field in ["state_dir", "ledger", "ca"] {
+        let p = ready[field].as_str().unwrap_or_default();
+        assert!(p.starts_with('/'), "{field}: {ready}");
+    }
+    let env = std::fs::read_to_string(dir.join("env.sh")).unwrap();
+    let cert = env
+        .lines()
+        .find(|l| l.contains("SSL_CERT_FILE="))
+        .unwrap_or_else(|| panic!("{env}"));
+    assert!(
+        cert.contains(&format!("{}/st/trust/", dir.path().display())),
+        "{cert}"
+    );
+    let out = output(veris(["ca", "env", "--state-dir", "st"]).current_dir(dir.path()));
+    let (stdout, _) = text(&out);
+    assert!(!stdout.contains("'st/"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{}/st/", dir.path().display())),
+        "{stdout}"
+    );
+}
