@@ -2,12 +2,12 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 4; versions 1 to 3 are still read)
+//! # File format (version 5; versions 1 to 4 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`4`); readers accept every
+//! - `v`: the format version, [`LEDGER_VERSION`] (`5`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
 //!   `tamper` and `check`; version 3 added the kinds `tls_abandoned`,
@@ -17,7 +17,12 @@
 //!   certificate alert; no earlier field changed meaning, and a reader
 //!   judges an old `trust_failure` by its alert ([`is_refusal_alert`]);
 //!   version 4 added the kind `body_capture`, written only when the proxy
-//!   runs with `--capture-bodies`; no earlier field changed meaning);
+//!   runs with `--capture-bodies`; no earlier field changed meaning;
+//!   version 5 added `upstream_error`'s `bytes_in` and `declared_in` and
+//!   its errors `veris_request_body_incomplete` and `veris_session_ended`,
+//!   written for requests sent to the twin that got no answer because the
+//!   client's body broke off or the session ended first; no earlier field
+//!   changed meaning);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -37,10 +42,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 4;
+pub const LEDGER_VERSION: u32 = 5;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -87,6 +92,23 @@ pub const REFUSAL_ALERTS: &[&str] = &[
 /// client refused the certificate; `no_alert` and `other:…` are not.
 pub fn is_refusal_alert(alert: &str) -> bool {
     REFUSAL_ALERTS.contains(&alert)
+}
+
+/// `upstream_error` errors after which the twin may have executed the
+/// request (DESIGN §7a.8): no answer in time, a request body the client
+/// never finished (the twin got the head and part of the body), or a
+/// session that ended while the request waited. Only
+/// `veris_upstream_unreachable` says it did not reach the twin.
+pub const MAY_HAVE_REACHED_TWIN: &[&str] = &[
+    "veris_upstream_timeout",
+    "veris_request_body_incomplete",
+    "veris_session_ended",
+];
+
+/// True when an `upstream_error` with `error` may have been executed by
+/// the twin ([`MAY_HAVE_REACHED_TWIN`]).
+pub fn may_have_reached_twin(error: &str) -> bool {
+    MAY_HAVE_REACHED_TWIN.contains(&error)
 }
 
 /// `prev` of the first line of a ledger.
@@ -317,7 +339,8 @@ pub enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         dst: Option<String>,
     },
-    /// A vendor request whose twin upstream failed; the client got `status`.
+    /// A vendor request sent to the twin that got no answer from it; the
+    /// client got `status` (when it was still there).
     UpstreamError {
         service: String,
         host: String,
@@ -325,10 +348,24 @@ pub enum Entry {
         path: String,
         upstream: String,
         status: u16,
-        /// `veris_upstream_unreachable` or `veris_upstream_timeout`.
+        /// `veris_upstream_unreachable` (did not reach the twin),
+        /// `veris_upstream_timeout` (no answer in time), and from version
+        /// 5 `veris_request_body_incomplete` (the client's body broke off:
+        /// it left, or its body ended short or with an error, or had not
+        /// ended when the session did) and `veris_session_ended` (the
+        /// session ended before the twin answered). All but the first may
+        /// have been executed by the twin ([`may_have_reached_twin`]).
         error: String,
         tier: ListenerTier,
         duration_ms: u64,
+        /// Request body bytes forwarded to the twin (version 5; written
+        /// with the errors version 5 added).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes_in: Option<u64>,
+        /// The request body length the client declared (`Content-Length`),
+        /// when it did (version 5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        declared_in: Option<u64>,
     },
     /// A client aborted the TLS handshake after the proxy offered its minted
     /// leaf with an alert that names the certificate ([`REFUSAL_ALERTS`]):

@@ -205,6 +205,8 @@ fn rich_ledger() -> String {
         error: "veris_upstream_unreachable".into(),
         tier: ListenerTier::Explicit,
         duration_ms: 30,
+        bytes_in: None,
+        declared_in: None,
     });
     e.push(Entry::Blocked {
         host: "evil.example".into(),
@@ -468,6 +470,8 @@ fn upstream_error_ledger() -> String {
             error: "veris_upstream_unreachable".into(),
             tier: ListenerTier::Transparent,
             duration_ms: 30,
+            bytes_in: None,
+            declared_in: None,
         },
     ])
 }
