@@ -1077,13 +1077,11 @@ impl Proxy {
         let body = (tally.bytes(), declared_in);
         let resp = match result {
             Some(Ok(resp)) => resp,
-            Some(Err(e))
-                if tally.failed()
-                    || !tally.ended() && declared_in.is_some_and(|d| d > tally.bytes()) =>
-            {
+            Some(Err(e)) if tally.failed() => {
                 // The client's body broke off mid-request: the client left,
-                // or its body ended short or with an error. The twin got the
-                // head and part of the body, and may have acted on them.
+                // or its body ended short or with an error (hyper's body
+                // errors on both). The twin got the head and part of the
+                // body, and may have acted on them.
                 debug!(error = %e, "client body failed mid-request");
                 let unanswered = Unanswered {
                     status: StatusCode::BAD_REQUEST,
