@@ -1252,6 +1252,107 @@ fn isolated_child_reaches_no_listener_of_the_host() {
     });
 }
 
+/// Every non-loopback address of the host's interfaces (IPv4 and global
+/// IPv6; link-local IPv6 needs a scope), from `ip -o addr`.
+fn host_addresses() -> Vec<std::net::IpAddr> {
+    if !tool_works("ip", &["-V"]) {
+        return Vec::new();
+    }
+    let out = output_within(
+        support::command("ip").args(["-o", "addr", "show"]),
+        support::DEADLINE,
+    );
+    let words: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    words
+        .windows(2)
+        .filter(|w| w[0] == "inet" || w[0] == "inet6")
+        .filter_map(|w| w[1].split('/').next()?.parse::<std::net::IpAddr>().ok())
+        .filter(|a| match a {
+            std::net::IpAddr::V4(v4) => !v4.is_loopback(),
+            std::net::IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
+        })
+        .collect()
+}
+
+const CONNECT_ANY_PY: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+for host in sys.argv[2:]:
+    try:
+        s = socket.create_connection((host, port), timeout=10)
+        s.sendall(b"PING\r\n")
+        print(host, "connected", len(s.recv(100)))
+        s.close()
+    except OSError as e:
+        print(host, "errno", e.errno)
+"#;
+
+/// Passthrough mode (the default), where other destinations are dialed
+/// from the host: the host's own addresses — any address of any interface,
+/// IPv4, IPv6 and v4-mapped IPv6 — are this host, refused like its
+/// loopback and recorded as blocked; a service listening on 0.0.0.0/:: on
+/// the host never sees a connection.
+#[test]
+fn isolated_passthrough_never_reaches_the_host_by_its_own_addresses() {
+    let addrs = host_addresses();
+    let Some(v4) = addrs.iter().find_map(|a| match a {
+        std::net::IpAddr::V4(v4) => Some(*v4),
+        _ => None,
+    }) else {
+        return skip("this host has no non-loopback IPv4 address");
+    };
+    for_both("host-addrs", |r| {
+        if !r.child_tool_works("python3", &["-c", ""]) {
+            return Err("python3 not available to this uid".into());
+        }
+        // Dual-stack: IPv4, IPv6 and v4-mapped connections all land here.
+        let listener = TcpListener::bind("[::]:0").expect("binding [::]:0");
+        let port = listener.local_addr().unwrap().port();
+        let script = r.write("connect_any.py", CONNECT_ANY_PY);
+        let mut hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        hosts.push(format!("::ffff:{v4}"));
+        hosts.push("0.0.0.0".into());
+        let port_s = port.to_string();
+        let mut args = vec!["python3", script.to_str().unwrap(), &port_s];
+        args.extend(hosts.iter().map(String::as_str));
+        let out = r.isolated(&["--allow-empty"], &args)?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert_eq!(
+            received_a_connection(&listener),
+            None,
+            "the host's listener on port {port} received a connection from the isolated child\n{}",
+            out.ctx()
+        );
+        for host in &hosts {
+            assert!(
+                out.stdout.contains(&format!("{host} connected 0"))
+                    || out.stdout.contains(&format!("{host} errno")),
+                "{host}: {}",
+                out.ctx()
+            );
+        }
+        assert!(
+            out.kind("passthrough").is_empty(),
+            "a host address was let through\n{}",
+            out.ctx()
+        );
+        let blocked = out.kind("blocked");
+        for a in &addrs {
+            let dst = std::net::SocketAddr::new(*a, port).to_string();
+            assert!(
+                blocked.iter().any(|b| b["dst"] == dst.as_str()),
+                "no blocked line for {dst}: {blocked:?}\n{}",
+                out.ctx()
+            );
+        }
+        out.assert_isolated_and_verified();
+        Ok(())
+    });
+}
+
 // --- 12. contrast: the explicit tier ----------------------------------------
 
 #[test]

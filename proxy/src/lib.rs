@@ -1357,6 +1357,7 @@ impl Proxy {
                 json!({}),
             );
         };
+        let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers, false);
         let (counted, tally) = Counted::new(incoming);
@@ -1384,6 +1385,12 @@ impl Proxy {
                 strip_hop_by_hop(&mut parts.headers, false);
                 parts.version = Version::default();
                 Response::from_parts(parts, incoming.map_err(Into::into).boxed())
+            }
+            // Refused by policy (this host, from an isolated run): nothing
+            // passed, so it is a refusal, not a passthrough.
+            Err(e) if refused_by_policy(&e) => {
+                self.refuse_host_loopback(leg, Some(method), Some(path))
+                    .await
             }
             Err(e) => match dial::ChainError::find(&e) {
                 Some(chain) => {
@@ -1444,8 +1451,8 @@ impl Proxy {
         method: Option<String>,
         path: Option<String>,
     ) -> Response<ProxyBody> {
-        info!(host = %leg.host, port = leg.port, "refused a loopback destination from an isolated run");
-        let reason = "isolated run: the host's loopback is not reachable through veris (the run's own loopback is reached directly)";
+        info!(host = %leg.host, port = leg.port, "refused a destination on this host from an isolated run");
+        let reason = "isolated run: the host's loopback and every address of its interfaces are not reachable through veris (the run's own loopback is reached directly)";
         self.record_or_log(Entry::Blocked {
             host: leg.host.clone(),
             port: leg.port,
@@ -1459,7 +1466,7 @@ impl Proxy {
         respond::error(
             StatusCode::FORBIDDEN,
             "veris_host_loopback",
-            format!("{}:{} is loopback: {reason}. Next: connect to the service on the run's own loopback, or give it a routed name", leg.host, leg.port),
+            format!("{}:{} is this host: {reason}. Next: connect to the service on the run's own loopback, or give it a routed name", leg.host, leg.port),
             json!({"host": leg.host}),
         )
     }
@@ -1618,6 +1625,22 @@ struct Unanswered {
     /// Request body bytes forwarded and the length the client declared,
     /// when the body is part of why.
     body: Option<(u64, Option<u64>)>,
+}
+
+/// True when `e` (or what caused it) is a dial refused by policy
+/// ([`dial`]'s `PermissionDenied`: this host, from an isolated run).
+fn refused_by_policy(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Which recorded request a relayed answer belongs to.
