@@ -187,6 +187,9 @@ impl Runner {
             support::client_env(&mut cmd);
             cmd
         };
+        // The work dir (scripts, state) is under /tmp: as the working
+        // directory it is carried into the run's private /tmp.
+        cmd.current_dir(&self.work);
         cmd.args(["run", "--state-dir"])
             .arg(self.state())
             .arg("--receipt")
@@ -2206,13 +2209,14 @@ impl Drop for HostSocket {
     }
 }
 
-/// The host's daemon sockets under /run (Docker, D-Bus, systemd) are
-/// hidden from the command by a fresh tmpfs over /run. Known limit: only
-/// /run is hidden — a unix socket elsewhere (here the test's temp dir; /tmp
-/// or a home dir alike) stays reachable from inside, since a network
-/// namespace does not separate path-named sockets (README).
+/// The host's daemon sockets under /run (Docker, D-Bus, systemd; with it
+/// /run/user/UID and /var/run/docker.sock) are hidden from the command by
+/// a fresh tmpfs over /run, and those in /tmp (a tmux server, X11) by a
+/// private /tmp: a host daemon's socket there is not reachable from inside
+/// (ENOENT), and never sees a connection. `--share-tmp` shares the host's
+/// /tmp again (documented), and then the same socket is reachable.
 #[test]
-fn isolated_run_hides_the_hosts_run_sockets_but_not_other_paths() {
+fn isolated_run_hides_the_hosts_run_and_tmp_sockets() {
     for_both("run-hidden", |r| {
         if !r.child_tool_works("python3", &["-c", ""]) {
             return Err("python3 not available to this uid".into());
@@ -2226,38 +2230,56 @@ fn isolated_run_hides_the_hosts_run_sockets_but_not_other_paths() {
             Ok(s) => s,
             Err(e) => return Err(format!("cannot bind {}: {e}", in_run.display())),
         };
-        let elsewhere = HostSocket::bind(r.dir.join("host.sock")).expect("binding in the temp dir");
+        // A host daemon's socket in /tmp, outside the run's work dir.
+        let in_tmp = HostSocket::bind(r.dir.join("host.sock")).expect("binding in /tmp");
         let script = r.write("unix_connect.py", UNIX_CONNECT_PY);
+        let args = [
+            "python3",
+            script.to_str().unwrap(),
+            in_run.path.to_str().unwrap(),
+            in_tmp.path.to_str().unwrap(),
+            "/run/user",
+            "/var/run/docker.sock",
+        ];
+        let out = r.isolated(&["--mode", "strict", "--allow-empty"], &args)?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        for path in [
+            in_run.path.to_str().unwrap(),
+            in_tmp.path.to_str().unwrap(),
+            "/run/user",
+            "/var/run/docker.sock",
+        ] {
+            assert!(
+                out.stdout.contains(&format!("{path} errno 2")),
+                "{path} is not there inside (ENOENT)\n{}",
+                out.ctx()
+            );
+        }
+        assert!(
+            !in_run.accepted(),
+            "the /run socket accepted\n{}",
+            out.ctx()
+        );
+        assert!(
+            !in_tmp.accepted(),
+            "the /tmp socket accepted\n{}",
+            out.ctx()
+        );
+        out.assert_isolated_and_verified();
+
+        // Shared on request: the same socket is reachable.
         let out = r.isolated(
-            &["--mode", "strict", "--allow-empty"],
-            &[
-                "python3",
-                script.to_str().unwrap(),
-                in_run.path.to_str().unwrap(),
-                elsewhere.path.to_str().unwrap(),
-            ],
+            &["--mode", "strict", "--allow-empty", "--share-tmp"],
+            &args[..4],
         )?;
         assert_eq!(out.code, Some(0), "{}", out.ctx());
         assert!(
             out.stdout
-                .contains(&format!("{} errno 2", in_run.path.display())),
-            "the socket under /run is not there inside (ENOENT)\n{}",
-            out.ctx()
-        );
-        assert!(
-            !in_run.accepted(),
-            "the host's /run socket accepted a connection\n{}",
-            out.ctx()
-        );
-        // The known limit: elsewhere, the same kind of socket is reachable.
-        assert!(
-            out.stdout
-                .contains(&format!("{} ok", elsewhere.path.display())),
+                .contains(&format!("{} ok", in_tmp.path.display())),
             "{}",
             out.ctx()
         );
-        assert!(elsewhere.accepted(), "{}", out.ctx());
-        out.assert_isolated_and_verified();
+        assert!(in_tmp.accepted(), "{}", out.ctx());
         Ok(())
     });
 }
