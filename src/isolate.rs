@@ -133,13 +133,25 @@ pub struct Sockets {
     pub dns_udp: UdpSocket,
     pub dns_tcp: TcpListener,
     pub ports: Ports,
+    /// `--share-tmp`: the command shares the host's scratch dirs.
+    pub share_tmp: bool,
 }
 
 impl Sockets {
+    /// Where the command can still reach a host daemon's unix socket.
+    fn sockets_reachable(&self) -> Vec<String> {
+        let mut out = vec!["home directories".to_string()];
+        if self.share_tmp {
+            out.extend(TMP_DIRS.iter().map(|d| d.to_string()));
+        }
+        out
+    }
+
     /// The coverage these rules give, for the session line.
     pub fn coverage(&self) -> veris_receipt::Coverage {
         veris_receipt::Coverage {
             isolation: Some("netns".into()),
+            sockets_reachable: self.sockets_reachable(),
             ..params(self.ports).coverage("veris")
         }
     }
@@ -238,6 +250,7 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
         dns_udp: dns_udp.into(),
         dns_tcp: dns_tcp.into(),
         ports,
+        share_tmp: false,
     };
     let stream = ours
         .set_nonblocking(true)
@@ -533,6 +546,7 @@ fn setup() -> Result<(Sockets, Counters)> {
             dns_udp,
             dns_tcp,
             ports,
+            share_tmp: false,
         },
         counters,
     ))

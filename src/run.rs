@@ -305,8 +305,9 @@ async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
     let mut why_not_isolated = None;
     if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
         match crate::isolate::start(&args.command).await {
-            Ok((isolation, sockets)) => {
-                return Ok((Confinement::Isolated(sockets), Some(isolation)))
+            Ok((isolation, mut sockets)) => {
+                sockets.share_tmp = args.share_tmp;
+                return Ok((Confinement::Isolated(sockets), Some(isolation)));
             }
             Err(why) if strict => bail!(
                 "cannot isolate the command: {why} (without --isolate, `veris run` would fall back to the explicit tier, confined by Landlock where the kernel has it)"

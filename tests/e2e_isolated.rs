@@ -346,6 +346,11 @@ impl Outcome {
             let named = leaks.iter().any(|l| l == "workload-root");
             assert_eq!(named, self.uid == 0, "workload-root iff root: {leaks:?}");
             leaks.retain(|l| l != "workload-root");
+            // Unix sockets under home directories stay reachable, and
+            // every isolated receipt says so.
+            let home = "host-sockets-reachable (home directories)";
+            assert!(leaks.iter().any(|l| l == home), "{leaks:?}");
+            leaks.retain(|l| l != home);
         }
         leaks
     }
@@ -483,9 +488,9 @@ fn isolated_curl_ignoring_the_proxy_is_in_the_receipt() {
         out.assert_isolated_and_verified();
         assert_eq!(out.leaks(), Vec::<String>::new(), "{}", out.ctx());
         let printed = if out.uid == 0 {
-            "leaks: workload-root"
+            "leaks: host-sockets-reachable (home directories), workload-root"
         } else {
-            "leaks: none"
+            "leaks: host-sockets-reachable (home directories)"
         };
         assert!(out.stderr.contains(printed), "{}", out.ctx());
         assert_eq!(out.receipt()["services"]["stripe"]["requests"], 1);
@@ -2280,6 +2285,17 @@ fn isolated_run_hides_the_hosts_run_and_tmp_sockets() {
             out.ctx()
         );
         assert!(in_tmp.accepted(), "{}", out.ctx());
+        // And the receipt names what was shared.
+        assert!(
+            out.receipt()["leaks"]
+                .as_array()
+                .is_some_and(|l| l
+                    .iter()
+                    .any(|l| l
+                        == "host-sockets-reachable (home directories, /tmp, /var/tmp, /dev/shm)")),
+            "{}",
+            out.ctx()
+        );
         Ok(())
     });
 }

@@ -18,7 +18,8 @@
 //!   judges an old `trust_failure` by its alert ([`is_refusal_alert`]);
 //!   version 4 added the kind `body_capture`, written only when the proxy
 //!   runs with `--capture-bodies`; no earlier field changed meaning;
-//!   version 5 added `upstream_error`'s `bytes_in` and `declared_in` and
+//!   version 5 added the coverage's `sockets_reachable`,
+//!   `upstream_error`'s `bytes_in` and `declared_in` and
 //!   its errors `veris_request_body_incomplete` and `veris_session_ended`,
 //!   written for requests sent to the twin that got no answer because the
 //!   client's body broke off or the session ended first; no earlier field
@@ -167,6 +168,12 @@ pub struct Coverage {
     /// allowed only to the proxy's port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
+    /// Isolated runs (version 5): where the command can still reach a
+    /// host daemon's unix socket, a path a network namespace does not
+    /// separate — home directories always, `/tmp`, `/var/tmp` and
+    /// `/dev/shm` when shared (`--share-tmp`). `/run` is always fresh.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sockets_reachable: Vec<String>,
 }
 
 fn unknown() -> String {

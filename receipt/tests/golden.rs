@@ -153,6 +153,7 @@ fn covered_session(sandbox: &str) -> Entry {
             exempt: vec!["uid 14741".into()],
             installed_by: "veris".into(),
             isolation: None,
+            sockets_reachable: Vec::new(),
         }));
         *workload_uid = Some(1000);
         *proxy_uid = Some(14741);
