@@ -103,6 +103,11 @@ enum ToInit {
         bundle: PathBuf,
         /// Further bundle files to cover (`--trust-file`).
         extra_stores: Vec<PathBuf>,
+        /// `--share-tmp`: the host's /tmp, /var/tmp and /dev/shm.
+        share_tmp: bool,
+        /// Paths carried into private ones (the working directory, the
+        /// trust files), when they lie under them.
+        keep: Vec<PathBuf>,
     },
     /// Probe the canary through the redirect.
     Canary,
@@ -128,13 +133,25 @@ pub struct Sockets {
     pub dns_udp: UdpSocket,
     pub dns_tcp: TcpListener,
     pub ports: Ports,
+    /// `--share-tmp`: the command shares the host's scratch dirs.
+    pub share_tmp: bool,
 }
 
 impl Sockets {
+    /// Where the command can still reach a host daemon's unix socket.
+    fn sockets_reachable(&self) -> Vec<String> {
+        let mut out = vec!["home directories".to_string()];
+        if self.share_tmp {
+            out.extend(TMP_DIRS.iter().map(|d| d.to_string()));
+        }
+        out
+    }
+
     /// The coverage these rules give, for the session line.
     pub fn coverage(&self) -> veris_receipt::Coverage {
         veris_receipt::Coverage {
             isolation: Some("netns".into()),
+            sockets_reachable: self.sockets_reachable(),
             ..params(self.ports).coverage("veris")
         }
     }
@@ -233,6 +250,7 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
         dns_udp: dns_udp.into(),
         dns_tcp: dns_tcp.into(),
         ports,
+        share_tmp: false,
     };
     let stream = ours
         .set_nonblocking(true)
@@ -258,11 +276,15 @@ impl Isolation {
         env: Vec<(String, String)>,
         bundle: &Path,
         extra_stores: &[PathBuf],
+        share_tmp: bool,
+        keep: Vec<PathBuf>,
     ) -> Result<Vec<String>> {
         self.send(&ToInit::Go {
             env,
             bundle: bundle.to_path_buf(),
             extra_stores: extra_stores.to_vec(),
+            share_tmp,
+            keep,
         })
         .await?;
         match tokio::time::timeout(SETUP_TIMEOUT, self.recv()).await {
@@ -524,6 +546,7 @@ fn setup() -> Result<(Sockets, Counters)> {
             dns_udp,
             dns_tcp,
             ports,
+            share_tmp: false,
         },
         counters,
     ))
@@ -633,19 +656,26 @@ impl Drop for Counters {
 /// canary and wait for `done`.
 fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[String]) -> Result<u8> {
     let mut reader = BufReader::new(control.try_clone()?);
-    let (env, bundle, extra_stores) = match read_message(&mut reader)? {
+    let (env, bundle, extra_stores, share_tmp, keep) = match read_message(&mut reader)? {
         Some(ToInit::Go {
             env,
             bundle,
             extra_stores,
-        }) => (env, bundle, extra_stores),
+            share_tmp,
+            keep,
+        }) => (env, bundle, extra_stores, share_tmp, keep),
         Some(other) => bail!("expected go, got {other:?}"),
         None => return Ok(1),
     };
+    if !share_tmp {
+        private_tmp(&keep)?;
+    }
     let trust_stores = mount_trust(&bundle, &extra_stores)?;
     hide_daemon_sockets();
     crate::sys::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
-    let exe = std::env::current_exe().context("finding the veris binary")?;
+    // This very binary, wherever its path now leads (a private /tmp may
+    // hide the copy it was started from).
+    let exe = PathBuf::from("/proc/self/exe");
     // Pid 1 and the command get a process group of their own: a command
     // signalling its group (`kill(0, …)`) reaches neither this step nor its
     // counter, and the signals `veris run` forwards here are passed on to it.
@@ -767,7 +797,8 @@ fn mount_trust(bundle: &Path, extra: &[PathBuf]) -> Result<Vec<String>> {
 /// A fresh tmpfs over /run: the host's daemon sockets (Docker, systemd,
 /// D-Bus, nscd, ssh-agent under /run/user) are paths, which a network
 /// namespace does not separate, and any of them could carry traffic out.
-/// Sockets elsewhere (/tmp, a home dir) stay reachable (README).
+/// /tmp, /var/tmp and /dev/shm are private too ([`private_tmp`]); sockets
+/// elsewhere (a home dir) stay reachable (README).
 fn hide_daemon_sockets() {
     if !Path::new("/run").is_dir() {
         return;
@@ -776,6 +807,74 @@ fn hide_daemon_sockets() {
     if let Err(e) = crate::sys::mount(Some("tmpfs"), "/run", Some("tmpfs"), flags) {
         eprintln!("veris: cannot hide the host's /run from the command: {e}");
     }
+}
+
+/// The shared scratch dirs a host daemon may keep sockets in (tmux,
+/// X11, ssh-agent, language servers), private to the command by default.
+const TMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+
+/// A fresh tmpfs over each of [`TMP_DIRS`], with each path of `keep` that
+/// lies under one carried over (bind-mounted back at the same path): the
+/// working directory and the trust files the command is pointed at. A
+/// path that is a whole scratch dir leaves that dir shared.
+fn private_tmp(keep: &[PathBuf]) -> Result<()> {
+    use rustix::fs::{open, Mode, OFlags};
+    let dirs: Vec<(String, PathBuf)> = TMP_DIRS
+        .iter()
+        .filter_map(|d| Some((d.to_string(), std::fs::canonicalize(d).ok()?)))
+        .filter(|(_, real)| real.is_dir())
+        .collect();
+    // Opened before the tmpfs hides them.
+    let mut carried = Vec::new();
+    for path in keep {
+        let Ok(real) = std::fs::canonicalize(path) else {
+            continue;
+        };
+        if !dirs.iter().any(|(_, d)| real.starts_with(d)) {
+            continue;
+        }
+        let fd = open(&real, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).with_context(|| {
+            format!("opening {} to carry it into a private /tmp", real.display())
+        })?;
+        carried.push((real, fd));
+    }
+    for (name, real) in &dirs {
+        if carried.iter().any(|(k, _)| k == real) {
+            // The command works in the scratch dir itself: it stays shared.
+            continue;
+        }
+        crate::sys::mount(
+            Some("tmpfs"),
+            &real.to_string_lossy(),
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+        )
+        .with_context(|| format!("cannot give the command a private {name}. Next: run with --share-tmp to let it use the host's"))?;
+    }
+    for (real, fd) in &carried {
+        if dirs.iter().any(|(_, d)| d == real) {
+            continue;
+        }
+        let dir = std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map(|m| m.is_dir())
+            .unwrap_or(false);
+        if dir {
+            std::fs::create_dir_all(real)
+        } else {
+            real.parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::File::create(real).map(drop))
+        }
+        .with_context(|| format!("carrying {} into the private /tmp", real.display()))?;
+        crate::sys::mount(
+            Some(&format!("/proc/self/fd/{}", fd.as_raw_fd())),
+            &real.to_string_lossy(),
+            None,
+            libc::MS_BIND | libc::MS_REC,
+        )
+        .with_context(|| format!("carrying {} into the private /tmp", real.display()))?;
+    }
+    Ok(())
 }
 
 /// Bind-mounts `bundle` over `target`, read-only: a write through the

@@ -561,7 +561,9 @@ impl SessionFacts {
 }
 
 /// What the ledger says per service in a window: requests forwarded to the
-/// twin (`sure`), and timeouts the twin may or may not have executed (`maybe`).
+/// twin (`sure`), and requests the twin may or may not have executed
+/// (`maybe`: a timeout, a body the client never finished, a session that
+/// ended first).
 #[derive(Default)]
 struct Expected {
     sure: BTreeMap<String, Calls>,
@@ -590,7 +592,7 @@ impl Expected {
                 path,
                 error,
                 ..
-            } if error == "veris_upstream_timeout" => {
+            } if veris_receipt::entry::may_have_reached_twin(error) => {
                 *self
                     .maybe
                     .entry(service.clone())

@@ -7,7 +7,7 @@
 //! The receipt is anchored on the proxy's own final seal, so a rewritten or
 //! replaced file fails it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{bail, Context, Result};
@@ -50,6 +50,12 @@ pub struct RunArgs {
     /// system trust stores are covered already. Repeat for more.
     #[arg(long, value_name = "FILE")]
     pub trust_file: Vec<PathBuf>,
+    /// Isolated tier: let the command see the host's /tmp, /var/tmp and
+    /// /dev/shm. By default it gets private, empty ones (the working
+    /// directory and veris's trust files, when under them, are carried
+    /// over), so a host daemon's unix socket there is out of its reach.
+    #[arg(long)]
+    pub share_tmp: bool,
     /// Also write the JSON receipt here (mode 0600).
     #[arg(long, value_name = "FILE")]
     pub receipt: Option<PathBuf>,
@@ -200,7 +206,11 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         Some(isolation) => {
             // No proxy variables inside: NO_PROXY means nothing there.
             let vars = veris_ca::env::vars(&stack.env_spec(&[], true, &base));
-            match isolated(isolation, &stack, vars, &args.trust_file, started).await {
+            let tmp = TmpPolicy {
+                share: args.share_tmp,
+                keep: std::env::current_dir().into_iter().collect(),
+            };
+            match isolated(isolation, &stack, vars, &args.trust_file, tmp, started).await {
                 Ok(done) => done,
                 Err(e) => {
                     end_leftovers().await;
@@ -338,8 +348,9 @@ async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
     let mut why_not_isolated = None;
     if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
         match crate::isolate::start(&args.command).await {
-            Ok((isolation, sockets)) => {
-                return Ok((Confinement::Isolated(sockets), Some(isolation)))
+            Ok((isolation, mut sockets)) => {
+                sockets.share_tmp = args.share_tmp;
+                return Ok((Confinement::Isolated(sockets), Some(isolation)));
             }
             Err(why) if strict => bail!(
                 "cannot isolate the command: {why} (without --isolate, `veris run` would fall back to the explicit tier, confined by Landlock where the kernel has it)"
@@ -369,6 +380,13 @@ async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
     }
 }
 
+/// Whether an isolated command shares the host's /tmp, /var/tmp and
+/// /dev/shm, and what to carry into private ones.
+struct TmpPolicy {
+    share: bool,
+    keep: Vec<PathBuf>,
+}
+
 /// Runs the command in its namespace: starts it once the proxy serves,
 /// records what the init step reports, forwards signals, then has the
 /// canary probed from inside. Returns the command's status and that check.
@@ -377,6 +395,7 @@ async fn isolated(
     stack: &Stack,
     trust_vars: Vec<(String, String)>,
     trust_files: &[PathBuf],
+    tmp: TmpPolicy,
     started: std::time::Instant,
 ) -> Result<(u8, Option<Check>)> {
     // The parent's environment, minus any proxy settings (inside, every
@@ -391,7 +410,12 @@ async fn isolated(
         .collect();
     env.retain(|(k, _)| !trust_vars.iter().any(|(t, _)| t == k));
     env.extend(trust_vars);
-    let stores = isolation.go(env, &stack.trust.bundle, trust_files).await?;
+    let mut keep = tmp.keep;
+    keep.extend(stack.trust.bundle.parent().map(Path::to_path_buf));
+    keep.extend(trust_files.iter().cloned());
+    let stores = isolation
+        .go(env, &stack.trust.bundle, trust_files, tmp.share, keep)
+        .await?;
     info!(
         trust_stores = %stores.join(","),
         setup_ms = started.elapsed().as_millis() as u64,

@@ -1125,6 +1125,7 @@ fn landlock_coverage() -> veris_receipt::Coverage {
         exempt: Vec::new(),
         installed_by: "veris".into(),
         isolation: Some("landlock".into()),
+        sockets_reachable: Vec::new(),
     }
 }
 

@@ -123,6 +123,7 @@ impl RulesetParams {
             ip_other: "dropped".into(),
             ipv6: true,
             exempt,
+            sockets_reachable: Vec::new(),
             installed_by: installed_by.into(),
             isolation: None,
         }

@@ -65,6 +65,9 @@ fn a_run_child_that_forges_its_ledger_gets_a_failed_receipt() {
         let receipt = dir.join("receipt.json");
         let out = output(
             veris(["run", "--require-verified", "--state-dir"])
+                // Under /tmp: carried into the run's private /tmp as its
+                // working directory, so the child can reach its ledger.
+                .current_dir(dir.path())
                 .arg(&state)
                 .arg("--receipt")
                 .arg(&receipt)

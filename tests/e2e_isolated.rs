@@ -187,6 +187,9 @@ impl Runner {
             support::client_env(&mut cmd);
             cmd
         };
+        // The work dir (scripts, state) is under /tmp: as the working
+        // directory it is carried into the run's private /tmp.
+        cmd.current_dir(&self.work);
         cmd.args(["run", "--state-dir"])
             .arg(self.state())
             .arg("--receipt")
@@ -343,6 +346,11 @@ impl Outcome {
             let named = leaks.iter().any(|l| l == "workload-root");
             assert_eq!(named, self.uid == 0, "workload-root iff root: {leaks:?}");
             leaks.retain(|l| l != "workload-root");
+            // Unix sockets under home directories stay reachable, and
+            // every isolated receipt says so.
+            let home = "host-sockets-reachable (home directories)";
+            assert!(leaks.iter().any(|l| l == home), "{leaks:?}");
+            leaks.retain(|l| l != home);
         }
         leaks
     }
@@ -480,9 +488,9 @@ fn isolated_curl_ignoring_the_proxy_is_in_the_receipt() {
         out.assert_isolated_and_verified();
         assert_eq!(out.leaks(), Vec::<String>::new(), "{}", out.ctx());
         let printed = if out.uid == 0 {
-            "leaks: workload-root"
+            "leaks: host-sockets-reachable (home directories), workload-root"
         } else {
-            "leaks: none"
+            "leaks: host-sockets-reachable (home directories)"
         };
         assert!(out.stderr.contains(printed), "{}", out.ctx());
         assert_eq!(out.receipt()["services"]["stripe"]["requests"], 1);
@@ -1248,6 +1256,107 @@ fn isolated_child_reaches_no_listener_of_the_host() {
             out.receipt()
         );
         assert!(out.kind("passthrough").is_empty());
+        Ok(())
+    });
+}
+
+/// Every non-loopback address of the host's interfaces (IPv4 and global
+/// IPv6; link-local IPv6 needs a scope), from `ip -o addr`.
+fn host_addresses() -> Vec<std::net::IpAddr> {
+    if !tool_works("ip", &["-V"]) {
+        return Vec::new();
+    }
+    let out = output_within(
+        support::command("ip").args(["-o", "addr", "show"]),
+        support::DEADLINE,
+    );
+    let words: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    words
+        .windows(2)
+        .filter(|w| w[0] == "inet" || w[0] == "inet6")
+        .filter_map(|w| w[1].split('/').next()?.parse::<std::net::IpAddr>().ok())
+        .filter(|a| match a {
+            std::net::IpAddr::V4(v4) => !v4.is_loopback(),
+            std::net::IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
+        })
+        .collect()
+}
+
+const CONNECT_ANY_PY: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+for host in sys.argv[2:]:
+    try:
+        s = socket.create_connection((host, port), timeout=10)
+        s.sendall(b"PING\r\n")
+        print(host, "connected", len(s.recv(100)))
+        s.close()
+    except OSError as e:
+        print(host, "errno", e.errno)
+"#;
+
+/// Passthrough mode (the default), where other destinations are dialed
+/// from the host: the host's own addresses — any address of any interface,
+/// IPv4, IPv6 and v4-mapped IPv6 — are this host, refused like its
+/// loopback and recorded as blocked; a service listening on 0.0.0.0/:: on
+/// the host never sees a connection.
+#[test]
+fn isolated_passthrough_never_reaches_the_host_by_its_own_addresses() {
+    let addrs = host_addresses();
+    let Some(v4) = addrs.iter().find_map(|a| match a {
+        std::net::IpAddr::V4(v4) => Some(*v4),
+        _ => None,
+    }) else {
+        return skip("this host has no non-loopback IPv4 address");
+    };
+    for_both("host-addrs", |r| {
+        if !r.child_tool_works("python3", &["-c", ""]) {
+            return Err("python3 not available to this uid".into());
+        }
+        // Dual-stack: IPv4, IPv6 and v4-mapped connections all land here.
+        let listener = TcpListener::bind("[::]:0").expect("binding [::]:0");
+        let port = listener.local_addr().unwrap().port();
+        let script = r.write("connect_any.py", CONNECT_ANY_PY);
+        let mut hosts: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        hosts.push(format!("::ffff:{v4}"));
+        hosts.push("0.0.0.0".into());
+        let port_s = port.to_string();
+        let mut args = vec!["python3", script.to_str().unwrap(), &port_s];
+        args.extend(hosts.iter().map(String::as_str));
+        let out = r.isolated(&["--allow-empty"], &args)?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert_eq!(
+            received_a_connection(&listener),
+            None,
+            "the host's listener on port {port} received a connection from the isolated child\n{}",
+            out.ctx()
+        );
+        for host in &hosts {
+            assert!(
+                out.stdout.contains(&format!("{host} connected 0"))
+                    || out.stdout.contains(&format!("{host} errno")),
+                "{host}: {}",
+                out.ctx()
+            );
+        }
+        assert!(
+            out.kind("passthrough").is_empty(),
+            "a host address was let through\n{}",
+            out.ctx()
+        );
+        let blocked = out.kind("blocked");
+        for a in &addrs {
+            let dst = std::net::SocketAddr::new(*a, port).to_string();
+            assert!(
+                blocked.iter().any(|b| b["dst"] == dst.as_str()),
+                "no blocked line for {dst}: {blocked:?}\n{}",
+                out.ctx()
+            );
+        }
+        out.assert_isolated_and_verified();
         Ok(())
     });
 }
@@ -2105,13 +2214,14 @@ impl Drop for HostSocket {
     }
 }
 
-/// The host's daemon sockets under /run (Docker, D-Bus, systemd) are
-/// hidden from the command by a fresh tmpfs over /run. Known limit: only
-/// /run is hidden — a unix socket elsewhere (here the test's temp dir; /tmp
-/// or a home dir alike) stays reachable from inside, since a network
-/// namespace does not separate path-named sockets (README).
+/// The host's daemon sockets under /run (Docker, D-Bus, systemd; with it
+/// /run/user/UID and /var/run/docker.sock) are hidden from the command by
+/// a fresh tmpfs over /run, and those in /tmp (a tmux server, X11) by a
+/// private /tmp: a host daemon's socket there is not reachable from inside
+/// (ENOENT), and never sees a connection. `--share-tmp` shares the host's
+/// /tmp again (documented), and then the same socket is reachable.
 #[test]
-fn isolated_run_hides_the_hosts_run_sockets_but_not_other_paths() {
+fn isolated_run_hides_the_hosts_run_and_tmp_sockets() {
     for_both("run-hidden", |r| {
         if !r.child_tool_works("python3", &["-c", ""]) {
             return Err("python3 not available to this uid".into());
@@ -2125,38 +2235,67 @@ fn isolated_run_hides_the_hosts_run_sockets_but_not_other_paths() {
             Ok(s) => s,
             Err(e) => return Err(format!("cannot bind {}: {e}", in_run.display())),
         };
-        let elsewhere = HostSocket::bind(r.dir.join("host.sock")).expect("binding in the temp dir");
+        // A host daemon's socket in /tmp, outside the run's work dir.
+        let in_tmp = HostSocket::bind(r.dir.join("host.sock")).expect("binding in /tmp");
         let script = r.write("unix_connect.py", UNIX_CONNECT_PY);
+        let args = [
+            "python3",
+            script.to_str().unwrap(),
+            in_run.path.to_str().unwrap(),
+            in_tmp.path.to_str().unwrap(),
+            "/run/user",
+            "/var/run/docker.sock",
+        ];
+        let out = r.isolated(&["--mode", "strict", "--allow-empty"], &args)?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        for path in [
+            in_run.path.to_str().unwrap(),
+            in_tmp.path.to_str().unwrap(),
+            "/run/user",
+            "/var/run/docker.sock",
+        ] {
+            assert!(
+                out.stdout.contains(&format!("{path} errno 2")),
+                "{path} is not there inside (ENOENT)\n{}",
+                out.ctx()
+            );
+        }
+        assert!(
+            !in_run.accepted(),
+            "the /run socket accepted\n{}",
+            out.ctx()
+        );
+        assert!(
+            !in_tmp.accepted(),
+            "the /tmp socket accepted\n{}",
+            out.ctx()
+        );
+        out.assert_isolated_and_verified();
+
+        // Shared on request: the same socket is reachable.
         let out = r.isolated(
-            &["--mode", "strict", "--allow-empty"],
-            &[
-                "python3",
-                script.to_str().unwrap(),
-                in_run.path.to_str().unwrap(),
-                elsewhere.path.to_str().unwrap(),
-            ],
+            &["--mode", "strict", "--allow-empty", "--share-tmp"],
+            &args[..4],
         )?;
         assert_eq!(out.code, Some(0), "{}", out.ctx());
         assert!(
             out.stdout
-                .contains(&format!("{} errno 2", in_run.path.display())),
-            "the socket under /run is not there inside (ENOENT)\n{}",
-            out.ctx()
-        );
-        assert!(
-            !in_run.accepted(),
-            "the host's /run socket accepted a connection\n{}",
-            out.ctx()
-        );
-        // The known limit: elsewhere, the same kind of socket is reachable.
-        assert!(
-            out.stdout
-                .contains(&format!("{} ok", elsewhere.path.display())),
+                .contains(&format!("{} ok", in_tmp.path.display())),
             "{}",
             out.ctx()
         );
-        assert!(elsewhere.accepted(), "{}", out.ctx());
-        out.assert_isolated_and_verified();
+        assert!(in_tmp.accepted(), "{}", out.ctx());
+        // And the receipt names what was shared.
+        assert!(
+            out.receipt()["leaks"]
+                .as_array()
+                .is_some_and(|l| l
+                    .iter()
+                    .any(|l| l
+                        == "host-sockets-reachable (home directories, /tmp, /var/tmp, /dev/shm)")),
+            "{}",
+            out.ctx()
+        );
         Ok(())
     });
 }

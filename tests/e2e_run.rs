@@ -168,7 +168,10 @@ fn sigterm_to_run_reaches_the_child_and_the_receipt_is_printed() {
         started = started.display()
     );
     let mut cmd = veris(["run", "--state-dir"]);
-    cmd.arg(dir.join("state"))
+    // The marker files are under /tmp: as the working directory, the dir
+    // is carried into the isolated run's private /tmp.
+    cmd.current_dir(dir.path())
+        .arg(dir.join("state"))
         .args(["--", "sh", "-c", &script])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

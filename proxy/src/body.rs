@@ -31,6 +31,7 @@ pub fn empty() -> ProxyBody {
 pub struct Tally {
     bytes: AtomicU64,
     failed: AtomicBool,
+    ended: AtomicBool,
 }
 
 impl Tally {
@@ -40,6 +41,11 @@ impl Tally {
     /// True when the wrapped body produced an error (the client hung up mid-body).
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
+    }
+    /// True once the wrapped body ended whole (its end was seen, or it
+    /// said it had no more).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
     }
 }
 
@@ -87,12 +93,20 @@ where
                 self.tally.failed.store(true, Ordering::Relaxed);
                 Poll::Ready(Some(Err(e.into())))
             }
-            other => other.map(|o| o.map(|r| r.map_err(Into::into))),
+            Poll::Ready(None) => {
+                self.tally.ended.store(true, Ordering::Relaxed);
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        let end = self.inner.is_end_stream();
+        if end {
+            self.tally.ended.store(true, Ordering::Relaxed);
+        }
+        end
     }
 
     fn size_hint(&self) -> SizeHint {

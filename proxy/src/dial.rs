@@ -332,15 +332,30 @@ pub fn isolated() -> bool {
     SYNTHETIC.get().is_some()
 }
 
+/// True when `ip` is this host itself: loopback, the unspecified address
+/// (which connects to the local host), or an address of any of its
+/// interfaces, IPv4 or IPv6 (a v4-mapped IPv6 address as its IPv4 one).
+/// The interfaces are read when asked, so an address added later counts.
+pub fn is_this_host(ip: std::net::IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    match sys::interface_addresses() {
+        Ok(own) => own.iter().any(|a| a.to_canonical() == ip),
+        // Unknown: refuse rather than let the host be reached.
+        Err(_) => true,
+    }
+}
+
 /// Refuses a client's dial to `addr` where it would reach this host itself
-/// from an isolated run (loopback, or the unspecified address, which
-/// connects to the local host).
+/// from an isolated run ([`is_this_host`]): the run's own loopback is its
+/// own, and the host is never reachable through veris.
 fn refuse_host_for_client(addr: SocketAddr) -> io::Result<()> {
-    let ip = addr.ip().to_canonical();
-    if SYNTHETIC.get().is_some() && (ip.is_loopback() || ip.is_unspecified()) {
+    if SYNTHETIC.get().is_some() && is_this_host(addr.ip()) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("{addr} is the host's loopback: an isolated run's loopback is its own, and veris does not reach the host's for it"),
+            format!("{addr} is this host (its loopback or an address of one of its interfaces): an isolated run's loopback is its own, and veris does not reach the host for it"),
         ));
     }
     Ok(())
@@ -374,6 +389,7 @@ pub async fn connect_for_client(
     addr: SocketAddr,
     via: Option<&ChainProxy>,
 ) -> io::Result<TcpStream> {
+    refuse_host_for_client(addr)?;
     if let Some(via) = via {
         let ip = addr.ip().to_canonical();
         if !(ip.is_loopback() || ip.is_unspecified()) {

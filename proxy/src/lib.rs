@@ -163,6 +163,12 @@ pub struct Proxy {
     resolve: Resolve,
     tasks: TaskTracker,
     cancel: CancellationToken,
+    /// Every exchange with the twin not yet recorded, wherever it runs
+    /// (a connection's task or a detached one of its own).
+    exchanges: TaskTracker,
+    /// Cancelled when the grace period ran out: exchanges still waiting (on
+    /// a client's body, or on the twin) stop and record that they did.
+    abandon: CancellationToken,
     limits: Limits,
     /// One permit per open client connection ([`Limits::max_connections`]).
     connections: Arc<tokio::sync::Semaphore>,
@@ -252,6 +258,8 @@ impl Proxy {
             resolve,
             tasks: TaskTracker::new(),
             cancel: CancellationToken::new(),
+            exchanges: TaskTracker::new(),
+            abandon: CancellationToken::new(),
             limits: options.limits,
             connections: Arc::new(tokio::sync::Semaphore::new(options.limits.max_connections)),
             refused_warned: std::sync::atomic::AtomicU64::new(0),
@@ -260,6 +268,36 @@ impl Proxy {
             tls: tls::ServerConfigs::new(Issuer::DEFAULT_CAPACITY),
             capture: options.capture,
         })
+    }
+
+    /// Shutdown, once no listener accepts: in-flight requests and tunnels
+    /// get the grace period; then every exchange with the twin still
+    /// waiting (on a client's body that never ends, or on the twin) stops
+    /// and records an `upstream_error` line, so nothing the twin may have
+    /// executed goes unrecorded. Returns when those lines are in (bounded).
+    pub(crate) async fn drain(&self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.exchanges.close();
+        if tokio::time::timeout(self.grace, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                open = self.tasks.len(),
+                "connections still open after the shutdown grace period; closing them"
+            );
+        }
+        self.abandon.cancel();
+        if tokio::time::timeout(Duration::from_secs(5), self.exchanges.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                open = self.exchanges.len(),
+                "requests to the twin still unrecorded after the shutdown"
+            );
+        }
     }
 
     /// A permit for one more client connection, or `None` (logged at most
@@ -896,6 +934,7 @@ impl Proxy {
             let gone = Arc::clone(&gone);
             async move { proxy.exchange(outbound, &gone).await }
         };
+        let exchange = self.exchanges.track_future(exchange);
         let exchange = AssertUnwindSafe(exchange.instrument(Span::current())).catch_unwind();
         let detachable = Detachable {
             exchange: Some(Box::pin(exchange)),
@@ -990,6 +1029,7 @@ impl Proxy {
             headers.insert(header::AUTHORIZATION, auth.clone());
         }
 
+        let declared_in = content_length(&headers);
         let (counted, tally) = Counted::new(incoming);
         let mut request = Request::new(counted.boxed());
         *request.method_mut() = parts.method;
@@ -997,6 +1037,7 @@ impl Proxy {
         *request.headers_mut() = headers;
         Ok(Outbound {
             request,
+            declared_in,
             websocket,
             client_upgrade,
             tally,
@@ -1015,6 +1056,7 @@ impl Proxy {
     async fn exchange(&self, outbound: Outbound, gone: &AtomicBool) -> Response<ProxyBody> {
         let Outbound {
             request,
+            declared_in,
             websocket,
             client_upgrade,
             tally,
@@ -1023,15 +1065,32 @@ impl Proxy {
             index,
             slot,
         } = outbound;
-        let result = self.upstream.send(request, websocket).await;
+        // Once sent, the request has a line whatever happens: the twin's
+        // answer, its failure, the client's body breaking off, or the
+        // session ending first (`abandon`, after the grace period).
+        let result = tokio::select! {
+            result = self.upstream.send(request, websocket) => Some(result),
+            () = self.abandon.cancelled() => None,
+        };
         let elapsed = started.elapsed();
         let duration_ms = elapsed.as_millis() as u64;
+        let body = (tally.bytes(), declared_in);
         let resp = match result {
-            Ok(resp) => resp,
-            Err(e) if tally.failed() => {
-                // The client's body broke off mid-request: the client left
-                // (or sent garbage); the twin got a request it cannot finish.
+            Some(Ok(resp)) => resp,
+            Some(Err(e)) if tally.failed() => {
+                // The client's body broke off mid-request: the client left,
+                // or its body ended short or with an error (hyper's body
+                // errors on both). The twin got the head and part of the
+                // body, and may have acted on them.
                 debug!(error = %e, "client body failed mid-request");
+                let unanswered = Unanswered {
+                    status: StatusCode::BAD_REQUEST,
+                    code: "veris_request_body_incomplete",
+                    body: Some(body),
+                };
+                self.record_unanswered(&line, &unanswered, duration_ms)
+                    .await;
+                self.stats.request(index, unanswered.status.as_u16());
                 return respond::error(
                     StatusCode::BAD_REQUEST,
                     "veris_client_body_error",
@@ -1039,7 +1098,29 @@ impl Proxy {
                     json!({}),
                 );
             }
-            Err(e) => {
+            None => {
+                let code = if tally.ended() {
+                    "veris_session_ended"
+                } else {
+                    "veris_request_body_incomplete"
+                };
+                warn!(service = %line.service, method = %line.method, code, "the session ended before the twin answered a request");
+                let unanswered = Unanswered {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code,
+                    body: Some(body),
+                };
+                self.record_unanswered(&line, &unanswered, duration_ms)
+                    .await;
+                self.stats.request(index, unanswered.status.as_u16());
+                return respond::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    code,
+                    "the veris session ended before the twin answered this request".into(),
+                    json!({"service": line.service}),
+                );
+            }
+            Some(Err(e)) => {
                 self.stats.upstream_latency(elapsed);
                 let refusal = self.upstream_failed(e, line, duration_ms).await;
                 self.stats.request(index, refusal.status().as_u16());
@@ -1119,28 +1200,42 @@ impl Proxy {
             }
             _ => (StatusCode::BAD_GATEWAY, "veris_upstream_unreachable"),
         };
-        self.summary.note(summary::Outcome::UpstreamError);
         warn!(error = %e, service = %line.service, method = %line.method, path = %redact::text(&line.path), "twin upstream failed");
-        let entry = Entry::UpstreamError {
-            service: line.service.clone(),
-            host: line.host,
-            method: line.method,
-            path: line.path,
-            upstream: line.upstream.clone(),
-            status: status.as_u16(),
-            error: code.to_string(),
-            tier: line.tier,
-            duration_ms,
+        let unanswered = Unanswered {
+            status,
+            code,
+            body: None,
         };
-        if let Err(e) = self.recorder.record(entry).await {
-            warn!(error = %e, "upstream error could not be recorded");
-        }
+        self.record_unanswered(&line, &unanswered, duration_ms)
+            .await;
         respond::error(
             status,
             code,
             format!("{e}. Next: check that the twin is running and reachable from the proxy"),
             json!({"upstream": line.upstream, "service": line.service}),
         )
+    }
+
+    /// The `upstream_error` line of a request sent to the twin that got no
+    /// answer from it.
+    async fn record_unanswered(&self, line: &RequestLine, why: &Unanswered, duration_ms: u64) {
+        self.summary.note(summary::Outcome::UpstreamError);
+        let entry = Entry::UpstreamError {
+            service: line.service.clone(),
+            host: line.host.clone(),
+            method: line.method.clone(),
+            path: line.path.clone(),
+            upstream: line.upstream.clone(),
+            status: why.status.as_u16(),
+            error: why.code.to_string(),
+            tier: line.tier,
+            duration_ms,
+            bytes_in: why.body.map(|(sent, _)| sent),
+            declared_in: why.body.and_then(|(_, declared)| declared),
+        };
+        if let Err(e) = self.recorder.record(entry).await {
+            warn!(error = %e, "upstream error could not be recorded");
+        }
     }
 
     /// Phase 8: the twin's answer as the client gets it: hop-by-hop headers
@@ -1262,6 +1357,7 @@ impl Proxy {
                 json!({}),
             );
         };
+        let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers, false);
         let (counted, tally) = Counted::new(incoming);
@@ -1289,6 +1385,12 @@ impl Proxy {
                 strip_hop_by_hop(&mut parts.headers, false);
                 parts.version = Version::default();
                 Response::from_parts(parts, incoming.map_err(Into::into).boxed())
+            }
+            // Refused by policy (this host, from an isolated run): nothing
+            // passed, so it is a refusal, not a passthrough.
+            Err(e) if refused_by_policy(&e) => {
+                self.refuse_host_loopback(leg, Some(method), Some(path))
+                    .await
             }
             Err(e) => match dial::ChainError::find(&e) {
                 Some(chain) => {
@@ -1349,8 +1451,8 @@ impl Proxy {
         method: Option<String>,
         path: Option<String>,
     ) -> Response<ProxyBody> {
-        info!(host = %leg.host, port = leg.port, "refused a loopback destination from an isolated run");
-        let reason = "isolated run: the host's loopback is not reachable through veris (the run's own loopback is reached directly)";
+        info!(host = %leg.host, port = leg.port, "refused a destination on this host from an isolated run");
+        let reason = "isolated run: the host's loopback and every address of its interfaces are not reachable through veris (the run's own loopback is reached directly)";
         self.record_or_log(Entry::Blocked {
             host: leg.host.clone(),
             port: leg.port,
@@ -1364,7 +1466,7 @@ impl Proxy {
         respond::error(
             StatusCode::FORBIDDEN,
             "veris_host_loopback",
-            format!("{}:{} is loopback: {reason}. Next: connect to the service on the run's own loopback, or give it a routed name", leg.host, leg.port),
+            format!("{}:{} is this host: {reason}. Next: connect to the service on the run's own loopback, or give it a routed name", leg.host, leg.port),
             json!({"host": leg.host}),
         )
     }
@@ -1458,6 +1560,8 @@ const ORIGINAL_AUTHORIZATION: HeaderName =
 /// A vendor request ready for its twin, with what its ledger line needs.
 struct Outbound {
     request: Request<ProxyBody>,
+    /// The body length the client declared (`Content-Length`).
+    declared_in: Option<u64>,
     websocket: bool,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     tally: Arc<Tally>,
@@ -1511,6 +1615,32 @@ impl Drop for Detachable {
             }
         }
     }
+}
+
+/// Why a request sent to the twin got no answer from it, for its
+/// `upstream_error` line.
+struct Unanswered {
+    status: StatusCode,
+    code: &'static str,
+    /// Request body bytes forwarded and the length the client declared,
+    /// when the body is part of why.
+    body: Option<(u64, Option<u64>)>,
+}
+
+/// True when `e` (or what caused it) is a dial refused by policy
+/// ([`dial`]'s `PermissionDenied`: this host, from an isolated run).
+fn refused_by_policy(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Which recorded request a relayed answer belongs to.
@@ -1645,18 +1775,8 @@ pub async fn serve(
         }
     }
     drop(listener);
-    proxy.cancel.cancel();
-    proxy.tasks.close();
     proxy.summary.flush();
-    if tokio::time::timeout(proxy.grace, proxy.tasks.wait())
-        .await
-        .is_err()
-    {
-        warn!(
-            open = proxy.tasks.len(),
-            "connections still open after the shutdown grace period; closing them"
-        );
-    }
+    proxy.drain().await;
     Ok(())
 }
 

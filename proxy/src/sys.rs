@@ -2,7 +2,8 @@
 //! redirected socket where it was really going (`SO_ORIGINAL_DST` for IPv4,
 //! `IP6T_SO_ORIGINAL_DST` for IPv6), which conntrack remembers after an
 //! nftables `redirect` rewrote the destination to our listener; and marking
-//! our own outbound sockets (`SO_MARK`) so that redirect lets them leave.
+//! our own outbound sockets (`SO_MARK`) so that redirect lets them leave;
+//! and listing this host's interface addresses (`getifaddrs`).
 #![allow(unsafe_code)]
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -106,6 +107,46 @@ fn zeroed_in6() -> libc::sockaddr_in6 {
         sin6_addr: libc::in6_addr { s6_addr: [0; 16] },
         sin6_scope_id: 0,
     }
+}
+
+/// Every address of every interface of this host (its network namespace),
+/// IPv4 and IPv6, from `getifaddrs(3)`.
+pub fn interface_addresses() -> std::io::Result<Vec<std::net::IpAddr>> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list it allocated into `head`, freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet
+        // freed; `ifa_addr`, when not NULL, points to a sockaddr whose
+        // family says which sockaddr_* it is.
+        unsafe {
+            let ifa = &*cur;
+            if !ifa.ifa_addr.is_null() {
+                match i32::from((*ifa.ifa_addr).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                            sin.sin_addr.s_addr,
+                        ))));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                        out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            cur = ifa.ifa_next;
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
 }
 
 #[cfg(test)]

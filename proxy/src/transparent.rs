@@ -183,14 +183,7 @@ pub async fn serve(
     }
     drop(https);
     drop(http);
-    proxy.cancel.cancel();
-    proxy.tasks.close();
-    if tokio::time::timeout(proxy.grace, proxy.tasks.wait())
-        .await
-        .is_err()
-    {
-        warn!("transparent connections still open after the shutdown grace period; closing them");
-    }
+    proxy.drain().await;
     Ok(())
 }
 

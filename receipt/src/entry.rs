@@ -20,8 +20,13 @@
 //!   runs with `--capture-bodies`; no earlier field changed meaning;
 //!   version 5 seals sign their `reason` too (`veris-seal-v2`, see
 //!   `seal`), every session seals with a key of its own that never leaves
-//!   the proxy's memory (`key_storage` is then always `memory`), and a
-//!   session's `moved_aside` counts the requests of the file it set aside);
+//!   the proxy's memory (`key_storage` is then always `memory`), a
+//!   session's `moved_aside` counts the requests of the file it set aside,
+//!   and it added the coverage's `sockets_reachable`, `upstream_error`'s
+//!   `bytes_in` and `declared_in` and its errors
+//!   `veris_request_body_incomplete` and `veris_session_ended`, written for
+//!   requests sent to the twin that got no answer because the client's body
+//!   broke off or the session ended first; no earlier field changed meaning);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -93,6 +98,23 @@ pub fn is_refusal_alert(alert: &str) -> bool {
     REFUSAL_ALERTS.contains(&alert)
 }
 
+/// `upstream_error` errors after which the twin may have executed the
+/// request (DESIGN §7a.8): no answer in time, a request body the client
+/// never finished (the twin got the head and part of the body), or a
+/// session that ended while the request waited. Only
+/// `veris_upstream_unreachable` says it did not reach the twin.
+pub const MAY_HAVE_REACHED_TWIN: &[&str] = &[
+    "veris_upstream_timeout",
+    "veris_request_body_incomplete",
+    "veris_session_ended",
+];
+
+/// True when an `upstream_error` with `error` may have been executed by
+/// the twin ([`MAY_HAVE_REACHED_TWIN`]).
+pub fn may_have_reached_twin(error: &str) -> bool {
+    MAY_HAVE_REACHED_TWIN.contains(&error)
+}
+
 /// `prev` of the first line of a ledger.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -154,6 +176,12 @@ pub struct Coverage {
     /// allowed only to the proxy's port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
+    /// Isolated runs (version 5): where the command can still reach a
+    /// host daemon's unix socket, a path a network namespace does not
+    /// separate — home directories always, `/tmp`, `/var/tmp` and
+    /// `/dev/shm` when shared (`--share-tmp`). `/run` is always fresh.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sockets_reachable: Vec<String>,
 }
 
 fn unknown() -> String {
@@ -329,7 +357,8 @@ pub enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         dst: Option<String>,
     },
-    /// A vendor request whose twin upstream failed; the client got `status`.
+    /// A vendor request sent to the twin that got no answer from it; the
+    /// client got `status` (when it was still there).
     UpstreamError {
         service: String,
         host: String,
@@ -337,10 +366,24 @@ pub enum Entry {
         path: String,
         upstream: String,
         status: u16,
-        /// `veris_upstream_unreachable` or `veris_upstream_timeout`.
+        /// `veris_upstream_unreachable` (did not reach the twin),
+        /// `veris_upstream_timeout` (no answer in time), and from version
+        /// 5 `veris_request_body_incomplete` (the client's body broke off:
+        /// it left, or its body ended short or with an error, or had not
+        /// ended when the session did) and `veris_session_ended` (the
+        /// session ended before the twin answered). All but the first may
+        /// have been executed by the twin ([`may_have_reached_twin`]).
         error: String,
         tier: ListenerTier,
         duration_ms: u64,
+        /// Request body bytes forwarded to the twin (version 5; written
+        /// with the errors version 5 added).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes_in: Option<u64>,
+        /// The request body length the client declared (`Content-Length`),
+        /// when it did (version 5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        declared_in: Option<u64>,
     },
     /// A client aborted the TLS handshake after the proxy offered its minted
     /// leaf with an alert that names the certificate ([`REFUSAL_ALERTS`]):

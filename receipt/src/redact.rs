@@ -1102,6 +1102,8 @@ pub fn entry(entry: Entry) -> Entry {
             error,
             tier,
             duration_ms,
+            bytes_in,
+            declared_in,
         } => Entry::UpstreamError {
             service: owned(service),
             host: owned(host),
@@ -1112,6 +1114,8 @@ pub fn entry(entry: Entry) -> Entry {
             error: owned(error),
             tier,
             duration_ms,
+            bytes_in,
+            declared_in,
         },
         Entry::TrustFailure {
             host,

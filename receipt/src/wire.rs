@@ -877,4 +877,48 @@ mod tests {
         assert_eq!(old.v, 3);
         assert_eq!(old.entry.kind(), "response_incomplete");
     }
+
+    #[test]
+    fn a_v5_upstream_error_with_its_body_round_trips_and_v4_lines_still_read() {
+        use crate::entry::{ListenerTier, LEDGER_VERSION, READABLE_VERSIONS};
+        assert_eq!(LEDGER_VERSION, 5);
+        assert!(READABLE_VERSIONS.contains(&4));
+        let prev = "ab".repeat(32);
+        let text = format!(
+            r#"{{"v":5,"seq":9,"ts":"2026-11-29T07:28:19.123Z","kind":"upstream_error","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/customers","upstream":"http://twin/s/sbx/stripe/v1/customers","status":400,"error":"veris_request_body_incomplete","tier":"explicit","duration_ms":3,"bytes_in":10,"declared_in":100,"prev":"{prev}"}}"#
+        );
+        let line = serde_json::from_str::<Line>(&text).unwrap();
+        match &line.entry {
+            Entry::UpstreamError {
+                error,
+                bytes_in,
+                declared_in,
+                tier,
+                ..
+            } => {
+                assert_eq!(error, "veris_request_body_incomplete");
+                assert!(crate::entry::may_have_reached_twin(error));
+                assert_eq!((*bytes_in, *declared_in), (Some(10), Some(100)));
+                assert_eq!(*tier, ListenerTier::Explicit);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(serde_json::to_string(&line).unwrap(), text);
+        // A version-4 line as a version-4 writer wrote it reads as before.
+        let v4 = format!(
+            r#"{{"v":4,"seq":8,"ts":"t","kind":"upstream_error","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/charges","upstream":"u","status":502,"error":"veris_upstream_unreachable","tier":"explicit","duration_ms":30,"prev":"{prev}"}}"#
+        );
+        let old = serde_json::from_str::<Line>(&v4).unwrap();
+        assert_eq!(old.v, 4);
+        match old.entry {
+            Entry::UpstreamError {
+                bytes_in: None,
+                declared_in: None,
+                ref error,
+                ..
+            } => assert!(!crate::entry::may_have_reached_twin(error)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(serde_json::to_string(&old).unwrap(), v4);
+    }
 }

@@ -153,6 +153,7 @@ fn covered_session(sandbox: &str) -> Entry {
             exempt: vec!["uid 14741".into()],
             installed_by: "veris".into(),
             isolation: None,
+            sockets_reachable: Vec::new(),
         }));
         *workload_uid = Some(1000);
         *proxy_uid = Some(14741);
@@ -205,6 +206,8 @@ fn rich_ledger() -> String {
         error: "veris_upstream_unreachable".into(),
         tier: ListenerTier::Explicit,
         duration_ms: 30,
+        bytes_in: None,
+        declared_in: None,
     });
     e.push(Entry::Blocked {
         host: "evil.example".into(),
@@ -590,6 +593,8 @@ fn upstream_error_ledger() -> String {
             error: "veris_upstream_unreachable".into(),
             tier: ListenerTier::Transparent,
             duration_ms: 30,
+            bytes_in: None,
+            declared_in: None,
         },
     ])
 }

@@ -810,15 +810,26 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             error,
             tier,
             duration_ms,
+            bytes_in,
+            declared_in,
         } => {
             lines.push(kv("service", token(service).into_owned()));
             lines.push(kv("host", quoted(host)));
             lines.push(kv("request", format!("{} {}", token(method), quoted(path))));
-            let meaning = if error == "veris_upstream_timeout" {
-                "no answer in time: the twin may have processed it"
-            } else {
-                "did not reach the twin"
+            let meaning = match error.as_str() {
+                "veris_upstream_timeout" => "no answer in time: the twin may have processed it",
+                "veris_request_body_incomplete" => {
+                    "the client never finished its body: the twin may have processed it"
+                }
+                "veris_session_ended" => {
+                    "the session ended before the twin answered: it may have processed it"
+                }
+                _ => "did not reach the twin",
             };
+            if let Some(b) = bytes_in {
+                let of = declared_in.map_or(String::new(), |d| format!(" of {d}"));
+                lines.push(kv("body", format!("{b}{of} bytes sent")));
+            }
             lines.push(kv("status", format!("{status} · {error} ({meaning})")));
             lines.push(kv("tier", tier_word(*tier).to_string()));
             lines.push(kv("timing", latency(*duration_ms)));

@@ -223,6 +223,8 @@ impl<'o> Builder<'o> {
                 status,
                 error,
                 tier,
+                bytes_in,
+                declared_in,
                 ..
             } if wanted(service) => w.upstream_errors.push(UpstreamErrorEntry {
                 seq: line.seq,
@@ -233,6 +235,8 @@ impl<'o> Builder<'o> {
                 status: *status,
                 error: error.clone(),
                 tier: *tier,
+                bytes_in: *bytes_in,
+                declared_in: *declared_in,
             }),
             Entry::ReservedPath {
                 service,

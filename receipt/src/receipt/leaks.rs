@@ -180,6 +180,14 @@ fn coverage_leaks(c: &Coverage, workload_uid: Option<u32>) -> Vec<String> {
     // capability, and its namespace has no interface but loopback), but as
     // uid 0 it still writes the host's own files — cron jobs, binaries,
     // veris itself — for a host process to act on after the run.
+    if !c.sockets_reachable.is_empty() {
+        // Unix sockets are paths, which a network namespace does not
+        // separate: a host daemon listening in one of these is reachable.
+        out.push(format!(
+            "host-sockets-reachable ({})",
+            c.sockets_reachable.join(", ")
+        ));
+    }
     let marked = c.exempt.iter().any(|e| e.starts_with("mark"));
     if workload_uid.is_none_or(|u| u == 0) || marked {
         out.push("workload-root".to_string());
@@ -202,6 +210,7 @@ mod tests {
             exempt: vec!["uid 14741".into()],
             installed_by: "veris".into(),
             isolation: None,
+            sockets_reachable: Vec::new(),
         }
     }
 
@@ -233,7 +242,19 @@ mod tests {
             ..coverage()
         };
         assert!(coverage_leaks(&isolated, Some(1000)).is_empty());
-        assert_eq!(coverage_leaks(&isolated, Some(0)), ["workload-root"]);
+        // Home directories are not separated: an isolated run says so.
+        let isolated = Coverage {
+            sockets_reachable: vec!["home directories".into()],
+            ..isolated
+        };
+        assert_eq!(
+            coverage_leaks(&isolated, Some(1000)),
+            ["host-sockets-reachable (home directories)"]
+        );
+        assert_eq!(
+            coverage_leaks(&isolated, Some(0)),
+            ["host-sockets-reachable (home directories)", "workload-root"]
+        );
     }
 
     #[test]

@@ -348,6 +348,13 @@ pub struct UpstreamErrorEntry {
     pub status: u16,
     pub error: String,
     pub tier: ListenerTier,
+    /// Request body bytes forwarded, when the line says (a body the
+    /// client never finished).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_in: Option<u64>,
+    /// The body length the client declared, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_in: Option<u64>,
 }
 
 /// What to summarize, and what the verdict may rely on.

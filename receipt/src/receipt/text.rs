@@ -181,19 +181,32 @@ pub fn render_text(r: &Receipt) -> String {
     }
 
     let mut extra = Vec::new();
-    // A timeout means the twin may have executed the request; only a
-    // failure to connect means it did not reach it.
-    let (timeouts, unreachable): (Vec<_>, Vec<_>) = r
-        .upstream_errors
-        .iter()
-        .partition(|e| e.error == "veris_upstream_timeout");
-    for (list, what) in [
-        (&unreachable, "upstream errors (did not reach the twin)"),
+    // A timeout, a body the client never finished or a session that ended
+    // first means the twin may have executed the request; only a failure
+    // to connect means it did not reach it.
+    let group = |error: &str| match error {
+        "veris_upstream_timeout" => 1,
+        "veris_request_body_incomplete" => 2,
+        "veris_session_ended" => 3,
+        _ => 0,
+    };
+    for (n, what) in [
+        (0, "upstream errors (did not reach the twin)"),
+        (1, "upstream timeouts (the twin may have processed them)"),
         (
-            &timeouts,
-            "upstream timeouts (the twin may have processed them)",
+            2,
+            "requests whose body the client never finished (the twin may have processed them)",
+        ),
+        (
+            3,
+            "requests unanswered when the session ended (the twin may have processed them)",
         ),
     ] {
+        let list: Vec<_> = r
+            .upstream_errors
+            .iter()
+            .filter(|e| group(&e.error) == n)
+            .collect();
         if list.is_empty() {
             continue;
         }
@@ -202,8 +215,13 @@ pub fn render_text(r: &Receipt) -> String {
             .iter()
             .take(SHOWN)
             .map(|e| {
+                let body = match (e.bytes_in, e.declared_in) {
+                    (Some(b), Some(d)) => format!(" (body: {b} of {d} bytes sent)"),
+                    (Some(b), None) => format!(" (body: {b} bytes sent)"),
+                    _ => String::new(),
+                };
                 format!(
-                    "{} {} {} -> {} {}",
+                    "{} {} {} -> {} {}{body}",
                     token(&e.service),
                     token(&e.method),
                     quoted(&e.path),
@@ -276,6 +294,8 @@ mod tests {
                 error: error.into(),
                 tier: ListenerTier::Explicit,
                 duration_ms: 1,
+                bytes_in: (error == "veris_request_body_incomplete").then_some(5),
+                declared_in: (error == "veris_request_body_incomplete").then_some(100),
             },
             prev: String::new(),
         }
@@ -287,8 +307,9 @@ mod tests {
             lines: vec![
                 upstream_error(1, "veris_upstream_timeout", 504),
                 upstream_error(2, "veris_upstream_unreachable", 502),
+                upstream_error(3, "veris_request_body_incomplete", 400),
             ],
-            head: (2, String::new()),
+            head: (3, String::new()),
             ..LedgerRead::default()
         };
         let text = render_text(&super::super::build(&read, &Options::default()));
@@ -299,6 +320,12 @@ mod tests {
         assert!(
             text.contains(
                 "upstream errors (did not reach the twin): 1 (stripe POST \"/v1/charges\" -> 502"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "requests whose body the client never finished (the twin may have processed them): 1 (stripe POST /v1/charges -> 400 veris_request_body_incomplete (body: 5 of 100 bytes sent))"
             ),
             "{text}"
         );
