@@ -544,6 +544,9 @@ fn measure(c: &Client, tier: Tier, state: &Path) -> Result<Measured, String> {
         .arg(&receipt);
     if tier == Tier::Isolated {
         cmd.args(&c.isolated_flags);
+        // The command's /tmp is its own: the clients built once for all
+        // tests live in the scratch dir, carried in as the working dir.
+        cmd.current_dir(scratch());
     }
     cmd.args(["--", "sh", "-c", &c.script, "sh", URL]);
     for (k, v) in &c.env {
