@@ -190,15 +190,33 @@ pub struct PublicKeys {
 impl PublicKeys {
     /// Reads `ledger.pub`; a missing file is an empty list. Lines that are
     /// not `ed25519 <64 hex>` are skipped (they can only make a seal fail).
+    /// The workload may have planted a link, a FIFO or a huge file there:
+    /// only a regular file is read (never blocking, at most 1 MiB).
     pub fn load(path: &Path) -> Result<PublicKeys, SealError> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Ok(PublicKeys::parse(&text)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PublicKeys::default()),
-            Err(source) => Err(SealError::ReadPub {
-                path: path.to_path_buf(),
-                source,
-            }),
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let err = |source| SealError::ReadPub {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PublicKeys::default()),
+            Err(e) => return Err(err(e)),
+        };
+        if !file.metadata().map_err(err)?.is_file() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not a regular file",
+            )));
         }
+        let mut text = String::new();
+        file.take(1 << 20).read_to_string(&mut text).map_err(err)?;
+        Ok(PublicKeys::parse(&text))
     }
 
     pub fn parse(text: &str) -> PublicKeys {
@@ -491,6 +509,15 @@ mod tests {
         std::os::unix::fs::symlink(&other, d.join(PUB_FILE)).unwrap();
         assert!(Sealer::generate().unwrap().publish(&d).is_err());
         assert_eq!(std::fs::read_to_string(&other).unwrap(), "x");
+        // Nor is a FIFO read (it would block the proxy's start).
+        std::fs::remove_file(d.join(PUB_FILE)).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(d.join(PUB_FILE))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(PublicKeys::load(&d.join(PUB_FILE)).is_err());
+        assert!(Sealer::generate().unwrap().publish(&d).is_err());
         let _ = std::fs::remove_dir_all(d);
     }
 
