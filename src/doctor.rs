@@ -811,7 +811,7 @@ fn environment(
 
 /// The isolated run's namespace steps, tried in a child: (userns, nft).
 async fn namespaces() -> (Finding, Finding) {
-    let nft_path = find_on_path("nft");
+    let nft_path = crate::sys::find_tool("nft");
     let probe = async {
         let exe = std::env::current_exe().ok()?;
         let child = tokio::process::Command::new(exe)
@@ -875,17 +875,6 @@ async fn namespaces() -> (Finding, Finding) {
         (Some(path), None) => Finding::ok("nft", format!("{} is present", shown(path))),
     };
     (userns, nft)
-}
-
-fn find_on_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| {
-            std::fs::metadata(p)
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .unwrap_or(false)
-        })
 }
 
 /// The live proxy found by discovery, and its line.

@@ -553,7 +553,7 @@ fn setup() -> Result<(Sockets, Counters)> {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
+    let out = Command::new(crate::sys::tool("ip"))
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -569,7 +569,7 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 fn nft_apply(rules: &str) -> Result<()> {
-    let mut child = Command::new("nft")
+    let mut child = Command::new(crate::sys::tool("nft"))
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -599,7 +599,7 @@ impl Counters {
     fn start() -> Counters {
         use std::os::unix::process::CommandExt;
         // A group of its own: the command's `kill(0, …)` must not reach it.
-        let spawned = Command::new("nft")
+        let spawned = Command::new(crate::sys::tool("nft"))
             .arg("-i")
             .process_group(0)
             .stdin(Stdio::piped())

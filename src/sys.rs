@@ -444,3 +444,26 @@ fn processes() -> std::collections::BTreeMap<u32, (u32, char, String)> {
     }
     all
 }
+
+/// Where a system tool the isolated and transparent tiers run (`nft`,
+/// `ip`) lives: the first executable on `PATH`, else in the sbin dirs
+/// distributions put them in, which a normal user's `PATH` lacks (Debian's
+/// `nft` is `/usr/sbin/nft`). `None` when there is none.
+pub fn find_tool(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let sbin = ["/usr/local/sbin", "/usr/sbin", "/sbin"].map(std::path::PathBuf::from);
+    std::env::split_paths(&path)
+        .chain(sbin)
+        .map(|dir| dir.join(program))
+        .find(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+/// [`find_tool`], or the bare name (so the error names what is missing).
+pub fn tool(program: &str) -> std::path::PathBuf {
+    find_tool(program).unwrap_or_else(|| program.into())
+}

@@ -456,7 +456,7 @@ pub fn coverage(
 fn install(params: RulesetParams) -> Result<Redirect> {
     refuse_existing_table()?;
     let rules = ruleset(&params);
-    let mut nft = Command::new("nft")
+    let mut nft = Command::new(crate::sys::tool("nft"))
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -487,7 +487,7 @@ fn install(params: RulesetParams) -> Result<Redirect> {
         Ok(helper) => helper,
         Err(e) => {
             // Without the helper nobody would watch or remove the rules.
-            let _ = Command::new("nft")
+            let _ = Command::new(crate::sys::tool("nft"))
                 .args(["delete", "table", "inet", TABLE])
                 .status();
             return Err(e).context("starting the redirect helper");
@@ -514,7 +514,7 @@ fn install(params: RulesetParams) -> Result<Redirect> {
 
 /// Rules this process did not install are never taken over (nor removed later).
 fn refuse_existing_table() -> Result<()> {
-    let exists = Command::new("nft")
+    let exists = Command::new(crate::sys::tool("nft"))
         .args(["list", "table", "inet", TABLE])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

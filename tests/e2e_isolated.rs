@@ -2299,3 +2299,53 @@ fn isolated_run_hides_the_hosts_run_and_tmp_sockets() {
         Ok(())
     });
 }
+
+/// E1: a user whose PATH lacks the sbin dirs (Debian's `nft` is
+/// `/usr/sbin/nft`) still gets the isolated tier, and `doctor` agrees.
+#[test]
+fn a_user_path_without_sbin_still_isolates() {
+    let user_path = "/usr/local/bin:/usr/bin:/bin";
+    if ["/usr/local/bin", "/usr/bin", "/bin"]
+        .iter()
+        .any(|d| Path::new(d).join("nft").exists())
+    {
+        return skip("nft is on a user's PATH here: nothing to find elsewhere");
+    }
+    for_both("sbin", |runner| {
+        let (mut cmd, _) = runner.command(&[], &["true"]);
+        cmd.env("PATH", user_path);
+        let out = output_within(&mut cmd, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        if stderr.contains("user namespaces") && !stderr.contains("nft") {
+            return Err(format!("no user namespaces here: {stderr}"));
+        }
+        assert!(
+            stderr.contains("interception: isolated"),
+            "{:?}: {stderr}",
+            runner.who
+        );
+        assert!(!stderr.contains("not isolated"), "{stderr}");
+        let mut doctor = if runner.as_nobody {
+            let mut c = support::command("setpriv");
+            c.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"])
+                .arg(&runner.exe);
+            c
+        } else {
+            Command::new(&runner.exe)
+        };
+        doctor
+            .env("PATH", user_path)
+            .env("HOME", &runner.work)
+            .current_dir(&runner.work)
+            .arg("doctor")
+            .arg("--state-dir")
+            .arg(runner.state());
+        let out = output_within(&mut doctor, Duration::from_secs(60));
+        let report = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            report.lines().any(|l| l.starts_with("ok   nft: ")),
+            "{report}"
+        );
+        Ok(())
+    });
+}
