@@ -448,13 +448,16 @@ fn processes() -> std::collections::BTreeMap<u32, (u32, char, String)> {
 /// Where a system tool the isolated and transparent tiers run (`nft`,
 /// `ip`) lives: the first executable on `PATH`, else in the sbin dirs
 /// distributions put them in, which a normal user's `PATH` lacks (Debian's
-/// `nft` is `/usr/sbin/nft`). `None` when there is none.
+/// `nft` is `/usr/sbin/nft`): `VERIS_SBIN_DIRS` (a `PATH`-style list; empty
+/// for none), by default `/usr/local/sbin:/usr/sbin:/sbin`. `None` when
+/// there is none.
 pub fn find_tool(program: &str) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let sbin = ["/usr/local/sbin", "/usr/sbin", "/sbin"].map(std::path::PathBuf::from);
+    let sbin = std::env::var_os("VERIS_SBIN_DIRS")
+        .unwrap_or_else(|| "/usr/local/sbin:/usr/sbin:/sbin".into());
     std::env::split_paths(&path)
-        .chain(sbin)
+        .chain(std::env::split_paths(&sbin).filter(|d| !d.as_os_str().is_empty()))
         .map(|dir| dir.join(program))
         .find(|p| {
             std::fs::metadata(p)

@@ -937,7 +937,7 @@ fn isolated_quic_goes_to_the_sink_and_is_a_leak_note() {
     assert!(attempts >= 1, "{quic:?}");
     assert_eq!(
         out.leaks(),
-        [format!("quic-attempts {attempts} (api.stripe.com)")]
+        [format!("quic-attempts {attempts} (\"api.stripe.com\")")]
     );
     assert_eq!(out.entries("stripe"), Vec::<String>::new());
 }
@@ -1543,7 +1543,10 @@ fn isolate_runs_isolated_or_fails_naming_the_missing_tool() {
     ] {
         let path = path_with(&r.dir, &format!("no-{missing}"), &present);
         let out = r.run_with(&["--isolate"], &["sh", "-c", proxied], RUN_TIMEOUT, |cmd| {
-            cmd.env("PATH", &path).current_dir(&r.work);
+            // Nor in the sbin dirs veris looks in beyond PATH.
+            cmd.env("PATH", &path)
+                .env("VERIS_SBIN_DIRS", "")
+                .current_dir(&r.work);
         });
         assert_eq!(out.code, Some(1), "{}", out.ctx());
         assert!(
@@ -1566,7 +1569,9 @@ fn isolate_runs_isolated_or_fails_naming_the_missing_tool() {
     }
     let path = path_with(&r.dir, "no-tools", &["curl", "sh", "touch"]);
     let out = r.run_with(&[], &["sh", "-c", proxied], RUN_TIMEOUT, |cmd| {
-        cmd.env("PATH", &path).current_dir(&r.work);
+        cmd.env("PATH", &path)
+            .env("VERIS_SBIN_DIRS", "")
+            .current_dir(&r.work);
     });
     assert_eq!(out.code, Some(0), "{}", out.ctx());
     let notes: Vec<&str> = out

@@ -401,7 +401,7 @@ fn a_real_quic_attempt_is_recorded_with_its_sni_and_never_answered() {
         .filter_map(|l| l.as_str())
         .collect();
     assert!(
-        leaks.contains(&format!("quic-attempts {attempts} (api.stripe.com)").as_str()),
+        leaks.contains(&format!("quic-attempts {attempts} (\"api.stripe.com\")").as_str()),
         "{leaks:?}"
     );
 
