@@ -191,7 +191,9 @@ fn confined_tier_ends_what_the_command_left_before_writing_reports() {
 
 #[test]
 fn isolated_tier_ends_what_the_command_left_before_writing_reports() {
-    if let Err(why) = leftover_is_ended("leftover-isolated", &["--isolate"]) {
+    // --share-tmp: the test's files are under /tmp, and the attack needs
+    // the report paths within the command's reach.
+    if let Err(why) = leftover_is_ended("leftover-isolated", &["--isolate", "--share-tmp"]) {
         skip(&why);
     }
 }
@@ -201,7 +203,8 @@ fn isolated_tier_ends_what_the_command_left_before_writing_reports() {
 const TIERS: [&[&str]; 3] = [
     &["--tier", "explicit"],
     &["--tier", "confined"],
-    &["--isolate"],
+    // The report paths are under /tmp: shared, so the command can attack them.
+    &["--isolate", "--share-tmp"],
 ];
 
 /// `veris run TIER --receipt R --junit J -- sh -c SCRIPT sh R J ARGS`,

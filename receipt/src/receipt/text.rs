@@ -325,7 +325,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "requests whose body the client never finished (the twin may have processed them): 1 (stripe POST /v1/charges -> 400 veris_request_body_incomplete (body: 5 of 100 bytes sent))"
+                "requests whose body the client never finished (the twin may have processed them): 1 (stripe POST \"/v1/charges\" -> 400 veris_request_body_incomplete (body: 5 of 100 bytes sent))"
             ),
             "{text}"
         );
