@@ -512,3 +512,49 @@ fn a_refused_charge_does_not_meet_a_charge_requirement() {
     let out = output(&mut cmd);
     assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
 }
+
+/// E1.5: a CONNECT passthrough whose dial is refused gets a 502 that says
+/// so, and the ledger a `passthrough` line with no destination closed by a
+/// `tunnel_close` that names the address dialed and why: the receipt lists
+/// it as not reached, never as a tunnel that worked.
+#[test]
+fn a_passthrough_whose_dial_fails_reads_as_not_reached() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    // A port nothing listens on: bound, then closed.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let serve = Serve::start("unreached", &[]);
+    let url = format!("https://127.0.0.1:{port}/");
+    let out = output(serve.curl().args(["-sS", "-v", "-o", "/dev/null", &url]));
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("502"),
+        "CONNECT was not answered 502: {stderr}"
+    );
+    let lines = serve.ledger_lines();
+    let pass = lines
+        .iter()
+        .find(|l| l["kind"] == "passthrough")
+        .unwrap_or_else(|| panic!("no passthrough line: {lines:?}"));
+    assert!(pass["dst"].is_null(), "{pass}");
+    let close = lines
+        .iter()
+        .find(|l| l["kind"] == "tunnel_close" && l["of"] == pass["seq"])
+        .unwrap_or_else(|| panic!("no tunnel_close for {pass}: {lines:?}"));
+    let error = close["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!("127.0.0.1:{port}")) && error.contains("refused"),
+        "{close}"
+    );
+    let out = output(veris(["receipt", "--state-dir"]).arg(&serve.state));
+    let (receipt, _) = text(&out);
+    assert!(
+        receipt.contains("passthrough not reached: \"127.0.0.1\" (1): \"dialed 127.0.0.1:"),
+        "{receipt}"
+    );
+    assert!(!receipt.contains("passthrough: "), "{receipt}");
+}

@@ -2354,3 +2354,128 @@ fn a_user_path_without_sbin_still_isolates() {
         Ok(())
     });
 }
+
+/// A host this machine can route to that is not this machine: the far end
+/// of a veth pair in a namespace of its own, listening on nothing, so every
+/// connection to it is refused. No route leaves the machine; removed on drop.
+struct RefusingPeer {
+    netns: String,
+    addr: Ipv4Addr,
+}
+
+impl RefusingPeer {
+    fn create(tag: &str) -> Result<RefusingPeer, String> {
+        if euid() != 0 {
+            return Err("making a veth pair needs root".into());
+        }
+        let n = std::process::id() % 200 + 20;
+        let netns = format!("veris-{tag}-{}", std::process::id());
+        let (host_if, peer_if) = (format!("vrh{n}"), format!("vrp{n}"));
+        let (host_addr, addr) = (
+            format!("10.251.{n}.1/30"),
+            Ipv4Addr::new(10, 251, n as u8, 2),
+        );
+        let ip = |args: &[&str]| -> Result<(), String> {
+            let out = output_within(Command::new("ip").args(args), support::DEADLINE);
+            match out.status.success() {
+                true => Ok(()),
+                false => Err(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )),
+            }
+        };
+        ip(&["netns", "add", &netns])?;
+        let peer = RefusingPeer { netns, addr };
+        let ns = peer.netns.as_str();
+        let peer_addr = format!("{addr}/30");
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if, "netns", ns,
+        ])?;
+        ip(&["addr", "add", &host_addr, "dev", &host_if])?;
+        ip(&["link", "set", &host_if, "up"])?;
+        ip(&["-n", ns, "addr", "add", &peer_addr, "dev", &peer_if])?;
+        ip(&["-n", ns, "link", "set", &peer_if, "up"])?;
+        ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        Ok(peer)
+    }
+}
+
+impl Drop for RefusingPeer {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes both ends of the pair.
+        let _ = output_within(
+            Command::new("ip").args(["netns", "del", &self.netns]),
+            support::DEADLINE,
+        );
+    }
+}
+
+/// E1.5: a passthrough whose dial fails is recorded as a failure: its
+/// `passthrough` line names no destination (nothing was reached, and never
+/// veris's own DNS answer), a `tunnel_close` line says why and which
+/// address was dialed, and the receipt lists it as not reached rather than
+/// as a passthrough that worked. Both ways a passthrough dials: TLS relayed
+/// to the original destination, and plain HTTP forwarded by the proxy.
+#[test]
+fn isolated_passthrough_that_cannot_connect_is_recorded_as_not_reached() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let peer = match RefusingPeer::create("e15") {
+        Ok(peer) => peer,
+        Err(why) => return skip(&format!("e1.5: {why}")),
+    };
+    let peer_ip = peer.addr.to_string();
+    for_both("e15-unreached", |r| {
+        let https = format!("https://{peer_ip}:443/");
+        let http = format!("http://{peer_ip}:8080/");
+        let script = format!(
+            "curl -sS --max-time 10 -o /dev/null {https}; echo tls=$?; \
+             curl -sS --max-time 10 -o /dev/null -w '%{{http_code}}\\n' {http}; echo http=$?"
+        );
+        let out = r.isolated(&["--allow-empty"], &["sh", "-c", &script])?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert!(!out.stdout.contains("tls=0"), "{}", out.ctx());
+        assert!(
+            out.stdout.contains("502"),
+            "plain HTTP got no 502\n{}",
+            out.ctx()
+        );
+        let passes = out.kind("passthrough");
+        assert_eq!(passes.len(), 2, "{}", out.ctx());
+        for pass in &passes {
+            assert!(
+                pass["dst"].is_null(),
+                "a failed dial names a destination: {pass}"
+            );
+            let close = out
+                .kind("tunnel_close")
+                .into_iter()
+                .find(|c| c["of"] == pass["seq"])
+                .unwrap_or_else(|| panic!("no tunnel_close for {pass}\n{}", out.ctx()));
+            let error = close["error"].as_str().unwrap_or_default();
+            assert!(
+                error.contains(&format!("{peer_ip}:")) && error.contains("refused"),
+                "the close does not say what was dialed and why: {close}"
+            );
+        }
+        let receipt = out.receipt();
+        assert_eq!(
+            receipt["passthrough"]["hosts"],
+            serde_json::json!({}),
+            "{receipt}"
+        );
+        let unreached = &receipt["passthrough"]["unreached"];
+        assert_eq!(unreached[0]["host"], peer_ip.as_str(), "{receipt}");
+        assert_eq!(unreached[0]["count"], 2, "{receipt}");
+        assert!(
+            out.stderr
+                .contains(&format!("passthrough not reached: \"{peer_ip}\" (2)")),
+            "{}",
+            out.ctx()
+        );
+        Ok(())
+    });
+}

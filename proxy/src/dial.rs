@@ -361,24 +361,32 @@ fn refuse_host_for_client(addr: SocketAddr) -> io::Result<()> {
     Ok(())
 }
 
-/// Connects to the first of `addrs` that answers; the last error otherwise.
+/// Connects to the first of `addrs` that answers. Otherwise an error of the
+/// last one's kind whose words name every address tried and why each
+/// failed: what a passthrough's ledger line says was really dialed.
 async fn connect_first(addrs: Vec<SocketAddr>, for_client: bool) -> io::Result<TcpStream> {
-    let mut last = None;
+    let mut tried = Vec::new();
+    let mut kind = io::ErrorKind::NotFound;
     for addr in addrs {
-        if for_client {
-            if let Err(e) = refuse_host_for_client(addr) {
-                last = Some(e);
-                continue;
-            }
-        }
-        match connect_addr(addr).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = Some(e),
-        }
+        let dialed = match for_client {
+            true => refuse_host_for_client(addr),
+            false => Ok(()),
+        };
+        let (failed, text) = match dialed {
+            Ok(()) => match connect_addr(addr).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) => (e.kind(), format!("dialed {addr}: {e}")),
+            },
+            // It names the address itself.
+            Err(e) => (e.kind(), e.to_string()),
+        };
+        kind = failed;
+        tried.push(text);
     }
-    Err(last.unwrap_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, "the name resolved to no address")
-    }))
+    Err(match tried.is_empty() {
+        true => io::Error::new(kind, "the name resolved to no address"),
+        false => io::Error::new(kind, tried.join("; ")),
+    })
 }
 
 /// A dial made for a client (a passthrough): [`connect`], except that from
@@ -535,7 +543,13 @@ pub async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
             return Ok(real);
         }
     }
-    Ok(tokio::net::lookup_host((host, port)).await?.collect())
+    match tokio::net::lookup_host((host, port)).await {
+        Ok(addrs) => Ok(addrs.collect()),
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("cannot resolve {host}: {e}"),
+        )),
+    }
 }
 
 /// Resolves `host` ([`resolve`]) and connects to each address in turn until

@@ -634,9 +634,8 @@ impl Proxy {
                     .await;
             }
             Err(_) => {
-                return self
-                    .tunnel_failed(&leg, reason, started, "connect timed out".into())
-                    .await
+                let waited = format!("no answer within {:?}", self.connect_timeout);
+                return self.tunnel_failed(&leg, reason, started, waited).await;
             }
         };
         let dst = origin.peer_addr().ok();
@@ -699,8 +698,7 @@ impl Proxy {
         started: Instant,
         error: String,
     ) -> Response<ProxyBody> {
-        let _ = self
-            .record_passthrough(leg, reason, leg.origin, (0, 0), started)
+        self.record_unreached(leg, reason, started, error.clone())
             .await;
         respond::error(
             StatusCode::BAD_GATEWAY,
@@ -748,11 +746,26 @@ impl Proxy {
         chain: &dial::ChainError,
     ) {
         warn!(host = %leg.host, port = leg.port, error = %chain, "the upstream proxy failed a passthrough");
+        self.record_unreached(leg, reason, started, chain.to_string())
+            .await;
+    }
+
+    /// A passthrough whose dial never connected: a `passthrough` line with
+    /// no destination (none was reached), closed at once by a
+    /// `tunnel_close` line whose error says why and which addresses were
+    /// dialed, so a failure never reads as a tunnel that worked.
+    pub(crate) async fn record_unreached(
+        &self,
+        leg: &Leg,
+        reason: &str,
+        started: Instant,
+        error: String,
+    ) {
         if let Ok(open) = self
             .record_passthrough(leg, reason, None, (0, 0), started)
             .await
         {
-            self.record_tunnel_close(open, (0, 0), started, Some(chain.to_string()))
+            self.record_tunnel_close(open, (0, 0), started, Some(error))
                 .await;
         }
     }
@@ -1398,7 +1411,7 @@ impl Proxy {
                         .await
                 }
                 None => {
-                    self.tunnel_failed(leg, reason, started, e.to_string())
+                    self.tunnel_failed(leg, reason, started, error_text(&e))
                         .await
                 }
             },
@@ -1625,6 +1638,22 @@ struct Unanswered {
     /// Request body bytes forwarded and the length the client declared,
     /// when the body is part of why.
     body: Option<(u64, Option<u64>)>,
+}
+
+/// `e` and what caused it, outermost first: hyper's own words ("client
+/// error (Connect)") say nothing of which address failed, its causes do.
+fn error_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let more = err.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cur = err.source();
+    }
+    text
 }
 
 /// True when `e` (or what caused it) is a dial refused by policy

@@ -130,6 +130,8 @@ struct Peeked {
     sniff: Sniff,
     bytes: Vec<u8>,
     dial: Option<OwnDial>,
+    /// Why the dial made for a silent client failed.
+    unreached: Option<String>,
 }
 
 /// Accepts redirected connections on both listeners until `shutdown`
@@ -255,7 +257,13 @@ impl Transparent {
     /// A connection the kernel redirected from `dst`, phases 2 to 4.
     async fn redirected(self: Arc<Self>, mut client: TcpStream, peer: SocketAddr, dst: SocketAddr) {
         let started = Instant::now();
-        let Some(Peeked { sniff, bytes, dial }) = self.peek(&mut client, peer, dst).await else {
+        let Some(Peeked {
+            sniff,
+            bytes,
+            dial,
+            unreached,
+        }) = self.peek(&mut client, peer, dst).await
+        else {
             return;
         };
         debug!(%dst, ?sniff, bytes = bytes.len(), "first bytes");
@@ -270,10 +278,10 @@ impl Transparent {
                 self.http(Rewind::new(bytes, client), peer, dst).await;
             }
             Sniff::Spoke(Protocol::Opaque) => self.opaque(client, bytes, dst, dial, started).await,
-            Sniff::Silent => self.silent(dst, dial, started).await,
+            Sniff::Silent => self.silent(dst, dial, unreached, started).await,
             Sniff::Closed => match dial {
                 // We reached the destination for a client that then left.
-                Some(_) => self.record_opaque_pass(dst, "opaque", started).await,
+                Some(dial) => self.record_opaque_pass(dst, &dial, "opaque", started).await,
                 None => debug!(%dst, "the client closed before sending anything"),
             },
         }
@@ -339,6 +347,7 @@ impl Transparent {
                 sniff: sniffed,
                 bytes,
                 dial: None,
+                unreached: None,
             });
         }
         let dial = match self.dial(dst).await {
@@ -349,6 +358,7 @@ impl Transparent {
                     sniff: Sniff::Silent,
                     bytes,
                     dial: None,
+                    unreached: Some(e.to_string()),
                 });
             }
         };
@@ -361,6 +371,7 @@ impl Transparent {
             sniff: sniffed,
             bytes,
             dial: Some(dial),
+            unreached: None,
         })
     }
 
@@ -612,7 +623,13 @@ impl Transparent {
     /// A client that sent nothing in time: refused (strict mode, vendor
     /// addresses), or — passthrough, nobody spoke on the dial we opened
     /// either — closed and recorded, so an idle pair holds no task forever.
-    async fn silent(&self, dst: SocketAddr, dial: Option<OwnDial>, started: Instant) {
+    async fn silent(
+        &self,
+        dst: SocketAddr,
+        dial: Option<OwnDial>,
+        unreached: Option<String>,
+        started: Instant,
+    ) {
         match self.opaque_verdict(dst) {
             Err(reason) => {
                 let reason = format!(
@@ -623,9 +640,17 @@ impl Transparent {
                 self.record_opaque_block(dst, reason).await;
             }
             Ok(reason) => {
-                // `dial` is `None` when the destination did not answer.
                 info!(%dst, reached = dial.is_some(), "neither side spoke; closing");
-                self.record_opaque_pass(dst, reason, started).await;
+                match dial {
+                    Some(dial) => self.record_opaque_pass(dst, &dial, reason, started).await,
+                    // The destination did not answer.
+                    None => {
+                        let why = unreached.unwrap_or_else(|| "not dialed".into());
+                        self.proxy
+                            .record_unreached(&opaque_leg(dst), reason, started, why)
+                            .await
+                    }
+                }
             }
         }
     }
@@ -644,13 +669,19 @@ impl Transparent {
             .await;
     }
 
-    /// A passthrough that moved nothing: the destination was dialed (or
-    /// tried) for a client that never spoke.
-    async fn record_opaque_pass(&self, dst: SocketAddr, reason: &str, started: Instant) {
+    /// A passthrough that moved nothing: the destination was dialed for a
+    /// client that never spoke.
+    async fn record_opaque_pass(
+        &self,
+        dst: SocketAddr,
+        dial: &OwnDial,
+        reason: &str,
+        started: Instant,
+    ) {
         let leg = opaque_leg(dst);
         let _ = self
             .proxy
-            .record_passthrough(&leg, reason, Some(dst), (0, 0), started)
+            .record_passthrough(&leg, reason, Some(reached(dst, dial)), (0, 0), started)
             .await;
     }
 
@@ -705,8 +736,8 @@ impl Transparent {
                         return;
                     }
                     info!(error = %e, %dst, "passthrough destination unreachable");
-                    let _ = proxy
-                        .record_passthrough(leg, reason, Some(dst), (0, 0), started)
+                    proxy
+                        .record_unreached(leg, reason, started, e.to_string())
                         .await;
                     return;
                 }
@@ -716,12 +747,8 @@ impl Transparent {
         // real one its name resolved to. Recorded when the tunnel opens (a
         // tunnel still open when the proxy stops is in the ledger too); no
         // byte passes unrecorded.
-        let reached = match dial::synthetic_name(dst.ip()) {
-            Some(_) => origin.stream.peer_addr().map(canonical).unwrap_or(dst),
-            None => dst,
-        };
         let Ok(open) = proxy
-            .record_passthrough(leg, reason, Some(reached), (0, 0), started)
+            .record_passthrough(leg, reason, Some(reached(dst, &origin)), (0, 0), started)
             .await
         else {
             return;
@@ -742,6 +769,16 @@ impl Transparent {
         proxy
             .record_tunnel_close(open, (up, meter.written()), started, error)
             .await;
+    }
+}
+
+/// The address the bytes to `dst` go to over `dial`: for a synthetic
+/// destination, the real one its name resolved to, never veris's own
+/// DNS answer.
+fn reached(dst: SocketAddr, dial: &OwnDial) -> SocketAddr {
+    match dial::synthetic_name(dst.ip()) {
+        Some(_) => dial.stream.peer_addr().map(canonical).unwrap_or(dst),
+        None => dst,
     }
 }
 

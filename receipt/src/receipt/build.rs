@@ -73,6 +73,12 @@ struct WindowFold {
     // (host, destination) -> count, for passthrough and blocked lines.
     passed: BTreeMap<(String, Option<String>), u64>,
     blocked_at: BTreeMap<(String, Option<String>), u64>,
+    /// Passthrough lines with no destination, by seq, until their
+    /// `tunnel_close` says whether the dial failed (bounded).
+    undialed: BTreeMap<u64, String>,
+    /// Passthroughs whose dial never connected, per host: how many and the
+    /// last reason.
+    unreached: BTreeMap<String, (u64, String)>,
     tls: super::tls::TlsTally,
     evidence: Evidence,
     /// The lines the leaks are judged by, condensed: one per kind and host.
@@ -251,7 +257,41 @@ impl<'o> Builder<'o> {
             Entry::Passthrough { host, dst, .. } => {
                 let host = normalize_host(host);
                 *w.passthrough.hosts.entry(host.clone()).or_default() += 1;
+                if dst.is_none() && w.undialed.len() < UNDIALED_CAP {
+                    w.undialed.insert(line.seq, host.clone());
+                }
                 *w.passed.entry((host, dst.clone())).or_default() += 1;
+            }
+            // A passthrough that reached nothing: its dial failed, and the
+            // close says why. It moves from the passed to the unreached.
+            Entry::TunnelClose {
+                of,
+                bytes_in: 0,
+                bytes_out: 0,
+                error: Some(error),
+                ..
+            } => {
+                if let Some(host) = w.undialed.remove(of) {
+                    if let Some(n) = w.passthrough.hosts.get_mut(&host) {
+                        *n -= 1;
+                        if *n == 0 {
+                            w.passthrough.hosts.remove(&host);
+                        }
+                    }
+                    let key = (host, None);
+                    if let Some(n) = w.passed.get_mut(&key) {
+                        *n -= 1;
+                        if *n == 0 {
+                            w.passed.remove(&key);
+                        }
+                    }
+                    let failed = w.unreached.entry(key.0).or_default();
+                    failed.0 += 1;
+                    failed.1 = error.clone();
+                }
+            }
+            Entry::TunnelClose { of, .. } => {
+                w.undialed.remove(of);
             }
             Entry::Blocked { host, dst, .. } => {
                 let host = normalize_host(host);
@@ -376,6 +416,11 @@ impl<'o> Builder<'o> {
         let leaks = super::leaks::leaks(&leak_read, since, until);
         let mut passthrough = w.passthrough;
         passthrough.destinations = destinations(w.passed);
+        passthrough.unreached = w
+            .unreached
+            .into_iter()
+            .map(|(host, (count, error))| Unreached { host, count, error })
+            .collect();
         let mut blocked = w.blocked;
         blocked.destinations = destinations(w.blocked_at);
         let (trust_failures, tls_abandoned) = w.tls.finish(&w.services);
@@ -401,6 +446,11 @@ impl<'o> Builder<'o> {
         }
     }
 }
+
+/// Passthrough lines without a destination kept waiting for their close:
+/// a proxy closes a failed dial's line at once, so only a ledger of lines
+/// never closed (an older proxy's) could grow the map.
+const UNDIALED_CAP: usize = 4096;
 
 /// Adds one to `key`'s count, allocating the key only the first time.
 fn count_key(counts: &mut BTreeMap<String, u64>, key: &str) {

@@ -277,6 +277,19 @@ pub struct HostCounts {
     /// Absent from receipts written before it existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub destinations: Vec<Destination>,
+    /// Passthroughs whose dial never connected (nothing passed), per name:
+    /// how many and why the last one failed, with the addresses dialed.
+    /// Not in `destinations`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreached: Vec<Unreached>,
+}
+
+/// A name whose passthrough dials all failed, with the last reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unreached {
+    pub host: String,
+    pub count: u64,
+    pub error: String,
 }
 
 /// One name and the destination it went to, with a count.

@@ -260,6 +260,14 @@ pub fn render_text(r: &Receipt) -> String {
     if !r.passthrough.hosts.is_empty() {
         extra.push(format!("passthrough: {}", destination_list(&r.passthrough)));
     }
+    for u in &r.passthrough.unreached {
+        extra.push(format!(
+            "passthrough not reached: {} ({}): {}",
+            quoted(&u.host),
+            u.count,
+            quoted(&u.error)
+        ));
+    }
     if !r.blocked.hosts.is_empty() {
         extra.push(format!("blocked: {}", destination_list(&r.blocked)));
     }
