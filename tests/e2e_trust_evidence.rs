@@ -197,3 +197,90 @@ fn closes_without_a_certificate_alert_never_fail_a_receipt_and_a_refusal_does() 
     );
     serve.stop();
 }
+
+/// CONNECTs `count` times and finishes a TLS handshake that agrees `h2`
+/// (trusting the CA file given), then closes each without a request: what
+/// an HTTP/2 client does with the extra connections it dialed at once.
+const UNUSED_H2: &str = r#"
+import socket, ssl, sys
+addr, name, ca, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+host, port = addr.rsplit(":", 1)
+ctx = ssl.create_default_context(cafile=ca)
+ctx.set_alpn_protocols(["h2"])
+for _ in range(count):
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(f"CONNECT {name}:443 HTTP/1.1\r\nHost: {name}:443\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        c = s.recv(1)
+        if not c:
+            sys.exit("the proxy closed before answering the CONNECT")
+        head += c
+    assert head.startswith(b"HTTP/1.1 200"), head
+    tls = ctx.wrap_socket(s, server_hostname=name)
+    assert tls.selected_alpn_protocol() == "h2", tls.selected_alpn_protocol()
+    tls.close()
+print("unused", count)
+"#;
+
+/// E1.7: HTTP/2 connections closed unused beside working requests to the
+/// same host (a Go client with several workers dials extras and drops
+/// them) are not trust evidence: no `tls note`, only a count in the JSON.
+/// To a host where nothing completed, the same closes are still a note.
+#[test]
+fn unused_http2_connections_beside_working_ones_are_not_a_trust_note() {
+    if let Err(why) = curl() {
+        return skip(&why);
+    }
+    if !tool_works("python3", &["--version"]) {
+        return skip("`python3` is not installed");
+    }
+    let serve = Serve::start("unused-h2", &[]);
+    let out = output(
+        serve
+            .curl()
+            .args(["--http2", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg("https://api.stripe.com/v1/customers"),
+    );
+    assert_eq!(text(&out).0, "200", "{:?}", text(&out));
+    let addr = serve.proxy_addr().to_string();
+    let ca = serve.ca.to_str().unwrap();
+    for host in ["api.stripe.com", "api.github.com"] {
+        let out = output(command("python3").args(["-c", UNUSED_H2, &addr, host, ca, "3"]));
+        assert!(out.status.success(), "{:?}", text(&out));
+    }
+    wait_for("six tls_abandoned lines", DEADLINE, || {
+        let lines = serve.ledger_lines();
+        (kinds(&lines, "tls_abandoned").len() >= 6).then_some(())
+    });
+    for l in kinds(&serve.ledger_lines(), "tls_abandoned") {
+        assert_eq!(
+            (&l["stage"], &l["alpn"]),
+            (&Value::from("no_request"), &Value::from("h2")),
+            "{l}"
+        );
+    }
+    let (code, stdout, stderr) = receipt(&serve);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(!stdout.contains("tls note: \"api.stripe.com\""), "{stdout}");
+    assert!(
+        stdout.contains(
+            "tls note: \"api.github.com\": 3 connection(s) closed right after our certificate"
+        ),
+        "{stdout}"
+    );
+    let out = output(veris(["receipt", "--json", "--state-dir"]).arg(&serve.state));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("receipt JSON");
+    let abandoned = json["tls_abandoned"].as_array().expect("tls_abandoned");
+    let of = |host: &str| abandoned.iter().find(|a| a["host"] == host).cloned();
+    let stripe = of("api.stripe.com").expect("stripe's unused connections are counted");
+    assert_eq!(
+        (stripe["unused_h2"].as_u64(), stripe["no_request"].as_u64()),
+        (Some(3), Some(0))
+    );
+    let github = of("api.github.com").expect("github's closes are counted");
+    assert_eq!(
+        (github["unused_h2"].as_u64(), github["no_request"].as_u64()),
+        (None, Some(3))
+    );
+}

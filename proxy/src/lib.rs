@@ -521,6 +521,11 @@ impl Proxy {
         // Plaintext bytes the client sent: none at all, and then its close,
         // is how a client that rejects our leaf after the handshake (GnuTLS)
         // leaves.
+        let alpn = tls
+            .get_ref()
+            .1
+            .alpn_protocol()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
         let (tls, meter) = meter::Metered::new(tls);
         let leg = Arc::new(leg);
         let proxy = self.clone();
@@ -535,7 +540,7 @@ impl Proxy {
             debug!(error = %e, "intercepted connection ended with an error");
         }
         if meter.read() == 0 && meter.peer_closed() {
-            self.record_tls_abandoned(&name, &leg, trust::Stage::NoRequest, None)
+            self.record_tls_abandoned(&name, &leg, trust::Stage::NoRequest, None, alpn)
                 .await;
         }
     }

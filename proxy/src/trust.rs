@@ -56,7 +56,7 @@ impl Proxy {
         match how {
             Handshake::Refused(alert) => self.record_trust_failure(name, leg, alert).await,
             Handshake::Abandoned(alert) => {
-                self.record_tls_abandoned(name, leg, Stage::Handshake, alert)
+                self.record_tls_abandoned(name, leg, Stage::Handshake, alert, None)
                     .await
             }
         }
@@ -84,6 +84,7 @@ impl Proxy {
         leg: &Leg,
         stage: Stage,
         alert: Option<String>,
+        alpn: Option<String>,
     ) {
         let service = self.routed_service(name);
         let stage = match stage {
@@ -98,6 +99,7 @@ impl Proxy {
             service,
             stage: stage.to_string(),
             alert,
+            alpn,
         })
         .await;
     }

@@ -500,6 +500,12 @@ pub enum Entry {
         /// `close_notify`, ...); absent for a bare close or reset.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         alert: Option<String>,
+        /// `no_request`: the protocol the handshake agreed (ALPN, `h2`,
+        /// `http/1.1`), when it agreed one (version 5). An HTTP/2 client
+        /// that dialed several connections at once closes the ones it
+        /// does not need this way, trusting the certificate all along.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        alpn: Option<String>,
     },
     /// The response body of a recorded request did not reach the client
     /// whole. The `request` line (written when the head arrived, before the

@@ -1200,6 +1200,7 @@ pub fn entry(entry: Entry) -> Entry {
             service,
             stage,
             alert,
+            alpn,
         } => Entry::TlsAbandoned {
             host: owned(host),
             port,
@@ -1207,6 +1208,7 @@ pub fn entry(entry: Entry) -> Entry {
             service: service.map(owned),
             stage: owned(stage),
             alert: alert.map(owned),
+            alpn: alpn.map(owned),
         },
         // Hex digests and a fixed vocabulary: nothing to redact, and
         // rewriting a signature would break it.

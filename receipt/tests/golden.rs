@@ -798,6 +798,7 @@ fn evidence_ledger() -> String {
             tier: ListenerTier::Transparent,
             service: service.map(str::to_string),
             stage: stage.into(),
+            alpn: None,
             alert: alert.map(str::to_string),
         };
     let trust = |host: &str, service: &str, alert: &str| Entry::TrustFailure {

@@ -921,6 +921,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             service,
             stage,
             alert,
+            alpn,
         } => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(s) = service {
@@ -928,6 +929,9 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             }
             lines.push(kv("stage", token(stage).into_owned()));
             lines.push(kv("alert", alert.clone().unwrap_or_else(|| "none".into())));
+            if let Some(alpn) = alpn {
+                lines.push(kv("alpn", token(alpn).into_owned()));
+            }
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
         Entry::TrustFailure {

@@ -345,6 +345,12 @@ pub struct AbandonedTls {
     pub no_request: u64,
     /// Requests to this host that reached the twin in the window.
     pub completed: u64,
+    /// HTTP/2 connections closed right after the handshake, unused, while
+    /// requests to the host completed: an HTTP/2 client dropping the extra
+    /// connections it dialed at once, not trust evidence (with none
+    /// completed they count in `no_request`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unused_h2: u64,
     /// Handshakes left per alert the client sent (`none` for a bare close
     /// or reset).
     #[serde(default)]

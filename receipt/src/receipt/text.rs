@@ -254,9 +254,11 @@ pub fn render_text(r: &Receipt) -> String {
             f.detail
         ));
     }
-    for a in &r.tls_abandoned {
-        extra.push(super::tls::abandoned_text(a));
-    }
+    extra.extend(
+        r.tls_abandoned
+            .iter()
+            .filter_map(super::tls::abandoned_text),
+    );
     if !r.passthrough.hosts.is_empty() {
         extra.push(format!("passthrough: {}", destination_list(&r.passthrough)));
     }

@@ -58,6 +58,18 @@ impl TlsTally {
                 let alert = (alert != "no_alert").then_some(alert);
                 self.abandon(host, service, "handshake", alert);
             }
+            // An HTTP/2 connection closed unused: how an HTTP/2 client
+            // that dialed several at once drops the extras (Go does). Not
+            // trust evidence when the host completed requests (`finish`).
+            Entry::TlsAbandoned {
+                host,
+                service,
+                stage,
+                alpn: Some(alpn),
+                ..
+            } if stage == "no_request" && alpn == "h2" => {
+                self.entry(host, service).unused_h2 += 1;
+            }
             Entry::TlsAbandoned {
                 host,
                 service,
@@ -69,7 +81,7 @@ impl TlsTally {
         }
     }
 
-    fn abandon(&mut self, host: &str, service: &Option<String>, stage: &str, alert: Option<&str>) {
+    fn entry(&mut self, host: &str, service: &Option<String>) -> &mut AbandonedTls {
         let host = normalize_host(host);
         let a = self
             .abandoned
@@ -81,6 +93,11 @@ impl TlsTally {
         if a.service.is_none() {
             a.service = service.clone();
         }
+        a
+    }
+
+    fn abandon(&mut self, host: &str, service: &Option<String>, stage: &str, alert: Option<&str>) {
+        let a = self.entry(host, service);
         if stage == "no_request" {
             a.no_request += 1;
         } else {
@@ -122,6 +139,11 @@ impl TlsTally {
             .into_values()
             .map(|mut a| {
                 a.completed = completed(&a.host);
+                // With nothing completed, an unused HTTP/2 connection is a
+                // close right after our certificate like any other.
+                if a.completed == 0 {
+                    a.no_request += std::mem::take(&mut a.unused_h2);
+                }
                 a
             })
             .collect();
@@ -155,7 +177,12 @@ fn trust_next_step(alerts: &BTreeMap<String, u64>) -> &'static str {
 }
 
 /// The text receipt's line for a host whose connections were abandoned.
-pub(super) fn abandoned_text(a: &AbandonedTls) -> String {
+/// The note for `a`; `None` when it holds only HTTP/2 connections closed
+/// unused beside completed requests, which say nothing about trust.
+pub(super) fn abandoned_text(a: &AbandonedTls) -> Option<String> {
+    if a.handshakes == 0 && a.no_request == 0 {
+        return None;
+    }
     let mut parts = Vec::new();
     if a.handshakes > 0 {
         let alerts: Vec<String> = a
@@ -175,12 +202,12 @@ pub(super) fn abandoned_text(a: &AbandonedTls) -> String {
             a.no_request
         ));
     }
-    format!(
+    Some(format!(
         "tls note: {}: {}; {} completed (not a failure by itself)",
         crate::quote::quoted(&a.host),
         parts.join("; "),
         a.completed
-    )
+    ))
 }
 
 #[cfg(test)]
@@ -224,6 +251,7 @@ mod tests {
                 service: Some("stripe".into()),
                 stage: stage.into(),
                 alert: alert.map(str::to_string),
+                alpn: None,
             },
         )
     }
