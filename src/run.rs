@@ -140,10 +140,10 @@ impl ReportFd {
 
     /// One JSON object: the receipt, its text and verdict, the exit codes;
     /// or the error that stopped the run.
-    fn write(mut self, result: &Result<(u8, Option<RunReport>)>) {
+    fn write(mut self, result: &Result<(u8, Reported)>) {
         use std::io::Write;
         let body = match result {
-            Ok((exit, Some(r))) => serde_json::json!({
+            Ok((exit, Reported::Judged(r))) => serde_json::json!({
                 "exit_code": exit,
                 "command_exit": r.command_exit,
                 "verdict_exit": r.report.exit_code,
@@ -153,8 +153,8 @@ impl ReportFd {
                 "ledger": r.ledger,
                 "key_id": r.key_id,
             }),
-            Ok((exit, None)) => {
-                serde_json::json!({"exit_code": exit, "error": "the command did not start"})
+            Ok((exit, Reported::NotStarted(why))) => {
+                serde_json::json!({"exit_code": exit, "error": why})
             }
             Err(e) => {
                 serde_json::json!({"exit_code": crate::EXIT_USAGE, "error": format!("{e:#}")})
@@ -170,6 +170,13 @@ impl ReportFd {
     }
 }
 
+/// How a run that did not fail outright ended, for `--report-fd`.
+enum Reported {
+    Judged(RunReport),
+    /// The command could not start: why.
+    NotStarted(String),
+}
+
 /// What `--report-fd` carries of a judged run.
 struct RunReport {
     report: Box<Report>,
@@ -178,7 +185,7 @@ struct RunReport {
     key_id: String,
 }
 
-async fn run_reporting(args: RunArgs) -> Result<(u8, Option<RunReport>)> {
+async fn run_reporting(args: RunArgs) -> Result<(u8, Reported)> {
     // First, so that a report left by an earlier run is gone even when this
     // one stops at a usage error (which then gets a report of its own).
     let junit = Junit::start(args.junit.as_deref(), "veris run")?;
@@ -235,7 +242,7 @@ async fn run_reporting(args: RunArgs) -> Result<(u8, Option<RunReport>)> {
             match failures.next() {
                 None => Ok((
                     exit,
-                    Some(RunReport {
+                    Reported::Judged(RunReport {
                         report,
                         command_exit: status,
                         ledger,
@@ -254,7 +261,7 @@ async fn run_reporting(args: RunArgs) -> Result<(u8, Option<RunReport>)> {
             if let Some(junit) = &junit {
                 junit.write_error(&why)?;
             }
-            Ok((exit, None))
+            Ok((exit, Reported::NotStarted(why)))
         }
         Err(e) => {
             // CI reads the report whatever happened; the error decides the exit.
