@@ -678,6 +678,12 @@ fn mcp_run_stops_a_command_at_its_time_limit() {
         sleeping.is_empty(),
         "the command's sleep outlived the run: {sleeping:?}"
     );
+
+    // A command that cannot start: the run's reason and the shell's code.
+    let r = mcp.call("veris_run", json!({"command": ["veris-no-such-command"]}));
+    assert!(is_error(&r), "{r}");
+    assert_eq!(r["structuredContent"]["exit_code"], 127, "{r}");
+    assert!(text_of(&r).contains("command not found"), "{r}");
     mcp.call("veris_check", json!({}));
     mcp.finish();
 }
