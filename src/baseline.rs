@@ -112,9 +112,13 @@ pub fn ledger_id(read: &LedgerRead) -> Option<String> {
 
 #[derive(Args, Debug)]
 pub struct BaselineArgs {
-    /// State dir of the proxy [default: $VERIS_STATE_DIR, else ~/.veris].
+    /// State dir of the proxy [default: $VERIS_STATE_DIR, else ~/.veris]: its live
+    /// `veris serve`, else its `ledger.jsonl`, else its newest run's ledger.
     #[arg(long, value_name = "DIR", conflicts_with = "ledger")]
     pub state_dir: Option<PathBuf>,
+    /// Mark the end of this run's ledger (`veris runs` lists them).
+    #[arg(long, value_name = "ID", conflicts_with = "ledger")]
+    pub run: Option<String>,
     /// Ledger file to read when no proxy is live.
     #[arg(long, value_name = "FILE")]
     pub ledger: Option<PathBuf>,
@@ -123,22 +127,23 @@ pub struct BaselineArgs {
 /// `veris baseline`: prints the token on stdout.
 pub async fn baseline(args: BaselineArgs) -> Result<u8> {
     let state_dir = crate::state_dir(args.state_dir.clone());
-    let baseline = take(&state_dir, args.ledger.as_deref()).await?;
+    let baseline = take(&state_dir, args.ledger.as_deref(), args.run.as_deref()).await?;
     crate::outln!("{}", baseline.token());
     Ok(0)
 }
 
 /// Marks now: on the live proxy of `state_dir` (its head seq and each
-/// twin's newest request id), else on the ledger file (`ledger`, or the
-/// state dir's). `veris baseline` and the MCP tool both call this.
-pub async fn take(state_dir: &Path, ledger: Option<&Path>) -> Result<Baseline> {
-    let live = match ledger {
-        Some(_) => None,
-        None => match live::discover(state_dir).await {
+/// twin's newest request id), else on the end of the ledger file the state
+/// dir means (`crate::ledgers::resolve`: `ledger`, `run`, the serve's, the
+/// newest run's). `veris baseline` and the MCP tool both call this.
+pub async fn take(state_dir: &Path, ledger: Option<&Path>, run: Option<&str>) -> Result<Baseline> {
+    let live = match (ledger, run) {
+        (None, None) => match live::discover(state_dir).await {
             live::Discovery::Live(l) => Some(l),
             live::Discovery::NotLive => None,
             live::Discovery::Unusable(why) => bail!("{why}"),
         },
+        _ => None,
     };
     Ok(match live {
         Some(live) => {
@@ -157,14 +162,19 @@ pub async fn take(state_dir: &Path, ledger: Option<&Path>) -> Result<Baseline> {
             }
         }
         None => {
-            let path = ledger
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| state_dir.join("ledger.jsonl"));
-            if !path.exists() {
-                bail!(
-                    "no live proxy and no ledger at {}. Next: start the proxy (`veris serve`) with this state dir",
-                    path.display()
-                );
+            let source = crate::ledgers::resolve(state_dir, ledger, run, false)?;
+            let path = source.path().to_path_buf();
+            if std::fs::symlink_metadata(&path).is_err() {
+                match source {
+                    crate::ledgers::Source::File(_) => bail!(
+                        "no ledger at {}. Next: pass --ledger an existing ledger file, or --state-dir DIR",
+                        path.display()
+                    ),
+                    _ => bail!("{}", crate::ledgers::no_ledger(state_dir)),
+                }
+            }
+            if let Some(note) = source.note() {
+                eprintln!("{note}");
             }
             let read = veris_receipt::ledger::read(&path)
                 .with_context(|| format!("reading ledger {}", path.display()))?;

@@ -124,6 +124,7 @@ pub async fn doctor(args: DoctorArgs) -> Result<u8> {
     findings.push(userns);
     findings.push(nft);
     findings.push(live.finding);
+    findings.push(ledger(&state, status.is_some()));
     findings.push(canary(status).await);
 
     outln!("veris doctor: state dir {s}");
@@ -875,6 +876,40 @@ async fn namespaces() -> (Finding, Finding) {
         (Some(path), None) => Finding::ok("nft", format!("{} is present", shown(path))),
     };
     (userns, nft)
+}
+
+/// Which ledger `veris receipt`, `har`, `tui` and `baseline` read in this
+/// state dir, by the one rule (`crate::ledgers::resolve`).
+fn ledger(state: &Path, serve_live: bool) -> Finding {
+    use crate::ledgers::Source;
+    let s = shown(state);
+    let runs = crate::ledgers::list_runs(state);
+    let unreadable = runs.iter().filter(|r| r.unusable.is_some()).count();
+    match crate::ledgers::resolve(state, None, None, serve_live) {
+        Ok(Source::Run { id, .. }) => Finding::ok(
+            "ledger",
+            format!(
+                "readers read run {id}, the newest of {} run(s) here (`veris runs --state-dir {s}` lists them; --run ID picks another)",
+                runs.len() - unreadable
+            ),
+        ),
+        Ok(source) => Finding::ok(
+            "ledger",
+            format!(
+                "readers read the serve's {} ({} run(s) beside it: --run ID reads one)",
+                shown(source.path()),
+                runs.len() - unreadable
+            ),
+        ),
+        Err(_) => Finding::warn(
+            "ledger",
+            format!(
+                "nothing to read yet: no live serve, no {s}/ledger.jsonl and no readable run under {s}/runs ({unreadable} unreadable entr{})",
+                if unreadable == 1 { "y" } else { "ies" }
+            ),
+            format!("run a command under veris (`veris run --state-dir {s} -- CMD`) or start `veris serve --state-dir {s}`"),
+        ),
+    }
 }
 
 /// The live proxy found by discovery, and its line.

@@ -12,11 +12,13 @@ mod handover;
 mod har_cmd;
 mod isolate;
 mod junit;
+mod ledgers;
 mod live;
 mod logging;
 mod mcp;
 mod receipt_cmd;
 mod run;
+mod runs_cmd;
 mod stack;
 mod sys;
 mod transparent;
@@ -59,6 +61,10 @@ enum Command {
     Run(run::RunArgs),
     /// Summarize what reached the twin, from a state dir or a ledger file.
     Receipt(receipt_cmd::ReceiptArgs),
+    /// List the runs of a state dir, newest first: id, start, command and
+    /// the verdict of each run's own ledger (read without a pin, so a
+    /// finished run is `unverified`; ledgers over 16 MiB are not judged).
+    Runs(runs_cmd::RunsArgs),
     /// Export the receipt's window as a HAR 1.2 document (one entry per request
     /// that reached the twin), for HAR viewers and browser devtools.
     Har(har_cmd::HarArgs),
@@ -174,6 +180,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Receipt(args) => receipt_cmd::receipt(args).await,
             Command::Har(args) => har_cmd::har(args).await,
+            Command::Runs(args) => runs_cmd::runs(args).await,
             Command::Check(args) => check::check(args).await,
             Command::Baseline(args) => baseline::baseline(args).await,
             Command::Twin(args) => twin_cmd::twin(args).await,

@@ -12,7 +12,18 @@
 //! weakens a check, and no argument picks a ledger file or pins a key (a
 //! workload could pass a ledger it forged and the key it forged it with).
 //! Which proxy is read is fixed when the server starts (`--state-dir`), by
-//! whoever configures the agent's MCP client.
+//! whoever configures the agent's MCP client. Within that state dir a tool
+//! may name a run by its id (`veris_runs` lists them; `crate::ledgers`
+//! refuses anything but an id), never a path; a finished run read so is
+//! `unverified` unless the server's own `--key` pins its key, and the
+//! answer says why.
+//!
+//! `veris_run` is the way to `verified`: it starts `veris run` (this same
+//! binary) on the server's state dir, which seals with a key that never
+//! leaves that process, and takes the judged run back over a pipe the
+//! command never holds (`--report-fd`), not from a file the agent could
+//! rewrite nor from output the command shares. One run at a time, bounded
+//! by its time limit; whatever it leaves running is ended.
 //!
 //! stdout carries protocol messages only; logs go to stderr. A line on stdin
 //! that is not JSON is dropped with a warning on stderr and the session
@@ -29,8 +40,10 @@ use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler, ServiceExt}
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt};
+use veris_receipt::receipt::IntegrityStatus;
 
 use crate::check::EXIT_CHECK_FAILED;
+use crate::ledgers::Source;
 use crate::live::{self, Discovery};
 use crate::receipt_cmd::{ReceiptArgs, RequireArgs, WindowArgs};
 use crate::EXIT_USAGE;
@@ -55,8 +68,15 @@ pub async fn mcp(args: McpArgs) -> Result<u8> {
     let server = Veris {
         state_dir: crate::state_dir(args.state_dir),
         key: args.key,
+        running: Default::default(),
         tool_router: Veris::tool_router(),
     };
+    // `veris_run` hands its runs a pipe for their report: no process of the
+    // agent's uid may reach it through /proc/<pid>/fd, nor this server's
+    // memory (its pin).
+    if let Err(e) = crate::sys::set_non_dumpable() {
+        tracing::warn!(error = %e, "veris mcp: cannot make the process non-dumpable");
+    }
     tracing::info!(state_dir = %server.state_dir.display(), "veris mcp: serving on stdio");
     let running = server
         .serve((json_lines(tokio::io::stdin()), tokio::io::stdout()))
@@ -148,6 +168,9 @@ pub struct Veris {
     state_dir: PathBuf,
     /// `--key`: the seal key every receipt is pinned to.
     key: Option<String>,
+    /// One `veris_run` at a time: a timed-out run's leftovers are ended by
+    /// looking for this server's descendants.
+    running: std::sync::Arc<tokio::sync::Mutex<()>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -180,6 +203,36 @@ pub struct ReceiptParams {
     /// Fail unless integrity is `verified` (recommended: anything less cannot rule out a forged ledger).
     #[serde(default)]
     pub require_verified: bool,
+    /// Read this run of the server's state dir (its id, as `veris_runs` lists it) instead of what the state dir means by default (its live `veris serve`, else its newest run).
+    #[serde(default)]
+    pub run: Option<String>,
+}
+
+/// Arguments of `veris_run`.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+pub struct RunParams {
+    /// The command and its arguments, e.g. ["python3", "charge.py"] (no shell: use ["sh", "-c", "…"] for one).
+    pub command: Vec<String>,
+    /// As for veris_receipt: "SERVICE[:N] [status=…]".
+    #[serde(default)]
+    pub require: Vec<String>,
+    /// As for veris_receipt: "HOST[:N] [status=…]".
+    #[serde(default)]
+    pub require_host: Vec<String>,
+    /// As for veris_receipt: "SERVICE METHOD /path [status=…]".
+    #[serde(default)]
+    pub require_request: Vec<String>,
+    /// Do not fail when no request reached the twin.
+    #[serde(default)]
+    pub allow_empty: bool,
+    /// Fail unless integrity is `verified`.
+    #[serde(default)]
+    pub require_verified: bool,
+    /// Seconds the run may take (default 300, at most 3600); then it is stopped (SIGTERM, then SIGKILL) and its receipt, if it could still be written, is returned.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
 }
 
 /// The arguments of `veris_baseline` and `veris_check`: none. An argument
@@ -196,7 +249,7 @@ impl Veris {
         description = "Mark now, before the work whose calls you want to prove. Returns a baseline token; pass it as `since` to veris_receipt to cover exactly what happened after it. Writes nothing to the ledger."
     )]
     async fn veris_baseline(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
-        match crate::baseline::take(&self.state_dir, None).await {
+        match crate::baseline::take(&self.state_dir, None, None).await {
             Ok(b) => {
                 let token = b.token();
                 let text = format!(
@@ -228,6 +281,7 @@ impl Veris {
         let args = ReceiptArgs {
             window: WindowArgs {
                 state_dir: Some(self.state_dir.clone()),
+                run: p.run,
                 ledger: None,
                 since: p.since,
                 all: p.all,
@@ -261,6 +315,20 @@ impl Veris {
         if !text.ends_with('\n') {
             text.push('\n');
         }
+        let run = match &report.source {
+            Some(Source::Run { id, .. }) => Some(id.clone()),
+            _ => None,
+        };
+        let note = run
+            .as_ref()
+            .filter(|_| report.receipt.integrity.status != IntegrityStatus::Verified)
+            .map(|id| finished_run_note(id, self.key.is_some()));
+        if let Some(id) = &run {
+            text.push_str(&format!("ledger: run {id} of the state dir\n"));
+        }
+        if let Some(note) = &note {
+            text.push_str(&format!("note: {note}\n"));
+        }
         text.push_str(&format!(
             "verdict: {verdict} (exit code {}, as `veris receipt` would exit)",
             report.exit_code
@@ -269,9 +337,56 @@ impl Veris {
             "verdict": verdict,
             "exit_code": report.exit_code,
             "failures": failures,
+            "run": run,
+            "note": note,
             "receipt": receipt,
         });
         result(text, structured, !passed)
+    }
+
+    #[tool(
+        name = "veris_runs",
+        description = "The `veris run` runs of this state dir, newest first: id, start, command and the verdict of each run's own ledger. Read this way a finished run is `unverified` (its seal key lived only in the run's memory); pass a run's id as `run` to veris_receipt to read it, or use veris_run to get a `verified` receipt."
+    )]
+    async fn veris_runs(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
+        let runs = crate::runs_cmd::list(&self.state_dir, RUNS_LISTED).await;
+        let mut text = String::new();
+        for r in runs.as_array().into_iter().flatten() {
+            text.push_str(&format!(
+                "run {} started {} integrity {} requests {} command {}\n",
+                r["id"].as_str().unwrap_or_default(),
+                r["started"]
+                    .as_str()
+                    .map_or("-".into(), |s| veris_receipt::quote::token(s).into_owned()),
+                r["verdict"]["integrity"].as_str().unwrap_or("-"),
+                r["verdict"]["requests"]
+                    .as_u64()
+                    .map_or("-".into(), |n| n.to_string()),
+                r["command_text"].as_str().unwrap_or("-"),
+            ));
+        }
+        if text.is_empty() {
+            text = crate::ledgers::what_is_there(&self.state_dir);
+        } else {
+            text.push_str("Each verdict is read without a pin: a finished run is `unverified`, because its seal key lived only in the run's memory. The command is what the run wrote at its start (not sealed).");
+        }
+        result(text, json!({ "runs": runs }), false)
+    }
+
+    #[tool(
+        name = "veris_run",
+        description = "Run a command under `veris run` (its own proxy and twin, sealed by a key held only in memory) and return its receipt, judged against the requirements: the way to a `verified` receipt. A failed requirement, an empty receipt or failed integrity is an error result with exit_code 3; otherwise exit_code is the command's. The command runs with no stdin; the tails of its stdout and stderr are returned as its output (its words, not veris's)."
+    )]
+    async fn veris_run(&self, Parameters(p): Parameters<RunParams>) -> CallToolResult {
+        if p.command.is_empty() || p.command[0].is_empty() {
+            let e = anyhow::anyhow!("`command` is empty. Next: pass the program and its arguments, e.g. [\"python3\", \"charge.py\"]");
+            return failure("veris_run", EXIT_USAGE, &e);
+        }
+        let _one = self.running.lock().await;
+        match run_command(&self.state_dir, &p).await {
+            Ok((text, structured, failed)) => result(text, structured, failed),
+            Err(e) => failure("veris_run", EXIT_USAGE, &e),
+        }
     }
 
     #[tool(
@@ -298,7 +413,7 @@ impl ServerHandler for Veris {
                     .with_title("veris receipts"),
             )
             .with_instructions(
-                "Proves which vendor API calls really reached the twin. Call veris_baseline before the work, then veris_receipt with since=<the baseline> and require=[\"SERVICE:N\"]; trust only a result that is not an error. veris_check tells whether the proxy is live.",
+                "Proves which vendor API calls really reached the twin. Call veris_baseline before the work, then veris_receipt with since=<the baseline> and require=[\"SERVICE:N\"]; trust only a result that is not an error. veris_check tells whether the proxy is live. veris_run runs a command under its own proxy and returns its receipt (verified when all checks pass); veris_runs lists earlier runs.",
             )
     }
 }
@@ -339,6 +454,246 @@ async fn check(state_dir: &Path) -> Result<(crate::check::Outcome, Value)> {
         "mode": outcome.answer.as_ref().map(|a| json!(a.mode)),
     });
     Ok((outcome, structured))
+}
+
+/// Runs listed by `veris_runs`, newest first.
+const RUNS_LISTED: usize = 20;
+
+/// What a receipt of a finished run read from the state dir can and cannot say.
+fn finished_run_note(id: &str, pinned: bool) -> String {
+    let why = if pinned {
+        "the key this server pins (--key) is not the one that sealed it"
+    } else {
+        "nothing pins its seal key, which lived only in the run's memory and ended with it, so nothing the workload could not have written anchors the file"
+    };
+    format!("run {id} is finished and read from its ledger file: its integrity is `unverified` at best, because {why}. For a `verified` receipt, run the command through veris_run, or start this server with --key set to the fingerprint the run printed.")
+}
+
+/// The `veris_run` time limit when none is given, and the most it may be.
+const RUN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+const RUN_TIMEOUT_MAX: u64 = 3600;
+/// After the limit: how long the run gets to end its command and write its
+/// receipt after SIGTERM, and after a second one (which ends an isolated
+/// command's namespace), before SIGKILL.
+const RUN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Bytes of the report, and of each tail of the command's output, kept.
+const REPORT_CAP: u64 = 64 * 1024 * 1024;
+const OUTPUT_TAIL: usize = 16 * 1024;
+
+/// `veris run` of `p.command` on `state_dir`, as a child of this server:
+/// the run's report comes back on a pipe of its own (`--report-fd 3`),
+/// closed on exec inside the run, so nothing the command prints can pose
+/// as it. Returns the text, the structured result and whether it failed.
+async fn run_command(state_dir: &Path, p: &RunParams) -> Result<(String, Value, bool)> {
+    use std::os::fd::AsRawFd;
+    let limit = p
+        .timeout_secs
+        .map(|s| std::time::Duration::from_secs(s.clamp(1, RUN_TIMEOUT_MAX)))
+        .unwrap_or(RUN_TIMEOUT);
+    let exe = std::env::current_exe().context("finding the veris binary")?;
+    let (reader, writer) = std::io::pipe().context("making the report pipe")?;
+    // dup2 onto the same number would keep close-on-exec.
+    let writer = if writer.as_raw_fd() == REPORT_FD {
+        writer.try_clone().context("moving the report pipe")?
+    } else {
+        writer
+    };
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("run")
+        .arg("--state-dir")
+        .arg(state_dir)
+        .arg("--report-fd")
+        .arg(REPORT_FD.to_string());
+    for (flag, values) in [
+        ("--require", &p.require),
+        ("--require-host", &p.require_host),
+        ("--require-request", &p.require_request),
+    ] {
+        for v in values {
+            cmd.arg(flag).arg(v);
+        }
+    }
+    if p.allow_empty {
+        cmd.arg("--allow-empty");
+    }
+    if p.require_verified {
+        cmd.arg("--require-verified");
+    }
+    cmd.arg("--")
+        .args(&p.command)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    crate::sys::pass_fd(&mut cmd, writer.as_raw_fd(), REPORT_FD);
+    // A run killed at the limit leaves its command's processes to us.
+    if let Err(e) = crate::sys::become_subreaper() {
+        tracing::warn!(error = %e, "veris mcp: cannot become the subreaper of veris_run's processes");
+    }
+    let mut child = cmd.spawn().context("starting `veris run`")?;
+    drop(writer);
+    let pid = child.id();
+    let report = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        reader
+            .take(REPORT_CAP)
+            .read_to_end(&mut bytes)
+            .map(|_| bytes)
+    });
+    let stdout = tail(child.stdout.take());
+    let stderr = tail(child.stderr.take());
+    let mut timed_out = false;
+    let status = match tokio::time::timeout(limit, child.wait()).await {
+        Ok(status) => status?,
+        Err(_) => {
+            timed_out = true;
+            tracing::warn!(
+                limit_secs = limit.as_secs(),
+                "veris mcp: veris_run hit its time limit; stopping it"
+            );
+            stop(&mut child, pid).await?
+        }
+    };
+    let ended = tokio::task::spawn_blocking(|| {
+        crate::sys::end_descendants(
+            std::time::Duration::from_millis(500),
+            std::time::Duration::from_secs(5),
+        )
+    })
+    .await
+    .unwrap_or_default();
+    let bytes = report.await.context("reading the run's report")??;
+    let (stdout, stderr) = (
+        stdout.await.unwrap_or_default(),
+        stderr.await.unwrap_or_default(),
+    );
+    let output = json!({
+        "stdout_tail": String::from_utf8_lossy(&stdout),
+        "stderr_tail": String::from_utf8_lossy(&stderr),
+    });
+    let limit_note = timed_out.then(|| {
+        format!(
+            "the run hit its time limit of {} s and was stopped",
+            limit.as_secs()
+        )
+    });
+    let leftovers = (!ended.left.is_empty()).then(|| {
+        format!(
+            "{} process(es) of the run could not be ended",
+            ended.left.len()
+        )
+    });
+    let report: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(_) => {
+            let why = match (&limit_note, status.code()) {
+                (Some(n), _) => format!("{n} before it could write its receipt"),
+                (None, code) => {
+                    format!("`veris run` ended (exit {code:?}) without a readable report")
+                }
+            };
+            anyhow::bail!(
+                "{why}. Next: give it a longer timeout_secs, or look at its output: {}",
+                veris_receipt::quote::quoted(&String::from_utf8_lossy(&stderr))
+            );
+        }
+    };
+    if let Some(error) = report["error"].as_str() {
+        let exit = report["exit_code"]
+            .as_u64()
+            .unwrap_or(u64::from(EXIT_USAGE));
+        let text = format!("veris_run: {error}");
+        return Ok((
+            text.clone(),
+            json!({"verdict": "error", "exit_code": exit, "error": text, "output": output}),
+            true,
+        ));
+    }
+    let exit = report["exit_code"]
+        .as_u64()
+        .unwrap_or(u64::from(EXIT_USAGE));
+    let verdict_exit = report["verdict_exit"].as_u64().unwrap_or(3);
+    let passed = verdict_exit == 0 && !timed_out;
+    let mut text = report["text"].as_str().unwrap_or_default().to_string();
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&format!(
+        "ledger: {} (seal key {})\n",
+        report["ledger"].as_str().unwrap_or_default(),
+        report["key_id"].as_str().unwrap_or_default()
+    ));
+    for n in limit_note.iter().chain(leftovers.iter()) {
+        text.push_str(&format!("note: {n}\n"));
+    }
+    text.push_str(&format!(
+        "verdict: {} (exit code {exit}, as `veris run` would exit; the command exited {})",
+        if passed { "pass" } else { "fail" },
+        report["command_exit"]
+    ));
+    let structured = json!({
+        "verdict": if passed { "pass" } else { "fail" },
+        "exit_code": exit,
+        "command_exit": report["command_exit"],
+        "failures": report["failures"],
+        "timed_out": timed_out,
+        "ledger": report["ledger"],
+        "seal_key": report["key_id"],
+        "receipt": report["receipt"],
+        "output": output,
+    });
+    Ok((text, structured, !passed))
+}
+
+/// The descriptor a `veris run` started by `veris_run` writes its report to.
+const REPORT_FD: i32 = 3;
+
+/// Stops a run past its limit: SIGTERM (the run passes it to its command,
+/// then seals and reports), a second SIGTERM after [`RUN_GRACE`] (which
+/// ends an isolated command's namespace), then SIGKILL to the run's group.
+async fn stop(
+    child: &mut tokio::process::Child,
+    pid: Option<u32>,
+) -> Result<std::process::ExitStatus> {
+    for _ in 0..2 {
+        if let Some(pid) = pid {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid as i32).context("the run's pid")?,
+                rustix::process::Signal::TERM,
+            );
+        }
+        if let Ok(status) = tokio::time::timeout(RUN_GRACE, child.wait()).await {
+            return Ok(status?);
+        }
+    }
+    if let Some(pid) = pid {
+        let _ = crate::sys::kill_group(pid, libc::SIGKILL);
+    }
+    Ok(child.wait().await?)
+}
+
+/// The last [`OUTPUT_TAIL`] bytes of a child's output, read to its end.
+fn tail(out: Option<impl AsyncRead + Unpin + Send + 'static>) -> tokio::task::JoinHandle<Vec<u8>> {
+    tokio::spawn(async move {
+        let mut kept = Vec::new();
+        let Some(mut out) = out else { return kept };
+        let mut buf = vec![0u8; 8192];
+        while let Ok(n) = out.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            kept.extend_from_slice(&buf[..n]);
+            if kept.len() > 2 * OUTPUT_TAIL {
+                kept.drain(..kept.len() - OUTPUT_TAIL);
+            }
+        }
+        if kept.len() > OUTPUT_TAIL {
+            kept.drain(..kept.len() - OUTPUT_TAIL);
+        }
+        kept
+    })
 }
 
 /// How long the check's probe may take (`veris check`'s default).
@@ -399,7 +754,14 @@ mod tests {
     fn receipt_arguments_name_no_ledger_or_key_and_refuse_unknown_ones() {
         let schema = serde_json::to_value(schemars::schema_for!(ReceiptParams)).unwrap();
         let props = schema["properties"].as_object().unwrap();
-        for p in ["since", "all", "service", "require", "require_verified"] {
+        for p in [
+            "since",
+            "all",
+            "service",
+            "require",
+            "require_verified",
+            "run",
+        ] {
             assert!(props.contains_key(p), "{p}: {schema}");
         }
         for p in ["ledger", "key", "state_dir"] {

@@ -68,9 +68,13 @@ impl RequireArgs {
 /// `veris har`, so the two read the same lines for the same flags.
 #[derive(Args, Debug, Clone, Default)]
 pub struct WindowArgs {
-    /// State dir whose ledger to read [default: $VERIS_STATE_DIR, else ~/.veris].
+    /// State dir whose ledger to read [default: $VERIS_STATE_DIR, else ~/.veris]:
+    /// its live `veris serve`'s, else its `ledger.jsonl`, else its newest run's.
     #[arg(long, value_name = "DIR", conflicts_with = "ledger")]
     pub state_dir: Option<PathBuf>,
+    /// Read this run's ledger (<state>/runs/ID/ledger.jsonl; `veris runs` lists them).
+    #[arg(long, value_name = "ID", conflicts_with = "ledger")]
+    pub run: Option<String>,
     /// Ledger file to read.
     #[arg(long, value_name = "FILE")]
     pub ledger: Option<PathBuf>,
@@ -114,6 +118,8 @@ pub struct Report {
     /// Derived from `verdict`, as are the `FAIL:` lines of `text`.
     pub exit_code: u8,
     pub verdict: receipt::Verdict,
+    /// The ledger it was built from, when a state dir was read.
+    pub source: Option<crate::ledgers::Source>,
 }
 
 /// Builds, renders and judges a receipt. The verdict lines follow the text.
@@ -148,6 +154,7 @@ pub fn judge(receipt: Receipt, reqs: &[Requirement], allow_empty: bool) -> Repor
         text,
         exit_code: u8::try_from(verdict.exit_code).unwrap_or(3),
         verdict,
+        source: None,
     }
 }
 
@@ -264,31 +271,42 @@ pub async fn build_with(
         None => None,
     };
     let state_dir = crate::state_dir(args.window.state_dir.clone());
-    let path = match &args.window.ledger {
-        Some(p) => p.clone(),
-        None => state_dir.join("ledger.jsonl"),
+    // A live serve for this state dir makes the full set of checks possible.
+    let discovery = match (&args.window.ledger, &args.window.run) {
+        (None, None) => Some(crate::live::discover(&state_dir).await),
+        _ => None,
     };
+    let serve_live = matches!(discovery, Some(Discovery::Live(_) | Discovery::Unusable(_)));
+    let source = crate::ledgers::resolve(
+        &state_dir,
+        args.window.ledger.as_deref(),
+        args.window.run.as_deref(),
+        serve_live,
+    )?;
+    if let Some(note) = source.note() {
+        eprintln!("{note}");
+    }
+    let path = source.path().to_path_buf();
     if let Some(pin) = pin.as_mut() {
         note_key_beside(pin, &path);
     }
-    // A live proxy for this state dir makes the full set of checks possible.
     let mut unusable = None;
-    let live = match &args.window.ledger {
-        Some(_) => None,
-        None => match crate::live::discover(&state_dir).await {
-            Discovery::Live(l) => Some(l),
-            Discovery::NotLive => None,
-            Discovery::Unusable(why) => {
-                unusable = Some(why);
-                None
-            }
-        },
+    let live = match discovery {
+        Some(Discovery::Live(l)) => Some(l),
+        Some(Discovery::Unusable(why)) => {
+            unusable = Some(why);
+            None
+        }
+        _ => None,
     };
-    if live.is_none() && !path.exists() {
-        bail!(
-            "no ledger at {}. Next: run the proxy (`veris serve` or `veris run -- CMD`) with this state dir, or pass --ledger FILE",
-            path.display()
-        );
+    if live.is_none() && std::fs::symlink_metadata(&path).is_err() {
+        match &source {
+            crate::ledgers::Source::File(_) => bail!(
+                "no ledger at {}. Next: pass --ledger an existing ledger file, or --state-dir DIR",
+                path.display()
+            ),
+            _ => bail!("{}", crate::ledgers::no_ledger(&state_dir)),
+        }
     }
     let mut options = Options {
         scope: if args.window.all {
@@ -411,10 +429,13 @@ pub async fn build_with(
         }
         None => {}
     };
+    options.external_checks.extend(source.checks());
     // The receipt is a fold over the file, a line at a time.
     let built = receipt::build_file_with(&path, &options, visit)
         .with_context(|| format!("reading ledger {}", path.display()))?;
-    Ok(judge(built, &reqs, args.require.allow_empty))
+    let mut report = judge(built, &reqs, args.require.allow_empty);
+    report.source = Some(source);
+    Ok(report)
 }
 
 /// `--key`: a fingerprint, or a file holding fingerprints (one a line) or

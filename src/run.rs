@@ -68,6 +68,11 @@ pub struct RunArgs {
     /// what to do instead of a bare "unexpected argument".
     #[arg(long, hide = true)]
     pub transparent: bool,
+    /// Internal to `veris mcp`'s `veris_run`: also write the judged run as
+    /// one JSON object to this inherited descriptor (a pipe the command
+    /// never inherits), where the command's own output cannot pose as it.
+    #[arg(long, hide = true, value_name = "FD")]
+    pub report_fd: Option<i32>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -94,6 +99,8 @@ enum Ended {
         status: u8,
         /// The run's: the verdict's when it fails, else the command's.
         exit: u8,
+        ledger: PathBuf,
+        key_id: String,
     },
     NotStarted {
         exit: u8,
@@ -102,6 +109,83 @@ enum Ended {
 }
 
 pub async fn run(args: RunArgs) -> Result<u8> {
+    let report_fd = match args.report_fd {
+        Some(fd) => Some(ReportFd::take(fd)?),
+        None => None,
+    };
+    let result = run_reporting(args).await;
+    if let Some(fd) = report_fd {
+        fd.write(&result);
+    }
+    result.map(|(exit, _)| exit)
+}
+
+/// The descriptor `--report-fd` names, taken before anything starts: closed
+/// on exec, so neither the command nor its children hold it.
+struct ReportFd(std::fs::File);
+
+impl ReportFd {
+    fn take(fd: i32) -> Result<ReportFd> {
+        // A same-uid process could open the pipe through /proc/<pid>/fd
+        // while this process is dumpable: it stops being so now.
+        if let Err(e) = crate::sys::set_non_dumpable() {
+            warn!(error = %e, "cannot make the process non-dumpable");
+        }
+        let owned = crate::sys::inherited_fd(fd)
+            .with_context(|| format!("--report-fd {fd}: not an open descriptor"))?;
+        rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
+            .with_context(|| format!("--report-fd {fd}: cannot set close-on-exec"))?;
+        Ok(ReportFd(std::fs::File::from(owned)))
+    }
+
+    /// One JSON object: the receipt, its text and verdict, the exit codes;
+    /// or the error that stopped the run.
+    fn write(mut self, result: &Result<(u8, Reported)>) {
+        use std::io::Write;
+        let body = match result {
+            Ok((exit, Reported::Judged(r))) => serde_json::json!({
+                "exit_code": exit,
+                "command_exit": r.command_exit,
+                "verdict_exit": r.report.exit_code,
+                "failures": r.report.verdict.lines,
+                "text": r.report.text,
+                "receipt": r.report.receipt,
+                "ledger": r.ledger,
+                "key_id": r.key_id,
+            }),
+            Ok((exit, Reported::NotStarted(why))) => {
+                serde_json::json!({"exit_code": exit, "error": why})
+            }
+            Err(e) => {
+                serde_json::json!({"exit_code": crate::EXIT_USAGE, "error": format!("{e:#}")})
+            }
+        };
+        let written = serde_json::to_vec(&body)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| self.0.write_all(&bytes))
+            .and_then(|()| self.0.flush());
+        if let Err(e) = written {
+            warn!(error = %e, "cannot write the run's report to --report-fd");
+        }
+    }
+}
+
+/// How a run that did not fail outright ended, for `--report-fd`.
+enum Reported {
+    Judged(RunReport),
+    /// The command could not start: why.
+    NotStarted(String),
+}
+
+/// What `--report-fd` carries of a judged run.
+struct RunReport {
+    report: Box<Report>,
+    command_exit: u8,
+    ledger: PathBuf,
+    key_id: String,
+}
+
+async fn run_reporting(args: RunArgs) -> Result<(u8, Reported)> {
     // First, so that a report left by an earlier run is gone even when this
     // one stops at a usage error (which then gets a report of its own).
     let junit = Junit::start(args.junit.as_deref(), "veris run")?;
@@ -131,6 +215,8 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             report,
             status,
             exit,
+            ledger,
+            key_id,
         }) => {
             // The text receipt is out already; each file is written even
             // when another cannot be, and the first failure decides the exit.
@@ -154,7 +240,15 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             }
             let mut failures = failures.into_iter();
             match failures.next() {
-                None => Ok(exit),
+                None => Ok((
+                    exit,
+                    Reported::Judged(RunReport {
+                        report,
+                        command_exit: status,
+                        ledger,
+                        key_id,
+                    }),
+                )),
                 Some(first) => {
                     for other in failures {
                         eprintln!("veris: {other:#}");
@@ -167,7 +261,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             if let Some(junit) = &junit {
                 junit.write_error(&why)?;
             }
-            Ok(exit)
+            Ok((exit, Reported::NotStarted(why)))
         }
         Err(e) => {
             // CI reads the report whatever happened; the error decides the exit.
@@ -200,6 +294,13 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let landlock = matches!(confinement, Confinement::Landlock);
     let serve = ServeArgs::with_defaults(args.proxy.clone());
     let stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, confinement).await?;
+    // What `veris runs` shows as the command: beside the ledger, not under
+    // its seals (the listing says so).
+    if let Err(e) =
+        crate::ledgers::write_run_file(stack.ledger.path(), &stack.identity.run_id, &args.command)
+    {
+        warn!(error = %e, "cannot write the run's run.json; `veris runs` will show no command");
+    }
 
     let base = EnvBase::from_env();
     let (status, canary) = match isolation {
@@ -283,6 +384,8 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         report: Box::new(report),
         status,
         exit,
+        ledger: finished.ledger_path.clone(),
+        key_id: finished.key_id.clone(),
     })
 }
 

@@ -27,9 +27,13 @@ pub struct TuiArgs {
     /// Follow this ledger file, also one still being written.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["admin", "state_dir"])]
     pub ledger: Option<PathBuf>,
-    /// State dir of the proxy to watch [default: $VERIS_STATE_DIR, else ~/.veris].
+    /// State dir of the proxy to watch [default: $VERIS_STATE_DIR, else ~/.veris]:
+    /// its live `veris serve`, else its `ledger.jsonl`, else its newest run's ledger.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Follow this run's ledger in the state dir (`veris runs` lists them).
+    #[arg(long, value_name = "ID", conflicts_with_all = ["admin", "ledger"])]
+    pub run: Option<String>,
     /// Rows kept in memory; older ones are counted, not shown.
     #[arg(long, default_value_t = DEFAULT_CAPACITY, value_name = "N")]
     pub rows: usize,
@@ -78,8 +82,15 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
         SourceSpec::Admin(
             Target::new(url, token).with_context(|| format!("using admin URL {url}"))?,
         )
+    } else if let Some(id) = &args.run {
+        let state_dir = crate::state_dir(args.state_dir.clone());
+        let source = crate::ledgers::resolve(&state_dir, None, Some(id), false)?;
+        SourceSpec::Ledger(source.path().to_path_buf())
     } else {
-        SourceSpec::StateDir(crate::state_dir(args.state_dir.clone()))
+        SourceSpec::StateDir(
+            crate::state_dir(args.state_dir.clone()),
+            crate::ledgers::followed,
+        )
     };
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!("veris tui needs an interactive terminal. Next: run it in a terminal, or use `veris receipt` for a one-shot summary");

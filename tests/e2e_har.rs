@@ -350,7 +350,9 @@ fn bad_input_is_an_error_with_a_next_step() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stdout.is_empty(), "{stdout}");
     assert!(
-        stderr.contains("no ledger at") && stderr.contains("Next:"),
+        stderr.contains("no ledger in")
+            && stderr.contains("holds no run")
+            && stderr.contains("Next:"),
         "{stderr}"
     );
 

@@ -192,7 +192,16 @@ fn mcp_tools_report_what_the_receipt_reports() {
     let tools = list["result"]["tools"].as_array().expect("tools").clone();
     let mut names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, ["veris_baseline", "veris_check", "veris_receipt"]);
+    assert_eq!(
+        names,
+        [
+            "veris_baseline",
+            "veris_check",
+            "veris_receipt",
+            "veris_run",
+            "veris_runs"
+        ]
+    );
     for t in &tools {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert!(!t["description"].as_str().unwrap_or("").is_empty(), "{t}");
@@ -525,4 +534,156 @@ fn a_pinned_key_fails_a_proxy_that_seals_with_another() {
         .stdin(Stdio::null());
     let out = output(&mut cmd);
     assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+}
+
+/// `veris_run` runs a command under `veris run` inside the server and
+/// returns its live receipt, `verified`; `veris_runs` lists that run, and
+/// `veris_receipt` (by default the newest run, or by id) reads it back from
+/// its file: `unverified`, saying why. No path reaches a tool; an id that
+/// climbs out is refused.
+#[test]
+fn mcp_runs_a_command_and_reads_its_runs() {
+    if let Err(why) = support::curl() {
+        return support::skip(&why);
+    }
+    let dir = TempDir::new("mcp-run");
+    let state = dir.join("state");
+    let mut mcp = Mcp::start(&state, &dir);
+    mcp.initialize();
+    let list = mcp.request("tools/list", json!({}));
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    for tool in ["veris_run", "veris_runs"] {
+        assert!(names.contains(&tool), "{names:?}");
+    }
+
+    // Nothing yet: the listing says what to do.
+    let runs = mcp.call("veris_runs", json!({}));
+    assert!(!is_error(&runs), "{runs}");
+    assert!(text_of(&runs).contains("holds no run"), "{runs}");
+
+    let run = mcp.call(
+        "veris_run",
+        json!({
+            "command": ["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/charges", "-d", "amount=100"],
+            "require": ["stripe:1"],
+            "require_verified": true,
+            "timeout_secs": 120,
+        }),
+    );
+    let s = &run["structuredContent"];
+    assert!(!is_error(&run), "{run}");
+    assert_eq!(s["verdict"], "pass", "{run}");
+    assert_eq!(s["exit_code"], 0, "{run}");
+    assert_eq!(s["receipt"]["integrity"]["status"], "verified", "{run}");
+    assert_eq!(s["receipt"]["services"]["stripe"]["requests"], 1, "{run}");
+    assert!(text_of(&run).contains("integrity: verified"), "{run}");
+    // The command's own output is returned as its output.
+    assert!(
+        s["output"]["stdout_tail"]
+            .as_str()
+            .unwrap()
+            .contains("charge"),
+        "{run}"
+    );
+
+    let runs = mcp.call("veris_runs", json!({}));
+    let listed = runs["structuredContent"]["runs"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(listed.len(), 1, "{runs}");
+    let id = listed[0]["id"].as_str().unwrap().to_string();
+    assert!(s["ledger"].as_str().unwrap().contains(&id), "{run}");
+    assert_eq!(listed[0]["verdict"]["integrity"], "unverified", "{runs}");
+
+    for args in [json!({}), json!({"run": id})] {
+        let r = mcp.call("veris_receipt", args.clone());
+        let st = &r["structuredContent"];
+        assert_eq!(st["run"], id.as_str(), "{args}: {r}");
+        assert_eq!(st["receipt"]["integrity"]["status"], "unverified", "{r}");
+        assert!(
+            st["note"]
+                .as_str()
+                .unwrap()
+                .contains("lived only in the run's memory"),
+            "{r}"
+        );
+        assert!(text_of(&r).contains("veris_run"), "{r}");
+        // Requirements hold; integrity is what falls short.
+        assert_eq!(st["exit_code"], 0, "{r}");
+        let strict = mcp.call(
+            "veris_receipt",
+            json!({"run": id, "require_verified": true}),
+        );
+        assert!(is_error(&strict), "{strict}");
+    }
+
+    for bad in [json!({"run": "../x"}), json!({"run": "../../state/runs"})] {
+        let r = mcp.call("veris_receipt", bad.clone());
+        assert!(is_error(&r), "{bad}: {r}");
+        assert!(text_of(&r).contains("not a run id"), "{r}");
+    }
+    let r = mcp.request(
+        "tools/call",
+        json!({"name": "veris_receipt", "arguments": {"ledger": "/etc/passwd"}}),
+    );
+    assert!(
+        r.get("error").is_some() || r["result"]["isError"] == json!(true),
+        "{r}"
+    );
+    mcp.finish();
+}
+
+/// A command that outlives `timeout_secs` is stopped with everything it
+/// started, and what it prints never poses as veris's receipt.
+#[test]
+fn mcp_run_stops_a_command_at_its_time_limit() {
+    let dir = TempDir::new("mcp-run-limit");
+    let state = dir.join("state");
+    let mut mcp = Mcp::start(&state, &dir);
+    mcp.initialize();
+    // A duration no other process sleeps, to find it in /proc (an
+    // isolated run's pids are its namespace's, not the host's).
+    let script =
+        "echo 'integrity: verified'; echo '{\"verdict\":\"pass\"}' >&2; sleep 2999.25 & wait";
+    let r = mcp.call(
+        "veris_run",
+        json!({"command": ["sh", "-c", script], "allow_empty": true, "timeout_secs": 1}),
+    );
+    assert!(is_error(&r), "{r}");
+    let s = &r["structuredContent"];
+    assert_eq!(s["timed_out"], true, "{r}");
+    assert_eq!(s["verdict"], "fail", "{r}");
+    assert!(text_of(&r).contains("time limit of 1 s"), "{r}");
+    assert!(
+        s["output"]["stdout_tail"]
+            .as_str()
+            .unwrap()
+            .contains("integrity: verified"),
+        "the command's words stay its output: {r}"
+    );
+    let sleeping: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.starts_with("sleep 2999.25"))
+        .collect();
+    assert!(
+        sleeping.is_empty(),
+        "the command's sleep outlived the run: {sleeping:?}"
+    );
+
+    // A command that cannot start: the run's reason and the shell's code.
+    let r = mcp.call("veris_run", json!({"command": ["veris-no-such-command"]}));
+    assert!(is_error(&r), "{r}");
+    assert_eq!(r["structuredContent"]["exit_code"], 127, "{r}");
+    assert!(text_of(&r).contains("command not found"), "{r}");
+    mcp.call("veris_check", json!({}));
+    mcp.finish();
 }

@@ -154,3 +154,59 @@ fn tui_refuses_without_a_terminal_or_a_token() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("only http:// is supported"), "{stderr}");
 }
+
+#[test]
+fn tui_follows_a_finished_run_named_by_its_id() {
+    if !tool_works("tmux", &["-V"]) {
+        return skip("tmux is not installed (apt-get install tmux)");
+    }
+    if !tool_works("curl", &["--version"]) {
+        return skip("curl is not installed");
+    }
+    let dir = TempDir::new("tui-run");
+    let state = dir.path().join("state");
+    let out = output_within(
+        veris(["run", "--state-dir"]).arg(&state).args([
+            "--",
+            "curl",
+            "-sS",
+            "--max-time",
+            "20",
+            "https://api.stripe.com/v1/charges",
+            "-d",
+            "amount=100",
+        ]),
+        TUI_DEADLINE,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = std::fs::read_dir(state.join("runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .into_owned();
+    // A later run dir the workload planted, newer by mtime: --run ID reads
+    // the one named, whatever else is there.
+    let planted = state.join("runs").join("0000000000000000");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::fs::write(planted.join("ledger.jsonl"), "").unwrap();
+    let log = dir.path().join("tui.log");
+    let tmux = Tmux::start(dir.path(), 120, 36);
+    tmux.respawn(&format!(
+        "{} tui --state-dir {} --run {id} --log-file {}",
+        sh_quote(&bin().display().to_string()),
+        sh_quote(&state.display().to_string()),
+        sh_quote(&log.display().to_string()),
+    ));
+    tmux.wait_screen("the run's request row", TUI_DEADLINE, |s| {
+        s.lines()
+            .any(|l| l.contains("stripe") && l.contains("POST") && l.contains("/v1/charges"))
+    });
+    tmux.keys(&["q"]);
+}

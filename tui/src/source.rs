@@ -7,9 +7,9 @@
 //! - [`SourceSpec::StateDir`]: the live proxy found through
 //!   `<state>/admin.addr` and `<state>/admin.token` (re-read at every
 //!   connect, since a restarted proxy gets a new port and token); while no
-//!   proxy is live, the newest ledger of the state dir is followed instead
-//!   (`ledger.jsonl`, or the ledger of the latest `veris run`, which has no
-//!   admin API: its child could read the token).
+//!   proxy is live, the ledger the binary's rule picks is followed instead
+//!   (its `ledger.jsonl`, or the ledger of the newest `veris run`, which has
+//!   no admin API: its child could read the token), re-picked every second.
 //!
 //! Every source remembers the last seq it delivered and resumes after it
 //! (`Last-Event-ID` for the event stream), and the app drops any seq it has
@@ -43,9 +43,13 @@ pub enum SourceSpec {
     Ledger(PathBuf),
     /// The admin API at this target.
     Admin(Target),
-    /// The proxy of this state dir.
-    StateDir(PathBuf),
+    /// The proxy of this state dir; while none is live, the ledger the
+    /// function picks in it (the binary's one rule for "which ledger").
+    StateDir(PathBuf, LedgerPick),
 }
+
+/// Which ledger file of a state dir to read while no proxy is live.
+pub type LedgerPick = fn(&Path) -> PathBuf;
 
 impl SourceSpec {
     /// Words for the header before the first connection.
@@ -53,7 +57,7 @@ impl SourceSpec {
         match self {
             SourceSpec::Ledger(p) => format!("file {}", p.display()),
             SourceSpec::Admin(t) => format!("admin {}", t.authority()),
-            SourceSpec::StateDir(d) => format!("state {}", d.display()),
+            SourceSpec::StateDir(d, _) => format!("state {}", d.display()),
         }
     }
 }
@@ -100,8 +104,8 @@ pub async fn feed(spec: SourceSpec, tx: mpsc::Sender<Event>) {
                 }
             }
         }
-        SourceSpec::StateDir(dir) => {
-            let mut follower = Follower::new(dir.join("ledger.jsonl"));
+        SourceSpec::StateDir(dir, pick) => {
+            let mut follower = Follower::new(pick(&dir));
             while !feed.tx.is_closed() {
                 match state_target(&dir) {
                     Some(Ok(target)) => {
@@ -133,9 +137,9 @@ pub async fn feed(spec: SourceSpec, tx: mpsc::Sender<Event>) {
                         tokio::time::sleep(ADMIN_PROBE_INTERVAL).await;
                     }
                     None => {
-                        // No `serve` is live: the newest ledger of the state
-                        // dir is followed, which may be a `veris run`'s own.
-                        let newest = newest_ledger(&dir);
+                        // No `serve` is live: the ledger the rule picks is
+                        // followed, which may be a `veris run`'s own.
+                        let newest = pick(&dir);
                         if newest != follower.path() {
                             let why = format!("following {}", newest.display());
                             follower = Follower::new(newest);
@@ -155,26 +159,6 @@ pub async fn feed(spec: SourceSpec, tx: mpsc::Sender<Event>) {
             }
         }
     }
-}
-
-/// The most recently modified of `<dir>/ledger.jsonl` (a `serve`'s) and
-/// `<dir>/runs/*/ledger.jsonl` (one per `veris run`); the serve ledger when
-/// none exists yet.
-pub fn newest_ledger(dir: &Path) -> PathBuf {
-    let serve = dir.join("ledger.jsonl");
-    let runs = std::fs::read_dir(dir.join("runs"))
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("ledger.jsonl"));
-    std::iter::once(serve.clone())
-        .chain(runs)
-        .filter_map(|p| {
-            let modified = std::fs::metadata(&p).and_then(|m| m.modified()).ok()?;
-            Some((modified, p))
-        })
-        .max_by_key(|(modified, _)| *modified)
-        .map_or(serve, |(_, p)| p)
 }
 
 struct Feed {
@@ -331,16 +315,16 @@ pub async fn receipts(spec: SourceSpec, mut requests: mpsc::Receiver<()>, tx: mp
                 .await
                 .map_err(|e| format!("{e}. Next: check the admin URL and token, then press r")),
             SourceSpec::Ledger(p) => file_receipt(p.clone()).await,
-            SourceSpec::StateDir(d) => match state_target(d) {
+            SourceSpec::StateDir(d, pick) => match state_target(d) {
                 Some(Ok(t)) => match t.receipt().await {
                     Ok(r) => Ok(r),
                     // The proxy may have just stopped: the file still answers.
                     Err(e) => {
                         debug!(error = %e, "admin receipt failed; reading the ledger file");
-                        file_receipt(d.join("ledger.jsonl")).await
+                        file_receipt(pick(d)).await
                     }
                 },
-                _ => file_receipt(d.join("ledger.jsonl")).await,
+                _ => file_receipt(pick(d)).await,
             },
         };
         let ev = match result {

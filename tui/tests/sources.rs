@@ -215,7 +215,10 @@ async fn state_dir_follows_the_file_then_switches_to_the_live_proxy() {
     std::fs::write(dir.join("ledger.jsonl"), file).unwrap();
 
     let (tx, mut rx) = mpsc::channel(64);
-    let feed = tokio::spawn(source::feed(SourceSpec::StateDir(dir.clone()), tx));
+    let feed = tokio::spawn(source::feed(
+        SourceSpec::StateDir(dir.clone(), |d| d.join("ledger.jsonl")),
+        tx,
+    ));
     let mut app = App::new("state", 1000, now_ms(), (80, 24));
     let mut states = Vec::new();
     drive(&mut rx, &mut app, &mut states, |a| a.last_seq() >= 3).await;
