@@ -38,7 +38,7 @@ pub const DEFAULT_SANDBOX: &str = "sbx_local";
 /// `run`, `demo`): routing, where state lives, client and twin timeouts.
 #[derive(Args, Clone, Debug)]
 pub struct ProxyArgs {
-    /// JSON config file (DESIGN §3). Flags given with it override the
+    /// JSON config file (format: docs/config.md). Flags given with it override the
     /// file's field of the same meaning (--listen, --sandbox, --mode,
     /// --allow-passthrough, --ca-dir); --twin, --services and --route are
     /// errors with it (the routes live in the file).
@@ -233,7 +233,6 @@ pub struct Stack {
     pub session_seq: u64,
     pub identity: Identity,
     pub trust: TrustFiles,
-    pub ca: Arc<CertificateAuthority>,
     pub sealer: Arc<Sealer>,
     /// Routed services and their twin upstreams (for the cross-check).
     pub services: Vec<ServiceRef>,
@@ -556,7 +555,6 @@ impl Stack {
             session_seq,
             identity,
             trust,
-            ca,
             sealer,
             services,
             routed_hosts,
