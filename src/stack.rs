@@ -120,7 +120,9 @@ pub struct ProxyArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub proxy: ProxyArgs,
-    /// Written last, atomically, once the proxy accepts connections (JSON: proxy_url, pid, ...).
+    /// Written last, atomically, once the proxy accepts connections (JSON:
+    /// proxy_url, pid, sandbox_id, twin, state_dir, ledger, ca, admin,
+    /// key_id, https_listen, http_listen; see docs/cli.md).
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
     /// Write the client env file (proxy and trust variables) here.

@@ -428,6 +428,23 @@ fn serve_for_real(cmd: &DocCommand, mut c: Command, dir: &Path) -> Result<Option
     if status.code() != Some(0) {
         return Err(format!("{}: serve exited {status:?} on SIGTERM", cmd.at));
     }
+    // And `veris serve --help` names the same fields.
+    let help = text(&output_within(
+        &mut veris(["serve", "--help"]),
+        Duration::from_secs(20),
+    ))
+    .0;
+    let said = help
+        .split("--ready-file")
+        .nth(1)
+        .and_then(|rest| rest.split("--write-env").next())
+        .unwrap_or_default()
+        .to_string();
+    if let Some(missing) = documented.iter().find(|f| !said.contains(f.as_str())) {
+        return Err(format!(
+            "`veris serve --help` does not name the ready file's field {missing}: {said}"
+        ));
+    }
     Ok(None)
 }
 
