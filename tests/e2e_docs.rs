@@ -645,3 +645,63 @@ fn the_config_example_is_accepted() {
     assert_eq!(serve.wait().code(), Some(0));
     assert_eq!(ready["sandbox_id"], example["sandbox_id"], "{ready}");
 }
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces
+/// become hyphens.
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        if !fenced && line.starts_with('#') {
+            let title = line.trim_start_matches('#').trim().to_lowercase();
+            out.push(
+                title
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || *c == '-' || *c == ' ' || *c == '_')
+                    .map(|c| if c == ' ' { '-' } else { c })
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+/// Every relative link of README.md and docs/ leads to a file that exists,
+/// and to a heading of it when it names one.
+#[test]
+fn every_relative_link_in_the_docs_leads_somewhere() {
+    let mut broken = Vec::new();
+    for (name, text) in doc_files() {
+        let base = root().join(&name).parent().unwrap().to_path_buf();
+        for (i, _) in text.match_indices("](") {
+            let rest = &text[i + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let link = &rest[..end];
+            if link.starts_with("http://") || link.starts_with("https://") {
+                continue;
+            }
+            let (path, fragment) = link.split_once('#').unwrap_or((link, ""));
+            let target = if path.is_empty() {
+                root().join(&name)
+            } else {
+                base.join(path)
+            };
+            if !target.exists() {
+                broken.push(format!("{name}: {link}: no such file"));
+                continue;
+            }
+            if !fragment.is_empty() && path.is_empty()
+                || path.ends_with(".md") && !fragment.is_empty()
+            {
+                let page = std::fs::read_to_string(&target).unwrap_or_default();
+                if !anchors(&page).iter().any(|a| a == fragment) {
+                    broken.push(format!("{name}: {link}: no such heading"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
