@@ -101,6 +101,16 @@ fn load(dirs: &CaDirs) -> Result<Loaded> {
     Ok(Loaded { ca, trust })
 }
 
+/// A certificate date as `2026-12-03 06:23:28 UTC` (the `time` crate's own
+/// Display is `2026-12-03 6:23:28.0 +00:00:00`).
+fn utc(t: time::OffsetDateTime) -> String {
+    let format =
+        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second] UTC");
+    t.to_offset(time::UtcOffset::UTC)
+        .format(format)
+        .unwrap_or_else(|_| t.to_string())
+}
+
 pub fn ca(cmd: CaCommand) -> Result<u8> {
     match cmd {
         CaCommand::Init(dirs) => {
@@ -116,8 +126,8 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
             let trust = veris_ca::trust::TrustFiles::at(&state.join("trust"));
             crate::outln!("subject:     {}", ca.subject());
             crate::outln!("sha256:      {}", ca.fingerprint_sha256());
-            crate::outln!("not before:  {}", ca.not_before());
-            crate::outln!("not after:   {}", ca.not_after());
+            crate::outln!("not before:  {}", utc(ca.not_before()));
+            crate::outln!("not after:   {}", utc(ca.not_after()));
             crate::outln!("certificate: {}", ca.cert_path().display());
             crate::outln!("key:         {}", ca.key_path().display());
             crate::outln!("trust dir:   {}", trust.dir.display());

@@ -281,8 +281,10 @@ pub async fn check(args: CheckArgs) -> Result<u8> {
         (_, true) => None,
         (Some(t), false) if !t.is_empty() => Some(t.clone()),
         _ => {
-            eprintln!("veris check: no canary to expect. Next: pass --expect-canary TOKEN (or set VERIS_CANARY from the run's env file), or --any-run");
-            return Ok(crate::EXIT_USAGE);
+            // Outside a run there is no run's proxy to find: the check
+            // fails (exit 2), as it does when the proxy is not there.
+            eprintln!("veris check: FAIL: no run to check: VERIS_CANARY is not set (this shell is not inside `veris run` and has no run's env file sourced). Next: run it inside `veris run -- …`, source the env file of `veris serve --write-env`, pass --expect-canary TOKEN, or --any-run to accept any veris proxy");
+            return Ok(EXIT_CHECK_FAILED);
         }
     };
     let path = match (&args.proxy, args.transparent) {

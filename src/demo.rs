@@ -1,9 +1,10 @@
 //! `veris demo`: the whole product offline in one command. Starts the built-in
-//! twin and the proxy on loopback, makes real HTTPS requests through the proxy
-//! the way a client in a sandbox would (a rustls client that trusts only the
-//! generated CA), then prints the receipt and checks it.
+//! twin and the proxy on loopback exactly as `veris run` does, in the same
+//! tier `veris run` would pick here (isolated where the kernel allows it),
+//! and runs a client behind it: `veris __demo-client`, which makes real HTTPS
+//! requests the way a client in a sandbox would (a rustls client that trusts
+//! only the generated CA). Then it prints the receipt and checks it.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -11,84 +12,133 @@ use bytes::Bytes;
 use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use veris_receipt::receipt::Requirement;
 
-use crate::receipt_cmd::report;
-use crate::stack::{Confinement, Role, ServeArgs, Stack};
+use crate::run::{RunArgs, TierArg};
+use crate::stack::ProxyArgs;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
+    /// The proxy's flags, as `veris run` takes them.
     #[command(flatten)]
-    pub serve: ServeArgs,
+    pub proxy: ProxyArgs,
+    /// The tier the demo's client runs in, as `veris run --tier`: auto picks
+    /// what `veris run` would here (isolated where the kernel allows it).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub tier: TierArg,
+    /// Not for demo (serve's transparent tier); accepted only to answer with
+    /// what to do instead of a bare "unexpected argument".
+    #[arg(long, hide = true)]
+    pub transparent: bool,
 }
 
 pub async fn demo(mut args: DemoArgs) -> Result<u8> {
     // A throwaway state dir unless one is named, so the demo leaves nothing behind.
-    let temp =
-        if args.serve.proxy.state_dir.is_none() && std::env::var_os("VERIS_STATE_DIR").is_none() {
-            let dir = std::env::temp_dir().join(format!("veris-demo-{}", crate::random_hex(6)?));
-            args.serve.proxy.state_dir = Some(dir.clone());
-            Some(dir)
-        } else {
-            None
-        };
-    let result = demo_in(&args.serve).await;
+    let temp = if args.proxy.state_dir.is_none() && std::env::var_os("VERIS_STATE_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("veris-demo-{}", crate::random_hex(6)?));
+        args.proxy.state_dir = Some(dir.clone());
+        Some(dir)
+    } else {
+        None
+    };
+    let result = demo_in(&args.proxy, args.tier, temp.is_none()).await;
     if let Some(dir) = temp {
         let _ = std::fs::remove_dir_all(dir);
     }
     result
 }
 
-async fn demo_in(serve: &ServeArgs) -> Result<u8> {
-    let stack = Stack::start(serve, "127.0.0.1:0", Role::Run, Confinement::None).await?;
-    crate::outln!(
-        "veris demo: twin {} (sandbox {}), proxy {}",
-        stack.twin_base,
-        stack.identity.sandbox_id,
-        stack.proxy_url
-    );
-    crate::outln!(
-        "client: rustls trusting only the veris CA ({})\n",
-        stack.trust.ca_pem.display()
-    );
-    let client = Client {
-        proxy: stack.proxy_addr,
-        ca: stack.ca.cert_der().clone(),
-    };
-    let outcome = calls(&client).await;
-    let finished = stack.finish().await?;
-    let (read, options) = crate::run::finished_receipt(&finished)?;
-    outcome?;
-
-    let reqs = vec![
-        Requirement::parse_request("stripe POST /v1/customers")?,
-        Requirement::parse_request("stripe POST /v1/charges")?,
-        Requirement::parse_service("stripe:3")?,
-        Requirement::parse_service("google-calendar:1")?,
+/// `veris run` of the demo client, with the demo's requirements.
+fn run_args(proxy: &ProxyArgs, tier: TierArg, keep_ledger: bool) -> Result<RunArgs> {
+    #[derive(clap::Parser)]
+    struct Parse {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+    use clap::Parser;
+    let exe = std::env::current_exe().context("finding the veris binary")?;
+    let mut run = Parse::try_parse_from([
+        "veris".into(),
+        "--".into(),
+        exe.to_string_lossy().into_owned(),
+        "__demo-client".into(),
+    ])
+    .context("the demo's run arguments")?
+    .run;
+    run.proxy = proxy.clone();
+    run.tier = tier;
+    run.require.require_request = vec![
+        "stripe POST /v1/customers".into(),
+        "stripe POST /v1/charges".into(),
     ];
-    let report = report(&read, &options, &reqs, false);
-    crate::outln!();
-    crate::out!("{}", report.text);
+    run.require.require = vec!["stripe:3".into(), "google-calendar:1".into()];
+    run.demo = Some(crate::run::DemoOutput { keep_ledger });
+    Ok(run)
+}
+
+async fn demo_in(proxy: &ProxyArgs, tier: TierArg, keep_ledger: bool) -> Result<u8> {
+    let code = crate::run::run(run_args(proxy, tier, keep_ledger)?).await?;
     crate::outln!(
         "\nYour own code: `veris run -- CMD` (e.g. `veris run -- curl https://api.stripe.com/v1/charges -d amount=1`)."
     );
     crate::outln!(
-        "It runs CMD isolated: a network namespace of its own where every connection, DNS query"
+        "It runs CMD as the demo ran its client: isolated where the kernel allows it (a network"
     );
     crate::outln!(
-        "and QUIC packet goes to veris whatever the client does, with no capability to undo it"
+        "namespace of its own where every connection, DNS query and QUIC packet goes to veris"
     );
     crate::outln!(
-        "(`interception: isolated`). Without user namespaces it falls back to the proxy variables"
+        "whatever the client does), else with the proxy variables and TCP confined to the proxy"
     );
+    crate::outln!("by Landlock, and says so; --isolate makes that an error.");
+    Ok(code)
+}
+
+/// `veris __demo-client`: the demo's workload, run by `veris run`. It finds
+/// the proxy the way any client does: `HTTPS_PROXY` in the explicit tiers,
+/// nothing at all when isolated (every connection reaches veris there), and
+/// trusts only the veris CA (`NODE_EXTRA_CA_CERTS`, the bare CA).
+pub async fn client_main() -> Result<u8> {
+    let proxy = ["HTTPS_PROXY", "https_proxy"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
+    let ca_path = std::env::var_os("NODE_EXTRA_CA_CERTS")
+        .ok_or_else(|| anyhow!("NODE_EXTRA_CA_CERTS is not set: not started by `veris run`"))?;
+    let pem = std::fs::read(&ca_path)
+        .with_context(|| format!("reading the veris CA {}", ca_path.to_string_lossy()))?;
+    let ca = CertificateDer::from_pem_slice(&pem)
+        .with_context(|| format!("no certificate in {}", ca_path.to_string_lossy()))?;
+    let proxy = match proxy {
+        Some(url) => {
+            let uri: http::Uri = url
+                .parse()
+                .with_context(|| format!("HTTPS_PROXY {url:?}"))?;
+            let host = uri
+                .host()
+                .ok_or_else(|| anyhow!("HTTPS_PROXY {url:?} has no host"))?;
+            let port = uri.port_u16().unwrap_or(80);
+            crate::outln!(
+                "veris demo: the client runs behind HTTPS_PROXY={url} (explicit tier: asked for with --tier, or this machine cannot isolate it and veris said why above)"
+            );
+            Some(format!("{host}:{port}"))
+        }
+        None => {
+            crate::outln!(
+                "veris demo: the client runs isolated: no proxy settings, its own network namespace, every connection goes to veris"
+            );
+            None
+        }
+    };
     crate::outln!(
-        "with TCP confined to the proxy by Landlock, and says so; --isolate makes that an error."
+        "client: rustls trusting only the veris CA ({})\n",
+        ca_path.to_string_lossy()
     );
-    Ok(report.exit_code)
+    calls(&Client { proxy, ca }).await?;
+    Ok(0)
 }
 
 async fn calls(client: &Client) -> Result<()> {
@@ -134,9 +184,10 @@ fn id_of(v: &Value) -> Result<String> {
         .ok_or_else(|| anyhow!("the twin's answer has no id: {v}"))
 }
 
-/// A minimal HTTPS client that goes through the proxy with CONNECT.
+/// A minimal HTTPS client: through the proxy with CONNECT when one is
+/// given, else straight to the host (isolated: the redirect catches it).
 struct Client {
-    proxy: SocketAddr,
+    proxy: Option<String>,
     ca: CertificateDer<'static>,
 }
 
@@ -148,27 +199,12 @@ impl Client {
         path: &str,
         form: Option<&str>,
     ) -> Result<(u16, Value)> {
-        let mut tcp = TcpStream::connect(self.proxy)
-            .await
-            .context("connecting to the proxy")?;
-        tcp.write_all(
-            format!("CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n").as_bytes(),
-        )
-        .await?;
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            if tcp.read(&mut byte).await? == 0 || head.len() > 8192 {
-                bail!("the proxy closed the CONNECT");
-            }
-            head.push(byte[0]);
-        }
-        if !head.starts_with(b"HTTP/1.1 200") {
-            bail!(
-                "CONNECT refused: {}",
-                String::from_utf8_lossy(&head).lines().next().unwrap_or("")
-            );
-        }
+        let tcp = match &self.proxy {
+            Some(proxy) => connect_through(proxy, host).await?,
+            None => TcpStream::connect((host, 443))
+                .await
+                .with_context(|| format!("connecting to {host}:443"))?,
+        };
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca.clone())?;
         let config = rustls::ClientConfig::builder()
@@ -204,4 +240,28 @@ impl Client {
         }
         Ok((status, json))
     }
+}
+
+/// A TCP stream to `host:443` through the proxy's CONNECT.
+async fn connect_through(proxy: &str, host: &str) -> Result<TcpStream> {
+    let mut tcp = TcpStream::connect(proxy)
+        .await
+        .context("connecting to the proxy")?;
+    tcp.write_all(format!("CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n").as_bytes())
+        .await?;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if tcp.read(&mut byte).await? == 0 || head.len() > 8192 {
+            bail!("the proxy closed the CONNECT");
+        }
+        head.push(byte[0]);
+    }
+    if !head.starts_with(b"HTTP/1.1 200") {
+        bail!(
+            "CONNECT refused: {}",
+            String::from_utf8_lossy(&head).lines().next().unwrap_or("")
+        );
+    }
+    Ok(tcp)
 }

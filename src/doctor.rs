@@ -106,9 +106,9 @@ pub async fn doctor(args: DoctorArgs) -> Result<u8> {
     let state = crate::state_dir(args.state_dir);
     let ca_dir = args.ca_dir.unwrap_or_else(|| state.join("ca"));
     let s = shown(&state);
-    let (ca_finding, ca) = ca(&state, &ca_dir);
-    let pem = ca.as_ref().map(|ca| cert_body(ca.cert_pem()));
     let live = live(&state).await;
+    let (ca_finding, ca) = ca(&state, &ca_dir, live.status.is_some());
+    let pem = ca.as_ref().map(|ca| cert_body(ca.cert_pem()));
     let status = live.status.as_ref();
     let mut findings = vec![
         ca_finding,
@@ -181,8 +181,10 @@ fn dir_flags(state: &Path, ca_dir: &Path) -> String {
 }
 
 /// The CA in `dir` (`--ca-dir`, else `<state>/ca`), loaded as serve
-/// would load it (nothing created).
-fn ca(state: &Path, dir: &Path) -> (Finding, Option<CertificateAuthority>) {
+/// would load it (nothing created). A missing CA is no problem on a fresh
+/// machine (`run` and `serve` create it on first use), only when a proxy is
+/// live on this state dir: that proxy then uses a CA from elsewhere.
+fn ca(state: &Path, dir: &Path, proxy_live: bool) -> (Finding, Option<CertificateAuthority>) {
     let init = format!(
         "`veris ca init {}` (serve and run create one too)",
         dir_flags(state, dir)
@@ -197,8 +199,29 @@ fn ca(state: &Path, dir: &Path) -> (Finding, Option<CertificateAuthority>) {
             );
             (Finding::ok("ca", detail), Some(ca))
         }
+        Err(CaError::NoCa { reason, .. }) if reason.starts_with("missing") && !proxy_live => (
+            Finding::ok(
+                "ca",
+                format!(
+                    "no CA yet in {}: `veris run` and `veris serve` create it on first use (`veris ca init {}` makes it now)",
+                    shown(dir),
+                    dir_flags(state, dir)
+                ),
+            ),
+            None,
+        ),
         Err(CaError::NoCa { reason, .. }) if reason.starts_with("missing") => (
-            Finding::fail("ca", format!("no CA in {} ({reason})", shown(dir)), init),
+            Finding::fail(
+                "ca",
+                format!(
+                    "no CA in {} ({reason}), but a proxy is live on this state dir: it uses a CA from elsewhere (its --ca-dir)",
+                    shown(dir)
+                ),
+                format!(
+                    "`veris ca init {}` makes one there; or pass `veris doctor` the --ca-dir the proxy was given",
+                    dir_flags(state, dir)
+                ),
+            ),
             None,
         ),
         Err(CaError::NoCa { reason, .. }) if reason == "expired" => (
@@ -264,7 +287,7 @@ fn clock(
         return Finding::warn(
             "clock",
             "not checked: no usable CA to compare with",
-            "fix the ca line first",
+            "see the ca line (until a CA exists there is nothing to compare with)",
         );
     };
     let when = |t: OffsetDateTime| {
@@ -351,7 +374,7 @@ fn trust_files(state: &Path, ca: Option<&str>) -> Finding {
         return Finding::warn(
             "trust files",
             "not checked: no usable CA",
-            "fix the ca line first",
+            "see the ca line (until a CA exists there is nothing to compare with)",
         );
     };
     let publish = format!(
@@ -397,7 +420,7 @@ fn system_trust(state: &Path, ca: Option<&str>) -> Finding {
         return Finding::warn(
             "system trust",
             "not checked: no usable CA",
-            "fix the ca line first",
+            "see the ca line (until a CA exists there is nothing to compare with)",
         );
     };
     let Some(store) = crate::isolate::TRUST_STORES

@@ -105,6 +105,9 @@ enum Command {
     /// Internal to `veris run`: pid 1 of the isolated run's PID namespace.
     #[command(name = "__isolate-init", hide = true)]
     IsolateInit(InternalCommand),
+    /// Internal to `veris demo`: the client it runs behind the proxy.
+    #[command(name = "__demo-client", hide = true)]
+    DemoClient,
     /// Internal to `veris doctor`: try the isolated run's namespace steps.
     #[command(name = "__isolate-probe", hide = true)]
     IsolateProbe,
@@ -141,7 +144,9 @@ fn main() -> ExitCode {
         Command::Man => {
             let mut out = Vec::new();
             return match clap_mangen::Man::new(Cli::command()).render(&mut out) {
-                Ok(()) => print_bytes(title_first(&String::from_utf8_lossy(&out)).as_bytes()),
+                Ok(()) => {
+                    print_bytes(one_page(&title_first(&String::from_utf8_lossy(&out))).as_bytes())
+                }
                 Err(e) => {
                     eprintln!("veris: rendering the manual page: {e}");
                     ExitCode::from(EXIT_USAGE)
@@ -174,9 +179,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => stack::serve(args).await,
             // After the privilege drop the child would run as the exempt proxy uid.
             Command::Run(args) if args.transparent => Err(transparent::only_for_serve("run")),
-            Command::Demo(args) if args.serve.transparent.transparent => {
-                Err(transparent::only_for_serve("demo"))
-            }
+            Command::Demo(args) if args.transparent => Err(transparent::only_for_serve("demo")),
             Command::Run(args) => run::run(args).await,
             Command::Receipt(args) => receipt_cmd::receipt(args).await,
             Command::Har(args) => har_cmd::har(args).await,
@@ -186,6 +189,7 @@ fn main() -> ExitCode {
             Command::Twin(args) => twin_cmd::twin(args).await,
             Command::Ca(cmd) => ca_cmd::ca(cmd),
             Command::Demo(args) => demo::demo(args).await,
+            Command::DemoClient => demo::client_main().await,
             Command::Tui(args) => tui_cmd::tui(args).await,
             Command::Mcp(args) => mcp::mcp(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
@@ -284,6 +288,28 @@ fn title_first(page: &str) -> String {
         .find('\n')
         .map_or(page.len(), |e| at + 1 + e + 1);
     format!("{}{}{}", &page[at + 1..end], &page[..at + 1], &page[end..])
+}
+
+/// The page without references to pages that do not exist: clap_mangen
+/// names each subcommand as a page of its own (`veris\-run(1)`), and only
+/// `veris(1)` is shipped. Each becomes the command and where its options are.
+fn one_page(page: &str) -> String {
+    let mut out = String::with_capacity(page.len());
+    for line in page.split_inclusive('\n') {
+        let bare = line.trim_end_matches('\n');
+        match bare
+            .strip_prefix("veris\\-")
+            .and_then(|rest| rest.strip_suffix("(1)"))
+        {
+            Some(sub) if !sub.contains(' ') => {
+                out.push_str(&format!(
+                    "\\fBveris {sub}\\fR (options: \\fBveris {sub} \\-\\-help\\fR)\n"
+                ));
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out
 }
 
 /// Generated output (completions, the manual page) to stdout.

@@ -100,7 +100,7 @@ pub struct WindowArgs {
 pub struct ReceiptArgs {
     #[command(flatten)]
     pub window: WindowArgs,
-    /// Print the receipt as JSON.
+    /// Print the receipt as JSON (version 3; the fields: docs/receipt-formats.md).
     #[arg(long)]
     pub json: bool,
     /// Also write the verdict as a JUnit XML report here (one test case per

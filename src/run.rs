@@ -76,6 +76,17 @@ pub struct RunArgs {
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+    /// Set by `veris demo` (no flag): the receipt goes to stdout after the
+    /// client's lines.
+    #[arg(skip)]
+    pub demo: Option<DemoOutput>,
+}
+
+/// How `veris demo` shows the run it makes.
+#[derive(Clone, Copy, Debug)]
+pub struct DemoOutput {
+    /// Name the run's ledger (false: it lives in a throwaway state dir).
+    pub keep_ledger: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -356,17 +367,25 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let report = report(&read, &options, reqs, args.require.allow_empty);
     // The text first, whatever then happens to the files (DESIGN §7a.15).
     crate::sys::blocking_stdio();
-    {
-        use std::io::IsTerminal;
-        let reset = crate::logging::reset(std::io::stderr().is_terminal());
-        eprint!("{reset}{}", report.text);
-    }
-    eprintln!(
+    let ledger_line = format!(
         "\nledger: {} (verify it later: veris receipt --ledger {} --key {})",
         finished.ledger_path.display(),
         finished.ledger_path.display(),
         finished.key_id
     );
+    if let Some(demo) = args.demo {
+        use std::io::IsTerminal;
+        let reset = crate::logging::reset(std::io::stdout().is_terminal());
+        crate::out!("\n{reset}{}", report.text);
+        if demo.keep_ledger {
+            crate::outln!("{ledger_line}");
+        }
+    } else {
+        use std::io::IsTerminal;
+        let reset = crate::logging::reset(std::io::stderr().is_terminal());
+        eprint!("{reset}{}", report.text);
+        eprintln!("{ledger_line}");
+    }
     if report.exit_code != 0 {
         // The receipt's verdict decides the exit code; the command's own
         // code would otherwise be lost, so say both.

@@ -38,7 +38,7 @@ pub const DEFAULT_SANDBOX: &str = "sbx_local";
 /// `run`, `demo`): routing, where state lives, client and twin timeouts.
 #[derive(Args, Clone, Debug)]
 pub struct ProxyArgs {
-    /// JSON config file (DESIGN §3). Flags given with it override the
+    /// JSON config file (format: docs/config.md). Flags given with it override the
     /// file's field of the same meaning (--listen, --sandbox, --mode,
     /// --allow-passthrough, --ca-dir); --twin, --services and --route are
     /// errors with it (the routes live in the file).
@@ -120,7 +120,9 @@ pub struct ProxyArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub proxy: ProxyArgs,
-    /// Written last, atomically, once the proxy accepts connections (JSON: proxy_url, pid, ...).
+    /// Written last, atomically, once the proxy accepts connections (JSON:
+    /// proxy_url, pid, sandbox_id, twin, state_dir, ledger, ca, admin,
+    /// key_id, https_listen, http_listen; see docs/cli.md).
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
     /// Write the client env file (proxy and trust variables) here.
@@ -233,7 +235,6 @@ pub struct Stack {
     pub session_seq: u64,
     pub identity: Identity,
     pub trust: TrustFiles,
-    pub ca: Arc<CertificateAuthority>,
     pub sealer: Arc<Sealer>,
     /// Routed services and their twin upstreams (for the cross-check).
     pub services: Vec<ServiceRef>,
@@ -556,7 +557,6 @@ impl Stack {
             session_seq,
             identity,
             trust,
-            ca,
             sealer,
             services,
             routed_hosts,

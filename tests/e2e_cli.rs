@@ -36,6 +36,44 @@ fn demo_makes_four_calls_and_prints_the_receipt() {
     assert!(!stdout.contains("FAIL:"), "{stdout}");
 }
 
+/// The demo runs its client the way `veris run` runs a command: isolated
+/// where this machine allows it (its receipt then says so and has no
+/// `direct-egress-possible`), and in the explicit tier when asked, where the
+/// client finds the proxy through HTTPS_PROXY and the receipt says what leaks.
+#[test]
+fn demo_runs_its_client_in_the_tier_run_would_pick() {
+    let dir = TempDir::new("demo-tier");
+    let mut cmd = veris(["demo", "--state-dir"]);
+    cmd.arg(dir.join("state"));
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    if stdout.contains("the client runs isolated") {
+        assert!(stdout.contains("interception: isolated"), "{stdout}");
+        assert!(!stdout.contains("direct-egress-possible"), "{stdout}");
+    } else {
+        // Not isolated: veris said why on stderr.
+        assert!(
+            stderr.contains("not isolated") || stderr.contains("Not isolated"),
+            "{stderr}"
+        );
+        support::skip("this machine cannot isolate the demo's client");
+    }
+    let mut cmd = veris(["demo", "--tier", "explicit", "--state-dir"]);
+    cmd.arg(dir.join("state-explicit"));
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("runs behind HTTPS_PROXY=http://127.0.0.1:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("4 request(s) reached the twin"), "{stdout}");
+    assert!(stdout.contains("direct-egress-possible"), "{stdout}");
+    // A named state dir keeps the run's ledger, and the demo says where.
+    assert!(stdout.contains("ledger: "), "{stdout}");
+}
+
 #[test]
 fn twin_prints_its_url_answers_health_and_stops_on_sigterm() {
     if let Err(why) = support::curl() {
@@ -83,6 +121,19 @@ fn ca_init_show_path_env() {
         .split(':')
         .all(|b| b.len() == 2 && b.chars().all(|c| c.is_ascii_hexdigit())));
     assert_eq!(ca(&["show"]), show, "the CA is reused, not regenerated");
+    // Dates as `2026-12-03 06:23:28 UTC`, not the `time` crate's Display.
+    for label in ["not before:", "not after:"] {
+        let date = show
+            .lines()
+            .find_map(|l| l.strip_prefix(label))
+            .unwrap_or_else(|| panic!("no {label}: {show}"))
+            .trim();
+        let shape: String = date
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '9' } else { c })
+            .collect();
+        assert_eq!(shape, "9999-99-99 99:99:99 UTC", "{date}");
+    }
 
     let docker = ca(&["env", "--format", "docker"]);
     assert!(
@@ -425,7 +476,8 @@ fn a_receipt_requirement_for_a_service_the_live_proxy_does_not_route_is_a_usage_
 }
 
 /// Internal steps of `veris run` (and doctor's namespace probe), which no user types.
-const INTERNAL: [&str; 4] = [
+const INTERNAL: [&str; 5] = [
+    "__demo-client",
     "__confine",
     "__isolate",
     "__isolate-init",
@@ -477,6 +529,15 @@ fn man_prints_a_manual_page_that_renders() {
     for internal in INTERNAL {
         assert!(!page.contains(internal), "the page shows {internal}");
     }
+    // Only veris(1) is shipped: no reference to a page of a subcommand.
+    assert!(
+        !page.contains("(1)"),
+        "the page names a page that does not exist"
+    );
+    assert!(
+        page.contains("veris run \\-\\-help"),
+        "the page says where run's options are"
+    );
     if !support::tool_works("groff", &["--version"]) {
         return support::skip("groff is not installed (apt install groff-base)");
     }

@@ -385,9 +385,15 @@ fn check_exit_codes() {
     assert_eq!(code, Some(0), "{out}");
     let (code, out) = check(&["--proxy", &proxy, "--any-run"], &[]);
     assert_eq!(code, Some(0), "{out}");
-    // Nothing to compare with: a usage error.
+    // Nothing to compare with (no canary, no --any-run): no run to check,
+    // which fails the check like a missing proxy (exit 2), as a bare
+    // `veris check` outside any run does.
     let (code, out) = check(&["--proxy", &proxy], &[]);
-    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("no run to check"), "{out}");
+    let (code, out) = check(&[], &[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("no run to check"), "{out}");
 
     // A receipt read in another run's environment fails its canary check.
     let out = output(
