@@ -333,7 +333,7 @@ pub fn judge(
                 Outcome {
                     exit_code: 0,
                     message: format!(
-                        "veris check: ok: run {} (sandbox {}, {} tier, {} mode) answered {}",
+                        "veris check: ok: run {} (sandbox {}, {} listener, {} mode) answered {}",
                         a.run_id,
                         a.sandbox_id,
                         word(serde_json::json!(a.tier)),

@@ -450,7 +450,7 @@ async fn check(state_dir: &Path) -> Result<(crate::check::Outcome, Value)> {
         "probe": path.describe(),
         "run_id": outcome.answer.as_ref().map(|a| a.run_id.clone()),
         "sandbox_id": outcome.answer.as_ref().map(|a| a.sandbox_id.clone()),
-        "tier": outcome.answer.as_ref().map(|a| json!(a.tier)),
+        "listener": outcome.answer.as_ref().map(|a| json!(a.tier)),
         "mode": outcome.answer.as_ref().map(|a| json!(a.mode)),
     });
     Ok((outcome, structured))

@@ -553,7 +553,7 @@ mod tests {
 
     #[test]
     fn colour_marks_the_verdict_and_fail_lines_only_when_asked() {
-        let text = "Veris receipt — twin sbx\n  interception: proxy (explicit)   integrity: unverified (why)\nFAIL: stripe: wanted 2\n";
+        let text = "Veris receipt — twin sbx\n  interception: explicit   integrity: unverified (why)\nFAIL: stripe: wanted 2\n";
         assert_eq!(paint(text, false), text);
         let painted = paint(text, true);
         assert!(

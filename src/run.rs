@@ -485,7 +485,7 @@ async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
     }
     match (crate::confine::unavailable(), why_not_isolated) {
         (None, Some(why)) => {
-            eprintln!("veris: not isolated ({why}); the command runs behind the proxy with TCP confined to it by Landlock (interception: proxy (explicit, confined))");
+            eprintln!("veris: not isolated ({why}); the command runs behind the proxy with TCP confined to it by Landlock (interception: confined)");
             Ok((Confinement::Landlock, None))
         }
         (None, None) => Ok((Confinement::Landlock, None)),

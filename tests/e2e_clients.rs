@@ -303,7 +303,7 @@ fn java_reaches_the_twin_through_the_env_veris_run_sets() {
 
     // The receipt on stderr lists both calls.
     assert!(
-        stderr.contains("interception: proxy (explicit)   integrity: verified"),
+        stderr.contains("interception: explicit   integrity: verified"),
         "{stderr}"
     );
     assert!(stderr.contains("stripe: 2 request(s)"), "{stderr}");
@@ -553,7 +553,7 @@ fn node_reaches_the_twin_through_the_transparent_redirect() {
         .unwrap();
     let receipt: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("receipt JSON: {e}: {}", text(&out.stdout)));
-    assert_eq!(receipt["tier"], "transparent", "{receipt}");
+    assert_eq!(receipt["interception"], "transparent", "{receipt}");
     assert_eq!(receipt["services"]["stripe"]["requests"], 2, "{receipt}");
     support::record_client(
         "Node https (Node 20)",

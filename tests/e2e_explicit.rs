@@ -304,10 +304,7 @@ fn receipt_after_a_serve_session_and_tampering() {
         stdout.starts_with("Veris receipt — twin sbx_local\n"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("interception: proxy (explicit)"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("interception: explicit"), "{stdout}");
     assert!(stdout.contains("integrity: "), "{stdout}");
     assert!(stdout.contains("leaks: direct-egress-possible"), "{stdout}");
     assert!(
@@ -328,7 +325,7 @@ fn receipt_after_a_serve_session_and_tampering() {
     assert_eq!(out.status.code(), Some(0), "{:?}", text(&out));
     let json: Value = serde_json::from_slice(&out.stdout).expect("receipt JSON");
     assert!(json["version"].is_u64(), "{json}");
-    assert_eq!(json["tier"], "explicit");
+    assert_eq!(json["interception"], "explicit");
     assert_eq!(json["services"]["stripe"]["requests"], 2, "{json}");
 
     let out = receipt(&["--require-request", "stripe POST /v1/charges"]);

@@ -609,7 +609,7 @@ fn the_transparent_canary_answers_only_through_the_redirect() {
     // canary and cross-check pass and the live verdict still stops short.
     assert!(
         stdout.contains(
-            "interception: proxy (transparent)   integrity: unverified (workload may share the proxy uid"
+            "interception: transparent   integrity: unverified (workload may share the proxy uid"
         ),
         "{all}"
     );

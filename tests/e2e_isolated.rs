@@ -377,7 +377,7 @@ impl Outcome {
     fn assert_isolated_and_verified(&self) {
         let r = self.receipt();
         assert_eq!(r["isolation"], "netns", "{r}\n{}", self.ctx());
-        assert_eq!(r["tier"], "transparent", "{r}");
+        assert_eq!(r["interception"], "isolated", "{r}");
         assert_eq!(r["integrity"]["status"], "verified", "{r}\n{}", self.ctx());
         assert!(
             self.stderr.contains("interception: isolated"),
@@ -1413,7 +1413,7 @@ fn explicit_tier_does_not_see_a_client_that_ignores_the_proxy() {
     );
     let receipt = out.receipt();
     assert!(receipt.get("isolation").is_none(), "{receipt}");
-    assert_eq!(receipt["tier"], "explicit");
+    assert_eq!(receipt["interception"], "explicit");
     assert_eq!(receipt["integrity"]["status"], "verified", "{receipt}");
     assert_eq!(out.entries("stripe"), Vec::<String>::new());
     let leaks = out.leaks();
@@ -1422,7 +1422,7 @@ fn explicit_tier_does_not_see_a_client_that_ignores_the_proxy() {
         "{leaks:?}"
     );
     assert!(
-        out.stderr.contains("interception: proxy (explicit)"),
+        out.stderr.contains("interception: explicit"),
         "{}",
         out.ctx()
     );
@@ -1481,7 +1481,7 @@ fn confined_tier_refuses_direct_connects_and_sees_proxied_calls() {
     assert!(out.stdout.contains("proxied=200"), "{}", out.ctx());
     let receipt = out.receipt();
     assert_eq!(receipt["isolation"], "landlock", "{receipt}");
-    assert_eq!(receipt["tier"], "explicit", "{receipt}");
+    assert_eq!(receipt["interception"], "confined", "{receipt}");
     assert_eq!(receipt["integrity"]["status"], "verified", "{receipt}");
     assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
     let leaks = out.leaks();
@@ -1494,8 +1494,7 @@ fn confined_tier_refuses_direct_connects_and_sees_proxied_calls() {
         "{leaks:?}"
     );
     assert!(
-        out.stderr
-            .contains("interception: proxy (explicit, confined)"),
+        out.stderr.contains("interception: confined"),
         "{}",
         out.ctx()
     );

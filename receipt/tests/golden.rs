@@ -293,7 +293,7 @@ fn design_example_renders_exactly() {
     r.integrity.reason = None;
     let expected = "\
 Veris receipt — twin sbx_a1b2c3
-  interception: proxy (transparent)   integrity: verified
+  interception: transparent   integrity: verified
   leaks: none
 
 1 request(s) reached the twin:

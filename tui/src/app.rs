@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
-use veris_receipt::receipt::Receipt;
-use veris_receipt::{Entry, Line, ListenerTier, Mode};
+use veris_receipt::receipt::{Interception, Receipt};
+use veris_receipt::{Entry, Line, Mode};
 
 use crate::filter::Filter;
 use crate::layout;
@@ -234,8 +234,11 @@ pub struct KindCounts {
 pub struct SessionInfo {
     pub sandbox_id: String,
     pub mode: Mode,
-    pub tier: ListenerTier,
+    pub interception: Interception,
     pub started_ms: Option<i64>,
+    /// When the session's final seal (`shutdown`) was written: the proxy
+    /// stopped, and the uptime stops with it.
+    pub ended_ms: Option<i64>,
     pub listen: String,
 }
 
@@ -245,6 +248,10 @@ pub struct App {
     pub conn: Connection,
     /// Wall clock of the last tick (ms since the epoch); render reads only this.
     pub now_ms: i64,
+    /// The proxy runs on this host (a ledger file, a state dir, an admin
+    /// API on loopback): its clock is ours, and nothing is estimated. An
+    /// estimate from ledger lines ran slow after a quiet spell.
+    pub local_clock: bool,
     /// How far the proxy's clock is ahead of ours, estimated as the largest
     /// `ts - now` seen (a line cannot be written after it arrives, so the
     /// newest lines bound the difference from below and come closest).
@@ -302,6 +309,7 @@ impl App {
                 via: via.into(),
             },
             now_ms,
+            local_clock: false,
             skew_ms: None,
             backlog: true,
             size,
@@ -363,7 +371,9 @@ impl App {
     /// still shows its last minute.
     pub fn ledger_now_ms(&self) -> i64 {
         match self.skew_ms {
-            Some(s) if s.abs() >= SKEW_DEADBAND_MS => self.now_ms.saturating_add(s),
+            Some(s) if !self.local_clock && s.abs() >= SKEW_DEADBAND_MS => {
+                self.now_ms.saturating_add(s)
+            }
             _ => self.now_ms,
         }
     }
@@ -371,8 +381,15 @@ impl App {
     /// How long the live proxy has run: from its session line (the latest
     /// one) to now on the proxy's clock.
     pub fn uptime_ms(&self) -> Option<i64> {
-        let started = self.session.as_ref()?.started_ms?;
-        Some(self.ledger_now_ms().saturating_sub(started).max(0))
+        let session = self.session.as_ref()?;
+        let started = session.started_ms?;
+        let until = session.ended_ms.unwrap_or_else(|| self.ledger_now_ms());
+        Some(until.saturating_sub(started).max(0))
+    }
+
+    /// Whether the session shown has ended (its final seal is in).
+    pub fn ended(&self) -> bool {
+        self.session.as_ref().is_some_and(|s| s.ended_ms.is_some())
     }
 
     /// The seq a resumed stream must continue after.
@@ -501,15 +518,25 @@ impl App {
                 mode,
                 tier,
                 listen,
+                coverage,
                 ..
             } => {
                 self.session = Some(SessionInfo {
                     sandbox_id: sandbox_id.clone(),
                     mode: *mode,
-                    tier: *tier,
+                    interception: Interception::of(
+                        *tier,
+                        coverage.as_ref().and_then(|c| c.isolation.as_deref()),
+                    ),
                     started_ms: ts_ms,
+                    ended_ms: None,
                     listen: listen.clone(),
                 });
+            }
+            Entry::Seal { reason, .. } if reason == "shutdown" => {
+                if let Some(session) = self.session.as_mut() {
+                    session.ended_ms = ts_ms;
+                }
             }
             Entry::Request {
                 service,

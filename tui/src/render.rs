@@ -9,7 +9,7 @@ use ratatui::text::{Line as TextLine, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row as TableRow, Table, Wrap};
 use ratatui::Frame;
 use veris_receipt::quote::{escaped, quoted, token};
-use veris_receipt::receipt::{CheckStatus, IntegrityStatus};
+use veris_receipt::receipt::{integrity_text, CheckStatus, IntegrityStatus, Interception};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
 use crate::app::{App, ConnState, Row, SPARK_SECONDS};
@@ -120,15 +120,18 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
     let mode = receipt
         .and_then(|r| r.mode)
         .or(app.session.as_ref().map(|s| s.mode));
-    let tier = receipt
-        .and_then(|r| r.tier)
-        .or(app.session.as_ref().map(|s| s.tier));
+    let interception = receipt
+        .and_then(|r| r.interception)
+        .or(app.session.as_ref().map(|s| s.interception));
     let uptime = app
         .uptime_ms()
         .map(|ms| format!("up {}", duration_words(ms)))
         .unwrap_or_else(|| "up ?".into());
     let conn = match &app.conn.state {
         ConnState::Connecting => Span::raw("○ connecting").yellow(),
+        // Following a ledger whose session has ended is not watching a
+        // live proxy.
+        ConnState::Live if app.ended() => Span::raw("■ ended").dark_gray(),
         ConnState::Live => Span::raw("● live").green(),
         ConnState::Reconnecting { attempt, error } => {
             Span::raw(format!("◌ reconnecting #{attempt}: {error}")).yellow()
@@ -143,7 +146,7 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
         Span::raw(format!(
             "{} · {}",
             mode.map_or("mode ?", mode_word),
-            tier.map_or("tier ?", tier_word)
+            interception.map_or("interception ?", Interception::word)
         )),
         sep(),
         Span::raw(uptime),
@@ -184,26 +187,9 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
                     Span::raw(format!(" — {why}")).red(),
                 ]
             }
+            // The receipt's own words, reason included.
             IntegrityStatus::Unverified => {
-                let names = |pred: fn(CheckStatus) -> bool| {
-                    r.integrity
-                        .checks
-                        .iter()
-                        .filter(|c| pred(c.status))
-                        .map(|c| c.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
-                let ok = names(|s| s == CheckStatus::Ok);
-                let open = names(|s| s != CheckStatus::Ok);
-                let mut spans = vec![Span::raw("integrity: unverified").yellow()];
-                if !ok.is_empty() {
-                    spans.push(Span::raw(format!(" — ok: {ok}")));
-                }
-                if !open.is_empty() {
-                    spans.push(Span::raw(format!(" · not checked: {open}")).dark_gray());
-                }
-                spans
+                vec![Span::raw(format!("integrity: {}", integrity_text(&r.integrity))).yellow()]
             }
         },
     };

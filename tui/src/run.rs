@@ -80,6 +80,7 @@ where
         now_ms(),
         (size.width, size.height),
     );
+    app.local_clock = options.spec.same_host();
     let _ = receipt_tx.try_send(());
     let mut receipt_at = Instant::now();
     let mut receipt_seq = 0;

@@ -53,6 +53,25 @@ pub type LedgerPick = fn(&Path) -> PathBuf;
 
 impl SourceSpec {
     /// Words for the header before the first connection.
+    /// Whether the proxy behind this source runs on this host, on our
+    /// clock: a ledger file or state dir, or an admin API on loopback.
+    pub fn same_host(&self) -> bool {
+        match self {
+            SourceSpec::Ledger(_) | SourceSpec::StateDir(..) => true,
+            SourceSpec::Admin(t) => {
+                let authority = t.authority();
+                let host = authority
+                    .rsplit_once(':')
+                    .map_or(authority.as_str(), |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                host == "localhost"
+                    || host
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            }
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             SourceSpec::Ledger(p) => format!("file {}", p.display()),

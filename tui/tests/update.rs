@@ -266,3 +266,53 @@ fn a_proxy_clock_that_is_off_still_shows_its_last_minute() {
     let app = app_with(busy(), (80, 24));
     assert_eq!(app.ledger_now_ms(), app.now_ms);
 }
+
+#[test]
+fn a_finished_session_reads_ended_with_its_uptime_stopped_and_its_interception() {
+    // An isolated run that lasted 30 s and ended 20 s ago, read from its file.
+    let mut isolated = session();
+    if let veris_receipt::Entry::Session { tier, coverage, .. } = &mut isolated {
+        *tier = veris_receipt::ListenerTier::Transparent;
+        *coverage = Some(
+            serde_json::from_value(serde_json::json!({
+                "quic": "sink", "dns": "stub", "udp_other": "dropped", "ipv6": true,
+                "exempt": [], "installed_by": "veris run", "isolation": "netns"
+            }))
+            .unwrap(),
+        );
+    }
+    let mut shutdown = seal(2);
+    if let veris_receipt::Entry::Seal { reason, .. } = &mut shutdown {
+        *reason = "shutdown".into();
+    }
+    let lines = chain(vec![
+        (50_000, isolated),
+        (40_000, request("stripe", "POST", "/v1/charges", 200, 5)),
+        (20_000, shutdown),
+    ]);
+    let mut app = app_with(lines.clone(), (100, 24));
+    assert!(app.ended());
+    assert_eq!(app.uptime_ms(), Some(30_000));
+    let shown = screen(&app);
+    assert!(shown.contains("■ ended"), "{shown}");
+    assert!(!shown.contains("● live"), "{shown}");
+    assert!(shown.contains("passthrough · isolated"), "{shown}");
+    assert!(shown.contains("up 30s"), "{shown}");
+    // Time passes; the uptime of an ended session does not.
+    app.now_ms += 60_000;
+    assert_eq!(app.uptime_ms(), Some(30_000));
+    // A live session (no final seal yet) is live.
+    let app = app_with(lines[..2].to_vec(), (100, 24));
+    assert!(!app.ended());
+    assert!(screen(&app).contains("● live"), "{}", screen(&app));
+}
+
+#[test]
+fn a_proxy_on_this_host_is_on_our_clock() {
+    // Lines whose `ts` run ahead of ours would move an estimate; a source
+    // on this host uses our clock as it is.
+    let ahead = chain(vec![(-30_000, session()), (-20_000, session())]);
+    let mut app = app_with(ahead, (80, 24));
+    app.local_clock = true;
+    assert_eq!(app.ledger_now_ms(), app.now_ms);
+}

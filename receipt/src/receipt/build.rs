@@ -391,24 +391,27 @@ impl<'o> Builder<'o> {
         let set_aside = std::mem::take(&mut evidence.set_aside);
         let integrity =
             super::integrity::integrity(evidence, &self.keys, &facts, self.options, &window);
-        let (twin, mode, tier, isolation, seal_key) = match self.session.as_ref().map(|l| &l.entry)
-        {
-            Some(Entry::Session {
-                sandbox_id,
-                mode,
-                tier,
-                key_id,
-                coverage,
-                ..
-            }) => (
-                Some(sandbox_id.clone()),
-                Some(*mode),
-                Some(*tier),
-                coverage.as_ref().and_then(|c| c.isolation.clone()),
-                key_id.clone(),
-            ),
-            _ => (None, None, None, None, None),
-        };
+        let (twin, mode, interception, isolation, seal_key) =
+            match self.session.as_ref().map(|l| &l.entry) {
+                Some(Entry::Session {
+                    sandbox_id,
+                    mode,
+                    tier,
+                    key_id,
+                    coverage,
+                    ..
+                }) => (
+                    Some(sandbox_id.clone()),
+                    Some(*mode),
+                    Some(Interception::of(
+                        *tier,
+                        coverage.as_ref().and_then(|c| c.isolation.as_deref()),
+                    )),
+                    coverage.as_ref().and_then(|c| c.isolation.clone()),
+                    key_id.clone(),
+                ),
+                _ => (None, None, None, None, None),
+            };
         // The leaks read the newest session line and the condensed lines.
         let mut leak_read = LedgerRead::default();
         leak_read.lines.extend(self.session);
@@ -429,7 +432,7 @@ impl<'o> Builder<'o> {
             twin,
             window,
             mode,
-            tier,
+            interception,
             isolation,
             integrity,
             leaks,
@@ -579,7 +582,7 @@ mod tests {
         assert_eq!(s.hosts["api.stripe.com"], JSON_ENTRY_CAP as u64 + 5);
         assert!(render_text(&r).contains(&format!("    … and {} more\n", JSON_ENTRY_CAP + 5 - 20)));
         // No session line: nothing is claimed about interception or leaks.
-        assert_eq!(r.tier, None);
+        assert_eq!(r.interception, None);
         assert!(r.leaks.is_empty());
     }
 

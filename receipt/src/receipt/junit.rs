@@ -347,7 +347,7 @@ mod tests {
                 scope: Scope::Session,
             },
             mode: None,
-            tier: Some(ListenerTier::Explicit),
+            interception: Some(Interception::Explicit),
             isolation: None,
             integrity: Integrity {
                 status: IntegrityStatus::Unverified,

@@ -41,8 +41,7 @@ pub use require::{
     evaluate, split_status, Assertion, Outcome, Requirement, RequirementError, RequirementResult,
     StatusFilter, Verdict,
 };
-pub(crate) use text::integrity_text;
-pub use text::render_text;
+pub use text::{integrity_text, render_text};
 
 /// Version of the receipt JSON, written in its `version` field.
 ///
@@ -61,7 +60,12 @@ pub use text::render_text;
 /// `call_statuses` of a service (what requirements count), and
 /// `requirements` (each requirement's status filter, count and the
 /// statuses seen).
-pub const RECEIPT_VERSION: u32 = 3;
+///
+/// Version 4 names how the run's traffic was intercepted `interception`
+/// (`isolated`, `transparent`, `explicit`, `confined`: the words of the
+/// text receipt, the TUI and the docs) where version 3 gave the listener's
+/// `tier`, which read `transparent` for an isolated run.
+pub const RECEIPT_VERSION: u32 = 4;
 
 /// Requests listed per service in the text receipt.
 pub const TEXT_ENTRY_CAP: usize = 20;
@@ -85,7 +89,10 @@ pub struct Receipt {
     pub twin: Option<String>,
     pub window: Window,
     pub mode: Option<Mode>,
-    pub tier: Option<ListenerTier>,
+    /// How the window's session intercepted traffic; absent without a
+    /// session line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interception: Option<Interception>,
     /// How the run confined its workload (`netns`, `landlock`), from the
     /// session's coverage; absent when nothing confined it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -124,6 +131,44 @@ pub struct Receipt {
     /// were given. Not part of the summary: [`evaluate`] fills it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requirements: Vec<RequirementResult>,
+}
+
+/// How a session's traffic reached the proxy: the one vocabulary of every
+/// report (text, JSON, JUnit, HAR, TUI, MCP) and the docs. Not the twin's
+/// log tiers, nor the listener a line arrived on (a ledger line's `tier`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Interception {
+    /// `veris run` in its own namespaces; the kernel sends all its traffic
+    /// to the proxy.
+    Isolated,
+    /// nftables on the host send every other uid's traffic to the proxy.
+    Transparent,
+    /// Clients use the proxy because their environment says so.
+    Explicit,
+    /// Explicit, with TCP connects confined to the proxy by Landlock.
+    Confined,
+}
+
+impl Interception {
+    /// From a session line's listener tier and its coverage's isolation.
+    pub fn of(tier: ListenerTier, isolation: Option<&str>) -> Interception {
+        match (tier, isolation) {
+            (ListenerTier::Transparent, Some("netns")) => Interception::Isolated,
+            (ListenerTier::Transparent, _) => Interception::Transparent,
+            (ListenerTier::Explicit, Some("landlock")) => Interception::Confined,
+            (ListenerTier::Explicit, _) => Interception::Explicit,
+        }
+    }
+
+    pub fn word(self) -> &'static str {
+        match self {
+            Interception::Isolated => "isolated",
+            Interception::Transparent => "transparent",
+            Interception::Explicit => "explicit",
+            Interception::Confined => "confined",
+        }
+    }
 }
 
 /// A ledger moved aside at a restart, as the new session line names it.

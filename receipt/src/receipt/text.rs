@@ -3,12 +3,14 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::entry::{ListenerTier, Mode};
+use crate::entry::Mode;
 use crate::quote::{quoted, token};
 
 use super::*;
 
-pub(crate) fn integrity_text(i: &Integrity) -> String {
+/// `verified`, or the status with its reason: what the text receipt and
+/// the TUI say of integrity.
+pub fn integrity_text(i: &Integrity) -> String {
     let word = match i.status {
         IntegrityStatus::Verified => "verified",
         IntegrityStatus::Unverified => "unverified",
@@ -20,13 +22,6 @@ pub(crate) fn integrity_text(i: &Integrity) -> String {
             format!("{word} ({})", crate::quote::escaped(reason))
         }
         _ => word.to_string(),
-    }
-}
-
-fn tier_word(t: ListenerTier) -> &'static str {
-    match t {
-        ListenerTier::Explicit => "explicit",
-        ListenerTier::Transparent => "transparent",
     }
 }
 
@@ -102,20 +97,13 @@ pub fn render_text(r: &Receipt) -> String {
     }
     out.push('\n');
     let strict = if r.mode == Some(Mode::Strict) {
-        ", strict"
+        " (strict)"
     } else {
         ""
     };
-    let interception = match (r.tier, r.isolation.as_deref()) {
-        (Some(ListenerTier::Transparent), Some("netns")) if strict.is_empty() => {
-            "isolated".to_string()
-        }
-        (Some(ListenerTier::Transparent), Some("netns")) => "isolated (strict)".to_string(),
-        (Some(ListenerTier::Explicit), Some("landlock")) => {
-            format!("proxy (explicit, confined{strict})")
-        }
-        (Some(t), _) => format!("proxy ({}{strict})", tier_word(t)),
-        (None, _) => "unknown (no session line)".to_string(),
+    let interception = match r.interception {
+        Some(i) => format!("{}{strict}", i.word()),
+        None => "unknown (no session line)".to_string(),
     };
     let _ = writeln!(
         out,
@@ -286,7 +274,7 @@ pub fn render_text(r: &Receipt) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{Entry, Line};
+    use crate::entry::{Entry, Line, ListenerTier};
     use crate::ledger::LedgerRead;
 
     fn upstream_error(seq: u64, error: &str, status: u16) -> Line {
