@@ -518,6 +518,7 @@ pub async fn live_checks(ledger: &Path, run: &LiveRun<'_>, since: u64, until: u6
         run.services,
         run.twin_heads,
         run.ledger.is_some(),
+        None,
     )
     .await;
     vec![canary, twin]

@@ -254,6 +254,8 @@ pub struct Stack {
     pub admin: crate::live::AdminHandle,
     /// Body capture (`--capture-bodies`), flushed before the final seal.
     capture: Option<Arc<Capture>>,
+    /// Requests the proxy sent to the twin but could not record.
+    unrecorded: Arc<veris_proxy::recorder::Unrecorded>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -261,6 +263,9 @@ pub struct Finished {
     pub ledger_path: PathBuf,
     /// The final (`shutdown`) seal, as the proxy wrote it.
     pub seal: Option<SealInfo>,
+    /// Why the final seal could not be written, when it could not (a full
+    /// disk, say): the receipt names it instead of a missing key.
+    pub seal_error: Option<String>,
     /// The sealing key, raw hex: with `seal`, the anchor of a live verdict.
     pub public_key: String,
     pub key_id: String,
@@ -516,6 +521,7 @@ impl Stack {
             issuer,
             ledger.clone(),
         );
+        let unrecorded = proxy.unrecorded().clone();
         let h2c = proxy.probe_twin().await;
         info!(twin = %twin_base, h2c, "twin upstream");
 
@@ -570,6 +576,7 @@ impl Stack {
             twin_task,
             admin,
             capture,
+            unrecorded,
         })
     }
 
@@ -663,6 +670,7 @@ impl Stack {
             &self.services,
             self.twin_heads.as_ref(),
             false,
+            Some(&self.unrecorded.counts()),
         )
         .await;
         let mut checks = vec![canary, twin];
@@ -686,11 +694,18 @@ impl Stack {
         }
 
         let _ = self.shutdown.send(true);
-        let seal = self.admin.stop(&self.ledger).await;
+        let (seal, seal_error) = match self.admin.stop(&self.ledger).await {
+            Ok(seal) => (Some(seal), None),
+            Err(why) => (None, Some(why)),
+        };
         if let Some(t) = self.twin_task {
             let _ = t.await;
         }
-        self.ledger.sync().context("syncing the ledger")?;
+        // A failed fsync (a full disk) must not cost the receipt: the
+        // lines were written, and the seal's own error says the rest.
+        if let Err(e) = self.ledger.sync() {
+            warn!(error = %format!("{:#}", anyhow::Error::from(e)), "cannot sync the ledger to disk");
+        }
         if let Some(redirect) = self.redirect {
             // Waits (bounded) for the root helper to delete the table.
             let _ = tokio::task::spawn_blocking(move || redirect.remove()).await;
@@ -698,6 +713,7 @@ impl Stack {
         Ok(Finished {
             ledger_path: self.ledger.path().to_path_buf(),
             seal,
+            seal_error,
             public_key: self.sealer.public_key_hex(),
             key_id: self.sealer.key_id().to_string(),
             checks,

@@ -507,6 +507,7 @@ async fn receipt_json(admin: &Admin, since: Option<u64>) -> Response<ProxyBody> 
         hint_keys: keys,
         external_checks,
         pinned_key_file: None,
+        seal_failure: None,
     };
     // A fold over the file, a line at a time: memory does not grow with
     // the ledger, and nothing of it is kept after the answer.

@@ -382,6 +382,10 @@ pub struct Options {
     /// it, or it lies beside the ledger): that key was where the workload
     /// could read it, so the pin vouches for nothing (DESIGN §7a.13).
     pub pinned_key_file: Option<String>,
+    /// Why the session's final seal could not be written (the writer's own
+    /// error: a full disk, say), when the reader is the process that tried.
+    /// The seals check then names it, not a missing key.
+    pub seal_failure: Option<String>,
 }
 
 /// Which lines a receipt covers.
