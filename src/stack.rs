@@ -1183,7 +1183,7 @@ fn serve_transparent(
     let tcp = veris_proxy::transparent::serve(
         Some(listeners.https),
         Some(listeners.http),
-        proxy,
+        proxy.clone(),
         until(stop),
     );
     let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger.clone();
@@ -1196,16 +1196,38 @@ fn serve_transparent(
     };
     let dns = listeners.dns.map(|(udp, tcp)| {
         use veris_proxy::dns;
-        let names = Arc::new(dns::Names::new(dns::DEFAULT_CAPACITY));
+        use veris_proxy::route::Route;
+        // Vendor, allowed and canary names resolve even once a flood of
+        // made-up names filled the table.
+        // Weak: the table outlives the session (dials look names up in it).
+        let router = Arc::downgrade(&proxy);
+        let routed: dns::Routed = Box::new(move |name: &str| {
+            router.upgrade().is_some_and(|p| {
+                matches!(
+                    p.router().route_connection(name),
+                    Route::Service(_) | Route::Allowed | Route::Canary
+                )
+            })
+        });
+        let names = Arc::new(dns::Names::new(dns::DEFAULT_CAPACITY).routing(routed));
         // Dials to the stub's addresses go to the names they stand for.
         veris_proxy::dial::answer_synthetic_with(names.clone());
+        let counted = names.clone();
         let record: dns::OnLookup = Arc::new(move |lookup: &dns::Lookup| {
-            if !lookup.first {
+            if lookup.refused {
+                // The first refusals are said: the receipt then names the
+                // stub, not the code, for a name that did not resolve.
+                if counted.refused() > veris_receipt::entry::DNS_REFUSED_LINES {
+                    return;
+                }
+                warn!(name = %veris_receipt::quote::quoted(&lookup.name), "the DNS stub's table of names is full: a lookup was refused (SERVFAIL)");
+            } else if !lookup.first {
                 return;
             }
             let entry = Entry::Dns {
                 name: lookup.name.clone(),
                 qtype: qtype_name(lookup.qtype),
+                refused: lookup.refused,
             };
             if let Err(e) = ledger.append(entry) {
                 warn!(error = %e, "cannot record a DNS lookup");

@@ -60,7 +60,7 @@ pub use text::render_text;
 /// Still version 3, with additions only: `host_statuses` and
 /// `call_statuses` of a service (what requirements count), and
 /// `requirements` (each requirement's status filter, count and the
-/// statuses seen).
+/// statuses seen), and `dns_refused` (names the DNS stub refused).
 pub const RECEIPT_VERSION: u32 = 3;
 
 /// Requests listed per service in the text receipt.
@@ -119,6 +119,12 @@ pub struct Receipt {
     /// in no window of this file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set_aside: Vec<SetAside>,
+    /// Names the isolated run's DNS stub refused because its table of
+    /// names was full (ledger `dns` lines with `refused`; at most
+    /// [`crate::entry::DNS_REFUSED_LINES`] a session are recorded): those
+    /// names did not resolve because of veris, not the code.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_refused: Vec<String>,
     /// The requirements it was judged against and how each came out
     /// (`veris receipt --json`, `veris run --receipt`); absent when none
     /// were given. Not part of the summary: [`evaluate`] fills it.
