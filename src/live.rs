@@ -156,6 +156,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         started: Instant::now(),
         metrics: Some(veris_proxy::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry()),
         metrics_open: a.metrics_open,
+        unrecorded: a.proxy.unrecorded().clone(),
         // In the explicit tier the canary travels through the proxy URL from
         // anywhere; in the transparent tier only the workload's own traffic is
         // redirected (the proxy's uid is exempt), so the admin API leaves the
@@ -270,6 +271,11 @@ pub struct LiveStatus {
     /// the anchor of a live verdict.
     #[serde(default)]
     pub public_key: Option<String>,
+    /// Requests the proxy sent to the twin but could not record (absent
+    /// from a proxy before this field): the cross-check's explanation for
+    /// twin rows with no ledger line.
+    #[serde(default)]
+    pub unrecorded: Option<UnrecordedCounts>,
 }
 
 impl LiveStatus {

@@ -116,6 +116,20 @@ fn a_full_disk_refuses_vendor_traffic_with_503_and_recovers_without_a_gap() {
     std::fs::remove_file(&filler).unwrap();
     assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/customers"), 200);
     served += 1;
+
+    // A live reader learns from the proxy (`/status`) that the twin's rows
+    // for the refused requests are its own write failures, not direct calls.
+    let out = output(veris(["receipt", "--json", "--state-dir"]).arg(&serve.state));
+    let live: serde_json::Value = serde_json::from_str(&text(&out).0)
+        .unwrap_or_else(|e| panic!("live receipt JSON: {e}: {:?}", text(&out)));
+    let twin = check_named(&live, "twin_cross_check");
+    let detail = twin["detail"].as_str().unwrap_or_default();
+    assert_eq!(twin["status"], "unverified", "{live}");
+    assert!(
+        detail.contains("could not write their ledger lines")
+            && !detail.contains("called the twin directly"),
+        "{detail}"
+    );
     serve.stop();
 
     let out =

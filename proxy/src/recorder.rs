@@ -91,12 +91,14 @@ pub struct Unrecorded {
     inner: Mutex<UnrecordedCounts>,
 }
 
-/// What [`Unrecorded`] holds.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+/// What [`Unrecorded`] holds (also in the admin API's `/status`).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnrecordedCounts {
     /// Per service, how many of its requests went unrecorded.
+    #[serde(default)]
     pub by_service: std::collections::BTreeMap<String, u64>,
     /// The last write error, with its cause.
+    #[serde(default)]
     pub last_error: Option<String>,
 }
 
