@@ -1044,7 +1044,12 @@ fn open_ledger(
     own.keys.push(sealer.public_key());
     sealer
         .publish(&dir)
-        .with_context(|| format!("writing {}", dir.join(PUB_FILE).display()))?;
+        .with_context(|| {
+            format!(
+                "writing {}. Next: free space where the state dir lives (or fix the write error) and start again",
+                dir.join(PUB_FILE).display()
+            )
+        })?;
     let (ledger, report) = Ledger::open_sealed_by(&path, &own)
         .with_context(|| format!("opening the ledger {}", path.display()))?;
     if let Some(torn) = &report.torn_tail {

@@ -560,7 +560,7 @@ fn seals_check(
         return check(
             name,
             CheckStatus::Unverified,
-            format!("no final seal: the session at seq {open} crashed or its tail was cut"),
+            format!("no final seal: the session at seq {open} crashed, its tail was cut, or its final seal could not be written (a full disk: the proxy's log says so)"),
         );
     }
     if !anchored {
