@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use veris_ca::fsutil::write_file;
 use veris_proxy::admin::{Admin, ReceiptWindow};
+use veris_proxy::recorder::UnrecordedCounts;
 use veris_proxy::Proxy;
 use veris_receipt::ledger::{Ledger, LedgerRead, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
@@ -155,6 +156,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         started: Instant::now(),
         metrics: Some(veris_proxy::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry()),
         metrics_open: a.metrics_open,
+        unrecorded: a.proxy.unrecorded().clone(),
         // In the explicit tier the canary travels through the proxy URL from
         // anywhere; in the transparent tier only the workload's own traffic is
         // redirected (the proxy's uid is exempt), so the admin API leaves the
@@ -165,8 +167,10 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
             let identity = a.proxy.identity().clone();
             let proxy_url = a.proxy_url.to_string();
             let services = Arc::new(services);
+            let unrecorded = a.proxy.unrecorded().clone();
             Arc::new(move |w: ReceiptWindow| {
                 let path = path.clone();
+                let unrecorded = unrecorded.clone();
                 let identity = identity.clone();
                 let proxy_url = proxy_url.clone();
                 let services = services.clone();
@@ -195,6 +199,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
                                 &services,
                                 facts.twin_heads.as_ref(),
                                 true,
+                                Some(&unrecorded.counts()),
                             )
                             .await,
                         );
@@ -224,19 +229,18 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
 impl AdminHandle {
     /// After the shutdown signal: waits for the API and timer, appends the
     /// shutdown seal (after the last traffic line) and removes the files
-    /// that announce a live proxy.
-    pub async fn stop(self, ledger: &Ledger) -> Option<SealInfo> {
+    /// that announce a live proxy. `Err` says why the seal could not be
+    /// written (the ledger's write error, with its path and cause).
+    pub async fn stop(self, ledger: &Ledger) -> Result<SealInfo, String> {
         let _ = self.timer.await;
         if let Some(server) = self.server {
             let _ = server.await;
         }
-        let seal = match ledger.seal(&self.sealer, "shutdown") {
-            Ok(info) => Some(info),
-            Err(e) => {
-                warn!(error = %e, "cannot append the shutdown seal");
-                None
-            }
-        };
+        let seal = ledger.seal(&self.sealer, "shutdown").map_err(|e| {
+            let why = format!("{:#}", anyhow::Error::from(e));
+            warn!(error = %why, "cannot append the shutdown seal");
+            why
+        });
         for f in &self.files {
             let _ = std::fs::remove_file(f);
         }
@@ -267,6 +271,11 @@ pub struct LiveStatus {
     /// the anchor of a live verdict.
     #[serde(default)]
     pub public_key: Option<String>,
+    /// Requests the proxy sent to the twin but could not record (absent
+    /// from a proxy before this field): the cross-check's explanation for
+    /// twin rows with no ledger line.
+    #[serde(default)]
+    pub unrecorded: Option<UnrecordedCounts>,
 }
 
 impl LiveStatus {
@@ -646,6 +655,69 @@ fn describe(calls: &Calls) -> String {
     out.join(", ")
 }
 
+/// Why the twin's log holds rows the ledger has no line for, the likeliest
+/// cause first (DESIGN §7a.18). The ledger's own `maybe` lines (timeouts,
+/// cut bodies, a session that ended first) are matched before this is
+/// asked; what is left is either a request whose line the proxy could not
+/// write (it knows how many per service: `unrecorded`, when the reader is
+/// the proxy's own process) or a call that never went through veris.
+/// Explained by veris's own write failures → `unverified`, never a
+/// direct call; anything beyond them → `failed`.
+fn unexplained(
+    extras: &BTreeMap<String, Calls>,
+    unrecorded: Option<&UnrecordedCounts>,
+) -> (CheckStatus, String) {
+    let n: u64 = extras.values().flat_map(|c| c.values()).sum();
+    let list: Vec<String> = extras
+        .iter()
+        .map(|(s, c)| format!("{s}: {}", describe(c)))
+        .collect();
+    let rows = format!(
+        "the twin's log has {n} request(s) the ledger has no line for ({})",
+        list.join("; ")
+    );
+    let Some(u) = unrecorded else {
+        return (
+            CheckStatus::Failed,
+            format!(
+                "{rows}: something called the twin directly, not through veris, or the proxy could not write their ledger lines (a full disk: it then answers 503 veris_ledger_unavailable and logs it; the check the proxy records when the session ends can tell which)"
+            ),
+        );
+    };
+    let explained: u64 = extras
+        .iter()
+        .map(|(s, c)| {
+            let rows: u64 = c.values().sum();
+            rows.min(u.by_service.get(s).copied().unwrap_or(0))
+        })
+        .sum();
+    let failed_writes: u64 = u.by_service.values().sum();
+    let why = u.last_error.as_deref().unwrap_or("a write error");
+    if explained == n {
+        return (
+            CheckStatus::Unverified,
+            format!(
+                "{rows}: the proxy sent {failed_writes} request(s) of this session to the twin but could not write their ledger lines ({why}; it answered them 503 veris_ledger_unavailable), which most likely are these: veris's own write failure, not a direct call. Next: free space where the ledger lives (or fix the write error) and run again"
+            ),
+        );
+    }
+    let direct = n - explained;
+    if explained == 0 {
+        return (
+            CheckStatus::Failed,
+            format!(
+                "{rows}: nothing on veris's side explains them (no request line of theirs failed to be written; cut bodies, timeouts and requests the session's end interrupted are accounted for): something called the twin directly, not through veris"
+            ),
+        );
+    }
+    (
+        CheckStatus::Failed,
+        format!(
+            "{rows}: {explained} may be requests whose ledger lines the proxy could not write ({why}); the other {direct} have no explanation on veris's side: something called the twin directly, not through veris"
+        ),
+    )
+}
+
 /// Twin cross-check (DESIGN §7a.6): the twin's own log, after the position
 /// recorded when the session started (`heads`, or a baseline's), must hold
 /// exactly the requests the ledger says were forwarded in `(since, until]`,
@@ -655,7 +727,10 @@ fn describe(calls: &Calls) -> String {
 /// - a twin row the ledger lacks → `failed` (a call the proxy never saw: the
 ///   workload talking to the twin directly), unless it is a request still in
 ///   flight at the window's edge, which `ledger` (the file, re-read a few
-///   times) then shows after `until`, or a timeout the twin may have executed.
+///   times) then shows after `until`, or a timeout the twin may have executed;
+///   rows that requests the proxy could not record (`unrecorded`, known
+///   only in the proxy's own process) explain make it `unverified` instead,
+///   with that reason ([`unexplained`]).
 ///
 /// A twin whose log cannot be read, or a session whose start position is
 /// unknown, makes the check `unverified`, never `ok`.
@@ -669,10 +744,19 @@ pub async fn twin_cross_check_file(
     services: &[ServiceRef],
     heads: Option<&BTreeMap<String, u64>>,
     refresh: bool,
+    unrecorded: Option<&UnrecordedCounts>,
 ) -> Check {
     match Expected::of_file(path, since, until) {
         Ok(expected) => {
-            cross_check(expected, until, services, heads, refresh.then_some(path)).await
+            cross_check(
+                expected,
+                until,
+                services,
+                heads,
+                refresh.then_some(path),
+                unrecorded,
+            )
+            .await
         }
         Err(e) => Check {
             name: "twin_cross_check".into(),
@@ -689,6 +773,7 @@ async fn cross_check(
     services: &[ServiceRef],
     heads: Option<&BTreeMap<String, u64>>,
     ledger: Option<&Path>,
+    unrecorded: Option<&UnrecordedCounts>,
 ) -> Check {
     let check = |status, detail: String| Check {
         name: "twin_cross_check".into(),
@@ -783,18 +868,8 @@ async fn cross_check(
         }
     }
     if !extras.is_empty() {
-        let n: u64 = extras.values().flat_map(|c| c.values()).sum();
-        let list: Vec<String> = extras
-            .iter()
-            .map(|(s, c)| format!("{s}: {}", describe(c)))
-            .collect();
-        return check(
-            CheckStatus::Failed,
-            format!(
-                "the twin's log has {n} request(s) the proxy never forwarded ({}): something called the twin directly",
-                list.join("; ")
-            ),
-        );
+        let (status, detail) = unexplained(&extras, unrecorded);
+        return check(status, detail);
     }
     if !unreadable.is_empty() {
         return check(
@@ -880,4 +955,56 @@ pub async fn twin_newest_ids(services: &[ServiceRef]) -> BTreeMap<String, u64> {
         .into_iter()
         .flatten()
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(service: &str, n: u64) -> BTreeMap<String, Calls> {
+        let mut calls = Calls::new();
+        calls.insert(("POST".into(), "/v1/customers".into()), n);
+        BTreeMap::from([(service.to_string(), calls)])
+    }
+
+    fn unrecorded(service: &str, n: u64) -> UnrecordedCounts {
+        UnrecordedCounts {
+            by_service: BTreeMap::from([(service.to_string(), n)]),
+            last_error: Some("writing ledger /s/l: No space left on device (os error 28)".into()),
+        }
+    }
+
+    /// DESIGN §7a.18: twin rows that veris's own write failures explain are
+    /// never called a direct call; rows beyond them are, and say so.
+    #[test]
+    fn rows_without_a_line_are_blamed_on_what_explains_them() {
+        let (status, why) = unexplained(&rows("stripe", 2), Some(&unrecorded("stripe", 2)));
+        assert_eq!(status, CheckStatus::Unverified, "{why}");
+        assert!(why.contains("No space left on device"), "{why}");
+        assert!(!why.contains("called the twin directly"), "{why}");
+
+        let (status, why) = unexplained(&rows("stripe", 3), Some(&unrecorded("stripe", 1)));
+        assert_eq!(status, CheckStatus::Failed, "{why}");
+        assert!(
+            why.contains("1 may be requests whose ledger lines"),
+            "{why}"
+        );
+        assert!(why.contains("the other 2"), "{why}");
+
+        // A failure for another service explains nothing here.
+        let (status, why) = unexplained(&rows("stripe", 1), Some(&unrecorded("github", 4)));
+        assert_eq!(status, CheckStatus::Failed, "{why}");
+        assert!(
+            why.contains("nothing on veris's side explains them"),
+            "{why}"
+        );
+
+        // A reader outside the proxy's process cannot tell: both causes.
+        let (status, why) = unexplained(&rows("stripe", 1), None);
+        assert_eq!(status, CheckStatus::Failed, "{why}");
+        assert!(
+            why.contains("called the twin directly") && why.contains("veris_ledger_unavailable"),
+            "{why}"
+        );
+    }
 }

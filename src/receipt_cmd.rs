@@ -387,6 +387,7 @@ pub async fn build_with(
                     services: &status.services,
                     twin_heads: heads.as_ref(),
                     ledger: Some(&path),
+                    unrecorded: status.unrecorded.as_ref(),
                 },
                 since,
                 fresh.seq,
@@ -515,6 +516,8 @@ pub struct LiveRun<'a> {
     pub twin_heads: Option<&'a BTreeMap<String, u64>>,
     /// The ledger file, re-read to explain twin rows of requests in flight.
     pub ledger: Option<&'a Path>,
+    /// What the live proxy says it sent to the twin but could not record.
+    pub unrecorded: Option<&'a veris_proxy::recorder::UnrecordedCounts>,
 }
 
 /// The checks that need the network: the canary along the run's
@@ -539,6 +542,7 @@ pub async fn live_checks(ledger: &Path, run: &LiveRun<'_>, since: u64, until: u6
         run.services,
         run.twin_heads,
         run.ledger.is_some(),
+        run.unrecorded,
     )
     .await;
     vec![canary, twin]

@@ -676,6 +676,7 @@ pub fn finished_receipt(f: &Finished) -> Result<(LedgerRead, Options)> {
             None => Anchor::None,
         },
         external_checks: f.checks.clone(),
+        seal_failure: f.seal.is_none().then(|| f.seal_error.clone()).flatten(),
         ..Options::default()
     };
     Ok((read, options))

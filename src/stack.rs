@@ -255,6 +255,8 @@ pub struct Stack {
     pub admin: crate::live::AdminHandle,
     /// Body capture (`--capture-bodies`), flushed before the final seal.
     capture: Option<Arc<Capture>>,
+    /// Requests the proxy sent to the twin but could not record.
+    unrecorded: Arc<veris_proxy::recorder::Unrecorded>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -262,6 +264,9 @@ pub struct Finished {
     pub ledger_path: PathBuf,
     /// The final (`shutdown`) seal, as the proxy wrote it.
     pub seal: Option<SealInfo>,
+    /// Why the final seal could not be written, when it could not (a full
+    /// disk, say): the receipt names it instead of a missing key.
+    pub seal_error: Option<String>,
     /// The sealing key, raw hex: with `seal`, the anchor of a live verdict.
     pub public_key: String,
     pub key_id: String,
@@ -517,6 +522,7 @@ impl Stack {
             issuer,
             ledger.clone(),
         );
+        let unrecorded = proxy.unrecorded().clone();
         let h2c = proxy.probe_twin().await;
         info!(twin = %twin_base, h2c, "twin upstream");
 
@@ -570,6 +576,7 @@ impl Stack {
             twin_task,
             admin,
             capture,
+            unrecorded,
         })
     }
 
@@ -663,6 +670,7 @@ impl Stack {
             &self.services,
             self.twin_heads.as_ref(),
             false,
+            Some(&self.unrecorded.counts()),
         )
         .await;
         let mut checks = vec![canary, twin];
@@ -686,11 +694,18 @@ impl Stack {
         }
 
         let _ = self.shutdown.send(true);
-        let seal = self.admin.stop(&self.ledger).await;
+        let (seal, seal_error) = match self.admin.stop(&self.ledger).await {
+            Ok(seal) => (Some(seal), None),
+            Err(why) => (None, Some(why)),
+        };
         if let Some(t) = self.twin_task {
             let _ = t.await;
         }
-        self.ledger.sync().context("syncing the ledger")?;
+        // A failed fsync (a full disk) must not cost the receipt: the
+        // lines were written, and the seal's own error says the rest.
+        if let Err(e) = self.ledger.sync() {
+            warn!(error = %format!("{:#}", anyhow::Error::from(e)), "cannot sync the ledger to disk");
+        }
         if let Some(redirect) = self.redirect {
             // Waits (bounded) for the root helper to delete the table.
             let _ = tokio::task::spawn_blocking(move || redirect.remove()).await;
@@ -698,6 +713,7 @@ impl Stack {
         Ok(Finished {
             ledger_path: self.ledger.path().to_path_buf(),
             seal,
+            seal_error,
             public_key: self.sealer.public_key_hex(),
             key_id: self.sealer.key_id().to_string(),
             checks,
@@ -1028,7 +1044,12 @@ fn open_ledger(
     own.keys.push(sealer.public_key());
     sealer
         .publish(&dir)
-        .with_context(|| format!("writing {}", dir.join(PUB_FILE).display()))?;
+        .with_context(|| {
+            format!(
+                "writing {}. Next: free space where the state dir lives (or fix the write error) and start again",
+                dir.join(PUB_FILE).display()
+            )
+        })?;
     let (ledger, report) = Ledger::open_sealed_by(&path, &own)
         .with_context(|| format!("opening the ledger {}", path.display()))?;
     if let Some(torn) = &report.torn_tail {
@@ -1167,7 +1188,7 @@ fn serve_transparent(
     let tcp = veris_proxy::transparent::serve(
         Some(listeners.https),
         Some(listeners.http),
-        proxy,
+        proxy.clone(),
         until(stop),
     );
     let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger.clone();
@@ -1180,16 +1201,38 @@ fn serve_transparent(
     };
     let dns = listeners.dns.map(|(udp, tcp)| {
         use veris_proxy::dns;
-        let names = Arc::new(dns::Names::new(dns::DEFAULT_CAPACITY));
+        use veris_proxy::route::Route;
+        // Vendor, allowed and canary names resolve even once a flood of
+        // made-up names filled the table.
+        // Weak: the table outlives the session (dials look names up in it).
+        let router = Arc::downgrade(&proxy);
+        let routed: dns::Routed = Box::new(move |name: &str| {
+            router.upgrade().is_some_and(|p| {
+                matches!(
+                    p.router().route_connection(name),
+                    Route::Service(_) | Route::Allowed | Route::Canary
+                )
+            })
+        });
+        let names = Arc::new(dns::Names::new(dns::DEFAULT_CAPACITY).routing(routed));
         // Dials to the stub's addresses go to the names they stand for.
         veris_proxy::dial::answer_synthetic_with(names.clone());
+        let counted = names.clone();
         let record: dns::OnLookup = Arc::new(move |lookup: &dns::Lookup| {
-            if !lookup.first {
+            if lookup.refused {
+                // The first refusals are said: the receipt then names the
+                // stub, not the code, for a name that did not resolve.
+                if counted.refused() > veris_receipt::entry::DNS_REFUSED_LINES {
+                    return;
+                }
+                warn!(name = %veris_receipt::quote::quoted(&lookup.name), "the DNS stub's table of names is full: a lookup was refused (SERVFAIL)");
+            } else if !lookup.first {
                 return;
             }
             let entry = Entry::Dns {
                 name: lookup.name.clone(),
                 qtype: qtype_name(lookup.qtype),
+                refused: lookup.refused,
             };
             if let Err(e) = ledger.append(entry) {
                 warn!(error = %e, "cannot record a DNS lookup");

@@ -116,6 +116,20 @@ fn a_full_disk_refuses_vendor_traffic_with_503_and_recovers_without_a_gap() {
     std::fs::remove_file(&filler).unwrap();
     assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/customers"), 200);
     served += 1;
+
+    // A live reader learns from the proxy (`/status`) that the twin's rows
+    // for the refused requests are its own write failures, not direct calls.
+    let out = output(veris(["receipt", "--json", "--state-dir"]).arg(&serve.state));
+    let live: serde_json::Value = serde_json::from_str(&text(&out).0)
+        .unwrap_or_else(|e| panic!("live receipt JSON: {e}: {:?}", text(&out)));
+    let twin = check_named(&live, "twin_cross_check");
+    let detail = twin["detail"].as_str().unwrap_or_default();
+    assert_eq!(twin["status"], "unverified", "{live}");
+    assert!(
+        detail.contains("could not write their ledger lines")
+            && !detail.contains("called the twin directly"),
+        "{detail}"
+    );
     serve.stop();
 
     let out =
@@ -133,6 +147,150 @@ fn a_full_disk_refuses_vendor_traffic_with_503_and_recovers_without_a_gap() {
         "the refusal is said in the log: {}",
         serve.stderr()
     );
+}
+
+/// A state dir on a fresh 4 MiB tmpfs mounted for the test; `Err` is why
+/// not (the caller skips).
+fn state_on_tmpfs(label: &str) -> Result<(TempDir, PathBuf, Tmpfs), String> {
+    if !is_root() {
+        return Err("mounting a small tmpfs for the state dir needs root".into());
+    }
+    let dir = TempDir::new(label);
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let mounted = command("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs"])
+        .arg(&state)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !mounted {
+        return Err("cannot mount a tmpfs here (mount -t tmpfs failed)".into());
+    }
+    let tmpfs = Tmpfs {
+        mount_point: state.clone(),
+        parent: dir.path().to_path_buf(),
+    };
+    Ok((dir, state, tmpfs))
+}
+
+/// The workload of the full-disk runs: fills the file system under `$1`
+/// (the state dir) with `$1/filler` until ENOSPC, then sends vendor
+/// requests (a short line each, so what room is left in the ledger's last
+/// page is less than a line) until the proxy refuses one with 503 (it could
+/// not record it; the twin had executed it); with `$2` = `free`, removes
+/// the filler and sends one more request, which is served.
+const FULL_DISK_SH: &str = r#"
+python3 - "$1/filler" <<'PY'
+import os, sys
+f = open(sys.argv[1], "wb", buffering=0)
+chunk = b"\0" * 65536
+for _ in range(1000):
+    try:
+        f.write(chunk)
+        os.fsync(f.fileno())
+    except OSError as e:
+        assert e.errno == 28, e
+        print("disk full")
+        break
+PY
+i=0
+while [ $i -lt 200 ]; do
+    i=$((i+1))
+    code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 -X POST https://api.stripe.com/v1/customers)
+    echo "request $i: $code"
+    [ "$code" = 503 ] && break
+done
+if [ "$2" = free ]; then
+    rm -f "$1/filler"
+    echo "after freeing: $(curl -sS -o /dev/null -w '%{http_code}' --max-time 20 -X POST https://api.stripe.com/v1/customers)"
+fi
+"#;
+
+/// `veris run --tier explicit` with the state dir on a small tmpfs, the
+/// workload [`FULL_DISK_SH`]; its stdout+stderr and JSON receipt.
+fn full_disk_run(label: &str, then: &str) -> Result<(String, serde_json::Value), String> {
+    let (dir, state, _tmpfs) = state_on_tmpfs(label)?;
+    let script = dir.join("full_disk.sh");
+    std::fs::write(&script, FULL_DISK_SH).unwrap();
+    // Outside the tmpfs, so it can be written whatever the disk holds.
+    let receipt = dir.join("receipt.json");
+    let out = output_within(
+        veris(["run", "--tier", "explicit", "--state-dir"])
+            .arg(&state)
+            .arg("--receipt")
+            .arg(&receipt)
+            .args(["--", "sh"])
+            .arg(&script)
+            .arg(&state)
+            .arg(then),
+        std::time::Duration::from_secs(120),
+    );
+    let (stdout, stderr) = text(&out);
+    let all = format!("exit {:?}\n{stdout}\n{stderr}", out.status.code());
+    assert!(
+        all.contains("disk full"),
+        "the filler never filled the disk: {all}"
+    );
+    assert!(all.contains(": 503"), "no request was refused: {all}");
+    let json = std::fs::read_to_string(&receipt)
+        .unwrap_or_else(|e| panic!("no receipt file ({e}): {all}"));
+    Ok((all, serde_json::from_str(&json).unwrap()))
+}
+
+fn check_named<'a>(receipt: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    receipt["integrity"]["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} check: {receipt}"))
+}
+
+/// DESIGN §7a.18: a disk the workload filled keeps the final seal out of
+/// the ledger; the receipt says that (with the write error), never "no
+/// public key to check the seals with", and the twin's row for the request
+/// the proxy could not record is its write failure, not a direct call.
+#[test]
+fn a_full_disk_at_the_final_seal_is_named_as_the_reason() {
+    let (all, receipt) = match full_disk_run("fulldisk-seal", "keep") {
+        Ok(r) => r,
+        Err(why) => return skip(&why),
+    };
+    let integrity = &receipt["integrity"];
+    let reason = integrity["reason"].as_str().unwrap_or_default();
+    assert_eq!(integrity["status"], "unverified", "{receipt}\n{all}");
+    assert!(!reason.contains("no public key"), "{reason}");
+    assert!(
+        reason.contains("the final seal could not be written")
+            && reason.contains("No space left on device"),
+        "{reason}"
+    );
+    assert!(!reason.contains("called the twin directly"), "{reason}");
+}
+
+/// DESIGN §7a.18: the workload fills the disk, the proxy answers 503 to a
+/// request the twin had already executed, space comes back and the session
+/// seals: the twin's row without a ledger line is the proxy's own write
+/// failure (`unverified`, naming it), not "something called the twin
+/// directly" (`failed`).
+#[test]
+fn a_request_the_full_disk_kept_out_of_the_ledger_is_not_called_a_direct_call() {
+    let (all, receipt) = match full_disk_run("fulldisk-cross", "free") {
+        Ok(r) => r,
+        Err(why) => return skip(&why),
+    };
+    assert!(all.contains("after freeing: 200"), "{all}");
+    let twin = check_named(&receipt, "twin_cross_check");
+    let detail = twin["detail"].as_str().unwrap_or_default();
+    assert_eq!(twin["status"], "unverified", "{twin}\n{all}");
+    assert!(
+        detail.contains("could not write their ledger lines")
+            && detail.contains("No space left on device")
+            && !detail.contains("called the twin directly"),
+        "{detail}"
+    );
+    assert_eq!(receipt["integrity"]["status"], "unverified", "{receipt}");
+    // The seal went in once space was back: the seals check passed.
+    assert_eq!(check_named(&receipt, "seals")["status"], "ok", "{receipt}");
 }
 
 /// One request must never take the process down: a form key nested 300,000

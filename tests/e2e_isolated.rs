@@ -1096,6 +1096,113 @@ fn isolated_dns_to_any_resolver_gets_synthetic_answers_and_other_udp_is_dropped(
     });
 }
 
+/// Floods the DNS stub (any resolver: all of port 53 goes to it) with
+/// argv[1] distinct made-up names over UDP, one query at a time (bounded:
+/// a count, and a 5 s wait per answer), and prints how many got an address
+/// and how many SERVFAIL; then asks for three more made-up names.
+const DNS_FLOOD_PY: &str = r#"
+import socket, struct, sys
+
+def query(name, qid):
+    q = struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+    for part in name.split("."):
+        q += bytes([len(part)]) + part.encode()
+    return q + b"\x00" + struct.pack("!HH", 1, 1)
+
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(5)
+def ask(name, qid):
+    for _ in range(3):
+        u.sendto(query(name, qid), ("198.51.100.53", 53))
+        try:
+            while True:
+                resp = u.recvfrom(4096)[0]
+                if struct.unpack("!H", resp[:2])[0] == qid:
+                    return struct.unpack("!H", resp[2:4])[0] & 0xF
+        except socket.timeout:
+            continue
+    return -1
+
+rcodes = {}
+for i in range(int(sys.argv[1])):
+    rc = ask("n%d.flood.test" % i, i & 0xFFFF)
+    rcodes[rc] = rcodes.get(rc, 0) + 1
+print("flood", sorted(rcodes.items()))
+for i in range(3):
+    print("extra rcode", ask("extra%d.flood.test" % i, 0xBEEF + i))
+"#;
+
+/// DESIGN §7a.18: a workload that fills the DNS stub's table (65,536
+/// made-up names) cannot make a vendor name fail to resolve: the vendor
+/// call after the flood reaches the twin, and the names the full table
+/// refused are in the ledger and the receipt as the stub's refusals, not
+/// left for the code to take the blame.
+#[test]
+fn a_full_dns_stub_table_still_resolves_vendor_names_and_names_the_stub() {
+    let r = this_user("dns-flood");
+    if !r.child_tool_works("python3", &["-c", ""]) {
+        return skip("dns-flood: python3 not available to this uid");
+    }
+    let script = r.write("dns_flood.py", DNS_FLOOD_PY);
+    let flood = format!(
+        "python3 {} 65536 && {}",
+        script.display(),
+        CHARGE_NOPROXY.join(" ").replace('*', "'*'")
+    );
+    let out = match r.isolated_with(&[], &["sh", "-c", &flood], Duration::from_secs(300), |_| {}) {
+        Ok(out) => out,
+        Err(why) => return skip(&format!("dns-flood: {why}")),
+    };
+    assert!(
+        out.stdout.contains("flood [(0, 65536)]"),
+        "every made-up name up to the capacity got an address: {}",
+        out.ctx()
+    );
+    assert_eq!(
+        out.stdout.matches("extra rcode 2").count(),
+        3,
+        "the full table refuses new made-up names (SERVFAIL): {}",
+        out.ctx()
+    );
+    // The vendor call after the flood resolved and reached the twin.
+    assert_eq!(
+        out.receipt()["services"]["stripe"]["requests"],
+        1,
+        "{}",
+        out.ctx()
+    );
+    // The refusals are the stub's, in the ledger and the receipt (its
+    // text on stderr).
+    let refused: Vec<String> = out
+        .kind("dns")
+        .iter()
+        .filter(|l| l["refused"] == true)
+        .map(|l| l["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            "extra0.flood.test",
+            "extra1.flood.test",
+            "extra2.flood.test"
+        ],
+        "{}",
+        out.ctx()
+    );
+    assert_eq!(
+        out.receipt()["dns_refused"],
+        serde_json::json!(refused),
+        "{}",
+        out.ctx()
+    );
+    assert!(
+        out.stderr.contains("refused 3 name(s)")
+            && out.stderr.contains("veris's DNS stub, not the code"),
+        "{}",
+        out.ctx()
+    );
+}
+
 // --- 10. the child attacks the sandbox ---------------------------------------
 
 /// Each attempt prints `name=<exit code or outcome>`; then a curl that

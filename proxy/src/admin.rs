@@ -93,6 +93,9 @@ pub struct Admin {
     /// `/metrics` answers without the token (`serve --metrics-open`), for a
     /// scraper that cannot be given it; the rest still needs it.
     pub metrics_open: bool,
+    /// Requests the proxy sent to the twin but could not record, for a
+    /// reader's twin cross-check (`/status`).
+    pub unrecorded: Arc<crate::recorder::Unrecorded>,
 }
 
 /// Serves the admin API until `shutdown` resolves; open event streams end then.
@@ -380,6 +383,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             "tampered": admin.ledger.tampered(),
             "services": admin.services.iter().map(|(name, upstream)| json!({"name": name, "upstream": upstream})).collect::<Vec<_>>(),
             "counters": counters,
+            "unrecorded": admin.unrecorded.counts(),
         }),
     )
 }
@@ -507,6 +511,7 @@ async fn receipt_json(admin: &Admin, since: Option<u64>) -> Response<ProxyBody> 
         hint_keys: keys,
         external_checks,
         pinned_key_file: None,
+        seal_failure: None,
     };
     // A fold over the file, a line at a time: memory does not grow with
     // the ledger, and nothing of it is kept after the answer.
@@ -712,6 +717,7 @@ mod tests {
             after_read: None,
             metrics: None,
             metrics_open: false,
+            unrecorded: Arc::default(),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

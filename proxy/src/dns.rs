@@ -16,7 +16,11 @@
 //! question, uncompressed, class IN; answers A, AAAA and ANY, and NODATA for
 //! every other type. The table is bounded ([`MAX_CAPACITY`]); once full,
 //! new names are answered SERVFAIL rather than by recycling an address that
-//! an open connection may still be using.
+//! an open connection may still be using, and the refusal is counted and
+//! said ([`Lookup::refused`]) so the receipt can name the stub as the cause.
+//! Names veris routes (vendor hosts, allowed hosts, the canary) have
+//! [`ROUTED_RESERVE`] slots of their own beyond the capacity: a workload
+//! that floods the stub with made-up names cannot make a vendor name fail.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,6 +34,10 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info};
+
+/// Slots beyond the capacity that only names [`Names::routing`] says veris
+/// routes may take, so they resolve even once made-up names filled the rest.
+pub const ROUTED_RESERVE: usize = 4096;
 
 /// Names remembered by default: one per distinct name a workload looks up.
 pub const DEFAULT_CAPACITY: usize = 65_536;
@@ -106,6 +114,8 @@ pub struct Lookup {
     /// without addresses (NODATA) or, for A/AAAA/ANY, when the table was
     /// full and the reply was SERVFAIL.
     pub answer: Option<IpAddr>,
+    /// The table was full: the name got no address (SERVFAIL).
+    pub refused: bool,
 }
 
 /// The name <-> synthetic address table, shared by the stub and the proxy.
@@ -115,10 +125,26 @@ pub struct Lookup {
 /// Entries are never evicted, since a client may connect long after its
 /// lookup; the table is bounded instead (at most [`MAX_CAPACITY`] names of
 /// at most 253 bytes, tens of megabytes in the worst case).
-#[derive(Debug)]
 pub struct Names {
     table: Mutex<Table>,
     capacity: usize,
+    /// Whether veris routes a name: such names may use [`ROUTED_RESERVE`].
+    routed: Option<Routed>,
+    /// Lookups refused because the table was full.
+    refused: std::sync::atomic::AtomicU64,
+}
+
+/// Says whether veris routes a (normalized) name.
+pub type Routed = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
+impl std::fmt::Debug for Names {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Names")
+            .field("capacity", &self.capacity)
+            .field("len", &self.len())
+            .field("refused", &self.refused())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -134,7 +160,22 @@ impl Names {
         Names {
             table: Mutex::new(Table::default()),
             capacity: capacity.min(MAX_CAPACITY),
+            routed: None,
+            refused: Default::default(),
         }
+    }
+
+    /// Names for which `routed` is true may still be assigned once the
+    /// table holds `capacity` names, up to [`ROUTED_RESERVE`] more (and never
+    /// beyond [`MAX_CAPACITY`]).
+    pub fn routing(mut self, routed: Routed) -> Names {
+        self.routed = Some(routed);
+        self
+    }
+
+    /// Lookups refused so far because the table was full.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Normalizes `name` (ASCII lower case, one trailing dot removed) and
@@ -152,7 +193,13 @@ impl Names {
         if let Some(&i) = table.index.get(name.as_str()) {
             return Some(addresses(i, false));
         }
-        if table.names.len() >= self.capacity {
+        let len = table.names.len();
+        let full = len >= self.capacity
+            && (len >= (self.capacity + ROUTED_RESERVE).min(MAX_CAPACITY)
+                || !self.routed.as_ref().is_some_and(|r| r(&name)));
+        if full {
+            self.refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return None;
         }
         // Fits: the length is below MAX_CAPACITY, far below u32::MAX.
@@ -295,6 +342,7 @@ pub fn answer(query: &[u8], names: &Names) -> Result<(Vec<u8>, Option<Lookup>), 
         qtype,
         first,
         answer,
+        refused: assigned.is_none(),
     };
     Ok((head.reply(rcode, question, &answers), Some(lookup)))
 }
@@ -774,6 +822,26 @@ mod tests {
         assert_eq!(addrs(&names, "localhost", TYPE_A), [ip("127.0.0.1")]);
         assert_eq!(Names::new(usize::MAX).capacity, MAX_CAPACITY);
         assert!((MAX_CAPACITY as u32) < !MASK_V4, "every index fits the /15");
+        assert!(l.refused);
+        assert_eq!(names.refused(), 1);
+    }
+
+    #[test]
+    fn routed_names_resolve_once_made_up_names_filled_the_table() {
+        let names = Names::new(2).routing(Box::new(|n: &str| n == "api.stripe.com"));
+        addrs(&names, "flood-1.test", TYPE_A);
+        addrs(&names, "flood-2.test", TYPE_A);
+        assert!(addrs(&names, "flood-3.test", TYPE_A).is_empty());
+        let (r, l) = ask(&names, &query(1, "api.stripe.com", TYPE_A));
+        assert_eq!((r.1, r.3), (NOERROR, vec![ip("198.18.0.3")]));
+        assert!(!l.unwrap().refused);
+        assert_eq!(names.refused(), 1, "only the made-up name was refused");
+        // The reserve is bounded too.
+        let many = Names::new(0).routing(Box::new(|_: &str| true));
+        for i in 0..ROUTED_RESERVE {
+            assert!(many.assign(&format!("r{i}.test")).is_some());
+        }
+        assert!(many.assign("one-more.test").is_none());
     }
 
     #[test]

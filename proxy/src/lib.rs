@@ -83,7 +83,7 @@ use veris_receipt::{redact, Entry, ListenerTier, Mode};
 
 use crate::body::{Counted, ProxyBody, Tally};
 use crate::dial::Resolve;
-use crate::recorder::{RecordError, Recorder};
+use crate::recorder::{RecordError, Recorder, Unrecorded};
 use crate::reserved::PathClass;
 use crate::route::{normalize_host, Route, Router, Service};
 use crate::upstream::{
@@ -182,6 +182,8 @@ pub struct Proxy {
     tls: tls::ServerConfigs,
     /// Tees vendor request and response bodies into the capture dir.
     capture: Option<Arc<capture::Capture>>,
+    /// Requests sent to the twin whose line could not be written.
+    unrecorded: Arc<Unrecorded>,
 }
 
 /// Request headers worth keeping in the ledger (values redacted by its writer).
@@ -267,6 +269,7 @@ impl Proxy {
             stats,
             tls: tls::ServerConfigs::new(Issuer::DEFAULT_CAPACITY),
             capture: options.capture,
+            unrecorded: Arc::default(),
         })
     }
 
@@ -322,6 +325,11 @@ impl Proxy {
 
     pub fn identity(&self) -> &Identity {
         &self.identity
+    }
+
+    /// Requests sent to the twin whose ledger line could not be written.
+    pub fn unrecorded(&self) -> &Arc<Unrecorded> {
+        &self.unrecorded
     }
 
     /// What this proxy counted per request, for `/metrics`.
@@ -1200,6 +1208,8 @@ impl Proxy {
     async fn record(&self, entry: Entry, service: &str) -> Result<u64, Response<ProxyBody>> {
         self.recorder.record(entry).await.map_err(|e| {
             warn!(error = %e, service, "ledger unavailable: refusing vendor traffic until it recovers");
+            // The twin executed it: its log will hold a row with no line.
+            self.unrecorded.note(service, &e);
             ledger_unavailable(&e, service)
         })
     }
@@ -1253,6 +1263,9 @@ impl Proxy {
         };
         if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "upstream error could not be recorded");
+            if veris_receipt::entry::may_have_reached_twin(why.code) {
+                self.unrecorded.note(&line.service, &e);
+            }
         }
     }
 

@@ -69,8 +69,51 @@ impl Future for Ack {
     }
 }
 
+/// The error with its causes (`writing ledger …: No space left on device`),
+/// so whoever reads it learns the real reason.
 fn ledger_error(e: veris_receipt::LedgerError) -> RecordError {
-    RecordError(e.to_string())
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    RecordError(text)
+}
+
+/// Requests the twin was sent (and may have executed) whose ledger line
+/// could not be written, counted per service in memory, with the last
+/// write error: the twin cross-check then knows that a twin row without a
+/// ledger line may be veris's own failure to write, not a direct call.
+#[derive(Debug, Default)]
+pub struct Unrecorded {
+    inner: Mutex<UnrecordedCounts>,
+}
+
+/// What [`Unrecorded`] holds (also in the admin API's `/status`).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UnrecordedCounts {
+    /// Per service, how many of its requests went unrecorded.
+    #[serde(default)]
+    pub by_service: std::collections::BTreeMap<String, u64>,
+    /// The last write error, with its cause.
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+impl Unrecorded {
+    /// One request of `service` the twin may have executed could not be
+    /// recorded, because of `error`.
+    pub fn note(&self, service: &str, error: &RecordError) {
+        let mut c = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        *c.by_service.entry(service.to_string()).or_default() += 1;
+        c.last_error = Some(error.0.clone());
+    }
+
+    pub fn counts(&self) -> UnrecordedCounts {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 impl Recorder for Ledger {

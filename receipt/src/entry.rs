@@ -115,6 +115,11 @@ pub fn may_have_reached_twin(error: &str) -> bool {
     MAY_HAVE_REACHED_TWIN.contains(&error)
 }
 
+/// Refused DNS lookups (`dns` lines with `refused`) recorded per session at
+/// most: the first ones name the stub as the cause; more would only let a
+/// flood of made-up names fill the ledger.
+pub const DNS_REFUSED_LINES: u64 = 20;
+
 /// `prev` of the first line of a ledger.
 pub const GENESIS_PREV: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -473,11 +478,16 @@ pub enum Entry {
     UdpDropped { packets: u64 },
     /// Isolated run: the first lookup of a name, answered by veris's DNS
     /// stub with a synthetic address (nothing was forwarded). Later lookups
-    /// of the same name are not repeated.
+    /// of the same name are not repeated. With `refused`, a lookup the stub
+    /// answered SERVFAIL because its table of names was full (at most
+    /// [`DNS_REFUSED_LINES`] such lines a session): the name did not resolve
+    /// because of veris's stub, not the workload's code.
     Dns {
         name: String,
         /// Query type (`A`, `AAAA`, `TXT`, or the number).
         qtype: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        refused: bool,
     },
     /// A TLS connection the proxy terminated that ended after our leaf was
     /// sent with no request and no alert naming the certificate: not

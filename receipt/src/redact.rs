@@ -1154,9 +1154,14 @@ pub fn entry(entry: Entry) -> Entry {
             detail: owned(detail),
         },
         drops @ Entry::UdpDropped { .. } => drops,
-        Entry::Dns { name, qtype } => Entry::Dns {
+        Entry::Dns {
+            name,
+            qtype,
+            refused,
+        } => Entry::Dns {
             name: owned(name),
             qtype,
+            refused,
         },
         Entry::TunnelClose {
             of,

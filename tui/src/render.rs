@@ -557,9 +557,20 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::Dns { name, qtype } => (
+            Entry::Dns {
+                name,
+                qtype,
+                refused,
+            } => (
                 token(qtype).into_owned(),
-                format!("DNS {} (answered by the stub)", quoted(name)),
+                if *refused {
+                    format!(
+                        "DNS {} refused by the stub (its table of names is full)",
+                        quoted(name)
+                    )
+                } else {
+                    format!("DNS {} (answered by the stub)", quoted(name))
+                },
                 Cell::from(""),
                 String::new(),
                 String::new(),
@@ -1025,9 +1036,19 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
         Entry::UdpDropped { packets } => {
             lines.push(kv("dropped", format!("{packets} datagram(s)")))
         }
-        Entry::Dns { name, qtype } => {
+        Entry::Dns {
+            name,
+            qtype,
+            refused,
+        } => {
             lines.push(kv("name", quoted(name)));
             lines.push(kv("type", token(qtype).into_owned()));
+            if *refused {
+                lines.push(kv(
+                    "refused",
+                    "the stub's table of names was full (SERVFAIL)".to_string(),
+                ));
+            }
         }
         Entry::Tamper { what, detail } => {
             lines.push(kv("tamper", escaped(what).into_owned()));

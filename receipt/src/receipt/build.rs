@@ -68,6 +68,7 @@ struct WindowFold {
     services: BTreeMap<String, ServiceSummary>,
     upstream_errors: Vec<UpstreamErrorEntry>,
     reserved_paths: BTreeMap<String, u64>,
+    dns_refused: Vec<String>,
     passthrough: HostCounts,
     blocked: HostCounts,
     // (host, destination) -> count, for passthrough and blocked lines.
@@ -254,6 +255,11 @@ impl<'o> Builder<'o> {
                     .entry(format!("{service} {method} {}", strip_query(path)))
                     .or_default() += 1;
             }
+            Entry::Dns {
+                name,
+                refused: true,
+                ..
+            } => w.dns_refused.push(name.clone()),
             Entry::Passthrough { host, dst, .. } => {
                 let host = normalize_host(host);
                 *w.passthrough.hosts.entry(host.clone()).or_default() += 1;
@@ -445,6 +451,7 @@ impl<'o> Builder<'o> {
             seal_key,
             reserved_paths: w.reserved_paths,
             set_aside,
+            dns_refused: w.dns_refused,
             requirements: Vec::new(),
         }
     }

@@ -471,6 +471,15 @@ fn seals_check(
 ) -> Check {
     let name = "seals";
     let (anchored, whose) = (keys.anchored, keys.whose);
+    if let Some(why) = &options.seal_failure {
+        return check(
+            name,
+            CheckStatus::Unverified,
+            format!(
+                "the final seal could not be written ({why}): veris could not write its ledger, so the end of this session is sealed by nothing. Next: free space where the ledger lives (or fix the write error) and run again"
+            ),
+        );
+    }
     let key_set = match &keys.keys {
         Ok(k) => k,
         Err(why) => return check(name, CheckStatus::Failed, *why),
@@ -551,7 +560,7 @@ fn seals_check(
         return check(
             name,
             CheckStatus::Unverified,
-            format!("no final seal: the session at seq {open} crashed or its tail was cut"),
+            format!("no final seal: the session at seq {open} crashed, its tail was cut, or its final seal could not be written (a full disk: the proxy's log says so)"),
         );
     }
     if !anchored {
@@ -882,6 +891,36 @@ mod tests {
         let i = verdict_of(&text, &hint);
         assert_eq!(i.status, IntegrityStatus::Unverified);
         assert!(i.reason.unwrap().contains("could have written"));
+    }
+
+    /// The run's own process knows why its final seal is missing (its
+    /// write failed): the reason says so, never "no public key".
+    #[test]
+    fn a_final_seal_that_could_not_be_written_is_named_as_such() {
+        let dir = Dir::new();
+        let sealer = Sealer::generate().unwrap();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger
+            .append(session(&sealer, "memory", (1000, 1000)))
+            .unwrap();
+        ledger.append(request("/v1/customers")).unwrap();
+        drop(ledger);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let why = "writing ledger /s/ledger.jsonl: No space left on device (os error 28)";
+        let options = Options {
+            seal_failure: Some(why.into()),
+            ..Options::default()
+        };
+        let i = verdict_of(&text, &options);
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        let reason = i.reason.unwrap();
+        assert!(reason.contains(why), "{reason}");
+        assert!(
+            reason.contains("final seal could not be written"),
+            "{reason}"
+        );
+        assert!(!reason.contains("no public key"), "{reason}");
     }
 
     #[test]

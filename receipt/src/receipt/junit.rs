@@ -364,6 +364,7 @@ mod tests {
             seal_key: None,
             reserved_paths: BTreeMap::new(),
             set_aside: Vec::new(),
+            dns_refused: Vec::new(),
             requirements: Vec::new(),
         }
     }

@@ -59,7 +59,7 @@ pub use text::{integrity_text, render_text};
 /// Still version 3, with additions only: `host_statuses` and
 /// `call_statuses` of a service (what requirements count), and
 /// `requirements` (each requirement's status filter, count and the
-/// statuses seen).
+/// statuses seen), and `dns_refused` (names the DNS stub refused).
 ///
 /// Version 4 names how the run's traffic was intercepted `interception`
 /// (`isolated`, `transparent`, `explicit`, `confined`: the words of the
@@ -126,6 +126,12 @@ pub struct Receipt {
     /// in no window of this file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set_aside: Vec<SetAside>,
+    /// Names the isolated run's DNS stub refused because its table of
+    /// names was full (ledger `dns` lines with `refused`; at most
+    /// [`crate::entry::DNS_REFUSED_LINES`] a session are recorded): those
+    /// names did not resolve because of veris, not the code.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_refused: Vec<String>,
     /// The requirements it was judged against and how each came out
     /// (`veris receipt --json`, `veris run --receipt`); absent when none
     /// were given. Not part of the summary: [`evaluate`] fills it.
@@ -446,6 +452,10 @@ pub struct Options {
     /// it, or it lies beside the ledger): that key was where the workload
     /// could read it, so the pin vouches for nothing (DESIGN §7a.13).
     pub pinned_key_file: Option<String>,
+    /// Why the session's final seal could not be written (the writer's own
+    /// error: a full disk, say), when the reader is the process that tried.
+    /// The seals check then names it, not a missing key.
+    pub seal_failure: Option<String>,
 }
 
 /// Which lines a receipt covers.

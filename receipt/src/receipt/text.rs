@@ -223,6 +223,20 @@ pub fn render_text(r: &Receipt) -> String {
         }
         extra.push(format!("{what}: {} ({})", list.len(), shown.join("; ")));
     }
+    if !r.dns_refused.is_empty() {
+        let n = r.dns_refused.len() as u64;
+        let count = if n >= crate::entry::DNS_REFUSED_LINES {
+            format!("at least {n}")
+        } else {
+            n.to_string()
+        };
+        let shown: Vec<String> = r.dns_refused.iter().take(5).map(|h| quoted(h)).collect();
+        extra.push(format!(
+            "DNS: veris's stub refused {count} name(s), its table of names being full ({}{}): those lookups failed because of veris's DNS stub, not the code",
+            shown.join(", "),
+            if r.dns_refused.len() > 5 { ", …" } else { "" }
+        ));
+    }
     if !r.reserved_paths.is_empty() {
         extra.push(format!(
             "answered by the proxy, not vendor calls (reserved paths): {}",
