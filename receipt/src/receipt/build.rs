@@ -351,24 +351,26 @@ impl<'o> Builder<'o> {
         let set_aside = std::mem::take(&mut evidence.set_aside);
         let integrity =
             super::integrity::integrity(evidence, &self.keys, &facts, self.options, &window);
-        let (twin, mode, tier, isolation, seal_key) = match self.session.as_ref().map(|l| &l.entry)
-        {
-            Some(Entry::Session {
-                sandbox_id,
-                mode,
-                tier,
-                key_id,
-                coverage,
-                ..
-            }) => (
-                Some(sandbox_id.clone()),
-                Some(*mode),
-                Some(*tier),
-                coverage.as_ref().and_then(|c| c.isolation.clone()),
-                key_id.clone(),
-            ),
-            _ => (None, None, None, None, None),
-        };
+        let (twin, mode, tier, (isolation, bundles), seal_key) =
+            match self.session.as_ref().map(|l| &l.entry) {
+                Some(Entry::Session {
+                    sandbox_id,
+                    mode,
+                    tier,
+                    key_id,
+                    coverage,
+                    ..
+                }) => (
+                    Some(sandbox_id.clone()),
+                    Some(*mode),
+                    Some(*tier),
+                    coverage.as_ref().map_or((None, Vec::new()), |c| {
+                        (c.isolation.clone(), c.bundles.clone())
+                    }),
+                    key_id.clone(),
+                ),
+                _ => (None, None, None, (None, Vec::new()), None),
+            };
         // The leaks read the newest session line and the condensed lines.
         let mut leak_read = LedgerRead::default();
         leak_read.lines.extend(self.session);
@@ -386,6 +388,7 @@ impl<'o> Builder<'o> {
             mode,
             tier,
             isolation,
+            bundles,
             integrity,
             leaks,
             services: w.services,

@@ -349,6 +349,7 @@ mod tests {
             mode: None,
             tier: Some(ListenerTier::Explicit),
             isolation: None,
+            bundles: Vec::new(),
             integrity: Integrity {
                 status: IntegrityStatus::Unverified,
                 reason: Some("no \"anchor\"".into()),

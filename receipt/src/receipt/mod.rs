@@ -60,7 +60,8 @@ pub use text::render_text;
 /// Still version 3, with additions only: `host_statuses` and
 /// `call_statuses` of a service (what requirements count), and
 /// `requirements` (each requirement's status filter, count and the
-/// statuses seen).
+/// statuses seen), and `bundles` (the CA bundle files an isolated run
+/// covered).
 pub const RECEIPT_VERSION: u32 = 3;
 
 /// Requests listed per service in the text receipt.
@@ -90,6 +91,12 @@ pub struct Receipt {
     /// session's coverage; absent when nothing confined it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
+    /// Isolated runs: the CA bundle files, besides the system trust
+    /// stores, that held the veris bundle before the command started (its
+    /// runtimes' and SDKs', and `--trust-file`), from the session's
+    /// coverage. One installed during the run is not covered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bundles: Vec<String>,
     pub integrity: Integrity,
     /// Evidence-based notes on how traffic could bypass the proxy.
     pub leaks: Vec<String>,
