@@ -401,7 +401,13 @@ async fn confine(
 fn runtime_bundles(args: &RunArgs) -> Vec<crate::bundles::Bundle> {
     let state = crate::state_dir(args.proxy.state_dir.clone());
     let cache = state.join(crate::bundles::CACHE_FILE);
+    let began = std::time::Instant::now();
     let mut found = crate::bundles::scan(&crate::bundles::Env::from_env(), Some(&cache));
+    tracing::debug!(
+        files = found.len(),
+        took_us = began.elapsed().as_micros() as u64,
+        "scanned for the CA bundles the command's runtimes ship"
+    );
     let cwd: Vec<PathBuf> = std::env::current_dir().into_iter().collect();
     let given: Vec<PathBuf> = args
         .trust_file
