@@ -101,8 +101,13 @@ enum ToInit {
     Go {
         env: Vec<(String, String)>,
         bundle: PathBuf,
+        /// The Java truststore (the same certificates), for keystores.
+        truststore: PathBuf,
         /// Further bundle files to cover (`--trust-file`).
         extra_stores: Vec<PathBuf>,
+        /// The bundles the command's runtimes ship, as the scan checked
+        /// them ([`crate::bundles`]).
+        bundles: Vec<crate::bundles::Bundle>,
         /// `--share-tmp`: the host's /tmp, /var/tmp and /dev/shm.
         share_tmp: bool,
         /// Paths carried into private ones (the working directory, the
@@ -135,6 +140,9 @@ pub struct Sockets {
     pub ports: Ports,
     /// `--share-tmp`: the command shares the host's scratch dirs.
     pub share_tmp: bool,
+    /// The bundle files covered besides the system stores (`--trust-file`
+    /// and the scan's), for the session line.
+    pub bundles: Vec<String>,
 }
 
 impl Sockets {
@@ -152,6 +160,7 @@ impl Sockets {
         veris_receipt::Coverage {
             isolation: Some("netns".into()),
             sockets_reachable: self.sockets_reachable(),
+            bundles: self.bundles.clone(),
             ..params(self.ports).coverage("veris")
         }
     }
@@ -251,6 +260,7 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
         dns_tcp: dns_tcp.into(),
         ports,
         share_tmp: false,
+        bundles: Vec::new(),
     };
     let stream = ours
         .set_nonblocking(true)
@@ -270,19 +280,23 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
 
 impl Isolation {
     /// The proxy serves: the command starts with `env`, and the system
-    /// trust stores hold `bundle`. Returns the trust stores covered.
+    /// trust stores, `extra_stores` and `bundles` hold `trust`'s bundle (a
+    /// keystore its truststore). Returns the trust stores covered.
     pub async fn go(
         &mut self,
         env: Vec<(String, String)>,
-        bundle: &Path,
+        trust: &veris_ca::trust::TrustFiles,
         extra_stores: &[PathBuf],
+        bundles: Vec<crate::bundles::Bundle>,
         share_tmp: bool,
         keep: Vec<PathBuf>,
     ) -> Result<Vec<String>> {
         self.send(&ToInit::Go {
             env,
-            bundle: bundle.to_path_buf(),
+            bundle: trust.bundle.clone(),
+            truststore: trust.truststore.clone(),
             extra_stores: extra_stores.to_vec(),
+            bundles,
             share_tmp,
             keep,
         })
@@ -547,6 +561,7 @@ fn setup() -> Result<(Sockets, Counters)> {
             dns_tcp,
             ports,
             share_tmp: false,
+            bundles: Vec::new(),
         },
         counters,
     ))
@@ -656,21 +671,30 @@ impl Drop for Counters {
 /// canary and wait for `done`.
 fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[String]) -> Result<u8> {
     let mut reader = BufReader::new(control.try_clone()?);
-    let (env, bundle, extra_stores, share_tmp, keep) = match read_message(&mut reader)? {
+    let (env, sources, extra_stores, bundles, share_tmp, keep) = match read_message(&mut reader)? {
         Some(ToInit::Go {
             env,
             bundle,
+            truststore,
             extra_stores,
+            bundles,
             share_tmp,
             keep,
-        }) => (env, bundle, extra_stores, share_tmp, keep),
+        }) => (
+            env,
+            (bundle, truststore),
+            extra_stores,
+            bundles,
+            share_tmp,
+            keep,
+        ),
         Some(other) => bail!("expected go, got {other:?}"),
         None => return Ok(1),
     };
     if !share_tmp {
         private_tmp(&keep)?;
     }
-    let trust_stores = mount_trust(&bundle, &extra_stores)?;
+    let trust_stores = mount_trust(&sources, &extra_stores, &bundles)?;
     hide_daemon_sockets();
     crate::sys::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
     // This very binary, wherever its path now leads (a private /tmp may
@@ -759,18 +783,41 @@ fn proxy_gone(control: &UnixStream) -> bool {
 
 /// Bind-mounts `bundle` over each system trust store present here, so
 /// clients that read only the system store (wget, PHP, Go, git) trust the
-/// veris CA too, and over each `extra` file (a bundled copy such as
-/// certifi's). Returns the paths covered; a failure leaves that system
+/// veris CA too, over each `extra` file (a bundled copy such as
+/// certifi's), and over each of `bundles` (the truststore over a
+/// keystore). Returns the paths covered; a failure leaves that system
 /// store as it was (the trust variables still cover most clients), while an
-/// `extra` file that cannot be covered is an error: the user asked for it.
-fn mount_trust(bundle: &Path, extra: &[PathBuf]) -> Result<Vec<String>> {
+/// `extra` file or a bundle that cannot be covered is an error: the user
+/// asked for the one, the session line names the other.
+fn mount_trust(
+    (bundle, truststore): &(PathBuf, PathBuf),
+    extra: &[PathBuf],
+    bundles: &[crate::bundles::Bundle],
+) -> Result<Vec<String>> {
     let mut done: Vec<PathBuf> = Vec::new();
     let mut covered = Vec::new();
+    for found in bundles {
+        let source = match found.format {
+            crate::bundles::Format::Pem => bundle,
+            crate::bundles::Format::Keystore => truststore,
+        };
+        bind_over_checked(source, found).with_context(|| {
+            format!(
+                "cannot put the veris bundle over {} (found at start). Next: run it again; if a package was being installed meanwhile, let it finish first",
+                found.path.display()
+            )
+        })?;
+        covered.push(found.path.display().to_string());
+        done.push(found.path.clone());
+    }
     for file in extra {
         let real = std::fs::canonicalize(file)
             .ok()
             .filter(|r| r.is_file())
             .ok_or_else(|| anyhow!("--trust-file {}: not a file here", file.display()))?;
+        if done.contains(&real) {
+            continue;
+        }
         bind_read_only(bundle, &real)
             .with_context(|| format!("--trust-file {}: cannot cover it", file.display()))?;
         covered.push(file.display().to_string());
@@ -794,6 +841,35 @@ fn mount_trust(bundle: &Path, extra: &[PathBuf]) -> Result<Vec<String>> {
     Ok(covered)
 }
 
+/// Bind-mounts `source` over the file `found` names, read-only, when its
+/// path still leads to the very file the scan checked (device and inode):
+/// the target is opened without following a final symlink and mounted over
+/// through that descriptor, so nothing swapped in on the way is covered.
+fn bind_over_checked(source: &Path, found: &crate::bundles::Bundle) -> Result<()> {
+    use rustix::fs::{open, Mode, OFlags};
+    let fd = open(
+        &found.path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    let regular =
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+    if !regular || st.st_dev != found.dev || st.st_ino != found.ino {
+        bail!("it changed since veris checked it");
+    }
+    let target = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    crate::sys::mount(source.to_str(), &target, None, libc::MS_BIND)?;
+    // The mount sits on the path now: the read-only remount names it there.
+    crate::sys::mount(
+        None,
+        &found.path.to_string_lossy(),
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+    )?;
+    Ok(())
+}
+
 /// A fresh tmpfs over /run: the host's daemon sockets (Docker, systemd,
 /// D-Bus, nscd, ssh-agent under /run/user) are paths, which a network
 /// namespace does not separate, and any of them could carry traffic out.
@@ -812,6 +888,21 @@ fn hide_daemon_sockets() {
 /// The shared scratch dirs a host daemon may keep sockets in (tmux,
 /// X11, ssh-agent, language servers), private to the command by default.
 const TMP_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+
+/// Whether a private /tmp ([`private_tmp`]) hides `path` from the
+/// command: it lies in one of [`TMP_DIRS`] and under none of `keep`.
+pub fn hidden_by_private_tmp(path: &Path, keep: &[PathBuf]) -> bool {
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    let under_tmp = TMP_DIRS
+        .iter()
+        .filter_map(|d| canonical(Path::new(d)))
+        .any(|d| path.starts_with(d));
+    under_tmp
+        && !keep
+            .iter()
+            .filter_map(|k| canonical(k))
+            .any(|k| path.starts_with(k))
+}
 
 /// A fresh tmpfs over each of [`TMP_DIRS`], with each path of `keep` that
 /// lies under one carried over (bind-mounted back at the same path): the

@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 mod baseline;
+mod bundles;
 mod ca_cmd;
 mod check;
 mod confine;

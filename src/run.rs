@@ -301,7 +301,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     if let Err(e) = crate::sys::become_subreaper() {
         warn!(error = %e, "cannot become the subreaper of the command's processes");
     }
-    let (confinement, isolation) = confine(&args).await?;
+    let (confinement, isolation, bundles) = confine(&args).await?;
     let landlock = matches!(confinement, Confinement::Landlock);
     let serve = ServeArgs::with_defaults(args.proxy.clone());
     let stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, confinement).await?;
@@ -322,7 +322,11 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
                 share: args.share_tmp,
                 keep: std::env::current_dir().into_iter().collect(),
             };
-            match isolated(isolation, &stack, vars, &args.trust_file, tmp, started).await {
+            let files = CoveredFiles {
+                given: &args.trust_file,
+                found: bundles,
+            };
+            match isolated(isolation, &stack, vars, files, tmp, started).await {
                 Ok(done) => done,
                 Err(e) => {
                     end_leftovers().await;
@@ -465,14 +469,25 @@ fn findable(program: &str) -> std::result::Result<(), (u8, String)> {
 
 /// The tier this run gets: isolation where possible (unless told
 /// otherwise), else Landlock, else the plain explicit tier, saying why.
-async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
+/// Isolated, also the bundle files its runtimes ship, to cover.
+async fn confine(
+    args: &RunArgs,
+) -> Result<(Confinement, Option<Isolation>, Vec<crate::bundles::Bundle>)> {
     let strict = args.isolate || args.tier == TierArg::Isolated;
     let mut why_not_isolated = None;
     if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
         match crate::isolate::start(&args.command).await {
             Ok((isolation, mut sockets)) => {
                 sockets.share_tmp = args.share_tmp;
-                return Ok((Confinement::Isolated(sockets), Some(isolation)));
+                let found = runtime_bundles(args);
+                // Before the session line, which records them.
+                sockets.bundles = args
+                    .trust_file
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .chain(found.iter().map(|b| b.path.display().to_string()))
+                    .collect();
+                return Ok((Confinement::Isolated(sockets), Some(isolation), found));
             }
             Err(why) if strict => bail!(
                 "cannot isolate the command: {why} (without --isolate, `veris run` would fall back to the explicit tier, confined by Landlock where the kernel has it)"
@@ -481,14 +496,14 @@ async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
         }
     }
     if args.tier == TierArg::Explicit {
-        return Ok((Confinement::None, None));
+        return Ok((Confinement::None, None, Vec::new()));
     }
     match (crate::confine::unavailable(), why_not_isolated) {
         (None, Some(why)) => {
             eprintln!("veris: not isolated ({why}); the command runs behind the proxy with TCP confined to it by Landlock (interception: confined)");
-            Ok((Confinement::Landlock, None))
+            Ok((Confinement::Landlock, None, Vec::new()))
         }
-        (None, None) => Ok((Confinement::Landlock, None)),
+        (None, None) => Ok((Confinement::Landlock, None, Vec::new())),
         (Some(why), _) if args.tier == TierArg::Confined => {
             bail!("cannot confine the command: {why}")
         }
@@ -497,9 +512,43 @@ async fn confine(args: &RunArgs) -> Result<(Confinement, Option<Isolation>)> {
                 "veris: the command runs in the plain explicit tier: clients that ignore HTTPS_PROXY are not seen (leaks: direct-egress-possible). Not isolated: {}; not confined: {landlock}",
                 isolation.unwrap_or_default()
             );
-            Ok((Confinement::None, None))
+            Ok((Confinement::None, None, Vec::new()))
         }
     }
+}
+
+/// The CA bundles the command's Python and Java ship ([`crate::bundles`]),
+/// but those a private /tmp hides from it (they could not be read there),
+/// and those `--trust-file` names already.
+fn runtime_bundles(args: &RunArgs) -> Vec<crate::bundles::Bundle> {
+    let state = crate::state_dir(args.proxy.state_dir.clone());
+    let cache = state.join(crate::bundles::CACHE_FILE);
+    let began = std::time::Instant::now();
+    let mut found = crate::bundles::scan(&crate::bundles::Env::from_env(), Some(&cache));
+    tracing::debug!(
+        files = found.len(),
+        took_us = began.elapsed().as_micros() as u64,
+        "scanned for the CA bundles the command's runtimes ship"
+    );
+    let cwd: Vec<PathBuf> = std::env::current_dir().into_iter().collect();
+    let given: Vec<PathBuf> = args
+        .trust_file
+        .iter()
+        .filter_map(|f| std::fs::canonicalize(f).ok())
+        .collect();
+    found.retain(|b| {
+        (args.share_tmp || !crate::isolate::hidden_by_private_tmp(&b.path, &cwd))
+            && !given.contains(&b.path)
+    });
+    found
+}
+
+/// The bundle files an isolated run covers besides the system stores.
+struct CoveredFiles<'a> {
+    /// `--trust-file`.
+    given: &'a [PathBuf],
+    /// The scan's.
+    found: Vec<crate::bundles::Bundle>,
 }
 
 /// Whether an isolated command shares the host's /tmp, /var/tmp and
@@ -516,7 +565,7 @@ async fn isolated(
     mut isolation: Isolation,
     stack: &Stack,
     trust_vars: Vec<(String, String)>,
-    trust_files: &[PathBuf],
+    trust_files: CoveredFiles<'_>,
     tmp: TmpPolicy,
     started: std::time::Instant,
 ) -> Result<(u8, Option<Check>)> {
@@ -534,9 +583,16 @@ async fn isolated(
     env.extend(trust_vars);
     let mut keep = tmp.keep;
     keep.extend(stack.trust.bundle.parent().map(Path::to_path_buf));
-    keep.extend(trust_files.iter().cloned());
+    keep.extend(trust_files.given.iter().cloned());
     let stores = isolation
-        .go(env, &stack.trust.bundle, trust_files, tmp.share, keep)
+        .go(
+            env,
+            &stack.trust,
+            trust_files.given,
+            trust_files.found,
+            tmp.share,
+            keep,
+        )
         .await?;
     info!(
         trust_stores = %stores.join(","),

@@ -1147,6 +1147,7 @@ fn landlock_coverage() -> veris_receipt::Coverage {
         installed_by: "veris".into(),
         isolation: Some("landlock".into()),
         sockets_reachable: Vec::new(),
+        bundles: Vec::new(),
     }
 }
 

@@ -124,6 +124,7 @@ impl RulesetParams {
             ipv6: true,
             exempt,
             sockets_reachable: Vec::new(),
+            bundles: Vec::new(),
             installed_by: installed_by.into(),
             isolation: None,
         }

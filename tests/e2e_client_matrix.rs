@@ -45,6 +45,10 @@ const URL: &str = "https://api.stripe.com/v1/customers";
 enum Tier {
     Explicit,
     Isolated,
+    /// The isolated tier with every trust variable unset inside: what the
+    /// files veris covers (the system stores, and the bundles the
+    /// command's runtimes ship) do alone.
+    IsolatedFiles,
 }
 
 impl Tier {
@@ -52,8 +56,68 @@ impl Tier {
         match self {
             Tier::Explicit => "explicit",
             Tier::Isolated => "isolated",
+            Tier::IsolatedFiles => "isolated-files",
         }
     }
+}
+
+/// Every variable by which veris tells a client about its CA, unset by the
+/// command itself in [`Tier::IsolatedFiles`].
+const TRUST_VARIABLES: &[&str] = &[
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "AWS_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+    "PIP_CERT",
+    "npm_config_cafile",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "BUNDLE_SSL_CA_CERT",
+    "COMPOSER_CAFILE",
+    "HEX_CACERTS_PATH",
+    "JULIA_SSL_CA_ROOTS_PATH",
+    "NIX_SSL_CERT_FILE",
+    "PERL_LWP_SSL_CA_FILE",
+    "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
+    "JAVA_TOOL_OPTIONS",
+    "WGETRC",
+    "PHP_INI_SCAN_DIR",
+    "HTTPLIB2_CA_CERTS",
+];
+
+/// What a client does in [`Tier::IsolatedFiles`], and why: which file it
+/// reads its roots from, and whether veris covered it.
+fn files_expect(key: &str) -> Option<Expect> {
+    Some(match key {
+        "curl-h1" | "curl-h2" | "openssl-s-client" | "python-urllib" | "ruby-net-http"
+        | "go-net-http" | "php-curl" => {
+            Expect::Works("the system store (OpenSSL's, Go's default path), covered")
+        }
+        "wget" | "git" => Expect::Works("the system store (GnuTLS's default), covered"),
+        "python-aiohttp" | "python-aiohttp-trust-env" => {
+            Expect::Works("the system store or certifi's cacert.pem, both covered")
+        }
+        "python-requests" | "python-httpx-h1" | "python-httpx-h2" => {
+            Expect::Works("certifi's cacert.pem, found at start in the python3's site-packages and covered")
+        }
+        "python-httplib2" => Expect::Works(
+            "its own httplib2/cacerts.txt (or certifi's), found at start and covered",
+        ),
+        "python-stripe" => Expect::Works(
+            "its own stripe/data/ca-certificates.crt, found at start and covered",
+        ),
+        "java-httpclient" | "java-urlconnection" => Expect::Works(
+            "its JDK's lib/security/cacerts, found from the java on PATH and covered with the truststore",
+        ),
+        "node-https" | "node-fetch" | "node-axios" | "node-stripe" => Expect::Fails(
+            "Node's roots are compiled into its binary, no file to cover: it needs NODE_EXTRA_CA_CERTS",
+        ),
+        _ => return None,
+    })
 }
 
 /// What a client is expected to do in a tier, and why.
@@ -83,6 +147,8 @@ struct Client {
     proof: Proof,
     explicit: Option<Expect>,
     isolated: Option<Expect>,
+    /// The transparent tier's, where it differs from the isolated one's.
+    transparent: Option<Expect>,
     isolated_flags: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -101,6 +167,7 @@ fn client(key: &str) -> Result<Client, String> {
         proof,
         explicit: Some(explicit),
         isolated: Some(isolated),
+        transparent: None,
         isolated_flags: Vec::new(),
         env: Vec::new(),
     };
@@ -236,13 +303,17 @@ fn client(key: &str) -> Result<Client, String> {
         }
         "python-stripe" => {
             py_needs("stripe")?;
-            simple(
+            let mut c = simple(
                 "stripe-python SDK",
                 python("import stripe; stripe.api_key = \"sk_test_veris\"; c = stripe.Customer.list(); print(\"status=200\"); print(c)"),
                 Proof::Prints(LIST),
                 Expect::Fails("verifies against its own bundled CA file (stripe/data/ca-certificates.crt), which no variable replaces"),
-                Expect::Fails("its own bundled CA file is neither a variable nor a system store (`veris run --trust-file` covers it, below)"),
-            )
+                Expect::Works("redirected; its own CA file (stripe/data/ca-certificates.crt), found at start in the python3's site-packages and covered with the bundle"),
+            );
+            c.transparent = Some(Expect::Fails(
+                "its own bundled CA file is neither a variable nor a system store, and nothing covers it outside `veris run`",
+            ));
+            c
         }
         "python-stripe-trust-file" => {
             py_needs("stripe")?;
@@ -255,6 +326,7 @@ fn client(key: &str) -> Result<Client, String> {
                 isolated: Some(Expect::Works(
                     "redirected; --trust-file puts the bundle over its CA file",
                 )),
+                transparent: None,
                 isolated_flags: vec!["--trust-file".into(), bundle],
                 env: Vec::new(),
             }
@@ -536,25 +608,33 @@ fn measure(c: &Client, tier: Tier, state: &Path) -> Result<Measured, String> {
     let receipt = state.with_extension(format!("{}.json", tier.name()));
     let mut cmd = match tier {
         Tier::Explicit => support::lo_only(support::bin()),
-        Tier::Isolated => support::command(support::bin().to_str().unwrap()),
+        Tier::Isolated | Tier::IsolatedFiles => support::command(support::bin().to_str().unwrap()),
     };
-    cmd.args(["run", "--tier", tier.name(), "--allow-empty", "--state-dir"])
+    let run_tier = match tier {
+        Tier::Explicit => "explicit",
+        Tier::Isolated | Tier::IsolatedFiles => "isolated",
+    };
+    cmd.args(["run", "--tier", run_tier, "--allow-empty", "--state-dir"])
         .arg(state)
         .arg("--receipt")
         .arg(&receipt);
-    if tier == Tier::Isolated {
+    if tier != Tier::Explicit {
         cmd.args(&c.isolated_flags);
         // The command's /tmp is its own: the clients built once for all
         // tests live in the scratch dir, carried in as the working dir.
         cmd.current_dir(scratch());
     }
-    cmd.args(["--", "sh", "-c", &c.script, "sh", URL]);
+    let script = match tier {
+        Tier::IsolatedFiles => format!("unset {}; {}", TRUST_VARIABLES.join(" "), c.script),
+        _ => c.script.clone(),
+    };
+    cmd.args(["--", "sh", "-c", &script, "sh", URL]);
     for (k, v) in &c.env {
         cmd.env(k, v);
     }
     let out = output_within(&mut cmd, RUN_TIMEOUT);
     let (stdout, stderr) = text(&out);
-    if tier == Tier::Isolated
+    if tier != Tier::Explicit
         && out.status.code() == Some(1)
         && stderr.contains("cannot isolate the command")
     {
@@ -600,7 +680,11 @@ fn case(key: &str) {
     };
     let dir = TempDir::new(&format!("matrix-{key}"));
     let mut wrong = Vec::new();
-    for (tier, expect) in [(Tier::Explicit, c.explicit), (Tier::Isolated, c.isolated)] {
+    for (tier, expect) in [
+        (Tier::Explicit, c.explicit),
+        (Tier::Isolated, c.isolated),
+        (Tier::IsolatedFiles, files_expect(key)),
+    ] {
         let Some(expect) = expect else { continue };
         if tier == Tier::Explicit {
             if let Some(why) = support::lo_only_unavailable() {
@@ -768,7 +852,9 @@ fn transparent_tier() {
                 continue;
             }
         };
-        let Some(expect) = c.isolated else { continue };
+        let Some(expect) = c.transparent.or(c.isolated) else {
+            continue;
+        };
         let before = request_count(&veris.state);
         let mut cmd = ns.command("sh");
         cmd.args(["-c", &c.script, "sh", URL])

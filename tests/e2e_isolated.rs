@@ -369,6 +369,19 @@ impl Outcome {
             .unwrap_or_default()
     }
 
+    /// The bundle files the session line says held the veris bundle.
+    fn bundles(&self) -> Vec<String> {
+        self.kind("session")
+            .first()
+            .and_then(|s| s["coverage"]["bundles"].as_array())
+            .map(|b| {
+                b.iter()
+                    .map(|p| p.as_str().expect("a path").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn kind(&self, kind: &str) -> Vec<&Value> {
         self.ledger.iter().filter(|l| l["kind"] == kind).collect()
     }
@@ -534,8 +547,9 @@ fn isolated_python_requests_without_env_reaches_the_twin_through_the_system_stor
     assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
     assert_eq!(out.leaks(), Vec::<String>::new());
 
-    // Default verify: certifi's own bundle, which no variable and no mount
-    // reaches — unless certifi is the distribution's, pointing at the system store.
+    // Default verify: certifi's own bundle, which no variable reaches: the
+    // scan found it in the site-packages of the python3 on PATH and covered
+    // it (E1), whether or not certifi is the distribution's.
     let out = r.isolated(&[], &["python3", script, "default"]).unwrap();
     let certifi = out
         .stdout
@@ -543,15 +557,27 @@ fn isolated_python_requests_without_env_reaches_the_twin_through_the_system_stor
         .find_map(|l| l.strip_prefix("certifi "))
         .unwrap_or_else(|| panic!("the script printed certifi.where():\n{}", out.ctx()))
         .to_string();
-    let system = std::fs::canonicalize(SYSTEM_STORE).ok();
-    let is_system = certifi == SYSTEM_STORE || std::fs::canonicalize(&certifi).ok() == system;
     out.assert_isolated_and_verified();
-    if is_system {
-        assert_eq!(out.code, Some(0), "{}", out.ctx());
-        assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
-        assert_eq!(out.receipt()["trust_failures"], serde_json::json!([]));
-        return;
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
+    assert_eq!(out.receipt()["trust_failures"], serde_json::json!([]));
+    let system = std::fs::canonicalize(SYSTEM_STORE).ok();
+    if std::fs::canonicalize(&certifi).ok() != system {
+        assert!(
+            out.bundles().contains(&certifi),
+            "{certifi} in {:?}",
+            out.bundles()
+        );
     }
+
+    // A copy of those roots the scan cannot know of (here: in the work
+    // dir) still refuses the veris CA, and the receipt says so.
+    let copy = r.work.join("copied-roots.pem");
+    std::fs::copy(&certifi, &copy).expect("copying certifi's bundle");
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let copy = copy.to_str().unwrap();
+    let out = r.isolated(&[], &["python3", script, copy]).unwrap();
+    out.assert_isolated_and_verified();
     assert!(out.stdout.contains("ssl-error"), "{}", out.ctx());
     assert_eq!(
         out.code,
@@ -579,13 +605,20 @@ fn isolated_python_requests_without_env_reaches_the_twin_through_the_system_stor
         "{}",
         out.ctx()
     );
+    // The hint names the flag for such a file, and what veris covers itself.
+    assert!(
+        out.stderr.contains("veris run --trust-file FILE")
+            && out.stderr.contains("not one installed during the run"),
+        "{}",
+        out.ctx()
+    );
     let ledger_failures = out.kind("trust_failure");
     assert_eq!(ledger_failures.len(), 1, "{ledger_failures:?}");
     assert_eq!(ledger_failures[0]["host"], "api.stripe.com");
 
     // --allow-empty forgives an empty receipt, not a refused CA.
     let out = r
-        .isolated(&["--allow-empty"], &["python3", script, "default"])
+        .isolated(&["--allow-empty"], &["python3", script, copy])
         .unwrap();
     assert_eq!(out.code, Some(3), "{}", out.ctx());
 }
@@ -694,6 +727,242 @@ fn isolated_httplib2_trusts_veris_through_its_own_variable() {
     assert_eq!(out.stdout.trim(), "httplib2 200", "{}", out.ctx());
     out.assert_isolated_and_verified();
     assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
+}
+
+// --- 4c. SDKs and runtimes with a CA bundle of their own (E1) ---------------
+
+/// A user's PATH: no sbin dirs, no pyenv under /root.
+const USER_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+const STRIPE_SDK_PY: &str = r#"
+import os, sys
+for v in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE"):
+    os.environ.pop(v, None)
+import stripe
+stripe.api_key = "sk_test_veris"
+stripe.max_network_retries = 0
+print("bundle", stripe.ca_bundle_path)
+try:
+    c = stripe.Customer.create(email="e1@example.com")
+    ch = stripe.Charge.create(amount=100, currency="usd", source="tok_visa")
+    print("ok", c.object, ch.object)
+except stripe.error.StripeError as e:
+    print("error", type(e).__name__, str(e)[:300])
+    sys.exit(2)
+"#;
+
+impl Runner {
+    /// Whether the `python3` that `path` leads this runner's uid to has `module`.
+    fn python_with(&self, path: &str, module: &str) -> bool {
+        let mut cmd = if self.as_nobody {
+            let mut c = support::command("setpriv");
+            c.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "sh"]);
+            c
+        } else {
+            support::command("sh")
+        };
+        cmd.args(["-c", &format!("exec python3 -c 'import {module}'")])
+            .env("PATH", path)
+            .env("HOME", &self.work);
+        output_within(&mut cmd, support::DEADLINE).status.success()
+    }
+
+    /// Root keeps the test's PATH (a pyenv shim, say); uid 65534 a user's.
+    fn child_path(&self) -> String {
+        if self.as_nobody {
+            return USER_PATH.to_string();
+        }
+        std::env::var("PATH").unwrap_or_else(|_| USER_PATH.to_string())
+    }
+}
+
+/// The real stripe SDK verifies against its own `stripe/data/ca-certificates.crt`,
+/// which no variable replaces: the scan finds it where the command's python3
+/// looks, and the run covers it, with no `--trust-file` and no variable.
+#[test]
+fn isolated_stripe_sdk_trusts_veris_through_its_own_bundle() {
+    for_both("stripe-sdk", |runner| {
+        let path = runner.child_path();
+        if !runner.python_with(&path, "stripe") {
+            return Err(format!(
+                "no python3 with the stripe SDK on {path} for this uid (.ci/run installs it)"
+            ));
+        }
+        let script = runner.write("stripe_sdk.py", STRIPE_SDK_PY);
+        let out = runner.isolated_with(
+            &[],
+            &["python3", script.to_str().unwrap()],
+            RUN_TIMEOUT,
+            |c| {
+                c.env("PATH", &path);
+            },
+        )?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert!(out.stdout.contains("ok customer charge"), "{}", out.ctx());
+        out.assert_isolated_and_verified();
+        assert_eq!(
+            out.entries("stripe"),
+            ["POST /v1/customers 200", "POST /v1/charges 200"]
+        );
+        assert_eq!(out.receipt()["trust_failures"], serde_json::json!([]));
+        let bundle = out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("bundle "))
+            .unwrap_or_else(|| panic!("the script printed its bundle:\n{}", out.ctx()));
+        let bundle = std::fs::canonicalize(bundle).unwrap().display().to_string();
+        // Named in the session line and the JSON receipt; counted in the text.
+        assert!(out.bundles().contains(&bundle), "{:?}", out.bundles());
+        assert!(
+            out.receipt()["bundles"]
+                .as_array()
+                .is_some_and(|b| b.iter().any(|p| p == bundle.as_str())),
+            "{}",
+            out.receipt()
+        );
+        let line = format!(
+            "  bundles: {} CA file(s) that runtimes and SDKs ship held the veris bundle",
+            out.bundles().len()
+        );
+        assert!(out.stderr.contains(&line), "{}", out.ctx());
+        assert!(
+            out.stderr
+                .contains("one installed during the run was not covered"),
+            "{}",
+            out.ctx()
+        );
+        Ok(())
+    });
+}
+
+const CHARGE_JAVA: &str = r#"
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.time.Duration;
+
+public class Charge {
+    public static void main(String[] args) throws Exception {
+        HttpClient client = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(20)).build();
+        HttpRequest req = HttpRequest.newBuilder(URI.create("https://api.stripe.com/v1/charges"))
+            .timeout(Duration.ofSeconds(20))
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .POST(HttpRequest.BodyPublishers.ofString("amount=100&currency=usd"))
+            .build();
+        HttpResponse<String> res = client.send(req, HttpResponse.BodyHandlers.ofString());
+        System.out.println("java " + res.statusCode());
+    }
+}
+"#;
+
+/// Java without `JAVA_TOOL_OPTIONS` reads its JDK's own `cacerts`: the run
+/// covers it with veris's truststore.
+#[test]
+fn isolated_java_trusts_veris_through_its_default_cacerts() {
+    if !tool_works("javac", &["-version"]) {
+        return skip("javac not installed (default-jdk-headless)");
+    }
+    let java = std::env::split_paths(USER_PATH)
+        .map(|d| d.join("java"))
+        .find(|j| j.is_file());
+    let Some(java) = java else {
+        return skip(&format!("no java on {USER_PATH}"));
+    };
+    let jdk = std::fs::canonicalize(&java).unwrap();
+    let cacerts = jdk
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("lib/security/cacerts");
+    let Ok(cacerts) = std::fs::canonicalize(&cacerts) else {
+        return skip(&format!("no {}", cacerts.display()));
+    };
+    for_both("java-cacerts", |runner| {
+        let source = runner.write("Charge.java", CHARGE_JAVA);
+        let mut javac = support::command("javac");
+        javac.arg("-d").arg(&runner.work).arg(&source);
+        let built = output_within(&mut javac, Duration::from_secs(120));
+        assert!(built.status.success(), "javac: {:?}", support::text(&built));
+        let work = runner.work.to_str().unwrap();
+        let out = runner.isolated_with(
+            &[],
+            &[
+                "env",
+                "-u",
+                "JAVA_TOOL_OPTIONS",
+                "java",
+                "-cp",
+                work,
+                "Charge",
+            ],
+            Duration::from_secs(120),
+            |c| {
+                c.env("PATH", USER_PATH);
+            },
+        )?;
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        assert_eq!(out.stdout.trim(), "java 200", "{}", out.ctx());
+        out.assert_isolated_and_verified();
+        assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
+        let cacerts = cacerts.display().to_string();
+        assert!(out.bundles().contains(&cacerts), "{:?}", out.bundles());
+        Ok(())
+    });
+}
+
+/// The scan's cache sits in the state dir, where the workload writes: a
+/// forged one naming files no scan would cover (a system file, a file of
+/// the workload's) covers none of them, and the session line names none.
+#[test]
+fn a_forged_bundle_cache_covers_nothing_the_scan_would_not() {
+    let r = this_user("forged-cache");
+    let planted = r.write(
+        "cacert.pem",
+        "# planted\n-----BEGIN CERTIFICATE-----\nforged\n-----END CERTIFICATE-----\n",
+    );
+    let planted = planted.to_str().unwrap().to_string();
+    let forge = format!(
+        "import json; p = {state:?} + '/cache/bundles.json'; c = json.load(open(p)); \
+         c['files'] = ['/etc/passwd', {planted:?}] + c['files']; json.dump(c, open(p, 'w'))",
+        state = r.state().display().to_string(),
+    );
+    // The workload's run: the scan's cache exists, and it rewrites it.
+    let out = match r.isolated(&["--allow-empty"], &["python3", "-c", &forge]) {
+        Ok(out) => out,
+        Err(why) => return skip(&why),
+    };
+    assert_eq!(
+        out.code,
+        Some(0),
+        "the cache was written and forged: {}",
+        out.ctx()
+    );
+    let covered_before = out.bundles();
+    // The next run reads the forged cache.
+    let out = r
+        .isolated(
+            &["--allow-empty"],
+            &[
+                "sh",
+                "-c",
+                "head -c 5 /etc/passwd; echo; head -c 9 cacert.pem",
+            ],
+        )
+        .unwrap();
+    assert_eq!(out.code, Some(0), "{}", out.ctx());
+    assert_eq!(
+        out.stdout,
+        "root:\n# planted",
+        "neither file was covered: {}",
+        out.ctx()
+    );
+    let covered = out.bundles();
+    assert!(
+        !covered.iter().any(|b| b == "/etc/passwd" || b == &planted),
+        "{covered:?}"
+    );
+    assert_eq!(covered, covered_before, "what a fresh scan covers, no more");
 }
 
 // --- 5. wget -----------------------------------------------------------------

@@ -22,7 +22,7 @@
 //!   `seal`), every session seals with a key of its own that never leaves
 //!   the proxy's memory (`key_storage` is then always `memory`), a
 //!   session's `moved_aside` counts the requests of the file it set aside,
-//!   and it added the coverage's `sockets_reachable`, `upstream_error`'s
+//!   and it added the coverage's `sockets_reachable` and `bundles`, `upstream_error`'s
 //!   `bytes_in` and `declared_in` and its errors
 //!   `veris_request_body_incomplete` and `veris_session_ended`, written for
 //!   requests sent to the twin that got no answer because the client's body
@@ -187,6 +187,14 @@ pub struct Coverage {
     /// `/dev/shm` when shared (`--share-tmp`). `/run` is always fresh.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sockets_reachable: Vec<String>,
+    /// Isolated runs (version 5): the CA bundle files, besides the system
+    /// trust stores, that held the veris bundle (a Java keystore: its
+    /// truststore) before the command started — those its runtimes ship
+    /// (found in the site-packages and JDK of the `python3`, `python` and
+    /// `java` on its PATH) and any `--trust-file`. The command starts only
+    /// once each is covered. A bundle installed during the run is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bundles: Vec<String>,
 }
 
 fn unknown() -> String {

@@ -154,6 +154,7 @@ fn covered_session(sandbox: &str) -> Entry {
             installed_by: "veris".into(),
             isolation: None,
             sockets_reachable: Vec::new(),
+            bundles: Vec::new(),
         }));
         *workload_uid = Some(1000);
         *proxy_uid = Some(14741);

@@ -397,7 +397,7 @@ impl<'o> Builder<'o> {
         let set_aside = std::mem::take(&mut evidence.set_aside);
         let integrity =
             super::integrity::integrity(evidence, &self.keys, &facts, self.options, &window);
-        let (twin, mode, interception, isolation, seal_key) =
+        let (twin, mode, interception, (isolation, bundles), seal_key) =
             match self.session.as_ref().map(|l| &l.entry) {
                 Some(Entry::Session {
                     sandbox_id,
@@ -413,10 +413,12 @@ impl<'o> Builder<'o> {
                         *tier,
                         coverage.as_ref().and_then(|c| c.isolation.as_deref()),
                     )),
-                    coverage.as_ref().and_then(|c| c.isolation.clone()),
+                    coverage.as_ref().map_or((None, Vec::new()), |c| {
+                        (c.isolation.clone(), c.bundles.clone())
+                    }),
                     key_id.clone(),
                 ),
-                _ => (None, None, None, None, None),
+                _ => (None, None, None, (None, Vec::new()), None),
             };
         // The leaks read the newest session line and the condensed lines.
         let mut leak_read = LedgerRead::default();
@@ -440,6 +442,7 @@ impl<'o> Builder<'o> {
             mode,
             interception,
             isolation,
+            bundles,
             integrity,
             leaks,
             services: w.services,

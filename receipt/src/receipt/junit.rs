@@ -349,6 +349,7 @@ mod tests {
             mode: None,
             interception: Some(Interception::Explicit),
             isolation: None,
+            bundles: Vec::new(),
             integrity: Integrity {
                 status: IntegrityStatus::Unverified,
                 reason: Some("no \"anchor\"".into()),

@@ -211,6 +211,7 @@ mod tests {
             installed_by: "veris".into(),
             isolation: None,
             sockets_reachable: Vec::new(),
+            bundles: Vec::new(),
         }
     }
 

@@ -59,7 +59,8 @@ pub use text::{integrity_text, render_text};
 /// Still version 3, with additions only: `host_statuses` and
 /// `call_statuses` of a service (what requirements count), and
 /// `requirements` (each requirement's status filter, count and the
-/// statuses seen), and `dns_refused` (names the DNS stub refused).
+/// statuses seen), `dns_refused` (names the DNS stub refused) and
+/// `bundles` (the CA bundle files an isolated run covered).
 ///
 /// Version 4 names how the run's traffic was intercepted `interception`
 /// (`isolated`, `transparent`, `explicit`, `confined`: the words of the
@@ -97,6 +98,12 @@ pub struct Receipt {
     /// session's coverage; absent when nothing confined it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
+    /// Isolated runs: the CA bundle files, besides the system trust
+    /// stores, that held the veris bundle before the command started (its
+    /// runtimes' and SDKs', and `--trust-file`), from the session's
+    /// coverage. One installed during the run is not covered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bundles: Vec<String>,
     pub integrity: Integrity,
     /// Evidence-based notes on how traffic could bypass the proxy.
     pub leaks: Vec<String>,

@@ -117,6 +117,13 @@ pub fn render_text(r: &Receipt) -> String {
         leaks.join(", ")
     };
     let _ = writeln!(out, "  leaks: {leaks}");
+    if !r.bundles.is_empty() {
+        let _ = writeln!(
+            out,
+            "  bundles: {} CA file(s) that runtimes and SDKs ship held the veris bundle (listed under \"bundles\" in the JSON receipt); one installed during the run was not covered",
+            r.bundles.len()
+        );
+    }
     if let Some(key) = &r.seal_key {
         let _ = writeln!(out, "  seal key: {key}");
     }

@@ -171,7 +171,10 @@ fn trust_next_step(alerts: &BTreeMap<String, u64>) -> &'static str {
             "the client does not trust the veris CA: point its CA setting at the veris bundle \
              (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, NODE_EXTRA_CA_CERTS: see the env file \
              written by --write-env) or install the CA into the system store; SDKs that bundle their \
-             own CA (stripe-python, certifi copies) need their own setting; real certificate pinning cannot be fixed"
+             own CA (stripe-python, certifi copies) need their own setting — an isolated `veris run` covers \
+             the copies it finds at start in the site-packages and JDK of the python3, python and java on \
+             the command's PATH, not one installed during the run or kept elsewhere: name that one with \
+             `veris run --trust-file FILE`; real certificate pinning cannot be fixed"
         }
     }
 }
