@@ -52,6 +52,9 @@ pub async fn demo(mut args: DemoArgs) -> Result<u8> {
     result
 }
 
+/// The running binary, for the demo client's command.
+const SELF_EXE: &str = "/proc/self/exe";
+
 /// `veris run` of the demo client, with the demo's requirements.
 fn run_args(proxy: &ProxyArgs, tier: TierArg, keep_ledger: bool) -> Result<RunArgs> {
     #[derive(clap::Parser)]
@@ -60,15 +63,11 @@ fn run_args(proxy: &ProxyArgs, tier: TierArg, keep_ledger: bool) -> Result<RunAr
         run: RunArgs,
     }
     use clap::Parser;
-    let exe = std::env::current_exe().context("finding the veris binary")?;
-    let mut run = Parse::try_parse_from([
-        "veris".into(),
-        "--".into(),
-        exe.to_string_lossy().into_owned(),
-        "__demo-client".into(),
-    ])
-    .context("the demo's run arguments")?
-    .run;
+    // This binary by the kernel's own link to it, not by its path: an
+    // isolated run has a private /tmp, where a binary under /tmp is not.
+    let mut run = Parse::try_parse_from(["veris", "--", SELF_EXE, "__demo-client"])
+        .context("the demo's run arguments")?
+        .run;
     run.proxy = proxy.clone();
     run.tier = tier;
     run.require.require_request = vec![

@@ -74,6 +74,25 @@ fn demo_runs_its_client_in_the_tier_run_would_pick() {
     assert!(stdout.contains("ledger: "), "{stdout}");
 }
 
+/// A veris binary under /tmp (a checkout there, a download) still runs its
+/// demo: the isolated run's private /tmp hides that path from the client,
+/// so the client is started by the kernel's link to the binary.
+#[test]
+fn the_demo_runs_from_a_binary_under_tmp() {
+    let dir = TempDir::new("demo-tmp");
+    if !dir.path().starts_with("/tmp") {
+        return support::skip("the temp dir is not under /tmp here");
+    }
+    let copy = dir.join("veris");
+    std::fs::copy(support::bin(), &copy).expect("copying the binary");
+    let mut cmd = command(copy.to_str().unwrap());
+    cmd.args(["demo", "--state-dir"]).arg(dir.join("state"));
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("4 request(s) reached the twin"), "{stdout}");
+}
+
 #[test]
 fn twin_prints_its_url_answers_health_and_stops_on_sigterm() {
     if let Err(why) = support::curl() {

@@ -378,8 +378,9 @@ fn run_for_real(cmd: &DocCommand, how: Real, dir: &Path) -> Result<Option<String
                 return fail("the run did not pass", &out);
             }
             let written = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+            let version = format!("\"version\": {}", veris_receipt::receipt::RECEIPT_VERSION);
             let want = if file.ends_with(".json") {
-                "\"version\": 3"
+                version.as_str()
             } else {
                 "<testsuite"
             };
