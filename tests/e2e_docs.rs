@@ -310,9 +310,16 @@ fn run_for_real(cmd: &DocCommand, how: Real, dir: &Path) -> Result<Option<String
     let code = out.status.code();
     match how {
         Real::Demo => {
+            // As root, a client in the proxy's own namespaces (the explicit
+            // tier) could read its memory: at most unverified.
+            let explicit_root = cmd.key().contains("explicit") && support::euid() == 0;
+            let integrity = match explicit_root {
+                true => "integrity: unverified",
+                false => "integrity: verified",
+            };
             if code != Some(0)
                 || !stdout.contains("4 request(s) reached the twin")
-                || !stdout.contains("integrity: verified")
+                || !stdout.contains(integrity)
             {
                 return fail("the demo did not pass with a verified receipt", &out);
             }

@@ -1790,7 +1790,13 @@ fn explicit_tier_does_not_see_a_client_that_ignores_the_proxy() {
     let receipt = out.receipt();
     assert!(receipt.get("isolation").is_none(), "{receipt}");
     assert_eq!(receipt["interception"], "explicit");
-    assert_eq!(receipt["integrity"]["status"], "verified", "{receipt}");
+    // A root command could read the proxy's memory: never verified.
+    let status = if out.uid == 0 {
+        "unverified"
+    } else {
+        "verified"
+    };
+    assert_eq!(receipt["integrity"]["status"], status, "{receipt}");
     assert_eq!(out.entries("stripe"), Vec::<String>::new());
     let leaks = out.leaks();
     assert!(
@@ -2851,6 +2857,71 @@ fn isolated_passthrough_that_cannot_connect_is_recorded_as_not_reached() {
             "{}",
             out.ctx()
         );
+        Ok(())
+    });
+}
+
+/// Reads the first 4 KiB of its parent's heap through /proc (what a root
+/// command can do to the proxy that started it), and says whether it could.
+const READ_PARENT_HEAP_PY: &str = r#"
+import os
+ppid = os.getppid()
+try:
+    with open(f"/proc/{ppid}/maps") as maps:
+        heap = next(l for l in maps if l.rstrip().endswith("[heap]"))
+    start = int(heap.split("-")[0], 16)
+    with open(f"/proc/{ppid}/mem", "rb") as mem:
+        mem.seek(start)
+        print("read", len(mem.read(4096)))
+except (OSError, StopIteration) as e:
+    print("denied", type(e).__name__)
+"#;
+
+/// H4 (custody): in the explicit tier the command runs in the proxy's own
+/// namespaces; as root it holds CAP_SYS_PTRACE and reads the proxy's
+/// memory, seal key included, non-dumpable or not. Such a run is never
+/// `verified` and its leaks say `workload-root`; as another user the read
+/// is refused and the run verifies.
+#[test]
+fn a_root_command_in_the_explicit_tier_never_reads_verified() {
+    for_both("explicit-root", |r| {
+        if !r.child_tool_works("python3", &["-c", ""]) {
+            return Err("python3 not available to this uid".into());
+        }
+        let script = r.write("read_parent_heap.py", READ_PARENT_HEAP_PY);
+        let out = r.run(
+            &["--tier", "explicit", "--allow-empty"],
+            &["python3", script.to_str().unwrap()],
+        );
+        assert_eq!(out.code, Some(0), "{}", out.ctx());
+        let receipt = out.receipt();
+        let custody = receipt["integrity"]["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "custody"))
+            .cloned();
+        if out.uid == 0 {
+            assert!(out.stdout.contains("read 4096"), "{}", out.ctx());
+            assert_eq!(receipt["integrity"]["status"], "unverified", "{receipt}");
+            let custody = custody.unwrap_or_else(|| panic!("no custody check: {receipt}"));
+            assert!(
+                custody["detail"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("workload ran as root"),
+                "{custody}"
+            );
+            assert!(
+                out.leaks().contains(&"workload-root".to_string()),
+                "{receipt}"
+            );
+        } else {
+            assert!(out.stdout.contains("denied"), "{}", out.ctx());
+            assert_eq!(receipt["integrity"]["status"], "verified", "{receipt}");
+            assert!(
+                !out.leaks().contains(&"workload-root".to_string()),
+                "{receipt}"
+            );
+        }
         Ok(())
     });
 }

@@ -632,3 +632,15 @@ pub fn record_client(client: &str, tier: &str, outcome: &str, reason: &str) {
         .open(log)
         .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
 }
+
+/// This process's effective uid (a run's workload uid: a root workload in
+/// the proxy's own namespaces is never `verified`).
+pub fn euid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .expect("reading /proc/self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("an effective uid in /proc/self/status")
+}

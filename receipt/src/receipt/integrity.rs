@@ -621,6 +621,7 @@ fn custody_check(session: &Line, custody: &Custody) -> Option<Check> {
         key_storage,
         proxy_uid,
         workload_uid,
+        coverage,
         ..
     } = &session.entry
     else {
@@ -632,6 +633,20 @@ fn custody_check(session: &Line, custody: &Custody) -> Option<Check> {
             "the session at seq {} kept its seal key in a file (seal.key, veris before ledger v5), which a workload of the proxy's uid could read and re-sign with. Next: verify a session of a current veris, whose keys never touch disk",
             session.seq
         ));
+    }
+    // A root workload in the proxy's own namespaces holds CAP_SYS_PTRACE:
+    // it can read (and write) the proxy's memory through /proc/PID/mem,
+    // seal key included, non-dumpable or not. An isolated child holds no
+    // capability, and Landlock keeps a confined one from tracing anything
+    // outside its domain.
+    let walled = coverage
+        .as_ref()
+        .and_then(|c| c.isolation.as_deref())
+        .is_some_and(|i| i == "netns" || i == "landlock");
+    if *workload_uid == Some(0) && !walled && !matches!(custody, Custody::Unanchored) {
+        return unverified(
+            "the workload ran as root in the proxy's own namespaces, where it can read the proxy's memory (its seal key) through /proc or ptrace. Next: run the command as another user, or let veris isolate it (`veris run` without --tier explicit)".into(),
+        );
     }
     match custody {
         Custody::Unanchored | Custody::InProcess | Custody::Pin(None) => None,
@@ -1235,13 +1250,9 @@ mod tests {
             (
                 ListenerTier::Transparent,
                 (Some(14741), Some(0)),
-                Some("runs as root"),
+                Some("as root"),
             ),
-            (
-                ListenerTier::Explicit,
-                (Some(0), Some(0)),
-                Some("runs as root"),
-            ),
+            (ListenerTier::Explicit, (Some(0), Some(0)), Some("as root")),
             (ListenerTier::Transparent, (Some(14741), Some(1000)), None),
             (ListenerTier::Explicit, (Some(0), Some(65534)), None),
         ];
@@ -1249,9 +1260,21 @@ mod tests {
             let dir = Dir::new();
             let sealer = Sealer::generate().unwrap();
             let (text, last) = sessions(&dir, &sealer, vec![session_of(&sealer, tier, uids)]);
-            assert_eq!(custody(&verdict_of(&text, &pinned(&sealer, &text))), None);
-            let own = in_process(live_read(&sealer, &last));
-            assert_eq!(custody(&verdict_of(&text, &own)), None);
+            // A root workload outside any namespace or Landlock domain of
+            // its own could read the proxy's memory, whatever the anchor.
+            let root = uids.1 == Some(0);
+            let pin = custody(&verdict_of(&text, &pinned(&sealer, &text)));
+            let own = custody(&verdict_of(&text, &in_process(live_read(&sealer, &last))));
+            for got in [pin, own] {
+                match root {
+                    true => assert!(
+                        got.as_deref()
+                            .is_some_and(|g| g.contains("workload ran as root")),
+                        "{tier:?} {uids:?}: {got:?}"
+                    ),
+                    false => assert_eq!(got, None, "{tier:?} {uids:?}"),
+                }
+            }
             let got = custody(&verdict_of(&text, &live_read(&sealer, &last)));
             match want {
                 Some(w) => assert!(

@@ -29,17 +29,25 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
             _ => None,
         });
     match session {
-        Some((ListenerTier::Explicit, Some(c), _))
+        Some((ListenerTier::Explicit, Some(c), workload_uid))
             if c.isolation.as_deref() == Some("landlock") =>
         {
             out.extend(confined_leaks(c));
+            if workload_uid == Some(0) {
+                out.push("workload-root".to_string());
+            }
         }
-        Some((ListenerTier::Explicit, _, _)) => {
+        Some((ListenerTier::Explicit, _, workload_uid)) => {
             // Clients that ignore the proxy variables go straight out, and
             // nothing redirects UDP in this tier.
             out.push("direct-egress-possible".to_string());
             out.push("udp-quic-possible".to_string());
             out.push(HOST_DAEMONS.to_string());
+            // Root in the host's namespaces: it can change the host, read
+            // the proxy's memory, and start what outlives the run.
+            if workload_uid == Some(0) {
+                out.push("workload-root".to_string());
+            }
         }
         Some((ListenerTier::Transparent, None, _)) => {
             out.push("coverage-unknown".to_string());
