@@ -826,8 +826,9 @@ fn isolated_stripe_sdk_trusts_veris_through_its_own_bundle() {
         );
         assert!(out.stderr.contains(&line), "{}", out.ctx());
         assert!(
-            out.stderr
-                .contains("one installed during the run was not covered"),
+            out.stderr.contains(
+                "a bundle installed during the run is not covered (name it with --trust-file)"
+            ),
             "{}",
             out.ctx()
         );

@@ -120,7 +120,7 @@ pub fn render_text(r: &Receipt) -> String {
     if !r.bundles.is_empty() {
         let _ = writeln!(
             out,
-            "  bundles: {} CA file(s) that runtimes and SDKs ship held the veris bundle (listed under \"bundles\" in the JSON receipt); one installed during the run was not covered",
+            "  bundles: {} CA file(s) that runtimes and SDKs ship held the veris bundle (listed under \"bundles\" in the JSON receipt); a bundle installed during the run is not covered (name it with --trust-file)",
             r.bundles.len()
         );
     }
