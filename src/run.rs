@@ -434,7 +434,7 @@ pub fn known_services(reqs: &[Requirement], routed: &[String]) -> Result<()> {
         };
         if !routed.iter().any(|s| s == name) {
             bail!(
-                "{flag}: unknown service {name:?}: this run routes {}. Next: use one of those names (the built-in catalog, --services, --route and the config file's services), or add --route {name}=HOST[/PREFIX]",
+                "{flag}: unknown service {name:?}: this run routes {}. Next: use one of those names (the built-in catalog, --services, --route and the config file's services), or add it: --route {name}=HOST[/PREFIX], or with --config a `services` entry in that file (--route and --config do not mix)",
                 routed.join(", ")
             );
         }

@@ -485,6 +485,12 @@ fn a_receipt_requirement_for_a_service_the_live_proxy_does_not_route_is_a_usage_
             "the routed names: {stderr}"
         );
         assert!(stderr.contains("Next:"), "{stderr}");
+        // The way to add one names both places, since --route is refused
+        // beside --config.
+        assert!(
+            stderr.contains("--route and --config do not mix"),
+            "{stderr}"
+        );
     }
     // A usage error asks the proxy for no seal: it writes nothing (the
     // proxy's own interval seals may come and go meanwhile).
