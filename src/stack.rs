@@ -373,8 +373,11 @@ impl Stack {
             .await
             .with_context(|| format!("binding the proxy to {}. Next: pick a free address with --listen (port 0 picks one)", settings.listen))?;
         let proxy_addr = listener.local_addr()?;
-        let (transparent_listeners, confined_coverage) =
+        let (transparent_listeners, mut confined_coverage) =
             confined_listeners(confinement, &args.transparent).await?;
+        if let Some(c) = confined_coverage.as_mut() {
+            c.upstream_proxy = upstream_proxy.is_some();
+        }
         let isolated = transparent_listeners
             .as_ref()
             .is_some_and(|l| l.dns.is_some());
@@ -1148,6 +1151,7 @@ fn landlock_coverage() -> veris_receipt::Coverage {
         isolation: Some("landlock".into()),
         sockets_reachable: Vec::new(),
         bundles: Vec::new(),
+        upstream_proxy: false,
     }
 }
 

@@ -125,6 +125,7 @@ impl RulesetParams {
             exempt,
             sockets_reachable: Vec::new(),
             bundles: Vec::new(),
+            upstream_proxy: false,
             installed_by: installed_by.into(),
             isolation: None,
         }

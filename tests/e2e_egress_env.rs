@@ -423,6 +423,69 @@ fn an_isolated_runs_passthrough_goes_through_the_upstream_proxy_by_name() {
     assert_eq!(upstream.targets(), [format!("passthrough.test:{port}")]);
 }
 
+/// From an isolated run, a name the upstream proxy would resolve to this
+/// host (here: the machine's own host name, which resolves to loopback)
+/// is refused before the upstream proxy sees it — a proxy beside veris
+/// would otherwise reach the host's loopback for the command. What the
+/// upstream proxy's own resolution leaves open is named in the leaks.
+#[test]
+fn an_isolated_runs_name_for_this_host_never_reaches_the_upstream_proxy() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let name = String::from_utf8_lossy(&Command::new("hostname").output().unwrap().stdout)
+        .trim()
+        .to_string();
+    let getent = Command::new("getent")
+        .args(["hosts", &name])
+        .output()
+        .unwrap();
+    let resolved = String::from_utf8_lossy(&getent.stdout).to_string();
+    if name.is_empty() || name == "localhost" || !resolved.starts_with("127.") {
+        return skip(&format!(
+            "the host name {name:?} does not resolve to loopback here ({resolved:?})"
+        ));
+    }
+    let origin = origin();
+    let port = origin.port();
+    let upstream = ConnectProxy::start(origin);
+    let dir = TempDir::new("upstream-isolated-host");
+    let state = dir.join("state");
+    let mut cmd = support::veris(["run", "--tier", "isolated", "--allow-empty", "--state-dir"]);
+    cmd.arg(&state)
+        .args(["--upstream-proxy", &upstream.url, "--", "sh", "-c"])
+        .arg(format!(
+            "curl -sS --max-time 20 http://{name}:{port}/host; \
+             curl -sS --max-time 20 http://passthrough.test:{port}/other"
+        ));
+    let out = output_within(&mut cmd, RUN_TIMEOUT);
+    let (stdout, stderr) = text(&out);
+    if out.status.code() == Some(1) && stderr.contains("cannot isolate the command") {
+        return skip(&format!("isolation unavailable: {}", stderr.trim()));
+    }
+    assert!(!stdout.contains("origin:/host"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("origin:/other"), "{stdout}\n{stderr}");
+    assert_eq!(
+        upstream.targets(),
+        [format!("passthrough.test:{port}")],
+        "{stderr}"
+    );
+    let out = output_within(
+        support::veris(["receipt", "--json", "--state-dir"]).arg(&state),
+        RUN_TIMEOUT,
+    );
+    let (stdout, stderr) = text(&out);
+    let receipt: Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let leaks = receipt["leaks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{receipt}"));
+    assert!(
+        leaks.iter().any(|l| l == "upstream-proxy-resolves-names"),
+        "{leaks:?}"
+    );
+}
+
 /// Only an http:// upstream proxy is supported: an https:// (TLS to the
 /// proxy) or SOCKS URL is refused at start, by serve and by run before its
 /// command starts, in words with the next step, and nothing is written.

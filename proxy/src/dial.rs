@@ -25,8 +25,10 @@
 //! With `--upstream-proxy` ([`ChainProxy`]), a dial made for a client (a
 //! passthrough) goes through that HTTP proxy with `CONNECT host:port`
 //! instead of straight to its destination: the name (or the address the
-//! client dialed) is handed to the upstream proxy, which resolves it. The
-//! proxy's own dials (the twin) and loopback destinations never use it.
+//! client dialed) is handed to the upstream proxy, which resolves it (from
+//! an isolated run, a name that resolves here to this host is refused
+//! first). The proxy's own dials (the twin) and loopback destinations never
+//! use it.
 
 use std::fmt;
 use std::future::Future;
@@ -416,6 +418,7 @@ pub async fn connect_for_client(
             } else {
                 ip.to_string()
             };
+            refuse_host_name_for_client(&host, addr.port()).await?;
             return via.connect(&connect_target(&host, addr.port())).await;
         }
     }
@@ -442,10 +445,36 @@ pub async fn connect_host_for_client(
             return Box::pin(connect_for_client(SocketAddr::new(ip, port), Some(via))).await;
         }
         if !goes_direct(host) {
+            refuse_host_name_for_client(host, port).await?;
             return via.connect(&connect_target(host, port)).await;
         }
     }
     connect_first(resolve(host, port).await?, true).await
+}
+
+/// How long an isolated run's passthrough waits to resolve a name here
+/// before handing it to the upstream proxy unchecked.
+const NAME_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// From an isolated run, a name handed to the upstream proxy is first
+/// resolved here, and refused where it names this host, as a direct dial
+/// would be. The upstream proxy resolves it again, maybe to another answer,
+/// and a name this host cannot resolve (in time) is left to it: the
+/// session's coverage says an upstream proxy was used, and the receipt
+/// names that in its leaks (`upstream-proxy-resolves-names`).
+async fn refuse_host_name_for_client(host: &str, port: u16) -> io::Result<()> {
+    if SYNTHETIC.get().is_none() || host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let Ok(Ok(addrs)) = tokio::time::timeout(NAME_CHECK_TIMEOUT, resolve(host, port)).await else {
+        return Ok(());
+    };
+    for addr in addrs {
+        if let Err(e) = refuse_host_for_client(addr) {
+            return Err(io::Error::new(e.kind(), format!("{host} resolves to {e}")));
+        }
+    }
+    Ok(())
 }
 
 /// Loopback destinations (names and literals) are dialed directly even

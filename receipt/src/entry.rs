@@ -195,6 +195,11 @@ pub struct Coverage {
     /// once each is covered. A bundle installed during the run is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bundles: Vec<String>,
+    /// Passthroughs went through an upstream HTTP proxy
+    /// (`--upstream-proxy`), which resolves their names itself: what it
+    /// dialed for a name is beyond veris's checks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upstream_proxy: bool,
 }
 
 fn unknown() -> String {

@@ -155,6 +155,7 @@ fn covered_session(sandbox: &str) -> Entry {
             isolation: None,
             sockets_reachable: Vec::new(),
             bundles: Vec::new(),
+            upstream_proxy: false,
         }));
         *workload_uid = Some(1000);
         *proxy_uid = Some(14741);

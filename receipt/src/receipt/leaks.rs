@@ -28,6 +28,11 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
             } => Some((*tier, coverage.as_deref(), *workload_uid)),
             _ => None,
         });
+    // An isolated run's passthroughs through an upstream proxy: it resolves
+    // their names itself, so veris cannot hold it to "never this host".
+    let via_upstream = session.is_some_and(|(_, c, _)| {
+        c.is_some_and(|c| c.upstream_proxy && c.isolation.as_deref() == Some("netns"))
+    });
     match session {
         Some((ListenerTier::Explicit, Some(c), workload_uid))
             if c.isolation.as_deref() == Some("landlock") =>
@@ -73,6 +78,9 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
         .any(|l| l.seq > since && l.seq <= until && matches!(l.entry, Entry::Passthrough { .. }));
     if tunnels {
         out.push("ech-possible".to_string());
+        if via_upstream {
+            out.push("upstream-proxy-resolves-names".to_string());
+        }
     }
     let mut ech_hosts: Vec<String> = Vec::new();
     let mut quic_attempts: u64 = 0;
@@ -220,6 +228,7 @@ mod tests {
             isolation: None,
             sockets_reachable: Vec::new(),
             bundles: Vec::new(),
+            upstream_proxy: false,
         }
     }
 
