@@ -340,25 +340,20 @@ impl CertificateAuthority {
     }
 }
 
-/// Lower-cases a host, strips IPv6 brackets and a trailing dot, and rejects what cannot be a
-/// certificate name. Cache keys and SANs both use this form.
+/// A host by the one rule ([`veris_host::Host`]), rejecting what cannot be a certificate
+/// name. Cache keys and SANs both use this form.
 pub(crate) fn normalize_host(host: &str) -> Result<String, CaError> {
     let invalid = || CaError::InvalidHost {
         host: host.to_owned(),
     };
-    let h = host.trim();
-    let h = h
-        .strip_prefix('[')
-        .and_then(|s| s.strip_suffix(']'))
-        .unwrap_or(h);
-    if let Ok(ip) = h.parse::<IpAddr>() {
-        return Ok(ip.to_string());
+    let h = veris_host::Host::new(host);
+    if h.ip().is_some() {
+        return Ok(h.into_string());
     }
-    let h = h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase();
-    if rustls::pki_types::ServerName::try_from(h.as_str()).is_err() {
+    if h.as_str().is_empty() || rustls::pki_types::ServerName::try_from(h.as_str()).is_err() {
         return Err(invalid());
     }
-    Ok(h)
+    Ok(h.into_string())
 }
 
 /// A random positive 128-bit serial (RFC 5280 allows up to 20 octets; DER adds a sign byte).

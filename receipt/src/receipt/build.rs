@@ -694,7 +694,8 @@ mod tests {
     fn hosts_are_normalized() {
         assert_eq!(normalize_host("API.stripe.com:443"), "api.stripe.com");
         assert_eq!(normalize_host("api.stripe.com"), "api.stripe.com");
-        assert_eq!(normalize_host("[::1]:8443"), "[::1]");
+        assert_eq!(normalize_host("[::1]:8443"), "::1");
+        assert_eq!(normalize_host("API.stripe.com.:443"), "api.stripe.com");
         assert_eq!(normalize_host("::1"), "::1");
     }
 

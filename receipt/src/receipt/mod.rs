@@ -517,19 +517,11 @@ impl Receipt {
     }
 }
 
-/// `host` lower-cased, without a `:port` suffix.
+/// A host as receipts compare it: the one rule ([`veris_host::Host`]), so a
+/// `--require-host` and a ledger line's host match when they name the same
+/// host.
 fn normalize_host(host: &str) -> String {
-    let host = host.trim().to_ascii_lowercase();
-    match host.rsplit_once(':') {
-        Some((name, port))
-            if !port.is_empty()
-                && port.bytes().all(|b| b.is_ascii_digit())
-                && (name.ends_with(']') || !name.contains(':')) =>
-        {
-            name.to_string()
-        }
-        _ => host,
-    }
+    veris_host::Host::new(host).into_string()
 }
 
 fn strip_query(path: &str) -> &str {
