@@ -654,6 +654,77 @@ fn the_config_example_is_accepted() {
     assert_eq!(ready["sandbox_id"], example["sandbox_id"], "{ready}");
 }
 
+/// The part of `page` from the line that starts with `heading` to the next
+/// heading of the same or a higher level.
+fn section<'a>(page: &'a str, heading: &str) -> &'a str {
+    let start = page
+        .find(&format!("\n{heading}"))
+        .unwrap_or_else(|| panic!("no heading {heading:?}"))
+        + 1;
+    let level = heading.chars().take_while(|c| *c == '#').count();
+    let rest = &page[start..];
+    let end = rest
+        .match_indices("\n#")
+        .find(|(i, _)| {
+            let hashes = rest[i + 1..].chars().take_while(|c| *c == '#').count();
+            hashes <= level
+        })
+        .map(|(i, _)| i)
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// The leak names receipt/src/receipt/leaks.rs can put in a receipt: the
+/// first word of each string literal of its code (not its comments or
+/// tests) that is a hyphenated lower-case name.
+fn leak_names_in_code() -> Vec<String> {
+    let src = std::fs::read_to_string(root().join("receipt/src/receipt/leaks.rs"))
+        .expect("receipt/src/receipt/leaks.rs");
+    let code = src.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut names = Vec::new();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for literal in line.split('"').skip(1).step_by(2) {
+            let name = literal.split([' ', '{']).next().unwrap_or_default();
+            let leak_like = name.contains('-')
+                && !name.starts_with('-')
+                && !name.ends_with('-')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            if leak_like && !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// Every leak the receipt can print is named, with its meaning, in
+/// docs/trust-model.md's leak table, so the list cannot fall behind the code.
+#[test]
+fn every_leak_the_receipt_can_print_is_in_the_trust_model() {
+    let names = leak_names_in_code();
+    // The extraction itself must still find them (20 when written).
+    assert!(names.len() >= 15, "found only {names:?} in leaks.rs");
+    for known in [
+        "workload-root",
+        "host-daemon-escape-possible",
+        "udp-dropped",
+    ] {
+        assert!(names.iter().any(|n| n == known), "{known} not in {names:?}");
+    }
+    let page = std::fs::read_to_string(root().join("docs/trust-model.md")).unwrap();
+    let leaks = section(&page, "## Leaks");
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !leaks.contains(&format!("| `{n}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/trust-model.md's leak table lacks {missing:?} (a row `| `NAME …` | tier | meaning |` each)"
+    );
+}
+
 /// GitHub's anchor of a heading: lower case, punctuation dropped, spaces
 /// become hyphens.
 fn anchors(markdown: &str) -> Vec<String> {
