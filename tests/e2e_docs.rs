@@ -725,6 +725,101 @@ fn every_leak_the_receipt_can_print_is_in_the_trust_model() {
     );
 }
 
+/// docs/cli.md's `veris doctor` table has one row per line doctor prints,
+/// in the order it prints them, and no other.
+#[test]
+fn the_doctor_table_names_every_check_doctor_prints() {
+    let dir = TempDir::new("docs-doctor");
+    let mut cmd = veris(["doctor", "--state-dir"]);
+    cmd.arg(dir.join("state")).env("HOME", dir.path());
+    let out = output_within(&mut cmd, Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    let printed: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| {
+            let rest = ["ok ", "warn ", "FAIL "]
+                .iter()
+                .find_map(|level| l.strip_prefix(level))?;
+            Some(rest.trim_start().split(':').next()?.to_string())
+        })
+        .collect();
+    assert!(printed.len() >= 10, "doctor printed {stdout}\n{stderr}");
+    let page = std::fs::read_to_string(root().join("docs/cli.md")).unwrap();
+    let table: Vec<String> = section(&page, "## `veris doctor`")
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        table, printed,
+        "docs/cli.md's doctor table (left) is not what `veris doctor` prints (right)"
+    );
+}
+
+/// The fixture example of docs/cli.md works as shown: its file, given to
+/// `veris twin --fixtures`, makes the documented `veris run --twin …`
+/// see a charge declined with 402, and its `status=402` requirement holds.
+#[test]
+fn the_twin_fixture_example_declines_a_card() {
+    if let Err(why) = support::curl() {
+        support::skip(&why);
+        return;
+    }
+    let page = std::fs::read_to_string(root().join("docs/cli.md")).unwrap();
+    let fixtures = section(&page, "### Fixtures: your own answers");
+    let start = fixtures.find("```json\n").expect("a JSON example") + "```json\n".len();
+    let end = start
+        + fixtures[start..]
+            .find("```")
+            .expect("the end of the example");
+    let example: serde_json::Value =
+        serde_json::from_str(&fixtures[start..end]).expect("the example is JSON");
+    let lines: Vec<Vec<String>> = shell_lines(fixtures)
+        .into_iter()
+        .map(|(_, l)| shell_words(&l))
+        .collect();
+    let shown = |program: &str| {
+        lines
+            .iter()
+            .find(|w| w.len() > 1 && w[0] == "veris" && w[1] == program)
+            .unwrap_or_else(|| panic!("no `veris {program}` in the fixtures section"))
+            .clone()
+    };
+    let (twin, run) = (shown("twin"), shown("run"));
+    let file = twin[twin.iter().position(|w| w == "--fixtures").unwrap() + 1].clone();
+    let dir = TempDir::new("docs-fixtures");
+    std::fs::write(dir.join(&file), example.to_string()).unwrap();
+    // The doc's fixed port, made a free one here.
+    let twin: Vec<String> = twin[1..]
+        .iter()
+        .map(|w| w.replace("127.0.0.1:9000", "127.0.0.1:0"))
+        .collect();
+    let mut twin_cmd = veris(&twin);
+    twin_cmd.current_dir(dir.path());
+    let (_twin, url) = support::spawn_twin(&mut twin_cmd);
+    let run: Vec<String> = run[1..]
+        .iter()
+        .map(|w| w.replace("http://127.0.0.1:9000", &url))
+        .collect();
+    assert!(
+        run.contains(&url),
+        "the run does not name the twin: {run:?}"
+    );
+    let mut run_cmd = veris(&run);
+    run_cmd
+        .current_dir(dir.path())
+        .env("HOME", dir.path())
+        .env("VERIS_STATE_DIR", dir.join("state"));
+    let out = output_within(&mut run_cmd, Duration::from_secs(90));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("card_declined"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("POST \"/v1/charges\" -> 402"),
+        "{stdout}\n{stderr}"
+    );
+}
+
 /// GitHub's anchor of a heading: lower case, punctuation dropped, spaces
 /// become hyphens.
 fn anchors(markdown: &str) -> Vec<String> {
