@@ -394,10 +394,64 @@ fn run_for_real(cmd: &DocCommand, how: Real, dir: &Path) -> Result<Option<String
             if !written.contains(want) {
                 return fail(&format!("{file} lacks {want:?}: {written}"), &out);
             }
+            if file.ends_with(".json") {
+                let undocumented = undocumented_json_fields(&written);
+                if !undocumented.is_empty() {
+                    return fail(
+                        &format!("docs/receipt-formats.md's JSON section does not name the fields {undocumented:?}"),
+                        &out,
+                    );
+                }
+            }
         }
         Real::Serve => unreachable!("handled above"),
     }
     Ok(None)
+}
+
+/// The field names of a JSON receipt that docs/receipt-formats.md's JSON
+/// section does not name as a word. Maps keyed by data (services, hosts,
+/// calls, statuses, alerts) are not field names: only a service's own
+/// fields are looked at below them.
+fn undocumented_json_fields(receipt: &str) -> Vec<String> {
+    fn fields(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, child) in m {
+                    if !out.contains(k) {
+                        out.push(k.clone());
+                    }
+                    match k.as_str() {
+                        "services" => {
+                            for service in child.as_object().into_iter().flat_map(|m| m.values()) {
+                                fields(service, out);
+                            }
+                        }
+                        "hosts" | "calls" | "host_statuses" | "call_statuses" | "seen_statuses"
+                        | "alerts" | "reserved_paths" => {}
+                        _ => fields(child, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|c| fields(c, out)),
+            _ => {}
+        }
+    }
+    let value: serde_json::Value = serde_json::from_str(receipt).unwrap_or_default();
+    let mut names = Vec::new();
+    fields(&value, &mut names);
+    let page = std::fs::read_to_string(root().join("docs/receipt-formats.md")).unwrap();
+    let json = section(&page, "## JSON");
+    let is_word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    names
+        .into_iter()
+        .filter(|n| {
+            !json.match_indices(n.as_str()).any(|(i, _)| {
+                !is_word(json[..i].chars().next_back())
+                    && !is_word(json[i + n.len()..].chars().next())
+            })
+        })
+        .collect()
 }
 
 /// Starts the documented `veris serve` (relative ready and env files, in
