@@ -394,10 +394,64 @@ fn run_for_real(cmd: &DocCommand, how: Real, dir: &Path) -> Result<Option<String
             if !written.contains(want) {
                 return fail(&format!("{file} lacks {want:?}: {written}"), &out);
             }
+            if file.ends_with(".json") {
+                let undocumented = undocumented_json_fields(&written);
+                if !undocumented.is_empty() {
+                    return fail(
+                        &format!("docs/receipt-formats.md's JSON section does not name the fields {undocumented:?}"),
+                        &out,
+                    );
+                }
+            }
         }
         Real::Serve => unreachable!("handled above"),
     }
     Ok(None)
+}
+
+/// The field names of a JSON receipt that docs/receipt-formats.md's JSON
+/// section does not name as a word. Maps keyed by data (services, hosts,
+/// calls, statuses, alerts) are not field names: only a service's own
+/// fields are looked at below them.
+fn undocumented_json_fields(receipt: &str) -> Vec<String> {
+    fn fields(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, child) in m {
+                    if !out.contains(k) {
+                        out.push(k.clone());
+                    }
+                    match k.as_str() {
+                        "services" => {
+                            for service in child.as_object().into_iter().flat_map(|m| m.values()) {
+                                fields(service, out);
+                            }
+                        }
+                        "hosts" | "calls" | "host_statuses" | "call_statuses" | "seen_statuses"
+                        | "alerts" | "reserved_paths" => {}
+                        _ => fields(child, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|c| fields(c, out)),
+            _ => {}
+        }
+    }
+    let value: serde_json::Value = serde_json::from_str(receipt).unwrap_or_default();
+    let mut names = Vec::new();
+    fields(&value, &mut names);
+    let page = std::fs::read_to_string(root().join("docs/receipt-formats.md")).unwrap();
+    let json = section(&page, "## JSON");
+    let is_word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    names
+        .into_iter()
+        .filter(|n| {
+            !json.match_indices(n.as_str()).any(|(i, _)| {
+                !is_word(json[..i].chars().next_back())
+                    && !is_word(json[i + n.len()..].chars().next())
+            })
+        })
+        .collect()
 }
 
 /// Starts the documented `veris serve` (relative ready and env files, in
@@ -652,6 +706,172 @@ fn the_config_example_is_accepted() {
     serve.signal("TERM");
     assert_eq!(serve.wait().code(), Some(0));
     assert_eq!(ready["sandbox_id"], example["sandbox_id"], "{ready}");
+}
+
+/// The part of `page` from the line that starts with `heading` to the next
+/// heading of the same or a higher level.
+fn section<'a>(page: &'a str, heading: &str) -> &'a str {
+    let start = page
+        .find(&format!("\n{heading}"))
+        .unwrap_or_else(|| panic!("no heading {heading:?}"))
+        + 1;
+    let level = heading.chars().take_while(|c| *c == '#').count();
+    let rest = &page[start..];
+    let end = rest
+        .match_indices("\n#")
+        .find(|(i, _)| {
+            let hashes = rest[i + 1..].chars().take_while(|c| *c == '#').count();
+            hashes <= level
+        })
+        .map(|(i, _)| i)
+        .unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// The leak names receipt/src/receipt/leaks.rs can put in a receipt: the
+/// first word of each string literal of its code (not its comments or
+/// tests) that is a hyphenated lower-case name.
+fn leak_names_in_code() -> Vec<String> {
+    let src = std::fs::read_to_string(root().join("receipt/src/receipt/leaks.rs"))
+        .expect("receipt/src/receipt/leaks.rs");
+    let code = src.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut names = Vec::new();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for literal in line.split('"').skip(1).step_by(2) {
+            let name = literal.split([' ', '{']).next().unwrap_or_default();
+            let leak_like = name.contains('-')
+                && !name.starts_with('-')
+                && !name.ends_with('-')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            if leak_like && !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// Every leak the receipt can print is named, with its meaning, in
+/// docs/trust-model.md's leak table, so the list cannot fall behind the code.
+#[test]
+fn every_leak_the_receipt_can_print_is_in_the_trust_model() {
+    let names = leak_names_in_code();
+    // The extraction itself must still find them (20 when written).
+    assert!(names.len() >= 15, "found only {names:?} in leaks.rs");
+    for known in [
+        "workload-root",
+        "host-daemon-escape-possible",
+        "udp-dropped",
+    ] {
+        assert!(names.iter().any(|n| n == known), "{known} not in {names:?}");
+    }
+    let page = std::fs::read_to_string(root().join("docs/trust-model.md")).unwrap();
+    let leaks = section(&page, "## Leaks");
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !leaks.contains(&format!("| `{n}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/trust-model.md's leak table lacks {missing:?} (a row `| `NAME …` | tier | meaning |` each)"
+    );
+}
+
+/// docs/cli.md's `veris doctor` table has one row per line doctor prints,
+/// in the order it prints them, and no other.
+#[test]
+fn the_doctor_table_names_every_check_doctor_prints() {
+    let dir = TempDir::new("docs-doctor");
+    let mut cmd = veris(["doctor", "--state-dir"]);
+    cmd.arg(dir.join("state")).env("HOME", dir.path());
+    let out = output_within(&mut cmd, Duration::from_secs(60));
+    let (stdout, stderr) = text(&out);
+    let printed: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| {
+            let rest = ["ok ", "warn ", "FAIL "]
+                .iter()
+                .find_map(|level| l.strip_prefix(level))?;
+            Some(rest.trim_start().split(':').next()?.to_string())
+        })
+        .collect();
+    assert!(printed.len() >= 10, "doctor printed {stdout}\n{stderr}");
+    let page = std::fs::read_to_string(root().join("docs/cli.md")).unwrap();
+    let table: Vec<String> = section(&page, "## `veris doctor`")
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        table, printed,
+        "docs/cli.md's doctor table (left) is not what `veris doctor` prints (right)"
+    );
+}
+
+/// The fixture example of docs/cli.md works as shown: its file, given to
+/// `veris twin --fixtures`, makes the documented `veris run --twin …`
+/// see a charge declined with 402, and its `status=402` requirement holds.
+#[test]
+fn the_twin_fixture_example_declines_a_card() {
+    if let Err(why) = support::curl() {
+        support::skip(&why);
+        return;
+    }
+    let page = std::fs::read_to_string(root().join("docs/cli.md")).unwrap();
+    let fixtures = section(&page, "### Fixtures: your own answers");
+    let start = fixtures.find("```json\n").expect("a JSON example") + "```json\n".len();
+    let end = start
+        + fixtures[start..]
+            .find("```")
+            .expect("the end of the example");
+    let example: serde_json::Value =
+        serde_json::from_str(&fixtures[start..end]).expect("the example is JSON");
+    let lines: Vec<Vec<String>> = shell_lines(fixtures)
+        .into_iter()
+        .map(|(_, l)| shell_words(&l))
+        .collect();
+    let shown = |program: &str| {
+        lines
+            .iter()
+            .find(|w| w.len() > 1 && w[0] == "veris" && w[1] == program)
+            .unwrap_or_else(|| panic!("no `veris {program}` in the fixtures section"))
+            .clone()
+    };
+    let (twin, run) = (shown("twin"), shown("run"));
+    let file = twin[twin.iter().position(|w| w == "--fixtures").unwrap() + 1].clone();
+    let dir = TempDir::new("docs-fixtures");
+    std::fs::write(dir.join(&file), example.to_string()).unwrap();
+    // The doc's fixed port, made a free one here.
+    let twin: Vec<String> = twin[1..]
+        .iter()
+        .map(|w| w.replace("127.0.0.1:9000", "127.0.0.1:0"))
+        .collect();
+    let mut twin_cmd = veris(&twin);
+    twin_cmd.current_dir(dir.path());
+    let (_twin, url) = support::spawn_twin(&mut twin_cmd);
+    let run: Vec<String> = run[1..]
+        .iter()
+        .map(|w| w.replace("http://127.0.0.1:9000", &url))
+        .collect();
+    assert!(
+        run.contains(&url),
+        "the run does not name the twin: {run:?}"
+    );
+    let mut run_cmd = veris(&run);
+    run_cmd
+        .current_dir(dir.path())
+        .env("HOME", dir.path())
+        .env("VERIS_STATE_DIR", dir.join("state"));
+    let out = output_within(&mut run_cmd, Duration::from_secs(90));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("card_declined"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("POST \"/v1/charges\" -> 402"),
+        "{stdout}\n{stderr}"
+    );
 }
 
 /// GitHub's anchor of a heading: lower case, punctuation dropped, spaces
