@@ -11,14 +11,13 @@
 //! number is accepted as a ledger seq of whatever ledger is read.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 
 use veris_receipt::ledger::LedgerRead;
 
-use crate::live;
+use crate::runtime::live;
 
 /// A parsed baseline.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,31 +109,9 @@ pub fn ledger_id(read: &LedgerRead) -> Option<String> {
     Some(hash.get(..LEDGER_ID_LEN)?.to_string())
 }
 
-#[derive(Args, Debug)]
-pub struct BaselineArgs {
-    /// State dir of the proxy [default: $VERIS_STATE_DIR, else ~/.veris]: its live
-    /// `veris serve`, else its `ledger.jsonl`, else its newest run's ledger.
-    #[arg(long, value_name = "DIR", conflicts_with = "ledger")]
-    pub state_dir: Option<PathBuf>,
-    /// Mark the end of this run's ledger (`veris runs` lists them).
-    #[arg(long, value_name = "ID", conflicts_with = "ledger")]
-    pub run: Option<String>,
-    /// Ledger file to read when no proxy is live.
-    #[arg(long, value_name = "FILE")]
-    pub ledger: Option<PathBuf>,
-}
-
-/// `veris baseline`: prints the token on stdout.
-pub async fn baseline(args: BaselineArgs) -> Result<u8> {
-    let state_dir = crate::state_dir(args.state_dir.clone());
-    let baseline = take(&state_dir, args.ledger.as_deref(), args.run.as_deref()).await?;
-    crate::outln!("{}", baseline.token());
-    Ok(0)
-}
-
 /// Marks now: on the live proxy of `state_dir` (its head seq and each
 /// twin's newest request id), else on the end of the ledger file the state
-/// dir means (`crate::ledgers::resolve`: `ledger`, `run`, the serve's, the
+/// dir means (`crate::runtime::ledgers::resolve`: `ledger`, `run`, the serve's, the
 /// newest run's). `veris baseline` and the MCP tool both call this.
 pub async fn take(state_dir: &Path, ledger: Option<&Path>, run: Option<&str>) -> Result<Baseline> {
     let live = match (ledger, run) {
@@ -162,15 +139,15 @@ pub async fn take(state_dir: &Path, ledger: Option<&Path>, run: Option<&str>) ->
             }
         }
         None => {
-            let source = crate::ledgers::resolve(state_dir, ledger, run, false)?;
+            let source = crate::runtime::ledgers::resolve(state_dir, ledger, run, false)?;
             let path = source.path().to_path_buf();
             if std::fs::symlink_metadata(&path).is_err() {
                 match source {
-                    crate::ledgers::Source::File(_) => bail!(
+                    crate::runtime::ledgers::Source::File(_) => bail!(
                         "no ledger at {}. Next: pass --ledger an existing ledger file, or --state-dir DIR",
                         path.display()
                     ),
-                    _ => bail!("{}", crate::ledgers::no_ledger(state_dir)),
+                    _ => bail!("{}", crate::runtime::ledgers::no_ledger(state_dir)),
                 }
             }
             if let Some(note) = source.note() {

@@ -18,13 +18,13 @@ use veris_receipt::receipt::{Anchor, LiveChannel, Options, WindowSpec};
 use veris_receipt::receipt::{Check, Requirement};
 use veris_receipt::Entry;
 
-use crate::check::{CanaryAnswer, ProbeError};
-use crate::isolate::{Event, Isolation};
-use crate::junit::Junit;
-use crate::receipt_cmd::{report, Report, RequireArgs};
-use crate::stack::{
+use crate::runtime::junit::Junit;
+use crate::runtime::receipt::{report, Report, RequireArgs};
+use crate::runtime::stack::{
     merged_no_proxy, Confinement, EnvBase, Finished, ProxyArgs, Role, ServeArgs, Stack,
 };
+use crate::tier::isolated::{Event, Isolation};
+use veris_proxy::canary::{CanaryAnswer, ProbeError};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -139,10 +139,10 @@ impl ReportFd {
     fn take(fd: i32) -> Result<ReportFd> {
         // A same-uid process could open the pipe through /proc/<pid>/fd
         // while this process is dumpable: it stops being so now.
-        if let Err(e) = crate::sys::set_non_dumpable() {
+        if let Err(e) = crate::os::sys::set_non_dumpable() {
             warn!(error = %e, "cannot make the process non-dumpable");
         }
-        let owned = crate::sys::inherited_fd(fd)
+        let owned = crate::os::sys::inherited_fd(fd)
             .with_context(|| format!("--report-fd {fd}: not an open descriptor"))?;
         rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
             .with_context(|| format!("--report-fd {fd}: cannot set close-on-exec"))?;
@@ -168,7 +168,7 @@ impl ReportFd {
                 serde_json::json!({"exit_code": exit, "error": why})
             }
             Err(e) => {
-                serde_json::json!({"exit_code": crate::EXIT_USAGE, "error": format!("{e:#}")})
+                serde_json::json!({"exit_code": crate::util::EXIT_USAGE, "error": format!("{e:#}")})
             }
         };
         let written = serde_json::to_vec(&body)
@@ -217,7 +217,10 @@ async fn run_reporting(args: RunArgs) -> Result<(u8, Reported)> {
     let ended = async {
         let reqs = args.require.parse()?;
         // Checked before anything starts: a typo must not cost a whole run.
-        known_services(&reqs, &crate::stack::routed_services(&args.proxy)?)?;
+        crate::runtime::receipt::known_services(
+            &reqs,
+            &crate::runtime::stack::routed_services(&args.proxy)?,
+        )?;
         run_with(args, &reqs).await
     }
     .await;
@@ -298,7 +301,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let started = std::time::Instant::now();
     // Before anything is started: whatever the command leaves behind
     // (a `setsid` daemon included) becomes ours to end (DESIGN §7a.14).
-    if let Err(e) = crate::sys::become_subreaper() {
+    if let Err(e) = crate::os::sys::become_subreaper() {
         warn!(error = %e, "cannot become the subreaper of the command's processes");
     }
     let (confinement, isolation, bundles) = confine(&args).await?;
@@ -307,9 +310,11 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, confinement).await?;
     // What `veris runs` shows as the command: beside the ledger, not under
     // its seals (the listing says so).
-    if let Err(e) =
-        crate::ledgers::write_run_file(stack.ledger.path(), &stack.identity.run_id, &args.command)
-    {
+    if let Err(e) = crate::runtime::ledgers::write_run_file(
+        stack.ledger.path(),
+        &stack.identity.run_id,
+        &args.command,
+    ) {
         warn!(error = %e, "cannot write the run's run.json; `veris runs` will show no command");
     }
 
@@ -370,7 +375,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, reqs, args.require.allow_empty);
     // The text first, whatever then happens to the files (DESIGN §7a.15).
-    crate::sys::blocking_stdio();
+    crate::os::sys::blocking_stdio();
     let ledger_line = format!(
         "\nledger: {} (verify it later: veris receipt --ledger {} --key {})",
         finished.ledger_path.display(),
@@ -422,26 +427,6 @@ fn unmet(verdict: &veris_receipt::Verdict) -> String {
     }
 }
 
-/// Every service a requirement names must be one this run routes, or the
-/// requirement could never be met: a typo (`strip`) is a usage error that
-/// lists the services there are.
-pub fn known_services(reqs: &[Requirement], routed: &[String]) -> Result<()> {
-    for r in reqs {
-        let (flag, name) = match r {
-            Requirement::Service { name, .. } => ("--require", name),
-            Requirement::Request { service, .. } => ("--require-request", service),
-            _ => continue,
-        };
-        if !routed.iter().any(|s| s == name) {
-            bail!(
-                "{flag}: unknown service {name:?}: this run routes {}. Next: use one of those names (the built-in catalog, --services, --route and the config file's services), or add it: --route {name}=HOST[/PREFIX], or with --config a `services` entry in that file (--route and --config do not mix)",
-                routed.join(", ")
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Whether `program` can be started the way `execvp` would find it: Err
 /// with the shell's exit code (127 not found, 126 not executable) and why.
 fn findable(program: &str) -> std::result::Result<(), (u8, String)> {
@@ -472,11 +457,15 @@ fn findable(program: &str) -> std::result::Result<(), (u8, String)> {
 /// Isolated, also the bundle files its runtimes ship, to cover.
 async fn confine(
     args: &RunArgs,
-) -> Result<(Confinement, Option<Isolation>, Vec<crate::bundles::Bundle>)> {
+) -> Result<(
+    Confinement,
+    Option<Isolation>,
+    Vec<crate::tier::bundles::Bundle>,
+)> {
     let strict = args.isolate || args.tier == TierArg::Isolated;
     let mut why_not_isolated = None;
     if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
-        match crate::isolate::start(&args.command).await {
+        match crate::tier::isolated::start(&args.command).await {
             Ok((isolation, mut sockets)) => {
                 sockets.share_tmp = args.share_tmp;
                 let found = runtime_bundles(args);
@@ -498,7 +487,7 @@ async fn confine(
     if args.tier == TierArg::Explicit {
         return Ok((Confinement::None, None, Vec::new()));
     }
-    match (crate::confine::unavailable(), why_not_isolated) {
+    match (crate::os::landlock::unavailable(), why_not_isolated) {
         (None, Some(why)) => {
             eprintln!("veris: not isolated ({why}); the command runs behind the proxy with TCP confined to it by Landlock (interception: confined)");
             Ok((Confinement::Landlock, None, Vec::new()))
@@ -517,14 +506,15 @@ async fn confine(
     }
 }
 
-/// The CA bundles the command's Python and Java ship ([`crate::bundles`]),
+/// The CA bundles the command's Python and Java ship ([`crate::tier::bundles`]),
 /// but those a private /tmp hides from it (they could not be read there),
 /// and those `--trust-file` names already.
-fn runtime_bundles(args: &RunArgs) -> Vec<crate::bundles::Bundle> {
-    let state = crate::state_dir(args.proxy.state_dir.clone());
-    let cache = state.join(crate::bundles::CACHE_FILE);
+fn runtime_bundles(args: &RunArgs) -> Vec<crate::tier::bundles::Bundle> {
+    let state = crate::util::state_dir(args.proxy.state_dir.clone());
+    let cache = state.join(crate::tier::bundles::CACHE_FILE);
     let began = std::time::Instant::now();
-    let mut found = crate::bundles::scan(&crate::bundles::Env::from_env(), Some(&cache));
+    let mut found =
+        crate::tier::bundles::scan(&crate::tier::bundles::Env::from_env(), Some(&cache));
     tracing::debug!(
         files = found.len(),
         took_us = began.elapsed().as_micros() as u64,
@@ -537,7 +527,7 @@ fn runtime_bundles(args: &RunArgs) -> Vec<crate::bundles::Bundle> {
         .filter_map(|f| std::fs::canonicalize(f).ok())
         .collect();
     found.retain(|b| {
-        (args.share_tmp || !crate::isolate::hidden_by_private_tmp(&b.path, &cwd))
+        (args.share_tmp || !crate::tier::isolated::hidden_by_private_tmp(&b.path, &cwd))
             && !given.contains(&b.path)
     });
     found
@@ -548,7 +538,7 @@ struct CoveredFiles<'a> {
     /// `--trust-file`.
     given: &'a [PathBuf],
     /// The scan's.
-    found: Vec<crate::bundles::Bundle>,
+    found: Vec<crate::tier::bundles::Bundle>,
 }
 
 /// Whether an isolated command shares the host's /tmp, /var/tmp and
@@ -651,7 +641,7 @@ async fn isolated(
             serde_json::from_str::<CanaryAnswer>(&body)
                 .map_err(|e| ProbeError::NotVeris(e.to_string()))
         });
-    let canary = crate::check::canary_verdict(
+    let canary = crate::runtime::checks::canary_verdict(
         answer,
         "from inside the namespace, through the redirect",
         &stack.identity.canary,
@@ -665,10 +655,10 @@ async fn isolated(
 async fn explicit(
     command: &[String],
     vars: Vec<(String, String)>,
-    file_limit: crate::sys::FileLimit,
+    file_limit: crate::os::sys::FileLimit,
 ) -> Result<u8> {
     let mut cmd = tokio::process::Command::new(&command[0]);
-    crate::sys::restore_file_limit_at_exec(&mut cmd, file_limit);
+    crate::os::sys::restore_file_limit_at_exec(&mut cmd, file_limit);
     cmd.args(&command[1..])
         .envs(vars)
         // Node 22.21+/24.5+ honour HTTPS_PROXY only with this; older versions ignore it.
@@ -699,7 +689,7 @@ async fn explicit(
                 // Orphans of the command that ended while it runs are
                 // ours to reap (we are their subreaper); the command
                 // itself is tokio's.
-                _ = chld.recv() => crate::sys::reap_orphans(pgid),
+                _ = chld.recv() => crate::os::sys::reap_orphans(pgid),
             }
         }
     };
@@ -749,14 +739,14 @@ const LEFTOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5)
 /// send traffic after its window).
 async fn end_leftovers() -> Check {
     let ending = tokio::task::spawn_blocking(|| {
-        crate::sys::end_descendants(LEFTOVER_GRACE, LEFTOVER_DEADLINE)
+        crate::os::sys::end_descendants(LEFTOVER_GRACE, LEFTOVER_DEADLINE)
     })
     .await
     .unwrap_or_default();
     leftover_check(&ending)
 }
 
-fn leftover_check(ending: &crate::sys::Ending) -> Check {
+fn leftover_check(ending: &crate::os::sys::Ending) -> Check {
     use veris_receipt::receipt::CheckStatus;
     if ending.left.is_empty() {
         return Check {
@@ -787,7 +777,7 @@ fn leftover_check(ending: &crate::sys::Ending) -> Check {
 
 fn forward(pgid: Option<u32>, signal: i32) {
     if let Some(pgid) = pgid {
-        if let Err(e) = crate::sys::kill_group(pgid, signal) {
+        if let Err(e) = crate::os::sys::kill_group(pgid, signal) {
             warn!(error = %e, "cannot forward the signal to the child");
         }
     }
@@ -796,24 +786,6 @@ fn forward(pgid: Option<u32>, signal: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn requirements_must_name_a_routed_service() {
-        let routed = vec!["stripe".to_string(), "acme".to_string()];
-        let ok = [
-            Requirement::parse_service("stripe:1").unwrap(),
-            Requirement::parse_request("acme GET /x").unwrap(),
-            Requirement::parse_host("api.strip.com").unwrap(),
-        ];
-        known_services(&ok, &routed).unwrap();
-        let e = known_services(&[Requirement::parse_service("strip:1").unwrap()], &routed)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("--require: unknown service \"strip\"") && e.contains("stripe, acme"),
-            "{e}"
-        );
-    }
 
     #[test]
     fn commands_are_found_like_a_shell_finds_them() {
@@ -826,7 +798,7 @@ mod tests {
 
     #[test]
     fn a_process_that_could_not_be_ended_is_named_in_quotes() {
-        use crate::sys::{Descendant, Ending};
+        use crate::os::sys::{Descendant, Ending};
         let none = leftover_check(&Ending::default());
         assert_eq!(none.status, veris_receipt::receipt::CheckStatus::Ok);
         let ended = leftover_check(&Ending {

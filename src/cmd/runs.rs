@@ -17,8 +17,8 @@ use clap::Args;
 use serde_json::{json, Value};
 use veris_receipt::quote;
 
-use crate::ledgers::RunInfo;
-use crate::receipt_cmd::{ReceiptArgs, RequireArgs, WindowArgs};
+use crate::runtime::ledgers::RunInfo;
+use crate::runtime::receipt::{ReceiptArgs, RequireArgs, WindowArgs};
 
 /// Ledgers larger than this are listed without a verdict.
 pub const VERDICT_CAP: u64 = 16 * 1024 * 1024;
@@ -37,14 +37,14 @@ pub struct RunsArgs {
 }
 
 pub async fn runs(args: RunsArgs) -> Result<u8> {
-    let state_dir = crate::state_dir(args.state_dir);
+    let state_dir = crate::util::state_dir(args.state_dir);
     let listed = list(&state_dir, args.limit).await;
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&listed)?);
         return Ok(0);
     }
     if listed.as_array().is_some_and(|a| a.is_empty()) {
-        crate::outln!("{}", crate::ledgers::what_is_there(&state_dir));
+        crate::outln!("{}", crate::runtime::ledgers::what_is_there(&state_dir));
         return Ok(0);
     }
     crate::outln!("RUN               STARTED                   VERDICT     REQUESTS  COMMAND");
@@ -83,7 +83,7 @@ pub async fn runs(args: RunsArgs) -> Result<u8> {
 /// `ledger`, and `verdict` {`integrity`, `reason`, `requests`, `exit_code`},
 /// or `unreadable` / `not_computed` saying why there is none.
 pub async fn list(state_dir: &std::path::Path, limit: usize) -> Value {
-    let mut runs = crate::ledgers::list_runs(state_dir);
+    let mut runs = crate::runtime::ledgers::list_runs(state_dir);
     if limit > 0 {
         runs.truncate(limit);
     }
@@ -125,7 +125,7 @@ async fn entry(state_dir: &std::path::Path, r: &RunInfo) -> Value {
         junit: None,
         require: RequireArgs::default(),
     };
-    match crate::receipt_cmd::build(&args).await {
+    match crate::runtime::receipt::build(&args).await {
         Ok(report) => {
             let requests: u64 = report.receipt.services.values().map(|s| s.requests).sum();
             v["verdict"] = json!({

@@ -11,7 +11,7 @@ use std::time::{Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use veris_receipt::receipt::{render_junit, render_junit_error, JunitContext};
 
-use crate::receipt_cmd::Report;
+use crate::runtime::receipt::Report;
 
 /// Where the report goes, and the clock of the command it reports on.
 pub struct Junit {
@@ -61,7 +61,7 @@ impl Junit {
         // A file beside the report, created new (never through a link
         // planted at its name) and removed, as the atomic write's temp
         // file will be.
-        let probe = crate::stack::temp_beside(&self.path, "probe");
+        let probe = crate::util::temp_beside(&self.path, "probe");
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

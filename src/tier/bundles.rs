@@ -377,7 +377,7 @@ fn cache_key(sites: &[(PathBuf, u32)]) -> Vec<(PathBuf, i64, i64)> {
 }
 
 fn read_cache(path: &Path, key: &[(PathBuf, i64, i64)]) -> Option<Vec<PathBuf>> {
-    let text = crate::stack::read_bounded(path, CACHE_CAP, false).ok()?;
+    let text = crate::util::read_bounded(path, CACHE_CAP, false).ok()?;
     let cache: Cache = serde_json::from_str(&text).ok()?;
     (cache.key == key).then_some(cache.files)
 }
@@ -410,7 +410,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!(
             "veris-bundles-{}-{}",
             std::process::id(),
-            crate::random_hex(4).unwrap()
+            crate::util::random_hex(4).unwrap()
         ));
         let site = root.join("venv/lib/python3.11/site-packages");
         for (rel, body) in [
@@ -494,7 +494,8 @@ mod tests {
 
     #[test]
     fn a_keystore_must_look_like_one() {
-        let dir = std::env::temp_dir().join(format!("veris-ks-{}", crate::random_hex(4).unwrap()));
+        let dir =
+            std::env::temp_dir().join(format!("veris-ks-{}", crate::util::random_hex(4).unwrap()));
         std::fs::create_dir_all(&dir).unwrap();
         let jks = dir.join("cacerts");
         std::fs::write(&jks, [0xfe, 0xed, 0xfe, 0xed, 0, 0, 0, 2]).unwrap();

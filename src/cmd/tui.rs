@@ -83,13 +83,13 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
             Target::new(url, token).with_context(|| format!("using admin URL {url}"))?,
         )
     } else if let Some(id) = &args.run {
-        let state_dir = crate::state_dir(args.state_dir.clone());
-        let source = crate::ledgers::resolve(&state_dir, None, Some(id), false)?;
+        let state_dir = crate::util::state_dir(args.state_dir.clone());
+        let source = crate::runtime::ledgers::resolve(&state_dir, None, Some(id), false)?;
         SourceSpec::Ledger(source.path().to_path_buf())
     } else {
         SourceSpec::StateDir(
-            crate::state_dir(args.state_dir.clone()),
-            crate::ledgers::followed,
+            crate::util::state_dir(args.state_dir.clone()),
+            crate::runtime::ledgers::followed,
         )
     };
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {

@@ -29,7 +29,7 @@ use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::seal::{PublicKeys, Sealer, PUB_FILE};
 use veris_receipt::{Coverage, Entry, ListenerTier, Mode};
 
-use crate::live::ServiceRef;
+use crate::runtime::live::ServiceRef;
 
 /// Sandbox id used with the built-in twin when none is given.
 pub const DEFAULT_SANDBOX: &str = "sbx_local";
@@ -134,7 +134,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub env_trust_only: bool,
     #[command(flatten)]
-    pub transparent: crate::transparent::TransparentArgs,
+    pub transparent: crate::tier::transparent::TransparentArgs,
     /// Admin API listen address (address written to <state>/admin.addr and the ready file).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub admin: String,
@@ -202,7 +202,7 @@ pub enum Confinement {
     /// Nothing: the explicit tier as such (or `serve`'s transparent flags).
     None,
     /// Namespaces of its own: the proxy serves the sockets made inside them.
-    Isolated(crate::isolate::Sockets),
+    Isolated(crate::tier::isolated::Sockets),
     /// The explicit tier, with Landlock allowing the child TCP connects to
     /// the proxy's port only.
     Landlock,
@@ -243,16 +243,16 @@ pub struct Stack {
     /// Newest twin log id per service when the session started.
     pub twin_heads: Option<BTreeMap<String, u64>>,
     /// The open-file limit before the start raised it, for a child.
-    pub file_limit: crate::sys::FileLimit,
+    pub file_limit: crate::os::sys::FileLimit,
     /// Stops the listeners (traffic) first, then everything else.
     stop_traffic: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
     proxy_task: JoinHandle<std::io::Result<()>>,
     transparent_task: Option<JoinHandle<std::io::Result<()>>>,
-    redirect: Option<crate::transparent::Redirect>,
+    redirect: Option<crate::tier::transparent::Redirect>,
     twin_task: Option<JoinHandle<()>>,
     /// Admin API (serve only), seal timer and the files that announce them.
-    pub admin: crate::live::AdminHandle,
+    pub admin: crate::runtime::live::AdminHandle,
     /// Body capture (`--capture-bodies`), flushed before the final seal.
     capture: Option<Arc<Capture>>,
     /// Requests the proxy sent to the twin but could not record.
@@ -292,7 +292,7 @@ impl Stack {
         role: Role,
         confinement: Confinement,
     ) -> Result<Stack> {
-        crate::transparent::preflight(&args.transparent)?;
+        crate::tier::transparent::preflight(&args.transparent)?;
         let upstream_proxy = args
             .proxy
             .upstream_proxy
@@ -310,17 +310,17 @@ impl Stack {
         }
         // Before any key exists in this process: a same-uid workload must
         // not read it (or the admin token) through ptrace or /proc/<pid>/mem.
-        if let Err(e) = crate::sys::set_non_dumpable() {
+        if let Err(e) = crate::os::sys::set_non_dumpable() {
             warn!(error = %e, "cannot make the proxy non-dumpable; a same-uid workload could read its memory");
         }
-        let (file_limit, raised) = crate::sys::raise_open_file_limit();
+        let (file_limit, raised) = crate::os::sys::raise_open_file_limit();
         let limit_word = |v: Option<u64>| v.map_or("unlimited".to_string(), |n| n.to_string());
         info!(
             soft = %limit_word(raised.0),
             was = %limit_word(file_limit.0),
             "open-file limit (every client connection holds one or two)"
         );
-        let state_dir = crate::state_dir(args.proxy.state_dir.clone());
+        let state_dir = crate::util::state_dir(args.proxy.state_dir.clone());
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating state dir {}", state_dir.display()))?;
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -331,7 +331,7 @@ impl Stack {
             twin_task,
             twin_auth,
         } = routing(&args.proxy, default_listen, shutdown_rx.clone()).await?;
-        let services = crate::live::service_refs(&settings.router);
+        let services = crate::runtime::live::service_refs(&settings.router);
         let routed_hosts = settings.router.routed_hosts();
 
         // CA, leaves and published trust material.
@@ -359,7 +359,7 @@ impl Stack {
         let (roots, passthrough_roots) = upstream_roots(system_bundle.as_deref(), &ca);
 
         // Seal key and ledger.
-        let run_id = crate::random_hex(8)?;
+        let run_id = crate::util::random_hex(8)?;
         let (sealer, ledger, report) = open_ledger(&state_dir, role, &run_id)?;
         let ledger = Arc::new(ledger);
         if role == Role::Serve {
@@ -385,7 +385,7 @@ impl Stack {
             sandbox_id: settings.sandbox_id.clone(),
             canary: match &settings.canary_token {
                 Some(t) => t.clone(),
-                None => format!("cnry_{}", crate::random_hex(16)?),
+                None => format!("cnry_{}", crate::util::random_hex(16)?),
             },
             mode: settings.mode,
             tier: if transparent_listeners.is_some() {
@@ -407,22 +407,26 @@ impl Stack {
             .map(|q| q.local_addr())
             .transpose()?;
         let mut redirect = match transparent_addrs {
-            Some((https, http)) => {
-                crate::transparent::install_redirect(&args.transparent, https, http, quic_addr)?
-            }
+            Some((https, http)) => crate::tier::transparent::install_redirect(
+                &args.transparent,
+                https,
+                http,
+                quic_addr,
+            )?,
             None => None,
         };
         let coverage = confined_coverage.or_else(|| {
-            transparent_addrs
-                .and_then(|_| crate::transparent::coverage(&args.transparent, redirect.as_ref()))
+            transparent_addrs.and_then(|_| {
+                crate::tier::transparent::coverage(&args.transparent, redirect.as_ref())
+            })
         });
 
         // The twin's log position now: the cross-check counts rows after it.
         let (twin_heads, ()) = tokio::join!(
-            crate::live::twin_newest_ids(&services),
+            crate::runtime::live::twin_newest_ids(&services),
             warn_unreachable_twins(&services)
         );
-        let euid = crate::sys::euid();
+        let euid = crate::os::sys::euid();
 
         // Everything that can fail comes before the session line, so a start
         // that fails leaves the ledger as it was: the admin listener and its
@@ -430,7 +434,7 @@ impl Stack {
         // still root, as they may sit in root-owned dirs, after the rules
         // are in: a workload that starts on the ready file is caught from its
         // first byte), then the hand-over to the proxy uid.
-        let admin_listener = crate::live::bind_admin(
+        let admin_listener = crate::runtime::live::bind_admin(
             match role {
                 Role::Serve => Some(&args.admin),
                 Role::Run => None,
@@ -452,7 +456,7 @@ impl Stack {
         };
         announce.write(args)?;
         if transparent_addrs.is_some() {
-            crate::transparent::drop_privileges(&args.transparent, &[&state_dir, &ca_dir])?;
+            crate::tier::transparent::drop_privileges(&args.transparent, &[&state_dir, &ca_dir])?;
         }
 
         let session = session_entry(SessionFacts {
@@ -526,7 +530,7 @@ impl Stack {
         let h2c = proxy.probe_twin().await;
         info!(twin = %twin_base, h2c, "twin upstream");
 
-        let admin = crate::live::start_admin(crate::live::AdminStart {
+        let admin = crate::runtime::live::start_admin(crate::runtime::live::AdminStart {
             listener: admin_listener,
             state_dir: &state_dir,
             proxy: &proxy,
@@ -621,8 +625,8 @@ impl Stack {
         let canary = match (probed_canary, self.identity.tier) {
             (Some(probed), _) => probed,
             (None, ListenerTier::Explicit) => {
-                let probe = crate::check::ProbePath::Explicit(self.proxy_url.clone());
-                crate::check::canary_check(
+                let probe = veris_proxy::canary::ProbePath::Explicit(self.proxy_url.clone());
+                crate::runtime::checks::canary_check(
                     &probe,
                     &self.identity.canary,
                     &self.identity.run_id,
@@ -663,7 +667,7 @@ impl Stack {
         // No traffic can arrive now: the window is exact.
         let since = self.session_seq.saturating_sub(1);
         let head = self.ledger.head().0;
-        let twin = crate::live::twin_cross_check_file(
+        let twin = crate::runtime::live::twin_cross_check_file(
             self.ledger.path(),
             since,
             head,
@@ -1081,7 +1085,7 @@ struct TransparentListeners {
 /// for Landlock, else `serve`'s own (`--transparent`).
 async fn confined_listeners(
     confinement: Confinement,
-    transparent: &crate::transparent::TransparentArgs,
+    transparent: &crate::tier::transparent::TransparentArgs,
 ) -> Result<(
     Option<TransparentListeners>,
     Option<veris_receipt::Coverage>,
@@ -1116,7 +1120,7 @@ fn client_limits(args: &ProxyArgs, open_files: Option<u64>) -> veris_proxy::Limi
 }
 
 /// An isolated run's sockets, as the transparent tier serves them.
-fn isolated_listeners(s: crate::isolate::Sockets) -> Result<TransparentListeners> {
+fn isolated_listeners(s: crate::tier::isolated::Sockets) -> Result<TransparentListeners> {
     let tcp = |l: std::net::TcpListener| {
         l.set_nonblocking(true)?;
         TcpListener::from_std(l)
@@ -1152,7 +1156,7 @@ fn landlock_coverage() -> veris_receipt::Coverage {
 }
 
 async fn bind_transparent(
-    t: &crate::transparent::TransparentArgs,
+    t: &crate::tier::transparent::TransparentArgs,
 ) -> Result<Option<TransparentListeners>> {
     if !t.transparent {
         return Ok(None);
@@ -1322,7 +1326,8 @@ async fn start_builtin_twin(
     sandbox: &str,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(String, JoinHandle<()>, String)> {
-    let credential = crate::random_hex(32).context("minting the built-in twin's credential")?;
+    let credential =
+        crate::util::random_hex(32).context("minting the built-in twin's credential")?;
     let twin = veris_twin::Twin::new(veris_twin::TwinOptions {
         fixtures: veris_twin::Fixtures::builtin(),
         sandbox: Some(sandbox.to_string()),
@@ -1344,116 +1349,4 @@ async fn start_builtin_twin(
     });
     info!(%url, "built-in twin listening");
     Ok((url, task, credential))
-}
-
-/// Reads a small text file that someone else may have planted: only a regular file
-/// (a FIFO would block the reader forever, `/dev/zero` would fill its memory), opened
-/// without blocking and, unless `follow`, not through a symlink; at most `cap` bytes, more
-/// is an error.
-pub fn read_bounded(path: &Path, cap: u64, follow: bool) -> std::io::Result<String> {
-    String::from_utf8(read_bounded_bytes(path, cap, follow)?).map_err(|_| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{} is not UTF-8 text", path.display()),
-        )
-    })
-}
-
-/// [`read_bounded`], for a file that need not be text.
-pub fn read_bounded_bytes(path: &Path, cap: u64, follow: bool) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut flags = libc::O_NONBLOCK;
-    if !follow {
-        flags |= libc::O_NOFOLLOW;
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(flags)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{} is not a regular file", path.display()),
-        ));
-    }
-    let mut bytes = Vec::new();
-    f.take(cap + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > cap {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{} is larger than {cap} bytes", path.display()),
-        ));
-    }
-    Ok(bytes)
-}
-
-/// A name beside `path` for a file of this process (`.<name>.<tag>-<pid>-<nanos>`), not
-/// guessable ahead of time; create it with `create_new`.
-pub fn temp_beside(path: &Path, tag: &str) -> PathBuf {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    dir.join(format!(
-        ".{}.{tag}-{}-{nanos}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("veris"),
-        std::process::id()
-    ))
-}
-
-/// `veris serve`: runs until SIGINT or SIGTERM.
-pub async fn serve(args: ServeArgs) -> Result<u8> {
-    // Before anything is announced: a SIGTERM that arrives right after the
-    // ready file must end the session cleanly (final seal, admin files
-    // removed), never by the default action.
-    let signals = Signals::install()?;
-    let stack = Stack::start(
-        &args,
-        veris_proxy::config::DEFAULT_LISTEN,
-        Role::Serve,
-        Confinement::None,
-    )
-    .await?;
-    eprintln!(
-        "veris: proxy {} (sandbox {}, twin {}); CA {}",
-        stack.proxy_url,
-        stack.identity.sandbox_id,
-        stack.twin_base,
-        stack.trust.ca_pem.display()
-    );
-    crate::outln!("{}", stack.proxy_url);
-    signals.wait().await;
-    info!("shutting down");
-    let finished = stack.finish().await?;
-    if let Some(seal) = &finished.seal {
-        info!(seq = seal.seq, key_id = %finished.key_id, "final seal written");
-    }
-    Ok(0)
-}
-
-/// SIGTERM and SIGINT, caught from the moment they are installed.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    fn install() -> Result<Signals> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(Signals {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-        })
-    }
-
-    async fn wait(mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
-    }
 }

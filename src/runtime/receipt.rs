@@ -1,4 +1,6 @@
-//! `veris receipt`, and the requirement flags `run` shares with it.
+//! Building and judging a receipt from a state dir or a ledger file: the
+//! flags `receipt`, `run`, `har`, `runs` and the MCP tools share, the live
+//! proxy's fresh seal as anchor and its checks, pins and baselines.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,8 +14,8 @@ use veris_receipt::receipt::{
 use veris_receipt::seal::{Pin, PublicKeys};
 use veris_receipt::{Line, ListenerTier};
 
-use crate::baseline::Baseline;
-use crate::live::{Discovery, ServiceRef};
+use crate::runtime::baseline::Baseline;
+use crate::runtime::live::{Discovery, ServiceRef};
 
 /// The requirement flags. Each counts answers the twin gave with a 2xx
 /// status, unless the same argument ends in a status clause:
@@ -119,7 +121,7 @@ pub struct Report {
     pub exit_code: u8,
     pub verdict: receipt::Verdict,
     /// The ledger it was built from, when a state dir was read.
-    pub source: Option<crate::ledgers::Source>,
+    pub source: Option<crate::runtime::ledgers::Source>,
 }
 
 /// Builds, renders and judges a receipt. The verdict lines follow the text.
@@ -158,95 +160,6 @@ pub fn judge(receipt: Receipt, reqs: &[Requirement], allow_empty: bool) -> Repor
     }
 }
 
-pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
-    let junit = crate::junit::Junit::start(args.junit.as_deref(), "veris receipt")?;
-    let result = match build(&args).await {
-        Ok(report) => print(&args, &report).map(|()| report),
-        Err(e) => Err(e),
-    };
-    match (junit, result) {
-        (None, result) => result.map(|report| report.exit_code),
-        (Some(junit), Ok(report)) => {
-            junit.write(&report, None)?;
-            Ok(report.exit_code)
-        }
-        (Some(junit), Err(e)) => {
-            // CI reads the report whatever happened; the error decides the exit.
-            if let Err(write) = junit.write_error(&format!("{e:#}")) {
-                eprintln!("veris: {write:#}");
-            }
-            Err(e)
-        }
-    }
-}
-
-/// Prints a judged receipt: its text, or with `--json` the JSON and the
-/// verdict lines on stderr, where they still reach a person.
-fn print(args: &ReceiptArgs, report: &Report) -> Result<()> {
-    if args.json {
-        crate::outln!("{}", serde_json::to_string_pretty(&report.receipt)?);
-        for line in report.text.lines().filter(|l| l.starts_with("FAIL: ")) {
-            eprintln!("{line}");
-        }
-    } else {
-        use std::io::IsTerminal;
-        let terminal = std::io::stdout().is_terminal();
-        let colour = crate::logging::colour(terminal, std::env::var_os("NO_COLOR").as_deref());
-        crate::out!(
-            "{}{}",
-            crate::logging::reset(terminal),
-            paint(&report.text, colour)
-        );
-    }
-    Ok(())
-}
-
-/// The receipt text for a terminal: the integrity verdict green, yellow or
-/// red by its word, `FAIL:` lines red. Without `colour`, the text as is
-/// (a pipe, a file, `NO_COLOR`): nothing but a person's eye reads colour.
-fn paint(text: &str, colour: bool) -> String {
-    if !colour {
-        return text.to_string();
-    }
-    const RED: &str = "\x1b[31m";
-    const GREEN: &str = "\x1b[32m";
-    const YELLOW: &str = "\x1b[33m";
-    const RESET: &str = "\x1b[0m";
-    let mut out = String::with_capacity(text.len() + 64);
-    for line in text.split_inclusive('\n') {
-        if line.starts_with("FAIL: ") {
-            let body = line.trim_end_matches('\n');
-            out.push_str(&format!("{RED}{body}{RESET}{}", &line[body.len()..]));
-            continue;
-        }
-        let mut line = line.to_string();
-        // Only veris's own integrity line is coloured, never a phrase
-        // elsewhere (recorded text is quoted, and this keeps it so).
-        if !line.starts_with("  interception: ") {
-            out.push_str(&line);
-            continue;
-        }
-        for (word, hue) in [
-            ("integrity: verified", GREEN),
-            ("integrity: unverified", YELLOW),
-            ("integrity: failed", RED),
-        ] {
-            if let Some(at) = line.find(word) {
-                let end = at + word.len();
-                line = format!(
-                    "{}{hue}{}{RESET}{}",
-                    &line[..at],
-                    &line[at..end],
-                    &line[end..]
-                );
-                break;
-            }
-        }
-        out.push_str(&line);
-    }
-    out
-}
-
 /// Builds and judges the receipt `args` ask for, printing nothing: `veris
 /// receipt` prints it, the MCP tool returns it. An error is a usage error
 /// (exit 1): bad arguments, no ledger, a live proxy that cannot be asked.
@@ -270,14 +183,14 @@ pub async fn build_with(
         Some(k) => Some(parse_pin(k)?),
         None => None,
     };
-    let state_dir = crate::state_dir(args.window.state_dir.clone());
+    let state_dir = crate::util::state_dir(args.window.state_dir.clone());
     // A live serve for this state dir makes the full set of checks possible.
     let discovery = match (&args.window.ledger, &args.window.run) {
-        (None, None) => Some(crate::live::discover(&state_dir).await),
+        (None, None) => Some(crate::runtime::live::discover(&state_dir).await),
         _ => None,
     };
     let serve_live = matches!(discovery, Some(Discovery::Live(_) | Discovery::Unusable(_)));
-    let source = crate::ledgers::resolve(
+    let source = crate::runtime::ledgers::resolve(
         &state_dir,
         args.window.ledger.as_deref(),
         args.window.run.as_deref(),
@@ -301,11 +214,11 @@ pub async fn build_with(
     };
     if live.is_none() && std::fs::symlink_metadata(&path).is_err() {
         match &source {
-            crate::ledgers::Source::File(_) => bail!(
+            crate::runtime::ledgers::Source::File(_) => bail!(
                 "no ledger at {}. Next: pass --ledger an existing ledger file, or --state-dir DIR",
                 path.display()
             ),
-            _ => bail!("{}", crate::ledgers::no_ledger(&state_dir)),
+            _ => bail!("{}", crate::runtime::ledgers::no_ledger(&state_dir)),
         }
     }
     let mut options = Options {
@@ -345,7 +258,7 @@ pub async fn build_with(
             // `--all` may reach back to sessions that routed other services.
             if !args.window.all {
                 let routed: Vec<String> = status.services.iter().map(|s| s.name.clone()).collect();
-                crate::run::known_services(&reqs, &routed)?;
+                crate::runtime::receipt::known_services(&reqs, &routed)?;
             }
             // The fresh seal is appended before the file is read: a file cut
             // after an older seal cannot then pass for complete, and the
@@ -354,7 +267,7 @@ pub async fn build_with(
                 .seal()
                 .await
                 .context("asking the live proxy for a fresh seal")?;
-            let facts = crate::live::SessionFacts::of_file(&path, fresh.seq)
+            let facts = crate::runtime::live::SessionFacts::of_file(&path, fresh.seq)
                 .with_context(|| format!("reading ledger {}", path.display()))?;
             if let Some(b) = &baseline {
                 b.check_ledger(&facts.prefix)?;
@@ -415,7 +328,7 @@ pub async fn build_with(
         // names, and the keys the session lines offer a pin (a cheap first
         // pass, skipped when neither is asked for).
         None if baseline.is_some() || pin.is_some() => {
-            let facts = crate::live::SessionFacts::of_file(&path, u64::MAX)
+            let facts = crate::runtime::live::SessionFacts::of_file(&path, u64::MAX)
                 .with_context(|| format!("reading ledger {}", path.display()))?;
             if let Some(b) = &baseline {
                 b.check_ledger(&facts.prefix)?;
@@ -449,7 +362,7 @@ pub fn parse_pin(arg: &str) -> Result<Pin> {
     }
     let next = "Next: pass the `seal key` fingerprint a receipt (or `veris serve`'s log) printed, or a file of fingerprints, one a line";
     let bytes =
-        crate::stack::read_bounded_bytes(Path::new(arg), 64 * 1024, true).with_context(|| {
+        crate::util::read_bounded_bytes(Path::new(arg), 64 * 1024, true).with_context(|| {
             format!("--key {arg:?} is neither a 64-digit fingerprint nor a readable file. {next}")
         })?;
     if let Some(pin) = Pin::of_key_file(&bytes, arg) {
@@ -469,7 +382,7 @@ pub fn note_key_beside(pin: &mut Pin, ledger: &Path) {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let path = dir.join(veris_receipt::seal::KEY_FILE);
-    if let Ok(der) = crate::stack::read_bounded_bytes(&path, 64 * 1024, false) {
+    if let Ok(der) = crate::util::read_bounded_bytes(&path, 64 * 1024, false) {
         pin.note_key_file(&der, &path.display().to_string());
     }
 }
@@ -523,19 +436,19 @@ pub struct LiveRun<'a> {
 /// The checks that need the network: the canary along the run's
 /// interception path, and the twin cross-check of the window.
 pub async fn live_checks(ledger: &Path, run: &LiveRun<'_>, since: u64, until: u64) -> Vec<Check> {
-    let path = crate::live::probe_path(run.tier, run.proxy_url);
+    let path = crate::runtime::live::probe_path(run.tier, run.proxy_url);
     // Inside the sandbox the env file names the run the workload belongs to.
     let expected = std::env::var("VERIS_CANARY")
         .ok()
         .filter(|c| run.env_canary && !c.is_empty())
         .unwrap_or_else(|| run.canary.to_string());
     let mut canary =
-        crate::check::canary_check(&path, run.canary, run.run_id, CANARY_TIMEOUT).await;
+        crate::runtime::checks::canary_check(&path, run.canary, run.run_id, CANARY_TIMEOUT).await;
     if expected != run.canary && canary.status == CheckStatus::Ok {
         canary.status = CheckStatus::Failed;
         canary.detail = "the live proxy's canary is not the one in VERIS_CANARY: this environment belongs to another run".into();
     }
-    let twin = crate::live::twin_cross_check_file(
+    let twin = crate::runtime::live::twin_cross_check_file(
         ledger,
         since,
         until,
@@ -551,39 +464,45 @@ pub async fn live_checks(ledger: &Path, run: &LiveRun<'_>, since: u64, until: u6
 /// How long the canary probe of a receipt may take.
 const CANARY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Every service a requirement names must be one this run routes, or the
+/// requirement could never be met: a typo (`strip`) is a usage error that
+/// lists the services there are.
+pub fn known_services(reqs: &[Requirement], routed: &[String]) -> Result<()> {
+    for r in reqs {
+        let (flag, name) = match r {
+            Requirement::Service { name, .. } => ("--require", name),
+            Requirement::Request { service, .. } => ("--require-request", service),
+            _ => continue,
+        };
+        if !routed.iter().any(|s| s == name) {
+            bail!(
+                "{flag}: unknown service {name:?}: this run routes {}. Next: use one of those names (the built-in catalog, --services, --route and the config file's services), or add it: --route {name}=HOST[/PREFIX], or with --config a `services` entry in that file (--route and --config do not mix)",
+                routed.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::paint;
+    use super::*;
 
     #[test]
-    fn colour_marks_the_verdict_and_fail_lines_only_when_asked() {
-        let text = "Veris receipt — twin sbx\n  interception: explicit   integrity: unverified (why)\nFAIL: stripe: wanted 2\n";
-        assert_eq!(paint(text, false), text);
-        let painted = paint(text, true);
+    fn requirements_must_name_a_routed_service() {
+        let routed = vec!["stripe".to_string(), "acme".to_string()];
+        let ok = [
+            Requirement::parse_service("stripe:1").unwrap(),
+            Requirement::parse_request("acme GET /x").unwrap(),
+            Requirement::parse_host("api.strip.com").unwrap(),
+        ];
+        known_services(&ok, &routed).unwrap();
+        let e = known_services(&[Requirement::parse_service("strip:1").unwrap()], &routed)
+            .unwrap_err()
+            .to_string();
         assert!(
-            painted.contains("\x1b[33mintegrity: unverified\x1b[0m (why)\n"),
-            "{painted:?}"
+            e.contains("--require: unknown service \"strip\"") && e.contains("stripe, acme"),
+            "{e}"
         );
-        assert!(
-            painted.contains("\x1b[31mFAIL: stripe: wanted 2\x1b[0m\n"),
-            "{painted:?}"
-        );
-        assert!(
-            painted.starts_with("Veris receipt — twin sbx\n"),
-            "{painted:?}"
-        );
-        // Nothing but the escapes is added.
-        let plain = painted
-            .replace("\x1b[33m", "")
-            .replace("\x1b[31m", "")
-            .replace("\x1b[0m", "");
-        assert_eq!(plain, text);
-        let line = "  interception: x   integrity: verified\n";
-        assert!(paint(line, true).contains("\x1b[32mintegrity: verified"));
-        let line = "  interception: x   integrity: failed (x)";
-        assert!(paint(line, true).contains("\x1b[31mintegrity: failed\x1b[0m (x)"));
-        // The same words anywhere else (a quoted host) are not coloured.
-        let line = "passthrough: \"integrity: verified\" (1)\n";
-        assert_eq!(paint(line, true), line);
     }
 }

@@ -28,7 +28,7 @@ use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::seal::Sealer;
 use veris_receipt::{redact, Entry, ListenerTier};
 
-use crate::check::{ProbePath, DEFAULT_PROBE_ADDR};
+use veris_proxy::canary::{ProbePath, DEFAULT_PROBE_ADDR};
 
 /// Where the admin API's address is announced.
 pub const ADDR_FILE: &str = "admin.addr";
@@ -73,7 +73,7 @@ pub async fn bind_admin(listen: Option<&str>, state_dir: &Path) -> Result<AdminL
         )
     })?;
     let addr = listener.local_addr()?;
-    let token = crate::random_hex(32)?;
+    let token = crate::util::random_hex(32)?;
     let token_path = state_dir.join(TOKEN_FILE);
     let addr_path = state_dir.join(ADDR_FILE);
     write_file(&token_path, format!("{token}\n").as_bytes(), 0o600)
@@ -161,7 +161,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         // anywhere; in the transparent tier only the workload's own traffic is
         // redirected (the proxy's uid is exempt), so the admin API leaves the
         // canary to `veris receipt` run in the sandbox. The twin it can ask.
-        after_read: Some(crate::sys::trim_heap),
+        after_read: Some(crate::os::sys::trim_heap),
         receipt_checks: Some({
             let path = a.ledger.path().to_path_buf();
             let identity = a.proxy.identity().clone();
@@ -179,7 +179,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
                     if identity.tier == ListenerTier::Explicit {
                         let probe = ProbePath::Explicit(proxy_url);
                         checks.push(
-                            crate::check::canary_check(
+                            crate::runtime::checks::canary_check(
                                 &probe,
                                 &identity.canary,
                                 &identity.run_id,
@@ -361,7 +361,7 @@ pub enum Discovery {
 pub async fn discover(state_dir: &Path) -> Discovery {
     // Bounded, regular files only: the workload may have planted a FIFO or
     // a link to /dev/zero here, and a reader (an MCP tool call) must not hang.
-    let read = |name: &str| crate::stack::read_bounded(&state_dir.join(name), 4096, false);
+    let read = |name: &str| crate::util::read_bounded(&state_dir.join(name), 4096, false);
     let Ok(addr) = read(ADDR_FILE) else {
         return Discovery::NotLive;
     };

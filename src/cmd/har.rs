@@ -1,6 +1,6 @@
 //! `veris har`: the receipt's window as a HAR 1.2 document, for HAR viewers
 //! and devtools. The receipt is built exactly as `veris receipt` builds it
-//! (`receipt_cmd::build_with`: same window rules, same live checks, same
+//! (`runtime::receipt::build_with`: same window rules, same live checks, same
 //! integrity verdict), and the HAR (`veris_receipt::har`) is folded over the
 //! same lines in the same pass, so it shows exactly what the verdict was
 //! reached on. The exit code is the receipt's with no requirement and an
@@ -15,7 +15,7 @@ use clap::Args;
 use veris_receipt::har::HarBuilder;
 use veris_receipt::receipt::CheckStatus;
 
-use crate::receipt_cmd::{ReceiptArgs, RequireArgs, WindowArgs};
+use crate::runtime::receipt::{ReceiptArgs, RequireArgs, WindowArgs};
 
 #[derive(Args, Debug)]
 pub struct HarArgs {
@@ -45,7 +45,7 @@ pub async fn har(args: HarArgs) -> Result<u8> {
     // One pass over the file for both: the HAR holds exactly the lines the
     // receipt's verdict was reached on, whatever happens to the file after.
     let mut har = HarBuilder::new(args.window.service.as_deref());
-    let report = crate::receipt_cmd::build_with(&receipt_args, |line, fold| {
+    let report = crate::runtime::receipt::build_with(&receipt_args, |line, fold| {
         har.line(line, fold.window_so_far())
     })
     .await?;

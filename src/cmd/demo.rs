@@ -18,8 +18,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::run::{RunArgs, TierArg};
-use crate::stack::ProxyArgs;
+use crate::cmd::run::{RunArgs, TierArg};
+use crate::runtime::stack::ProxyArgs;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -39,7 +39,7 @@ pub struct DemoArgs {
 pub async fn demo(mut args: DemoArgs) -> Result<u8> {
     // A throwaway state dir unless one is named, so the demo leaves nothing behind.
     let temp = if args.proxy.state_dir.is_none() && std::env::var_os("VERIS_STATE_DIR").is_none() {
-        let dir = std::env::temp_dir().join(format!("veris-demo-{}", crate::random_hex(6)?));
+        let dir = std::env::temp_dir().join(format!("veris-demo-{}", crate::util::random_hex(6)?));
         args.proxy.state_dir = Some(dir.clone());
         Some(dir)
     } else {
@@ -75,12 +75,12 @@ fn run_args(proxy: &ProxyArgs, tier: TierArg, keep_ledger: bool) -> Result<RunAr
         "stripe POST /v1/charges".into(),
     ];
     run.require.require = vec!["stripe:3".into(), "google-calendar:1".into()];
-    run.demo = Some(crate::run::DemoOutput { keep_ledger });
+    run.demo = Some(crate::cmd::run::DemoOutput { keep_ledger });
     Ok(run)
 }
 
 async fn demo_in(proxy: &ProxyArgs, tier: TierArg, keep_ledger: bool) -> Result<u8> {
-    let code = crate::run::run(run_args(proxy, tier, keep_ledger)?).await?;
+    let code = crate::cmd::run::run(run_args(proxy, tier, keep_ledger)?).await?;
     crate::outln!(
         "\nYour own code: `veris run -- CMD` (e.g. `veris run -- curl https://api.stripe.com/v1/charges -d amount=1`)."
     );

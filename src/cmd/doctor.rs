@@ -24,8 +24,8 @@ use veris_ca::{CaError, CertificateAuthority};
 use veris_receipt::receipt::CheckStatus;
 use veris_receipt::ListenerTier;
 
-use crate::live::{Discovery, LiveStatus, ADDR_FILE, TOKEN_FILE};
 use crate::outln;
+use crate::runtime::live::{Discovery, LiveStatus, ADDR_FILE, TOKEN_FILE};
 
 /// Exit code when a check FAILs: the same as a failed `veris check`.
 pub const EXIT_FAILED: u8 = 2;
@@ -103,7 +103,7 @@ impl Finding {
 }
 
 pub async fn doctor(args: DoctorArgs) -> Result<u8> {
-    let state = crate::state_dir(args.state_dir);
+    let state = crate::util::state_dir(args.state_dir);
     let ca_dir = args.ca_dir.unwrap_or_else(|| state.join("ca"));
     let s = shown(&state);
     let live = live(&state).await;
@@ -360,7 +360,7 @@ fn cert_body(pem: &str) -> String {
 fn holds(path: &Path, body: &str) -> std::result::Result<bool, String> {
     // A system bundle is a few hundred KB; a FIFO or /dev/zero planted
     // here must not hang or fill the doctor.
-    match crate::stack::read_bounded(path, 64 << 20, true) {
+    match crate::util::read_bounded(path, 64 << 20, true) {
         Ok(text) => Ok(cert_bodies(&text).iter().any(|b| b == body)),
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(e.to_string()),
         Err(e) => Err(e.kind().to_string()),
@@ -423,7 +423,7 @@ fn system_trust(state: &Path, ca: Option<&str>) -> Finding {
             "see the ca line (until a CA exists there is nothing to compare with)",
         );
     };
-    let Some(store) = crate::isolate::TRUST_STORES
+    let Some(store) = crate::tier::isolated::TRUST_STORES
         .iter()
         .map(Path::new)
         .find(|p| p.is_file())
@@ -835,7 +835,7 @@ fn environment(
 
 /// The isolated run's namespace steps, tried in a child: (userns, nft).
 async fn namespaces() -> (Finding, Finding) {
-    let nft_path = crate::sys::find_tool("nft");
+    let nft_path = crate::os::sys::find_tool("nft");
     let probe = async {
         let exe = std::env::current_exe().ok()?;
         let child = tokio::process::Command::new(exe)
@@ -902,13 +902,13 @@ async fn namespaces() -> (Finding, Finding) {
 }
 
 /// Which ledger `veris receipt`, `har`, `tui` and `baseline` read in this
-/// state dir, by the one rule (`crate::ledgers::resolve`).
+/// state dir, by the one rule (`crate::runtime::ledgers::resolve`).
 fn ledger(state: &Path, serve_live: bool) -> Finding {
-    use crate::ledgers::Source;
+    use crate::runtime::ledgers::Source;
     let s = shown(state);
-    let runs = crate::ledgers::list_runs(state);
+    let runs = crate::runtime::ledgers::list_runs(state);
     let unreadable = runs.iter().filter(|r| r.unusable.is_some()).count();
-    match crate::ledgers::resolve(state, None, None, serve_live) {
+    match crate::runtime::ledgers::resolve(state, None, None, serve_live) {
         Ok(Source::Run { id, .. }) => Finding::ok(
             "ledger",
             format!(
@@ -944,7 +944,7 @@ struct Live {
 async fn live(state: &Path) -> Live {
     let s = shown(state);
     let serve = format!("`veris serve --state-dir {s}`");
-    match crate::live::discover(state).await {
+    match crate::runtime::live::discover(state).await {
         Discovery::Live(proxy) => match proxy.status().await {
             Ok(status) => match status.writes_ledger(&state.join("ledger.jsonl")) {
                 // Admin files copied from another state dir reach a proxy
@@ -998,7 +998,7 @@ async fn live(state: &Path) -> Live {
             status: None,
         },
         Discovery::NotLive => {
-            let addr = crate::stack::read_bounded(&state.join(ADDR_FILE), 4096, false).ok();
+            let addr = crate::util::read_bounded(&state.join(ADDR_FILE), 4096, false).ok();
             let finding = match addr {
                 Some(addr) => Finding::fail(
                     "proxy",
@@ -1031,8 +1031,8 @@ async fn canary(status: Option<&LiveStatus>) -> Finding {
             "fix the proxy line first",
         );
     };
-    let path = crate::live::probe_path(status.tier, &status.proxy_url);
-    let check = crate::check::canary_check(
+    let path = crate::runtime::live::probe_path(status.tier, &status.proxy_url);
+    let check = crate::runtime::checks::canary_check(
         &path,
         &status.canary,
         &status.run_id,

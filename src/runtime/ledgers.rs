@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use veris_receipt::quote;
 use veris_receipt::receipt::{Check, CheckStatus};
 
-use crate::stack::RUNS_DIR;
+use crate::runtime::stack::RUNS_DIR;
 
 /// The ledger file of a serve, and of each run in its dir.
 pub const LEDGER_FILE: &str = "ledger.jsonl";
@@ -236,7 +236,7 @@ fn inspect(state_dir: &Path, id: &str) -> RunInfo {
             info.session_run_id = first["run_id"].as_str().map(str::to_string);
         }
     }
-    if let Ok(bytes) = crate::stack::read_bounded_bytes(&dir.join(RUN_FILE), HEAD_CAP, false) {
+    if let Ok(bytes) = crate::util::read_bounded_bytes(&dir.join(RUN_FILE), HEAD_CAP, false) {
         if let Ok(file) = serde_json::from_slice::<RunFile>(&bytes) {
             info.command = Some(file.command);
         }

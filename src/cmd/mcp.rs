@@ -13,7 +13,7 @@
 //! workload could pass a ledger it forged and the key it forged it with).
 //! Which proxy is read is fixed when the server starts (`--state-dir`), by
 //! whoever configures the agent's MCP client. Within that state dir a tool
-//! may name a run by its id (`veris_runs` lists them; `crate::ledgers`
+//! may name a run by its id (`veris_runs` lists them; `crate::runtime::ledgers`
 //! refuses anything but an id), never a path; a finished run read so is
 //! `unverified` unless the server's own `--key` pins its key, and the
 //! answer says why.
@@ -42,11 +42,11 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt};
 use veris_receipt::receipt::IntegrityStatus;
 
-use crate::check::EXIT_CHECK_FAILED;
-use crate::ledgers::Source;
-use crate::live::{self, Discovery};
-use crate::receipt_cmd::{ReceiptArgs, RequireArgs, WindowArgs};
-use crate::EXIT_USAGE;
+use crate::cmd::check::EXIT_CHECK_FAILED;
+use crate::runtime::ledgers::Source;
+use crate::runtime::live::{self, Discovery};
+use crate::runtime::receipt::{ReceiptArgs, RequireArgs, WindowArgs};
+use crate::util::EXIT_USAGE;
 
 #[derive(Args, Debug)]
 pub struct McpArgs {
@@ -63,10 +63,10 @@ pub struct McpArgs {
 /// `veris mcp`: serves until the client closes stdin.
 pub async fn mcp(args: McpArgs) -> Result<u8> {
     if let Some(k) = &args.key {
-        crate::receipt_cmd::parse_pin(k)?;
+        crate::runtime::receipt::parse_pin(k)?;
     }
     let server = Veris {
-        state_dir: crate::state_dir(args.state_dir),
+        state_dir: crate::util::state_dir(args.state_dir),
         key: args.key,
         running: Default::default(),
         tool_router: Veris::tool_router(),
@@ -74,7 +74,7 @@ pub async fn mcp(args: McpArgs) -> Result<u8> {
     // `veris_run` hands its runs a pipe for their report: no process of the
     // agent's uid may reach it through /proc/<pid>/fd, nor this server's
     // memory (its pin).
-    if let Err(e) = crate::sys::set_non_dumpable() {
+    if let Err(e) = crate::os::sys::set_non_dumpable() {
         tracing::warn!(error = %e, "veris mcp: cannot make the process non-dumpable");
     }
     tracing::info!(state_dir = %server.state_dir.display(), "veris mcp: serving on stdio");
@@ -249,7 +249,7 @@ impl Veris {
         description = "Mark now, before the work whose calls you want to prove. Returns a baseline token; pass it as `since` to veris_receipt to cover exactly what happened after it. Writes nothing to the ledger."
     )]
     async fn veris_baseline(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
-        match crate::baseline::take(&self.state_dir, None, None).await {
+        match crate::runtime::baseline::take(&self.state_dir, None, None).await {
             Ok(b) => {
                 let token = b.token();
                 let text = format!(
@@ -298,7 +298,7 @@ impl Veris {
                 require_verified: p.require_verified,
             },
         };
-        let report = match crate::receipt_cmd::build(&args).await {
+        let report = match crate::runtime::receipt::build(&args).await {
             Ok(report) => report,
             Err(e) => return failure("veris_receipt", EXIT_USAGE, &e),
         };
@@ -349,7 +349,7 @@ impl Veris {
         description = "The `veris run` runs of this state dir, newest first: id, start, command and the verdict of each run's own ledger. Read this way a finished run is `unverified` (its seal key lived only in the run's memory); pass a run's id as `run` to veris_receipt to read it, or use veris_run to get a `verified` receipt."
     )]
     async fn veris_runs(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
-        let runs = crate::runs_cmd::list(&self.state_dir, RUNS_LISTED).await;
+        let runs = crate::cmd::runs::list(&self.state_dir, RUNS_LISTED).await;
         let mut text = String::new();
         for r in runs.as_array().into_iter().flatten() {
             text.push_str(&format!(
@@ -366,7 +366,7 @@ impl Veris {
             ));
         }
         if text.is_empty() {
-            text = crate::ledgers::what_is_there(&self.state_dir);
+            text = crate::runtime::ledgers::what_is_there(&self.state_dir);
         } else {
             text.push_str("Each verdict is read without a pin: a finished run is `unverified`, because its seal key lived only in the run's memory. The command is what the run wrote at its start (not sealed).");
         }
@@ -421,7 +421,7 @@ impl ServerHandler for Veris {
 /// `veris check` for the live proxy of `state_dir`: the probe along the
 /// proxy's interception path must be answered with its canary (and with
 /// `$VERIS_CANARY` when set: this environment's run, as `veris receipt`).
-async fn check(state_dir: &Path) -> Result<(crate::check::Outcome, Value)> {
+async fn check(state_dir: &Path) -> Result<(crate::cmd::check::Outcome, Value)> {
     let live = match live::discover(state_dir).await {
         Discovery::Live(l) => l,
         Discovery::Unusable(why) => anyhow::bail!("{why}"),
@@ -441,8 +441,8 @@ async fn check(state_dir: &Path) -> Result<(crate::check::Outcome, Value)> {
         .ok()
         .filter(|c| !c.is_empty())
         .unwrap_or_else(|| status.canary.clone());
-    let answer = crate::check::probe(&path, CHECK_TIMEOUT).await;
-    let outcome = crate::check::judge(&path, Some(&expected), answer);
+    let answer = veris_proxy::canary::probe(&path, CHECK_TIMEOUT).await;
+    let outcome = crate::cmd::check::judge(&path, Some(&expected), answer);
     let structured = json!({
         "verdict": if outcome.exit_code == 0 { "pass" } else { "fail" },
         "exit_code": outcome.exit_code,
@@ -526,9 +526,9 @@ async fn run_command(state_dir: &Path, p: &RunParams) -> Result<(String, Value, 
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    crate::sys::pass_fd(&mut cmd, writer.as_raw_fd(), REPORT_FD);
+    crate::os::sys::pass_fd(&mut cmd, writer.as_raw_fd(), REPORT_FD);
     // A run killed at the limit leaves its command's processes to us.
-    if let Err(e) = crate::sys::become_subreaper() {
+    if let Err(e) = crate::os::sys::become_subreaper() {
         tracing::warn!(error = %e, "veris mcp: cannot become the subreaper of veris_run's processes");
     }
     let mut child = cmd.spawn().context("starting `veris run`")?;
@@ -557,7 +557,7 @@ async fn run_command(state_dir: &Path, p: &RunParams) -> Result<(String, Value, 
         }
     };
     let ended = tokio::task::spawn_blocking(|| {
-        crate::sys::end_descendants(
+        crate::os::sys::end_descendants(
             std::time::Duration::from_millis(500),
             std::time::Duration::from_secs(5),
         )
@@ -669,7 +669,7 @@ async fn stop(
         }
     }
     if let Some(pid) = pid {
-        let _ = crate::sys::kill_group(pid, libc::SIGKILL);
+        let _ = crate::os::sys::kill_group(pid, libc::SIGKILL);
     }
     Ok(child.wait().await?)
 }

@@ -22,7 +22,7 @@
 //!   child cannot ptrace it.
 //! - **pid 1** (`veris __isolate-init`, [`pid1_main`]) mounts a /proc for its
 //!   PID namespace, starts the command with every capability gone and
-//!   no_new_privs ([`crate::sys::drop_capabilities_at_exec`]), reaps orphans
+//!   no_new_privs ([`crate::os::sys::drop_capabilities_at_exec`]), reaps orphans
 //!   and exits with the command's status; everything the command left
 //!   behind dies with it.
 //!
@@ -47,7 +47,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
-use crate::transparent::{ruleset, RulesetParams};
+use crate::tier::transparent::{ruleset, RulesetParams};
 
 /// The control socket's fd in the init step.
 const CONTROL_FD: i32 = 3;
@@ -106,8 +106,8 @@ enum ToInit {
         /// Further bundle files to cover (`--trust-file`).
         extra_stores: Vec<PathBuf>,
         /// The bundles the command's runtimes ship, as the scan checked
-        /// them ([`crate::bundles`]).
-        bundles: Vec<crate::bundles::Bundle>,
+        /// them ([`crate::tier::bundles`]).
+        bundles: Vec<crate::tier::bundles::Bundle>,
         /// `--share-tmp`: the host's /tmp, /var/tmp and /dev/shm.
         share_tmp: bool,
         /// Paths carried into private ones (the working directory, the
@@ -209,7 +209,7 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .process_group(0);
-    crate::sys::pass_fd(&mut cmd, theirs.as_raw_fd(), CONTROL_FD);
+    crate::os::sys::pass_fd(&mut cmd, theirs.as_raw_fd(), CONTROL_FD);
     let mut init = cmd
         .spawn()
         .map_err(|e| format!("cannot start the isolation step ({e})"))?;
@@ -287,7 +287,7 @@ impl Isolation {
         env: Vec<(String, String)>,
         trust: &veris_ca::trust::TrustFiles,
         extra_stores: &[PathBuf],
-        bundles: Vec<crate::bundles::Bundle>,
+        bundles: Vec<crate::tier::bundles::Bundle>,
         share_tmp: bool,
         keep: Vec<PathBuf>,
     ) -> Result<Vec<String>> {
@@ -412,7 +412,7 @@ fn recv_line_with_fds(sock: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedF
 
 /// `veris __isolate -- CMD`: see the module doc. Returns the exit code.
 pub fn init_main(command: Vec<String>) -> u8 {
-    let Some(fd) = crate::sys::inherited_fd(CONTROL_FD) else {
+    let Some(fd) = crate::os::sys::inherited_fd(CONTROL_FD) else {
         eprintln!("veris: __isolate is an internal step of `veris run`");
         return 1;
     };
@@ -422,7 +422,7 @@ pub fn init_main(command: Vec<String>) -> u8 {
         eprintln!("veris: cannot set up the control socket: {e}");
         return 1;
     }
-    crate::sys::survive_job_signals();
+    crate::os::sys::survive_job_signals();
     let (sockets, counters) = match setup() {
         Ok(s) => s,
         Err(e) => {
@@ -437,7 +437,7 @@ pub fn init_main(command: Vec<String>) -> u8 {
         }
     };
     // Only now: a non-dumpable process may not write its own uid map.
-    let _ = crate::sys::set_non_dumpable();
+    let _ = crate::os::sys::set_non_dumpable();
     let fds: Vec<BorrowedFd<'_>> = [
         sockets.https.as_fd(),
         sockets.http.as_fd(),
@@ -483,7 +483,7 @@ fn enter_namespaces() -> Result<()> {
         rustix::process::geteuid().as_raw(),
         rustix::process::getegid().as_raw(),
     );
-    crate::sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET | libc::CLONE_NEWNS).map_err(|e| {
+    crate::os::sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET | libc::CLONE_NEWNS).map_err(|e| {
         anyhow!("cannot create a user and network namespace ({e}): unprivileged user namespaces are disabled here (sysctl user.max_user_namespaces, kernel.apparmor_restrict_unprivileged_userns) or blocked by a seccomp profile")
     })?;
     // Only our own uid and gid, as 0 inside (what `unshare -r` does).
@@ -491,7 +491,7 @@ fn enter_namespaces() -> Result<()> {
     std::fs::write("/proc/self/uid_map", format!("0 {uid} 1")).context("writing the uid map")?;
     std::fs::write("/proc/self/gid_map", format!("0 {gid} 1")).context("writing the gid map")?;
     // Bind mounts made here stay here.
-    crate::sys::mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE)
+    crate::os::sys::mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE)
         .context("making the mount namespace private")?;
     ip(&["link", "set", "lo", "up"])
 }
@@ -568,7 +568,7 @@ fn setup() -> Result<(Sockets, Counters)> {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new(crate::sys::tool("ip"))
+    let out = Command::new(crate::os::sys::tool("ip"))
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -584,7 +584,7 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 fn nft_apply(rules: &str) -> Result<()> {
-    let mut child = Command::new(crate::sys::tool("nft"))
+    let mut child = Command::new(crate::os::sys::tool("nft"))
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -614,7 +614,7 @@ impl Counters {
     fn start() -> Counters {
         use std::os::unix::process::CommandExt;
         // A group of its own: the command's `kill(0, …)` must not reach it.
-        let spawned = Command::new(crate::sys::tool("nft"))
+        let spawned = Command::new(crate::os::sys::tool("nft"))
             .arg("-i")
             .process_group(0)
             .stdin(Stdio::piped())
@@ -696,7 +696,7 @@ fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[Stri
     }
     let trust_stores = mount_trust(&sources, &extra_stores, &bundles)?;
     hide_daemon_sockets();
-    crate::sys::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
+    crate::os::sys::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
     // This very binary, wherever its path now leads (a private /tmp may
     // hide the copy it was started from).
     let exe = PathBuf::from("/proc/self/exe");
@@ -715,7 +715,7 @@ fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[Stri
             .spawn()
             .context("starting the namespace's pid 1")?
     };
-    crate::sys::forward_signals_to(pid1.id());
+    crate::os::sys::forward_signals_to(pid1.id());
     send(control, &FromInit::Started { trust_stores }, &[])?;
 
     let mut reported = 0;
@@ -792,14 +792,14 @@ fn proxy_gone(control: &UnixStream) -> bool {
 fn mount_trust(
     (bundle, truststore): &(PathBuf, PathBuf),
     extra: &[PathBuf],
-    bundles: &[crate::bundles::Bundle],
+    bundles: &[crate::tier::bundles::Bundle],
 ) -> Result<Vec<String>> {
     let mut done: Vec<PathBuf> = Vec::new();
     let mut covered = Vec::new();
     for found in bundles {
         let source = match found.format {
-            crate::bundles::Format::Pem => bundle,
-            crate::bundles::Format::Keystore => truststore,
+            crate::tier::bundles::Format::Pem => bundle,
+            crate::tier::bundles::Format::Keystore => truststore,
         };
         bind_over_checked(source, found).with_context(|| {
             format!(
@@ -845,7 +845,7 @@ fn mount_trust(
 /// path still leads to the very file the scan checked (device and inode):
 /// the target is opened without following a final symlink and mounted over
 /// through that descriptor, so nothing swapped in on the way is covered.
-fn bind_over_checked(source: &Path, found: &crate::bundles::Bundle) -> Result<()> {
+fn bind_over_checked(source: &Path, found: &crate::tier::bundles::Bundle) -> Result<()> {
     use rustix::fs::{open, Mode, OFlags};
     let fd = open(
         &found.path,
@@ -859,9 +859,9 @@ fn bind_over_checked(source: &Path, found: &crate::bundles::Bundle) -> Result<()
         bail!("it changed since veris checked it");
     }
     let target = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    crate::sys::mount(source.to_str(), &target, None, libc::MS_BIND)?;
+    crate::os::sys::mount(source.to_str(), &target, None, libc::MS_BIND)?;
     // The mount sits on the path now: the read-only remount names it there.
-    crate::sys::mount(
+    crate::os::sys::mount(
         None,
         &found.path.to_string_lossy(),
         None,
@@ -880,7 +880,7 @@ fn hide_daemon_sockets() {
         return;
     }
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
-    if let Err(e) = crate::sys::mount(Some("tmpfs"), "/run", Some("tmpfs"), flags) {
+    if let Err(e) = crate::os::sys::mount(Some("tmpfs"), "/run", Some("tmpfs"), flags) {
         eprintln!("veris: cannot hide the host's /run from the command: {e}");
     }
 }
@@ -934,7 +934,7 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
             // The command works in the scratch dir itself: it stays shared.
             continue;
         }
-        crate::sys::mount(
+        crate::os::sys::mount(
             Some("tmpfs"),
             &real.to_string_lossy(),
             Some("tmpfs"),
@@ -957,7 +957,7 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
                 .and_then(|()| std::fs::File::create(real).map(drop))
         }
         .with_context(|| format!("carrying {} into the private /tmp", real.display()))?;
-        crate::sys::mount(
+        crate::os::sys::mount(
             Some(&format!("/proc/self/fd/{}", fd.as_raw_fd())),
             &real.to_string_lossy(),
             None,
@@ -972,8 +972,8 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
 /// system store's path must not land in the state dir's bundle.
 fn bind_read_only(bundle: &Path, target: &Path) -> std::io::Result<()> {
     let target = target.to_string_lossy();
-    crate::sys::mount(bundle.to_str(), &target, None, libc::MS_BIND)?;
-    crate::sys::mount(
+    crate::os::sys::mount(bundle.to_str(), &target, None, libc::MS_BIND)?;
+    crate::os::sys::mount(
         None,
         &target,
         None,
@@ -989,8 +989,8 @@ fn probe_canary() -> std::io::Result<String> {
     write!(
         tcp,
         "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        crate::check::CANARY_PATH,
-        crate::check::CANARY_HOST
+        veris_proxy::canary::CANARY_PATH,
+        veris_proxy::canary::CANARY_HOST
     )?;
     let mut response = Vec::new();
     tcp.take(1 << 16).read_to_end(&mut response)?;
@@ -1053,12 +1053,12 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
 /// `veris __isolate-init -- CMD`: see the module doc. Returns the exit code.
 pub fn pid1_main(command: Vec<String>) -> u8 {
     // The init step outside is our parent: if it dies, so does everything here.
-    let _ = crate::sys::die_with_parent();
+    let _ = crate::os::sys::die_with_parent();
     // A /proc of this PID namespace, in a mount namespace of our own so the
     // init step keeps its view. Without it (a container masking /proc), the
     // command sees the host's process list, which it still cannot signal.
-    let fresh_proc = crate::sys::unshare(libc::CLONE_NEWNS).and_then(|()| {
-        crate::sys::mount(
+    let fresh_proc = crate::os::sys::unshare(libc::CLONE_NEWNS).and_then(|()| {
+        crate::os::sys::mount(
             Some("proc"),
             "/proc",
             Some("proc"),
@@ -1075,7 +1075,7 @@ pub fn pid1_main(command: Vec<String>) -> u8 {
     };
     let mut cmd = Command::new(program);
     cmd.args(args);
-    crate::sys::drop_capabilities_at_exec(&mut cmd);
+    crate::os::sys::drop_capabilities_at_exec(&mut cmd);
     let child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {

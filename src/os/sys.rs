@@ -52,7 +52,7 @@ pub fn trim_heap() {
 }
 
 /// Moves this (single-threaded) process into new namespaces (`CLONE_NEW*`
-/// flags); the isolated run's init step (`crate::isolate`).
+/// flags); the isolated run's init step (`crate::tier::isolated`).
 pub fn unshare(flags: i32) -> std::io::Result<()> {
     // SAFETY: unshare(2) takes flags only. Callers are single-threaded (the
     // hidden `__isolate` steps run before any runtime or thread exists), so

@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 use veris_ca::env::{self, EnvSpec};
 use veris_ca::{CertificateAuthority, LoadOutcome};
 
-use crate::stack::{merged_no_proxy, EnvBase, EnvFormatArg, DEFAULT_SANDBOX};
+use crate::runtime::stack::{merged_no_proxy, EnvBase, EnvFormatArg, DEFAULT_SANDBOX};
 
 #[derive(Args, Debug, Clone)]
 pub struct CaDirs {
@@ -61,7 +61,7 @@ struct Loaded {
 
 /// The state dir and the CA dir the flags name.
 fn dirs_of(dirs: &CaDirs) -> (PathBuf, PathBuf) {
-    let state = crate::state_dir(dirs.state_dir.clone());
+    let state = crate::util::state_dir(dirs.state_dir.clone());
     let ca_dir = dirs.ca_dir.clone().unwrap_or_else(|| state.join("ca"));
     (state, ca_dir)
 }
@@ -120,7 +120,7 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
         CaCommand::Show(dirs) => {
             let (state, ca_dir) = dirs_of(&dirs);
             let Ok(ca) = load_existing("show", &ca_dir)? else {
-                return Ok(crate::EXIT_USAGE);
+                return Ok(crate::util::EXIT_USAGE);
             };
             // Where the trust material is published; showing writes none.
             let trust = veris_ca::trust::TrustFiles::at(&state.join("trust"));

@@ -32,7 +32,7 @@ use clap::Args;
 use tracing::{info, warn};
 
 /// The ruleset, templated (see [`ruleset`] and the file's header).
-pub const RULESET_TEMPLATE: &str = include_str!("../deploy/veris.nft");
+pub const RULESET_TEMPLATE: &str = include_str!("../../deploy/veris.nft");
 
 /// Name of the nftables table (family inet) the rules live in.
 pub const TABLE: &str = "veris";
@@ -413,7 +413,7 @@ pub fn drop_privileges(args: &TransparentArgs, owned_dirs: &[&Path]) -> Result<(
     } else if privileges::euid() == 0 && (args.install_redirect || args.redirect_external) {
         let gid = primary_gid(args.proxy_uid);
         for dir in owned_dirs {
-            crate::handover::hand_over(dir, args.proxy_uid, gid)
+            crate::tier::handover::hand_over(dir, args.proxy_uid, gid)
                 .with_context(|| format!("handing {} to uid {}", dir.display(), args.proxy_uid))?;
         }
         privileges::drop_to(args.proxy_uid, gid).context("dropping privileges")?;
@@ -457,7 +457,7 @@ pub fn coverage(
 fn install(params: RulesetParams) -> Result<Redirect> {
     refuse_existing_table()?;
     let rules = ruleset(&params);
-    let mut nft = Command::new(crate::sys::tool("nft"))
+    let mut nft = Command::new(crate::os::sys::tool("nft"))
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -488,7 +488,7 @@ fn install(params: RulesetParams) -> Result<Redirect> {
         Ok(helper) => helper,
         Err(e) => {
             // Without the helper nobody would watch or remove the rules.
-            let _ = Command::new(crate::sys::tool("nft"))
+            let _ = Command::new(crate::os::sys::tool("nft"))
                 .args(["delete", "table", "inet", TABLE])
                 .status();
             return Err(e).context("starting the redirect helper");
@@ -515,7 +515,7 @@ fn install(params: RulesetParams) -> Result<Redirect> {
 
 /// Rules this process did not install are never taken over (nor removed later).
 fn refuse_existing_table() -> Result<()> {
-    let exists = Command::new(crate::sys::tool("nft"))
+    let exists = Command::new(crate::os::sys::tool("nft"))
         .args(["list", "table", "inet", TABLE])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

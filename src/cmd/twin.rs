@@ -66,7 +66,7 @@ pub async fn twin(args: TwinArgs) -> Result<u8> {
         })?;
     let addr = listener.local_addr()?;
     let tls = if args.tls {
-        let state = crate::state_dir(args.state_dir.clone());
+        let state = crate::util::state_dir(args.state_dir.clone());
         let (ca, _) =
             CertificateAuthority::load_or_create(&state.join("ca")).context("loading the CA")?;
         let issuer = Issuer::new(Arc::new(ca), 16);
