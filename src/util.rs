@@ -115,3 +115,13 @@ pub fn temp_beside(path: &Path, tag: &str) -> PathBuf {
         std::process::id()
     ))
 }
+
+/// A future that resolves once `rx` reads true.
+pub fn until(
+    rx: &tokio::sync::watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut rx = rx.clone();
+    async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}

@@ -1031,7 +1031,7 @@ async fn canary(status: Option<&LiveStatus>) -> Finding {
             "fix the proxy line first",
         );
     };
-    let path = crate::runtime::live::probe_path(status.tier, &status.proxy_url);
+    let path = crate::runtime::checks::probe_path(status.tier, &status.proxy_url);
     let check = crate::runtime::checks::canary_check(
         &path,
         &status.canary,

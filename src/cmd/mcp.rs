@@ -436,7 +436,7 @@ async fn check(state_dir: &Path) -> Result<(crate::cmd::check::Outcome, Value)> 
         .status()
         .await
         .context("asking the live proxy for its status")?;
-    let path = live::probe_path(status.tier, &status.proxy_url);
+    let path = crate::runtime::checks::probe_path(status.tier, &status.proxy_url);
     let expected = std::env::var("VERIS_CANARY")
         .ok()
         .filter(|c| !c.is_empty())

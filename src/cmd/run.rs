@@ -8,7 +8,6 @@
 //! replaced file fails it.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -21,9 +20,10 @@ use veris_receipt::Entry;
 use crate::runtime::junit::Junit;
 use crate::runtime::receipt::{report, Report, RequireArgs};
 use crate::runtime::stack::{
-    merged_no_proxy, Confinement, EnvBase, Finished, ProxyArgs, Role, ServeArgs, Stack,
+    merged_no_proxy, EnvBase, Finished, ProxyArgs, Role, ServeArgs, Stack,
 };
 use crate::tier::isolated::{Event, Isolation};
+use crate::tier::Confinement;
 use veris_proxy::canary::{CanaryAnswer, ProbeError};
 
 #[derive(Args, Debug)]
@@ -345,18 +345,9 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
             let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, false, &base));
             let mut command = args.command.clone();
             if landlock {
-                let exe = std::env::current_exe().context("finding the veris binary")?;
-                let mut wrapped = vec![
-                    exe.to_string_lossy().into_owned(),
-                    "__confine".into(),
-                    "--allow-port".into(),
-                    stack.proxy_addr.port().to_string(),
-                    "--".into(),
-                ];
-                wrapped.append(&mut command);
-                command = wrapped;
+                command = crate::tier::confined::wrap(command, stack.proxy_addr.port())?;
             }
-            match explicit(&command, vars, stack.file_limit).await {
+            match crate::tier::explicit::run(&command, vars, stack.file_limit).await {
                 Ok(code) => (code, None),
                 Err(e) => {
                     end_leftovers().await;
@@ -623,7 +614,7 @@ async fn isolated(
             signals += 1;
             // The init step passes the first on to the command's group; a
             // second ends the init step, and with it the whole namespace.
-            forward(
+            crate::tier::forward(
                 pgid,
                 if signals == 1 {
                     forwarded
@@ -649,58 +640,6 @@ async fn isolated(
     );
     isolation.done().await;
     Ok((code, Some(canary)))
-}
-
-/// Runs the command with the proxy variables, forwarding signals.
-async fn explicit(
-    command: &[String],
-    vars: Vec<(String, String)>,
-    file_limit: crate::os::sys::FileLimit,
-) -> Result<u8> {
-    let mut cmd = tokio::process::Command::new(&command[0]);
-    crate::os::sys::restore_file_limit_at_exec(&mut cmd, file_limit);
-    cmd.args(&command[1..])
-        .envs(vars)
-        // Node 22.21+/24.5+ honour HTTPS_PROXY only with this; older versions ignore it.
-        .env("NODE_USE_ENV_PROXY", "1")
-        // The child is the workload: it gets no way into the admin API.
-        .env_remove("VERIS_ADMIN_TOKEN")
-        .stdin(Stdio::inherit())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| {
-        anyhow::anyhow!(
-            "cannot start {:?}: {e}. Next: check the command name and PATH",
-            command[0]
-        )
-    })?;
-    let pgid = child.id();
-    let status = {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut chld = signal(SignalKind::child())?;
-        loop {
-            tokio::select! {
-                status = child.wait() => break status?,
-                _ = term.recv() => forward(pgid, libc::SIGTERM),
-                _ = int.recv() => forward(pgid, libc::SIGINT),
-                // Orphans of the command that ended while it runs are
-                // ours to reap (we are their subreaper); the command
-                // itself is tokio's.
-                _ = chld.recv() => crate::os::sys::reap_orphans(pgid),
-            }
-        }
-    };
-    Ok(match status.code() {
-        Some(c) => u8::try_from(c).unwrap_or(1),
-        // Killed by a signal: the shell convention, 128 + signal.
-        None => {
-            use std::os::unix::process::ExitStatusExt;
-            128u8.saturating_add(u8::try_from(status.signal().unwrap_or(0)).unwrap_or(0))
-        }
-    })
 }
 
 /// The receipt of a finished session, anchored on the proxy's own final
@@ -772,14 +711,6 @@ fn leftover_check(ending: &crate::os::sys::Ending) -> Check {
             named.len(),
             named.join(", ")
         ),
-    }
-}
-
-fn forward(pgid: Option<u32>, signal: i32) {
-    if let Some(pgid) = pgid {
-        if let Err(e) = crate::os::sys::kill_group(pgid, signal) {
-            warn!(error = %e, "cannot forward the signal to the child");
-        }
     }
 }
 

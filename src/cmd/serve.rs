@@ -3,7 +3,8 @@
 use anyhow::Result;
 use tracing::info;
 
-use crate::runtime::stack::{Confinement, Role, ServeArgs, Stack};
+use crate::runtime::stack::{Role, ServeArgs, Stack};
+use crate::tier::Confinement;
 
 /// `veris serve`: runs until SIGINT or SIGTERM.
 pub async fn serve(args: ServeArgs) -> Result<u8> {

@@ -2,7 +2,6 @@
 //! flags `receipt`, `run`, `har`, `runs` and the MCP tools share, the live
 //! proxy's fresh seal as anchor and its checks, pins and baselines.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -12,10 +11,11 @@ use veris_receipt::receipt::{
     self, Anchor, Check, CheckStatus, LiveChannel, Options, Receipt, Requirement, WindowSpec,
 };
 use veris_receipt::seal::{Pin, PublicKeys};
-use veris_receipt::{Line, ListenerTier};
+use veris_receipt::Line;
 
 use crate::runtime::baseline::Baseline;
-use crate::runtime::live::{Discovery, ServiceRef};
+use crate::runtime::checks::{live_checks, LiveRun, Reader};
+use crate::runtime::live::Discovery;
 
 /// The requirement flags. Each counts answers the twin gave with a 2xx
 /// status, unless the same argument ends in a status clause:
@@ -289,23 +289,19 @@ pub async fn build_with(
                 }
                 _ => (since.max(session_since), facts.twin_heads.clone()),
             };
-            options.external_checks = live_checks(
-                &path,
-                &LiveRun {
-                    tier: status.tier,
-                    proxy_url: &status.proxy_url,
-                    canary: &status.canary,
-                    run_id: &status.run_id,
-                    env_canary: true,
-                    services: &status.services,
-                    twin_heads: heads.as_ref(),
-                    ledger: Some(&path),
-                    unrecorded: status.unrecorded.as_ref(),
-                },
-                since,
-                fresh.seq,
-            )
-            .await;
+            let run = LiveRun {
+                tier: status.tier,
+                proxy_url: &status.proxy_url,
+                canary: &status.canary,
+                run_id: &status.run_id,
+                reader: Reader::Workload,
+                services: &status.services,
+                twin_heads: heads.as_ref(),
+                ledger: &path,
+                refresh: true,
+                unrecorded: status.unrecorded.as_ref(),
+            };
+            options.external_checks = live_checks(&run, None, since, fresh.seq).await;
             if let Some(pin) = &pin {
                 if !pin.fingerprints.contains(&fresh.key_id) {
                     options.external_checks.push(Check {
@@ -413,56 +409,6 @@ pub fn seal_keys_beside(ledger: &Path) -> Option<PublicKeys> {
     }
     PublicKeys::load(&path).ok()
 }
-
-/// Who the live run is, for its canary and twin checks.
-pub struct LiveRun<'a> {
-    pub tier: ListenerTier,
-    pub proxy_url: &'a str,
-    pub canary: &'a str,
-    pub run_id: &'a str,
-    /// Also hold the proxy to `VERIS_CANARY` from the environment: true for a
-    /// reader in the workload's environment (`veris receipt`).
-    pub env_canary: bool,
-    /// Routed services and their twin upstreams.
-    pub services: &'a [ServiceRef],
-    /// The twin's log position at the window's start.
-    pub twin_heads: Option<&'a BTreeMap<String, u64>>,
-    /// The ledger file, re-read to explain twin rows of requests in flight.
-    pub ledger: Option<&'a Path>,
-    /// What the live proxy says it sent to the twin but could not record.
-    pub unrecorded: Option<&'a veris_proxy::recorder::UnrecordedCounts>,
-}
-
-/// The checks that need the network: the canary along the run's
-/// interception path, and the twin cross-check of the window.
-pub async fn live_checks(ledger: &Path, run: &LiveRun<'_>, since: u64, until: u64) -> Vec<Check> {
-    let path = crate::runtime::live::probe_path(run.tier, run.proxy_url);
-    // Inside the sandbox the env file names the run the workload belongs to.
-    let expected = std::env::var("VERIS_CANARY")
-        .ok()
-        .filter(|c| run.env_canary && !c.is_empty())
-        .unwrap_or_else(|| run.canary.to_string());
-    let mut canary =
-        crate::runtime::checks::canary_check(&path, run.canary, run.run_id, CANARY_TIMEOUT).await;
-    if expected != run.canary && canary.status == CheckStatus::Ok {
-        canary.status = CheckStatus::Failed;
-        canary.detail = "the live proxy's canary is not the one in VERIS_CANARY: this environment belongs to another run".into();
-    }
-    let twin = crate::runtime::live::twin_cross_check_file(
-        ledger,
-        since,
-        until,
-        run.services,
-        run.twin_heads,
-        run.ledger.is_some(),
-        run.unrecorded,
-    )
-    .await;
-    vec![canary, twin]
-}
-
-/// How long the canary probe of a receipt may take.
-const CANARY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Every service a requirement names must be one this run routes, or the
 /// requirement could never be met: a typo (`strip`) is a usage error that

@@ -1105,3 +1105,20 @@ pub fn pid1_main(command: Vec<String>) -> u8 {
         }
     }
 }
+/// An isolated run's sockets, as the transparent tier serves them.
+pub fn listeners(s: Sockets) -> Result<super::TransparentListeners> {
+    let tcp = |l: std::net::TcpListener| {
+        l.set_nonblocking(true)?;
+        tokio::net::TcpListener::from_std(l)
+    };
+    let udp = |u: std::net::UdpSocket| {
+        u.set_nonblocking(true)?;
+        tokio::net::UdpSocket::from_std(u)
+    };
+    Ok(super::TransparentListeners {
+        https: tcp(s.https)?,
+        http: tcp(s.http)?,
+        quic: Some(udp(s.quic)?),
+        dns: Some((udp(s.dns_udp)?, tcp(s.dns_tcp)?)),
+    })
+}

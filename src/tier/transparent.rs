@@ -31,6 +31,13 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tracing::{info, warn};
 
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use veris_proxy::Proxy;
+use veris_receipt::ledger::Ledger;
+use veris_receipt::Entry;
+
 /// The ruleset, templated (see [`ruleset`] and the file's header).
 pub const RULESET_TEMPLATE: &str = include_str!("../../deploy/veris.nft");
 
@@ -557,6 +564,126 @@ fn primary_gid(uid: u32) -> u32 {
             })
         })
         .unwrap_or(uid)
+}
+
+/// `serve --transparent`'s listeners, bound before privileges drop.
+pub async fn bind(t: &TransparentArgs) -> Result<Option<super::TransparentListeners>> {
+    if !t.transparent {
+        return Ok(None);
+    }
+    let https = tokio::net::TcpListener::bind(&t.https_listen).await.with_context(|| {
+        format!("binding the transparent TLS listener to {}. Next: pick a free address with --https-listen", t.https_listen)
+    })?;
+    let http = tokio::net::TcpListener::bind(&t.http_listen).await.with_context(|| {
+        format!("binding the transparent HTTP listener to {}. Next: pick a free address with --http-listen", t.http_listen)
+    })?;
+    let quic = if t.allow_quic {
+        None
+    } else {
+        Some(tokio::net::UdpSocket::bind(&t.quic_listen).await.with_context(|| {
+            format!("binding the QUIC sink (UDP) to {}. Next: pick a free address with --quic-listen, or pass --allow-quic", t.quic_listen)
+        })?)
+    };
+    Ok(Some(super::TransparentListeners {
+        https,
+        http,
+        quic,
+        dns: None,
+    }))
+}
+
+/// Serves the transparent listeners and the QUIC sink in one task: stopping
+/// them also writes the sink's pending attempts, before the final seal.
+pub fn serve(
+    listeners: super::TransparentListeners,
+    proxy: Arc<Proxy>,
+    ledger: Arc<Ledger>,
+    stop: &watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    let tcp = veris_proxy::transparent::serve(
+        Some(listeners.https),
+        Some(listeners.http),
+        proxy.clone(),
+        crate::util::until(stop),
+    );
+    let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger.clone();
+    let stop_sink = crate::util::until(stop);
+    let sink = async move {
+        match listeners.quic {
+            Some(socket) => veris_proxy::quic::serve(socket, recorder, stop_sink).await,
+            None => Ok(()),
+        }
+    };
+    let dns = listeners.dns.map(|(udp, tcp)| {
+        use veris_proxy::dns;
+        use veris_proxy::route::Route;
+        // Vendor, allowed and canary names resolve even once a flood of
+        // made-up names filled the table.
+        // Weak: the table outlives the session (dials look names up in it).
+        let router = Arc::downgrade(&proxy);
+        let routed: dns::Routed = Box::new(move |name: &str| {
+            router.upgrade().is_some_and(|p| {
+                matches!(
+                    p.router().route_connection(name),
+                    Route::Service(_) | Route::Allowed | Route::Canary
+                )
+            })
+        });
+        let names = Arc::new(dns::Names::new(dns::DEFAULT_CAPACITY).routing(routed));
+        // Dials to the stub's addresses go to the names they stand for.
+        veris_proxy::dial::answer_synthetic_with(names.clone());
+        let counted = names.clone();
+        let record: dns::OnLookup = Arc::new(move |lookup: &dns::Lookup| {
+            if lookup.refused {
+                // The first refusals are said: the receipt then names the
+                // stub, not the code, for a name that did not resolve.
+                if counted.refused() > veris_receipt::entry::DNS_REFUSED_LINES {
+                    return;
+                }
+                warn!(name = %veris_receipt::quote::quoted(&lookup.name), "the DNS stub's table of names is full: a lookup was refused (SERVFAIL)");
+            } else if !lookup.first {
+                return;
+            }
+            let entry = Entry::Dns {
+                name: lookup.name.clone(),
+                qtype: qtype_name(lookup.qtype),
+                refused: lookup.refused,
+            };
+            if let Err(e) = ledger.append(entry) {
+                warn!(error = %e, "cannot record a DNS lookup");
+            }
+        });
+        let udp = dns::serve_udp(udp, names.clone(), record.clone(), crate::util::until(stop));
+        let tcp = dns::serve_tcp(tcp, names, record, crate::util::until(stop));
+        async move {
+            tokio::join!(udp, tcp);
+        }
+    });
+    tokio::spawn(async move {
+        let dns = async move {
+            if let Some(dns) = dns {
+                dns.await;
+            }
+        };
+        let (tcp, sink, ()) = tokio::join!(tcp, sink, dns);
+        tcp.and(sink)
+    })
+}
+
+/// A DNS query type as people write it.
+fn qtype_name(qtype: u16) -> String {
+    match qtype {
+        1 => "A".into(),
+        5 => "CNAME".into(),
+        15 => "MX".into(),
+        16 => "TXT".into(),
+        28 => "AAAA".into(),
+        33 => "SRV".into(),
+        64 => "SVCB".into(),
+        65 => "HTTPS".into(),
+        255 => "ANY".into(),
+        n => n.to_string(),
+    }
 }
 
 mod privileges {
