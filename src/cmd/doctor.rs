@@ -835,7 +835,7 @@ fn environment(
 
 /// The isolated run's namespace steps, tried in a child: (userns, nft).
 async fn namespaces() -> (Finding, Finding) {
-    let nft_path = crate::os::sys::find_tool("nft");
+    let nft_path = crate::os::tool::find_tool("nft");
     let probe = async {
         let exe = std::env::current_exe().ok()?;
         let child = tokio::process::Command::new(exe)

@@ -74,7 +74,7 @@ pub async fn mcp(args: McpArgs) -> Result<u8> {
     // `veris_run` hands its runs a pipe for their report: no process of the
     // agent's uid may reach it through /proc/<pid>/fd, nor this server's
     // memory (its pin).
-    if let Err(e) = crate::os::sys::set_non_dumpable() {
+    if let Err(e) = crate::os::prctl::set_non_dumpable() {
         tracing::warn!(error = %e, "veris mcp: cannot make the process non-dumpable");
     }
     tracing::info!(state_dir = %server.state_dir.display(), "veris mcp: serving on stdio");
@@ -526,9 +526,9 @@ async fn run_command(state_dir: &Path, p: &RunParams) -> Result<(String, Value, 
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    crate::os::sys::pass_fd(&mut cmd, writer.as_raw_fd(), REPORT_FD);
+    crate::os::fd::pass_fd(&mut cmd, writer.as_raw_fd(), REPORT_FD);
     // A run killed at the limit leaves its command's processes to us.
-    if let Err(e) = crate::os::sys::become_subreaper() {
+    if let Err(e) = crate::os::procs::become_subreaper() {
         tracing::warn!(error = %e, "veris mcp: cannot become the subreaper of veris_run's processes");
     }
     let mut child = cmd.spawn().context("starting `veris run`")?;
@@ -557,7 +557,7 @@ async fn run_command(state_dir: &Path, p: &RunParams) -> Result<(String, Value, 
         }
     };
     let ended = tokio::task::spawn_blocking(|| {
-        crate::os::sys::end_descendants(
+        crate::os::procs::end_descendants(
             std::time::Duration::from_millis(500),
             std::time::Duration::from_secs(5),
         )
@@ -669,7 +669,7 @@ async fn stop(
         }
     }
     if let Some(pid) = pid {
-        let _ = crate::os::sys::kill_group(pid, libc::SIGKILL);
+        let _ = crate::os::procs::kill_group(pid, libc::SIGKILL);
     }
     Ok(child.wait().await?)
 }

@@ -7,24 +7,22 @@
 //! The receipt is anchored on the proxy's own final seal, so a rewritten or
 //! replaced file fails it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tracing::{info, warn};
+use tracing::warn;
 use veris_receipt::ledger::{self, LedgerRead};
 use veris_receipt::receipt::{Anchor, LiveChannel, Options, WindowSpec};
 use veris_receipt::receipt::{Check, Requirement};
-use veris_receipt::Entry;
 
 use crate::runtime::junit::Junit;
 use crate::runtime::receipt::{report, Report, RequireArgs};
 use crate::runtime::stack::{
     merged_no_proxy, EnvBase, Finished, ProxyArgs, Role, ServeArgs, Stack,
 };
-use crate::tier::isolated::{Event, Isolation};
+use crate::tier::isolated::Isolation;
 use crate::tier::Confinement;
-use veris_proxy::canary::{CanaryAnswer, ProbeError};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -139,10 +137,10 @@ impl ReportFd {
     fn take(fd: i32) -> Result<ReportFd> {
         // A same-uid process could open the pipe through /proc/<pid>/fd
         // while this process is dumpable: it stops being so now.
-        if let Err(e) = crate::os::sys::set_non_dumpable() {
+        if let Err(e) = crate::os::prctl::set_non_dumpable() {
             warn!(error = %e, "cannot make the process non-dumpable");
         }
-        let owned = crate::os::sys::inherited_fd(fd)
+        let owned = crate::os::fd::inherited_fd(fd)
             .with_context(|| format!("--report-fd {fd}: not an open descriptor"))?;
         rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
             .with_context(|| format!("--report-fd {fd}: cannot set close-on-exec"))?;
@@ -301,7 +299,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let started = std::time::Instant::now();
     // Before anything is started: whatever the command leaves behind
     // (a `setsid` daemon included) becomes ours to end (DESIGN §7a.14).
-    if let Err(e) = crate::os::sys::become_subreaper() {
+    if let Err(e) = crate::os::procs::become_subreaper() {
         warn!(error = %e, "cannot become the subreaper of the command's processes");
     }
     let (confinement, isolation, bundles) = confine(&args).await?;
@@ -323,16 +321,33 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         Some(isolation) => {
             // No proxy variables inside: NO_PROXY means nothing there.
             let vars = veris_ca::env::vars(&stack.env_spec(&[], true, &base));
-            let tmp = TmpPolicy {
+            let tmp = crate::tier::isolated::TmpPolicy {
                 share: args.share_tmp,
                 keep: std::env::current_dir().into_iter().collect(),
             };
-            let files = CoveredFiles {
+            let files = crate::tier::isolated::CoveredFiles {
                 given: &args.trust_file,
                 found: bundles,
             };
-            match isolated(isolation, &stack, vars, files, tmp, started).await {
-                Ok(done) => done,
+            let ran = crate::tier::isolated::run(
+                isolation,
+                &stack.trust,
+                &stack.ledger,
+                vars,
+                files,
+                tmp,
+                started,
+            );
+            match ran.await {
+                Ok((code, answer)) => {
+                    let canary = crate::runtime::checks::canary_verdict(
+                        answer,
+                        "from inside the namespace, through the redirect",
+                        &stack.identity.canary,
+                        &stack.identity.run_id,
+                    );
+                    (code, Some(canary))
+                }
                 Err(e) => {
                     end_leftovers().await;
                     stack.finish().await?;
@@ -366,7 +381,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, reqs, args.require.allow_empty);
     // The text first, whatever then happens to the files (DESIGN §7a.15).
-    crate::os::sys::blocking_stdio();
+    crate::os::fd::blocking_stdio();
     let ledger_line = format!(
         "\nledger: {} (verify it later: veris receipt --ledger {} --key {})",
         finished.ledger_path.display(),
@@ -524,124 +539,6 @@ fn runtime_bundles(args: &RunArgs) -> Vec<crate::tier::bundles::Bundle> {
     found
 }
 
-/// The bundle files an isolated run covers besides the system stores.
-struct CoveredFiles<'a> {
-    /// `--trust-file`.
-    given: &'a [PathBuf],
-    /// The scan's.
-    found: Vec<crate::tier::bundles::Bundle>,
-}
-
-/// Whether an isolated command shares the host's /tmp, /var/tmp and
-/// /dev/shm, and what to carry into private ones.
-struct TmpPolicy {
-    share: bool,
-    keep: Vec<PathBuf>,
-}
-
-/// Runs the command in its namespace: starts it once the proxy serves,
-/// records what the init step reports, forwards signals, then has the
-/// canary probed from inside. Returns the command's status and that check.
-async fn isolated(
-    mut isolation: Isolation,
-    stack: &Stack,
-    trust_vars: Vec<(String, String)>,
-    trust_files: CoveredFiles<'_>,
-    tmp: TmpPolicy,
-    started: std::time::Instant,
-) -> Result<(u8, Option<Check>)> {
-    // The parent's environment, minus any proxy settings (inside, every
-    // connection reaches the proxy anyway, and a stale proxy variable would
-    // only send clients to a CONNECT the redirect then catches) and the
-    // admin token, plus the trust variables.
-    let mut env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| {
-            let k = k.to_ascii_uppercase();
-            !(k.ends_with("_PROXY") || k == "VERIS_ADMIN_TOKEN" || k == "NODE_USE_ENV_PROXY")
-        })
-        .collect();
-    env.retain(|(k, _)| !trust_vars.iter().any(|(t, _)| t == k));
-    env.extend(trust_vars);
-    let mut keep = tmp.keep;
-    keep.extend(stack.trust.bundle.parent().map(Path::to_path_buf));
-    keep.extend(trust_files.given.iter().cloned());
-    let stores = isolation
-        .go(
-            env,
-            &stack.trust,
-            trust_files.given,
-            trust_files.found,
-            tmp.share,
-            keep,
-        )
-        .await?;
-    info!(
-        trust_stores = %stores.join(","),
-        setup_ms = started.elapsed().as_millis() as u64,
-        "the command runs isolated"
-    );
-    let pgid = isolation.pgid;
-    let mut dropped = 0u64;
-    let mut signals = 0;
-    let code = {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        loop {
-            let forwarded = tokio::select! {
-                event = isolation.next() => match event {
-                    Ok(Event::Exited(code)) => break code,
-                    Ok(Event::UdpDropped(total)) => {
-                        let new = total.saturating_sub(dropped);
-                        dropped = total;
-                        if new > 0 {
-                            if let Err(e) = stack.ledger.append(Entry::UdpDropped { packets: new }) {
-                                warn!(error = %e, "cannot record dropped datagrams");
-                            }
-                        }
-                        continue;
-                    }
-                    // The receipt still comes: the canary below cannot be
-                    // probed without the init step, so it says unverified.
-                    Err(e) => {
-                        warn!(error = %e, "lost the isolated command");
-                        break 1;
-                    }
-                },
-                _ = term.recv() => libc::SIGTERM,
-                _ = int.recv() => libc::SIGINT,
-            };
-            signals += 1;
-            // The init step passes the first on to the command's group; a
-            // second ends the init step, and with it the whole namespace.
-            crate::tier::forward(
-                pgid,
-                if signals == 1 {
-                    forwarded
-                } else {
-                    libc::SIGKILL
-                },
-            );
-        }
-    };
-    let answer = isolation
-        .canary()
-        .await
-        .map_err(ProbeError::Unreachable)
-        .and_then(|body| {
-            serde_json::from_str::<CanaryAnswer>(&body)
-                .map_err(|e| ProbeError::NotVeris(e.to_string()))
-        });
-    let canary = crate::runtime::checks::canary_verdict(
-        answer,
-        "from inside the namespace, through the redirect",
-        &stack.identity.canary,
-        &stack.identity.run_id,
-    );
-    isolation.done().await;
-    Ok((code, Some(canary)))
-}
-
 /// The receipt of a finished session, anchored on the proxy's own final
 /// seal and key (held in this process, never on disk): the file must hold
 /// exactly the chain the proxy wrote up to that seal.
@@ -678,14 +575,14 @@ const LEFTOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5)
 /// send traffic after its window).
 async fn end_leftovers() -> Check {
     let ending = tokio::task::spawn_blocking(|| {
-        crate::os::sys::end_descendants(LEFTOVER_GRACE, LEFTOVER_DEADLINE)
+        crate::os::procs::end_descendants(LEFTOVER_GRACE, LEFTOVER_DEADLINE)
     })
     .await
     .unwrap_or_default();
     leftover_check(&ending)
 }
 
-fn leftover_check(ending: &crate::os::sys::Ending) -> Check {
+fn leftover_check(ending: &crate::os::procs::Ending) -> Check {
     use veris_receipt::receipt::CheckStatus;
     if ending.left.is_empty() {
         return Check {
@@ -729,7 +626,7 @@ mod tests {
 
     #[test]
     fn a_process_that_could_not_be_ended_is_named_in_quotes() {
-        use crate::os::sys::{Descendant, Ending};
+        use crate::os::procs::{Descendant, Ending};
         let none = leftover_check(&Ending::default());
         assert_eq!(none.status, veris_receipt::receipt::CheckStatus::Ok);
         let ended = leftover_check(&Ending {

@@ -10,10 +10,10 @@ use anyhow::Result;
 pub async fn run(
     command: &[String],
     vars: Vec<(String, String)>,
-    file_limit: crate::os::sys::FileLimit,
+    file_limit: crate::os::fd::FileLimit,
 ) -> Result<u8> {
     let mut cmd = tokio::process::Command::new(&command[0]);
-    crate::os::sys::restore_file_limit_at_exec(&mut cmd, file_limit);
+    crate::os::fd::restore_file_limit_at_exec(&mut cmd, file_limit);
     cmd.args(&command[1..])
         .envs(vars)
         // Node 22.21+/24.5+ honour HTTPS_PROXY only with this; older versions ignore it.
@@ -44,7 +44,7 @@ pub async fn run(
                 // Orphans of the command that ended while it runs are
                 // ours to reap (we are their subreaper); the command
                 // itself is tokio's.
-                _ = chld.recv() => crate::os::sys::reap_orphans(pgid),
+                _ = chld.recv() => crate::os::procs::reap_orphans(pgid),
             }
         }
     };

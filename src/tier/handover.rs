@@ -155,7 +155,7 @@ mod tests {
     }
 
     fn root() -> bool {
-        if crate::os::sys::euid() == 0 {
+        if crate::os::prctl::euid() == 0 {
             return true;
         }
         if std::env::var_os("VERIS_REQUIRE_ALL").is_some() {

@@ -22,7 +22,7 @@
 //!   child cannot ptrace it.
 //! - **pid 1** (`veris __isolate-init`, [`pid1_main`]) mounts a /proc for its
 //!   PID namespace, starts the command with every capability gone and
-//!   no_new_privs ([`crate::os::sys::drop_capabilities_at_exec`]), reaps orphans
+//!   no_new_privs ([`crate::os::prctl::drop_capabilities_at_exec`]), reaps orphans
 //!   and exits with the command's status; everything the command left
 //!   behind dies with it.
 //!
@@ -46,6 +46,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tracing::{info, warn};
+use veris_proxy::canary::{CanaryAnswer, ProbeError};
+use veris_receipt::Entry;
 
 use crate::tier::transparent::{ruleset, RulesetParams};
 
@@ -209,7 +212,7 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .process_group(0);
-    crate::os::sys::pass_fd(&mut cmd, theirs.as_raw_fd(), CONTROL_FD);
+    crate::os::fd::pass_fd(&mut cmd, theirs.as_raw_fd(), CONTROL_FD);
     let mut init = cmd
         .spawn()
         .map_err(|e| format!("cannot start the isolation step ({e})"))?;
@@ -412,7 +415,7 @@ fn recv_line_with_fds(sock: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedF
 
 /// `veris __isolate -- CMD`: see the module doc. Returns the exit code.
 pub fn init_main(command: Vec<String>) -> u8 {
-    let Some(fd) = crate::os::sys::inherited_fd(CONTROL_FD) else {
+    let Some(fd) = crate::os::fd::inherited_fd(CONTROL_FD) else {
         eprintln!("veris: __isolate is an internal step of `veris run`");
         return 1;
     };
@@ -422,7 +425,7 @@ pub fn init_main(command: Vec<String>) -> u8 {
         eprintln!("veris: cannot set up the control socket: {e}");
         return 1;
     }
-    crate::os::sys::survive_job_signals();
+    crate::os::procs::survive_job_signals();
     let (sockets, counters) = match setup() {
         Ok(s) => s,
         Err(e) => {
@@ -437,7 +440,7 @@ pub fn init_main(command: Vec<String>) -> u8 {
         }
     };
     // Only now: a non-dumpable process may not write its own uid map.
-    let _ = crate::os::sys::set_non_dumpable();
+    let _ = crate::os::prctl::set_non_dumpable();
     let fds: Vec<BorrowedFd<'_>> = [
         sockets.https.as_fd(),
         sockets.http.as_fd(),
@@ -483,7 +486,7 @@ fn enter_namespaces() -> Result<()> {
         rustix::process::geteuid().as_raw(),
         rustix::process::getegid().as_raw(),
     );
-    crate::os::sys::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET | libc::CLONE_NEWNS).map_err(|e| {
+    crate::os::ns::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET | libc::CLONE_NEWNS).map_err(|e| {
         anyhow!("cannot create a user and network namespace ({e}): unprivileged user namespaces are disabled here (sysctl user.max_user_namespaces, kernel.apparmor_restrict_unprivileged_userns) or blocked by a seccomp profile")
     })?;
     // Only our own uid and gid, as 0 inside (what `unshare -r` does).
@@ -491,7 +494,7 @@ fn enter_namespaces() -> Result<()> {
     std::fs::write("/proc/self/uid_map", format!("0 {uid} 1")).context("writing the uid map")?;
     std::fs::write("/proc/self/gid_map", format!("0 {gid} 1")).context("writing the gid map")?;
     // Bind mounts made here stay here.
-    crate::os::sys::mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE)
+    crate::os::ns::mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE)
         .context("making the mount namespace private")?;
     ip(&["link", "set", "lo", "up"])
 }
@@ -568,7 +571,7 @@ fn setup() -> Result<(Sockets, Counters)> {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new(crate::os::sys::tool("ip"))
+    let out = Command::new(crate::os::tool::tool("ip"))
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -584,7 +587,7 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 fn nft_apply(rules: &str) -> Result<()> {
-    let mut child = Command::new(crate::os::sys::tool("nft"))
+    let mut child = Command::new(crate::os::tool::tool("nft"))
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -614,7 +617,7 @@ impl Counters {
     fn start() -> Counters {
         use std::os::unix::process::CommandExt;
         // A group of its own: the command's `kill(0, …)` must not reach it.
-        let spawned = Command::new(crate::os::sys::tool("nft"))
+        let spawned = Command::new(crate::os::tool::tool("nft"))
             .arg("-i")
             .process_group(0)
             .stdin(Stdio::piped())
@@ -696,7 +699,7 @@ fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[Stri
     }
     let trust_stores = mount_trust(&sources, &extra_stores, &bundles)?;
     hide_daemon_sockets();
-    crate::os::sys::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
+    crate::os::ns::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
     // This very binary, wherever its path now leads (a private /tmp may
     // hide the copy it was started from).
     let exe = PathBuf::from("/proc/self/exe");
@@ -715,7 +718,7 @@ fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[Stri
             .spawn()
             .context("starting the namespace's pid 1")?
     };
-    crate::os::sys::forward_signals_to(pid1.id());
+    crate::os::procs::forward_signals_to(pid1.id());
     send(control, &FromInit::Started { trust_stores }, &[])?;
 
     let mut reported = 0;
@@ -859,9 +862,9 @@ fn bind_over_checked(source: &Path, found: &crate::tier::bundles::Bundle) -> Res
         bail!("it changed since veris checked it");
     }
     let target = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    crate::os::sys::mount(source.to_str(), &target, None, libc::MS_BIND)?;
+    crate::os::ns::mount(source.to_str(), &target, None, libc::MS_BIND)?;
     // The mount sits on the path now: the read-only remount names it there.
-    crate::os::sys::mount(
+    crate::os::ns::mount(
         None,
         &found.path.to_string_lossy(),
         None,
@@ -880,7 +883,7 @@ fn hide_daemon_sockets() {
         return;
     }
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
-    if let Err(e) = crate::os::sys::mount(Some("tmpfs"), "/run", Some("tmpfs"), flags) {
+    if let Err(e) = crate::os::ns::mount(Some("tmpfs"), "/run", Some("tmpfs"), flags) {
         eprintln!("veris: cannot hide the host's /run from the command: {e}");
     }
 }
@@ -934,7 +937,7 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
             // The command works in the scratch dir itself: it stays shared.
             continue;
         }
-        crate::os::sys::mount(
+        crate::os::ns::mount(
             Some("tmpfs"),
             &real.to_string_lossy(),
             Some("tmpfs"),
@@ -957,7 +960,7 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
                 .and_then(|()| std::fs::File::create(real).map(drop))
         }
         .with_context(|| format!("carrying {} into the private /tmp", real.display()))?;
-        crate::os::sys::mount(
+        crate::os::ns::mount(
             Some(&format!("/proc/self/fd/{}", fd.as_raw_fd())),
             &real.to_string_lossy(),
             None,
@@ -972,8 +975,8 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
 /// system store's path must not land in the state dir's bundle.
 fn bind_read_only(bundle: &Path, target: &Path) -> std::io::Result<()> {
     let target = target.to_string_lossy();
-    crate::os::sys::mount(bundle.to_str(), &target, None, libc::MS_BIND)?;
-    crate::os::sys::mount(
+    crate::os::ns::mount(bundle.to_str(), &target, None, libc::MS_BIND)?;
+    crate::os::ns::mount(
         None,
         &target,
         None,
@@ -1053,12 +1056,12 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
 /// `veris __isolate-init -- CMD`: see the module doc. Returns the exit code.
 pub fn pid1_main(command: Vec<String>) -> u8 {
     // The init step outside is our parent: if it dies, so does everything here.
-    let _ = crate::os::sys::die_with_parent();
+    let _ = crate::os::prctl::die_with_parent();
     // A /proc of this PID namespace, in a mount namespace of our own so the
     // init step keeps its view. Without it (a container masking /proc), the
     // command sees the host's process list, which it still cannot signal.
-    let fresh_proc = crate::os::sys::unshare(libc::CLONE_NEWNS).and_then(|()| {
-        crate::os::sys::mount(
+    let fresh_proc = crate::os::ns::unshare(libc::CLONE_NEWNS).and_then(|()| {
+        crate::os::ns::mount(
             Some("proc"),
             "/proc",
             Some("proc"),
@@ -1075,7 +1078,7 @@ pub fn pid1_main(command: Vec<String>) -> u8 {
     };
     let mut cmd = Command::new(program);
     cmd.args(args);
-    crate::os::sys::drop_capabilities_at_exec(&mut cmd);
+    crate::os::prctl::drop_capabilities_at_exec(&mut cmd);
     let child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -1121,4 +1124,118 @@ pub fn listeners(s: Sockets) -> Result<super::TransparentListeners> {
         quic: Some(udp(s.quic)?),
         dns: Some((udp(s.dns_udp)?, tcp(s.dns_tcp)?)),
     })
+}
+
+/// The bundle files an isolated run covers besides the system stores.
+pub struct CoveredFiles<'a> {
+    /// `--trust-file`.
+    pub given: &'a [PathBuf],
+    /// The scan's.
+    pub found: Vec<crate::tier::bundles::Bundle>,
+}
+
+/// Whether an isolated command shares the host's /tmp, /var/tmp and
+/// /dev/shm, and what to carry into private ones.
+pub struct TmpPolicy {
+    pub share: bool,
+    pub keep: Vec<PathBuf>,
+}
+
+/// Runs the command in its namespace: starts it once the proxy serves,
+/// records what the init step reports, forwards signals, then has the
+/// canary probed from inside. Returns the command's status and the
+/// canary's answer there.
+pub async fn run(
+    mut isolation: Isolation,
+    trust: &veris_ca::trust::TrustFiles,
+    ledger: &veris_receipt::ledger::Ledger,
+    trust_vars: Vec<(String, String)>,
+    trust_files: CoveredFiles<'_>,
+    tmp: TmpPolicy,
+    started: std::time::Instant,
+) -> Result<(u8, Result<CanaryAnswer, ProbeError>)> {
+    // The parent's environment, minus any proxy settings (inside, every
+    // connection reaches the proxy anyway, and a stale proxy variable would
+    // only send clients to a CONNECT the redirect then catches) and the
+    // admin token, plus the trust variables.
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_uppercase();
+            !(k.ends_with("_PROXY") || k == "VERIS_ADMIN_TOKEN" || k == "NODE_USE_ENV_PROXY")
+        })
+        .collect();
+    env.retain(|(k, _)| !trust_vars.iter().any(|(t, _)| t == k));
+    env.extend(trust_vars);
+    let mut keep = tmp.keep;
+    keep.extend(trust.bundle.parent().map(Path::to_path_buf));
+    keep.extend(trust_files.given.iter().cloned());
+    let stores = isolation
+        .go(
+            env,
+            trust,
+            trust_files.given,
+            trust_files.found,
+            tmp.share,
+            keep,
+        )
+        .await?;
+    info!(
+        trust_stores = %stores.join(","),
+        setup_ms = started.elapsed().as_millis() as u64,
+        "the command runs isolated"
+    );
+    let pgid = isolation.pgid;
+    let mut dropped = 0u64;
+    let mut signals = 0;
+    let code = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        loop {
+            let forwarded = tokio::select! {
+                event = isolation.next() => match event {
+                    Ok(Event::Exited(code)) => break code,
+                    Ok(Event::UdpDropped(total)) => {
+                        let new = total.saturating_sub(dropped);
+                        dropped = total;
+                        if new > 0 {
+                            if let Err(e) = ledger.append(Entry::UdpDropped { packets: new }) {
+                                warn!(error = %e, "cannot record dropped datagrams");
+                            }
+                        }
+                        continue;
+                    }
+                    // The receipt still comes: the canary below cannot be
+                    // probed without the init step, so it says unverified.
+                    Err(e) => {
+                        warn!(error = %e, "lost the isolated command");
+                        break 1;
+                    }
+                },
+                _ = term.recv() => libc::SIGTERM,
+                _ = int.recv() => libc::SIGINT,
+            };
+            signals += 1;
+            // The init step passes the first on to the command's group; a
+            // second ends the init step, and with it the whole namespace.
+            super::forward(
+                pgid,
+                if signals == 1 {
+                    forwarded
+                } else {
+                    libc::SIGKILL
+                },
+            );
+        }
+    };
+    let answer = isolation
+        .canary()
+        .await
+        .map_err(ProbeError::Unreachable)
+        .and_then(|body| {
+            serde_json::from_str::<CanaryAnswer>(&body)
+                .map_err(|e| ProbeError::NotVeris(e.to_string()))
+        });
+    isolation.done().await;
+    Ok((code, answer))
 }

@@ -365,7 +365,7 @@ pub fn preflight(args: &TransparentArgs) -> Result<()> {
     if args.workload_uid == Some(args.proxy_uid) {
         bail!("the workload uid equals --proxy-uid {}: its traffic would be exempt from the redirect. Next: run the workload as another uid or pick another --proxy-uid", args.proxy_uid);
     }
-    let euid = privileges::euid();
+    let euid = crate::os::prctl::euid();
     if (args.install_redirect || args.redirect_external) && rootless_namespace() {
         // Nothing else would exempt our passthrough dials: without the mark
         // they would loop back to our own listeners.
@@ -417,18 +417,18 @@ pub fn drop_privileges(args: &TransparentArgs, owned_dirs: &[&Path]) -> Result<(
             mark = %format_args!("{:#x}", veris_proxy::dial::EXEMPT_MARK),
             "rootless namespace: keeping uid 0 (the only uid mapped); own dials are exempt by mark"
         );
-    } else if privileges::euid() == 0 && (args.install_redirect || args.redirect_external) {
+    } else if crate::os::prctl::euid() == 0 && (args.install_redirect || args.redirect_external) {
         let gid = primary_gid(args.proxy_uid);
         for dir in owned_dirs {
             crate::tier::handover::hand_over(dir, args.proxy_uid, gid)
                 .with_context(|| format!("handing {} to uid {}", dir.display(), args.proxy_uid))?;
         }
-        privileges::drop_to(args.proxy_uid, gid).context("dropping privileges")?;
+        crate::os::uid::drop_to(args.proxy_uid, gid).context("dropping privileges")?;
         info!(
             uid = args.proxy_uid,
             gid, "dropped root; serving as the proxy uid"
         );
-    } else if privileges::euid() == 0 {
+    } else if crate::os::prctl::euid() == 0 {
         warn!("transparent listeners run as root without a redirect from veris: make sure the rules exempt root, or pass --install-redirect");
     }
     Ok(())
@@ -464,7 +464,7 @@ pub fn coverage(
 fn install(params: RulesetParams) -> Result<Redirect> {
     refuse_existing_table()?;
     let rules = ruleset(&params);
-    let mut nft = Command::new(crate::os::sys::tool("nft"))
+    let mut nft = Command::new(crate::os::tool::tool("nft"))
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -495,7 +495,7 @@ fn install(params: RulesetParams) -> Result<Redirect> {
         Ok(helper) => helper,
         Err(e) => {
             // Without the helper nobody would watch or remove the rules.
-            let _ = Command::new(crate::os::sys::tool("nft"))
+            let _ = Command::new(crate::os::tool::tool("nft"))
                 .args(["delete", "table", "inet", TABLE])
                 .status();
             return Err(e).context("starting the redirect helper");
@@ -522,7 +522,7 @@ fn install(params: RulesetParams) -> Result<Redirect> {
 
 /// Rules this process did not install are never taken over (nor removed later).
 fn refuse_existing_table() -> Result<()> {
-    let exists = Command::new(crate::os::sys::tool("nft"))
+    let exists = Command::new(crate::os::tool::tool("nft"))
         .args(["list", "table", "inet", TABLE])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -537,7 +537,7 @@ fn refuse_existing_table() -> Result<()> {
 /// True as uid 0 of a user namespace mapping no other uid (`unshare -r`):
 /// see the module comment. The initial namespace maps every uid.
 fn rootless_namespace() -> bool {
-    privileges::euid() == 0
+    crate::os::prctl::euid() == 0
         && std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|m| maps_only_root(&m))
 }
 
@@ -683,52 +683,6 @@ fn qtype_name(qtype: u16) -> String {
         65 => "HTTPS".into(),
         255 => "ANY".into(),
         n => n.to_string(),
-    }
-}
-
-mod privileges {
-    //! setgroups/setgid/setuid: the only unsafe code of this module, each call
-    //! a plain syscall with integer arguments.
-    #![allow(unsafe_code)]
-
-    pub fn euid() -> u32 {
-        // SAFETY: geteuid(2) cannot fail and touches no memory.
-        unsafe { libc::geteuid() }
-    }
-
-    /// Drops every group, then gid, then uid (in that order: after setuid we
-    /// could no longer change groups), and verifies root cannot be regained.
-    /// glibc applies each call to every thread of the process.
-    pub fn drop_to(uid: u32, gid: u32) -> std::io::Result<()> {
-        let groups = [gid];
-        // SAFETY: the pointer and length describe `groups`, alive for the call.
-        if unsafe { libc::setgroups(groups.len(), groups.as_ptr()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: integer-only syscalls.
-        if unsafe { libc::setgid(gid) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: as above.
-        if unsafe { libc::setuid(uid) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: getters and a setuid(0) that must fail; integer-only.
-        let (ruid, euid, rgid, egid, regained) = unsafe {
-            (
-                libc::getuid(),
-                libc::geteuid(),
-                libc::getgid(),
-                libc::getegid(),
-                libc::setuid(0) == 0,
-            )
-        };
-        if ruid != uid || euid != uid || rgid != gid || egid != gid || regained {
-            return Err(std::io::Error::other(format!(
-                "privilege drop did not stick (uid {ruid}/{euid}, gid {rgid}/{egid}, root regained: {regained})"
-            )));
-        }
-        Ok(())
     }
 }
 

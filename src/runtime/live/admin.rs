@@ -144,7 +144,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         // proxy's own process can run them: in the transparent tier only the
         // workload's traffic is redirected (the proxy's uid is exempt), so
         // the canary is left to `veris receipt` run in the sandbox.
-        after_read: Some(crate::os::sys::trim_heap),
+        after_read: Some(crate::os::prctl::trim_heap),
         receipt_checks: Some({
             let path = a.ledger.path().to_path_buf();
             let identity = a.proxy.identity().clone();

@@ -27,7 +27,7 @@ use veris_receipt::seal::Sealer;
 use veris_receipt::{Coverage, Entry, ListenerTier};
 
 use crate::runtime::checks::{self, LiveRun, Reader};
-use crate::runtime::live::{AdminListener, ServiceRef};
+use crate::runtime::live::{AdminHandle, AdminListener, ServiceRef};
 use crate::tier::{Confinement, TransparentListeners};
 use crate::util::until;
 
@@ -80,7 +80,7 @@ pub struct Stack {
     /// Newest twin log id per service when the session started.
     pub twin_heads: Option<BTreeMap<String, u64>>,
     /// The open-file limit before the start raised it, for a child.
-    pub file_limit: crate::os::sys::FileLimit,
+    pub file_limit: crate::os::fd::FileLimit,
     /// Stops the listeners (traffic) first, then everything else.
     stop_traffic: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
@@ -146,7 +146,7 @@ impl Stack {
             crate::runtime::live::twin_newest_ids(&services),
             warn_unreachable_twins(&services)
         );
-        let euid = crate::os::sys::euid();
+        let euid = crate::os::prctl::euid();
         let announced = Announce {
             proxy_url: &bound.proxy_url,
             identity: &identity,
@@ -279,25 +279,13 @@ impl Stack {
             None => checks::canary(&run).await,
         };
 
-        let _ = self.stop_traffic.send(true);
-        match self.proxy_task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(error = %e, "proxy ended with an error"),
-            Err(e) => warn!(error = %e, "proxy task failed"),
-        }
-        if let Some(t) = self.transparent_task {
-            match t.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(error = %e, "transparent listeners ended with an error"),
-                Err(e) => warn!(error = %e, "transparent listener task failed"),
-            }
-        }
-
-        // Every captured body's line goes in before the checks and the
-        // final seal, which then covers them.
-        if let Some(capture) = self.capture.clone() {
-            let _ = tokio::task::spawn_blocking(move || capture.flush()).await;
-        }
+        drain(
+            &self.stop_traffic,
+            self.proxy_task,
+            self.transparent_task,
+            self.capture.clone(),
+        )
+        .await;
 
         // No traffic can arrive now: the window is exact.
         let since = self.session_seq.saturating_sub(1);
@@ -317,41 +305,11 @@ impl Stack {
         };
         let mut checks = checks::live_checks(&run, Some(canary), since, head).await;
         checks.extend(more);
-        for c in &checks {
-            let entry = Entry::Check {
-                name: c.name.clone(),
-                status: match c.status {
-                    CheckStatus::Ok => "ok",
-                    CheckStatus::Failed => "failed",
-                    _ => "unverified",
-                }
-                .into(),
-                detail: c.detail.clone(),
-                since_seq: since,
-                until_seq: head,
-            };
-            if let Err(e) = self.ledger.append(entry) {
-                warn!(error = %e, check = %c.name, "cannot record a check in the ledger");
-            }
-        }
+        record_checks(&self.ledger, &checks, since, head);
 
         let _ = self.shutdown.send(true);
-        let (seal, seal_error) = match self.admin.stop(&self.ledger).await {
-            Ok(seal) => (Some(seal), None),
-            Err(why) => (None, Some(why)),
-        };
-        if let Some(t) = self.twin_task {
-            let _ = t.await;
-        }
-        // A failed fsync (a full disk) must not cost the receipt: the
-        // lines were written, and the seal's own error says the rest.
-        if let Err(e) = self.ledger.sync() {
-            warn!(error = %format!("{:#}", anyhow::Error::from(e)), "cannot sync the ledger to disk");
-        }
-        if let Some(redirect) = self.redirect {
-            // Waits (bounded) for the root helper to delete the table.
-            let _ = tokio::task::spawn_blocking(move || redirect.remove()).await;
-        }
+        let (seal, seal_error) =
+            seal_and_stop(self.admin, &self.ledger, self.twin_task, self.redirect).await;
         Ok(Finished {
             ledger_path: self.ledger.path().to_path_buf(),
             seal,
@@ -363,15 +321,91 @@ impl Stack {
     }
 }
 
+/// Stops the listeners and lets in-flight requests finish (each is
+/// recorded, client gone or not); every captured body's line then goes in
+/// before the checks and the final seal, which then cover them.
+async fn drain(
+    stop_traffic: &watch::Sender<bool>,
+    proxy_task: JoinHandle<std::io::Result<()>>,
+    transparent_task: Option<JoinHandle<std::io::Result<()>>>,
+    capture: Option<Arc<Capture>>,
+) {
+    let _ = stop_traffic.send(true);
+    match proxy_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "proxy ended with an error"),
+        Err(e) => warn!(error = %e, "proxy task failed"),
+    }
+    if let Some(t) = transparent_task {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "transparent listeners ended with an error"),
+            Err(e) => warn!(error = %e, "transparent listener task failed"),
+        }
+    }
+
+    if let Some(capture) = capture {
+        let _ = tokio::task::spawn_blocking(move || capture.flush()).await;
+    }
+}
+
+/// Records each check as a `check` line over the window `since..=head`.
+fn record_checks(ledger: &Ledger, checks: &[Check], since: u64, head: u64) {
+    for c in checks {
+        let entry = Entry::Check {
+            name: c.name.clone(),
+            status: match c.status {
+                CheckStatus::Ok => "ok",
+                CheckStatus::Failed => "failed",
+                _ => "unverified",
+            }
+            .into(),
+            detail: c.detail.clone(),
+            since_seq: since,
+            until_seq: head,
+        };
+        if let Err(e) = ledger.append(entry) {
+            warn!(error = %e, check = %c.name, "cannot record a check in the ledger");
+        }
+    }
+}
+
+/// After the shutdown signal: the final seal (by the admin API's stop), the
+/// built-in twin ended, the ledger synced, the redirect removed.
+async fn seal_and_stop(
+    admin: AdminHandle,
+    ledger: &Ledger,
+    twin_task: Option<JoinHandle<()>>,
+    redirect: Option<crate::tier::transparent::Redirect>,
+) -> (Option<SealInfo>, Option<String>) {
+    let sealed = match admin.stop(ledger).await {
+        Ok(seal) => (Some(seal), None),
+        Err(why) => (None, Some(why)),
+    };
+    if let Some(t) = twin_task {
+        let _ = t.await;
+    }
+    // A failed fsync (a full disk) must not cost the receipt: the
+    // lines were written, and the seal's own error says the rest.
+    if let Err(e) = ledger.sync() {
+        warn!(error = %format!("{:#}", anyhow::Error::from(e)), "cannot sync the ledger to disk");
+    }
+    if let Some(redirect) = redirect {
+        // Waits (bounded) for the root helper to delete the table.
+        let _ = tokio::task::spawn_blocking(move || redirect.remove()).await;
+    }
+    sealed
+}
+
 /// What a start learns of the host before anything else.
 struct Host {
     state_dir: PathBuf,
     /// `--upstream-proxy`, parsed; taken by the proxy.
     upstream_proxy: Option<veris_proxy::dial::ChainProxy>,
     /// The open-file limit before the start raised it (for a child).
-    file_limit: crate::os::sys::FileLimit,
+    file_limit: crate::os::fd::FileLimit,
     /// The open-file limit after.
-    raised: crate::os::sys::FileLimit,
+    raised: crate::os::fd::FileLimit,
 }
 
 /// The first phase: the tier's flags checked, `--upstream-proxy` parsed, the
@@ -396,10 +430,10 @@ fn prepare_host(args: &ServeArgs) -> Result<Host> {
     }
     // Before any key exists in this process: a same-uid workload must
     // not read it (or the admin token) through ptrace or /proc/<pid>/mem.
-    if let Err(e) = crate::os::sys::set_non_dumpable() {
+    if let Err(e) = crate::os::prctl::set_non_dumpable() {
         warn!(error = %e, "cannot make the proxy non-dumpable; a same-uid workload could read its memory");
     }
-    let (file_limit, raised) = crate::os::sys::raise_open_file_limit();
+    let (file_limit, raised) = crate::os::fd::raise_open_file_limit();
     let limit_word = |v: Option<u64>| v.map_or("unlimited".to_string(), |n| n.to_string());
     info!(
         soft = %limit_word(raised.0),
