@@ -26,7 +26,6 @@
 //! Package installs (npm, for axios and stripe-node) go to the registry.
 
 mod support;
-mod transparent_support;
 
 use std::path::Path;
 use std::process::Command;
@@ -798,7 +797,7 @@ const TRANSPARENT_CLIENTS: &[&str] = &[
 ];
 
 fn request_count(state: &Path) -> usize {
-    transparent_support::ledger(state)
+    support::netns::ledger(state)
         .iter()
         .filter(|l| l["kind"] == "request")
         .count()
@@ -806,14 +805,14 @@ fn request_count(state: &Path) -> usize {
 
 #[test]
 fn transparent_tier() {
-    use transparent_support::{Netns, Veris, VENDOR_V4};
-    if let Some(why) = transparent_support::unavailable() {
+    use support::netns::{Netns, Veris, VENDOR_V4};
+    if let Some(why) = support::netns::unavailable() {
         return skip(&why);
     }
-    if !transparent_support::rootless_works(None) {
+    if !support::netns::rootless_works(None) {
         return skip("`unshare -rnm` does not work here (user namespaces)");
     }
-    let dir = transparent_support::TempDir::new("matrix-transparent");
+    let dir = support::netns::TempDir::new("matrix-transparent");
     let ns = Netns::create_rootless("matrix", None);
     let hosts = dir.join("hosts");
     std::fs::write(

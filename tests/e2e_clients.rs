@@ -12,7 +12,7 @@
 //!   `veris run` exits 3.
 //! - Node 20, transparent tier: Node 20 ignores `HTTPS_PROXY` but honours
 //!   `NODE_EXTRA_CA_CERTS`, exactly the client the transparent tier exists
-//!   for. In the namespace of `transparent_support` (TEST-NET routed into a
+//!   for. In the namespace of `support::netns` (TEST-NET routed into a
 //!   sink), `api.stripe.com` resolves through `/etc/netns/<name>/hosts` to
 //!   TEST-NET addresses, which only the nftables redirect turns into the twin.
 //!
@@ -20,7 +20,6 @@
 //! route off the machine, so a lookup or a direct connection simply fails.
 
 mod support;
-mod transparent_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -28,8 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
-use transparent_support::{
-    bin, euid, ledger, skip, wait_output, which, Netns, TempDir, Veris, VENDOR_V4, VENDOR_V6,
+use support::netns::{
+    bin, euid, ledger, run_ok, skip, wait_output, which, Netns, NetnsHosts, TempDir, Veris,
+    VENDOR_V4, VENDOR_V6,
 };
 
 /// A JVM compiling a single-file program is the slowest thing here.
@@ -42,7 +42,7 @@ fn text(bytes: &[u8]) -> String {
 /// Why the namespace tests cannot run here, if they cannot; `client` is the
 /// program the test drives (`java`, `node`).
 fn unavailable(client: &str) -> Option<String> {
-    if euid() != Some(0) {
+    if euid() != 0 {
         return Some(format!(
             "the {client} client test needs root (ip netns, a namespace with no route off the machine)"
         ));
@@ -58,17 +58,7 @@ fn unavailable(client: &str) -> Option<String> {
 /// The caller's PATH (so a JDK or Node outside /usr/bin is found), else the
 /// namespace default.
 fn path_var() -> String {
-    std::env::var("PATH").unwrap_or_else(|_| transparent_support::PATH.to_string())
-}
-
-fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("running a setup command");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        text(&out.stderr)
-    );
-    out
+    std::env::var("PATH").unwrap_or_else(|_| support::netns::PATH.to_string())
 }
 
 /// A network namespace with nothing but `lo` up: the only reachable
@@ -249,7 +239,7 @@ fn java_reaches_the_twin_through_the_env_veris_run_sets() {
     // is nowhere to go. This is what a client that bypasses the proxy looks
     // like to this test: a failure, never a silent pass.
     let mut cmd = ns.command("java");
-    cmd.arg(&probe).current_dir(&dir.path);
+    cmd.arg(&probe).current_dir(dir.path());
     let out = ns.output(&mut cmd);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(!out.status.success(), "java alone must fail: {stdout}");
@@ -267,7 +257,7 @@ fn java_reaches_the_twin_through_the_env_veris_run_sets() {
         .arg(&state)
         .args(["--", "java"])
         .arg(&probe)
-        .current_dir(&dir.path);
+        .current_dir(dir.path());
     let out = ns.output(&mut cmd);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(
@@ -368,7 +358,7 @@ fn java_ignores_the_proxy_variables_without_java_tool_options() {
         .args(["--", "sh", "-c"])
         .arg(r#"test -n "$HTTPS_PROXY" && unset JAVA_TOOL_OPTIONS && exec java "$0""#)
         .arg(&probe)
-        .current_dir(&dir.path);
+        .current_dir(dir.path());
     let out = ns.output(&mut cmd);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(
@@ -383,38 +373,6 @@ fn java_ignores_the_proxy_variables_without_java_tool_options() {
         "{stderr}"
     );
     assert!(request_lines(&ledger(&state)).is_empty());
-}
-
-/// `/etc/netns/<name>/hosts`, which `ip netns exec` mounts over /etc/hosts
-/// for commands in that namespace only; removed on drop.
-struct NetnsHosts {
-    dir: PathBuf,
-    created_parent: bool,
-}
-
-impl NetnsHosts {
-    fn write(ns: &str, entries: &str) -> NetnsHosts {
-        let parent = Path::new("/etc/netns");
-        let created_parent = !parent.exists();
-        let dir = parent.join(ns);
-        std::fs::create_dir_all(&dir).expect("creating /etc/netns/<name>");
-        let hosts = format!("127.0.0.1 localhost\n::1 localhost\n{entries}");
-        std::fs::write(dir.join("hosts"), hosts).expect("writing the namespace's hosts file");
-        NetnsHosts {
-            dir,
-            created_parent,
-        }
-    }
-}
-
-impl Drop for NetnsHosts {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        if self.created_parent {
-            // Fails harmlessly when another namespace's files are still there.
-            let _ = std::fs::remove_dir(Path::new("/etc/netns"));
-        }
-    }
 }
 
 /// Node's own https module, no proxy agent: POSTs a charge to
@@ -459,9 +417,9 @@ function post(family) {
 
 #[test]
 fn node_reaches_the_twin_through_the_transparent_redirect() {
-    // Root or a rootless namespace (transparent_support decides which).
+    // Root or a rootless namespace (support::netns decides which).
     let no_node = which("node").map_or(Some("`node` is not installed".to_string()), |_| None);
-    if let Some(why) = no_node.or_else(transparent_support::unavailable) {
+    if let Some(why) = no_node.or_else(support::netns::unavailable) {
         return skip(&why);
     }
     let dir = TempDir::new("node");

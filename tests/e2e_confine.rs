@@ -11,24 +11,10 @@ mod support;
 
 use std::net::{TcpListener, TcpStream};
 
-use support::{output, skip, text, tool_works, veris};
+use support::{landlock_ready, output, skip, text, tool_works, veris};
 
 /// EACCES: what a Landlock-refused connect() fails with.
 const EACCES: i32 = 13;
-
-/// Ok when `veris __confine` can confine here, else the binary's reason.
-fn landlock_ready() -> Result<(), String> {
-    let out = output(&mut veris(["__confine", "--", "true"]));
-    let (_, stderr) = text(&out);
-    match out.status.code() {
-        Some(0) => Ok(()),
-        _ if stderr.contains("cannot confine the command") => Err(format!(
-            "Landlock network rules unavailable: {}",
-            stderr.trim()
-        )),
-        code => panic!("`veris __confine -- true` exited {code:?}: {stderr}"),
-    }
-}
 
 /// Landlock and python3 both present, or a skip reason.
 fn ready_with_python() -> Result<(), String> {

@@ -7,8 +7,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::io::Write;
 
 use serde_json::Value;
 use support::*;
@@ -21,41 +20,24 @@ const SENT: usize = DECLARED / 2;
 /// (the h2c probe, `/veris/…` reads) get nothing useful, which is fine: the
 /// cross-check is then unverified, not part of this test.
 fn cutting_twin() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let _ = stream.set_read_timeout(Some(DEADLINE));
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && head.len() < 65536 {
-                    match stream.read(&mut byte) {
-                        Ok(1) => head.push(byte[0]),
-                        _ => return,
-                    }
-                }
-                let head = String::from_utf8_lossy(&head);
-                if head.starts_with("PRI ") || head.contains("/veris/") {
-                    let _ = stream.write_all(
-                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                    );
-                    return;
-                }
-                let _ = stream.write_all(
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {DECLARED}\r\n\r\n"
-                    )
-                    .as_bytes(),
-                );
-                let _ = stream.write_all(&vec![b'x'; SENT]);
-                let _ = stream.flush();
-                // Dropped: the connection closes halfway through the body.
-            });
+    stand_in_twin(|stream, head| {
+        let head = String::from_utf8_lossy(head);
+        if head.starts_with("PRI ") || head.contains("/veris/") {
+            let _ = stream.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+            return;
         }
-    });
-    url
+        let _ = stream.write_all(
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {DECLARED}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        let _ = stream.write_all(&vec![b'x'; SENT]);
+        let _ = stream.flush();
+        // Dropped: the connection closes halfway through the body.
+    })
 }
 
 #[test]

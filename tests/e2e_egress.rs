@@ -8,14 +8,13 @@
 //! deleted during a run fail its receipt.
 
 mod support;
-mod transparent_support;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use transparent_support::*;
+use support::netns::*;
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 /// Sends one UDP datagram from the workload to `VENDOR_V4:port`.

@@ -24,37 +24,11 @@ impl Drop for Tmpfs {
     }
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
-
 #[test]
 fn a_full_disk_refuses_vendor_traffic_with_503_and_recovers_without_a_gap() {
-    if !is_root() {
-        return skip("mounting a small tmpfs for the state dir needs root");
-    }
-    let dir = TempDir::new("fulldisk");
-    let state = dir.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let mounted = command("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs"])
-        .arg(&state)
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !mounted {
-        return skip("cannot mount a tmpfs here (mount -t tmpfs failed)");
-    }
-    let _tmpfs = Tmpfs {
-        mount_point: state.clone(),
-        parent: dir.path().to_path_buf(),
+    let (dir, _state, _tmpfs) = match state_on_tmpfs("fulldisk") {
+        Ok(t) => t,
+        Err(why) => return skip(&why),
     };
     let mut serve = Serve::start_in(dir, &[]);
 
@@ -152,7 +126,7 @@ fn a_full_disk_refuses_vendor_traffic_with_503_and_recovers_without_a_gap() {
 /// A state dir on a fresh 4 MiB tmpfs mounted for the test; `Err` is why
 /// not (the caller skips).
 fn state_on_tmpfs(label: &str) -> Result<(TempDir, PathBuf, Tmpfs), String> {
-    if !is_root() {
+    if euid() != 0 {
         return Err("mounting a small tmpfs for the state dir needs root".into());
     }
     let dir = TempDir::new(label);

@@ -2,14 +2,13 @@
 //! token, the event stream's resume, `veris check`, baselines, the twin
 //! cross-check, and a full run that reports `integrity: verified`.
 
-mod integrity_support;
 mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use integrity_support::FakeTwin;
+use support::fake_twin::FakeTwin;
 use support::{
     bin, command, http, output, skip, text, tool_works, veris, Serve, TempDir, DEADLINE,
 };

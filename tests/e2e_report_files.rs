@@ -24,16 +24,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{output_within, skip, text, tool_works, veris, wait_for, Guard, TempDir, DEADLINE};
+use support::{
+    euid, output_within, skip, text, tool_works, veris, wait_for, Guard, TempDir, DEADLINE,
+};
 
 /// The deadline of one `veris run`: a hang fails the test instead.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn euid() -> u32 {
-    std::fs::metadata("/proc/self")
-        .expect("stat /proc/self")
-        .uid()
-}
 
 /// A `veris run` whose stdout and stderr go to files: a leftover process
 /// holding a pipe could otherwise keep the test waiting for EOF.

@@ -27,21 +27,7 @@ fn run_curl_gets_proxy_and_ca_from_the_env() {
         return skip(&why);
     }
     let dir = TempDir::new("run-curl");
-    let out = run(
-        &dir,
-        &[],
-        &[
-            "curl",
-            "-sS",
-            "--max-time",
-            "20",
-            "https://api.stripe.com/v1/charges",
-            "-d",
-            "amount=100",
-            "-d",
-            "currency=usd",
-        ],
-    );
+    let out = run(&dir, &[], support::CURL_CHARGE);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     let charge: Value = serde_json::from_str(&stdout).expect("curl printed the twin's JSON");

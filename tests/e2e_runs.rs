@@ -15,20 +15,9 @@ use support::{output, skip, text, veris, TempDir};
 /// seal key fingerprint it printed.
 fn charge_run(state: &Path) -> (String, String) {
     let mut cmd = veris(["run", "--state-dir"]);
-    cmd.arg(state).args([
-        "--require",
-        "stripe:1",
-        "--",
-        "curl",
-        "-sS",
-        "--max-time",
-        "20",
-        "https://api.stripe.com/v1/charges",
-        "-d",
-        "amount=100",
-        "-d",
-        "currency=usd",
-    ]);
+    cmd.arg(state)
+        .args(["--require", "stripe:1", "--"])
+        .args(support::CURL_CHARGE);
     let out = output(&mut cmd);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");

@@ -17,14 +17,13 @@
 //! unprivileged uid, so CI (root) covers both.
 
 mod support;
-mod transparent_support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use transparent_support::*;
+use support::netns::*;
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -514,7 +513,7 @@ fn the_rootless_path_intercepts_and_passes_through_by_mark() {
         return skip(&why);
     }
     // As root: an unprivileged uid's own `unshare -rnm`; otherwise ours.
-    let as_uid = (euid() == Some(0)).then_some(UNPRIVILEGED_UID);
+    let as_uid = (euid() == 0).then_some(UNPRIVILEGED_UID);
     if as_uid.is_some() && which("setpriv").is_none() {
         return skip("`setpriv` (util-linux) is not installed");
     }
@@ -695,32 +694,8 @@ fn explicit_tier_records_a_client_that_refuses_the_ca() {
 // ---------------------------------------------------------------------------
 // H2: any port may carry anything, and names must match where the bytes go.
 // Root only: the fake vendor sits in the sink namespace behind the TEST-NET
-// routes (tests/transparent_support `sink_command`, `FAKE_VENDOR_PY`), and
+// routes (tests/support/netns.rs `sink_command`, `FAKE_VENDOR_PY`), and
 // the workload is an unprivileged uid in the namespace.
-
-/// `/etc/netns/<name>/hosts`, which `ip netns exec` mounts over /etc/hosts
-/// for commands in that namespace (veris included); removed on drop.
-struct NsHosts {
-    dir: std::path::PathBuf,
-}
-
-impl NsHosts {
-    fn write(ns: &Netns, entries: &str) -> NsHosts {
-        let dir = Path::new("/etc/netns").join(&ns.name);
-        std::fs::create_dir_all(&dir).expect("creating /etc/netns/<name>");
-        let hosts = format!("127.0.0.1 localhost\n::1 localhost\n{entries}");
-        std::fs::write(dir.join("hosts"), hosts).expect("writing the namespace's hosts file");
-        NsHosts { dir }
-    }
-}
-
-impl Drop for NsHosts {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        // Fails harmlessly while another namespace's files are there.
-        let _ = std::fs::remove_dir(Path::new("/etc/netns"));
-    }
-}
 
 /// Waits (bounded) for a ledger line that `f` accepts.
 fn wait_for(state: &Path, what: &str, f: impl Fn(&Value) -> bool) -> Value {
@@ -935,7 +910,7 @@ fn strict_mode_refuses_names_that_do_not_match_their_destination() {
     let dir = TempDir::new("lying");
     let ns = Netns::create("lying");
     // The allowed host resolves (for veris too) to the local origin only.
-    let _hosts = NsHosts::write(&ns, &format!("{LOCAL_V4} origin.test\n"));
+    let _hosts = NetnsHosts::write(&ns.name, &format!("{LOCAL_V4} origin.test\n"));
     let origin = Origin::start(&ns, &dir, &python_origin());
     let vendor = FakeVendor::start(&ns, &dir, "443,80", "9");
     let uid = WORKLOAD_UID.to_string();
@@ -1169,7 +1144,7 @@ fn transparent_tls_passthrough_is_chained_through_the_upstream_proxy() {
     std::fs::write(&script, CHAIN_PY).unwrap();
     let log = dir.join("connects.log");
     std::fs::write(&log, "").unwrap();
-    ns.own(&dir.path);
+    ns.own(dir.path());
     let mut chain = ns
         .command(&python)
         .arg(&script)

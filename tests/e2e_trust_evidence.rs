@@ -16,21 +16,35 @@ use std::process::Output;
 use serde_json::Value;
 use support::*;
 
+/// Python: `tunnel(addr, name)` CONNECTs through the proxy at `addr`
+/// (`host:port`) to `name:443` and returns the socket once it answered 200.
+macro_rules! tunnel_py {
+    () => {
+        r#"
+import socket, ssl, struct, sys
+def tunnel(addr, name):
+    host, port = addr.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(f"CONNECT {name}:443 HTTP/1.1\r\nHost: {name}:443\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        c = s.recv(1)
+        if not c:
+            sys.exit("the proxy closed before answering the CONNECT")
+        head += c
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return s
+"#
+    };
+}
+
 /// CONNECTs, sends a real ClientHello (Python's ssl, through memory BIOs),
 /// waits for the first byte of the proxy's flight, then resets.
-const HELLO_THEN_RESET: &str = r#"
-import socket, ssl, struct, sys
+const HELLO_THEN_RESET: &str = concat!(
+    tunnel_py!(),
+    r#"
 addr, name = sys.argv[1], sys.argv[2]
-host, port = addr.rsplit(":", 1)
-s = socket.create_connection((host, int(port)), timeout=10)
-s.sendall(f"CONNECT {name}:443 HTTP/1.1\r\nHost: {name}:443\r\n\r\n".encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    c = s.recv(1)
-    if not c:
-        sys.exit("the proxy closed before answering the CONNECT")
-    head += c
-assert head.startswith(b"HTTP/1.1 200"), head
+s = tunnel(addr, name)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
 tls = ctx.wrap_bio(incoming, outgoing, server_hostname=name)
@@ -43,7 +57,8 @@ assert s.recv(1), "the proxy's flight"
 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 s.close()
 print("hello sent, connection reset")
-"#;
+"#
+);
 
 fn kinds<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
     lines.iter().filter(|l| l["kind"] == kind).collect()
@@ -201,27 +216,20 @@ fn closes_without_a_certificate_alert_never_fail_a_receipt_and_a_refusal_does() 
 /// CONNECTs `count` times and finishes a TLS handshake that agrees `h2`
 /// (trusting the CA file given), then closes each without a request: what
 /// an HTTP/2 client does with the extra connections it dialed at once.
-const UNUSED_H2: &str = r#"
-import socket, ssl, sys
+const UNUSED_H2: &str = concat!(
+    tunnel_py!(),
+    r#"
 addr, name, ca, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-host, port = addr.rsplit(":", 1)
 ctx = ssl.create_default_context(cafile=ca)
 ctx.set_alpn_protocols(["h2"])
 for _ in range(count):
-    s = socket.create_connection((host, int(port)), timeout=10)
-    s.sendall(f"CONNECT {name}:443 HTTP/1.1\r\nHost: {name}:443\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        c = s.recv(1)
-        if not c:
-            sys.exit("the proxy closed before answering the CONNECT")
-        head += c
-    assert head.startswith(b"HTTP/1.1 200"), head
+    s = tunnel(addr, name)
     tls = ctx.wrap_socket(s, server_hostname=name)
     assert tls.selected_alpn_protocol() == "h2", tls.selected_alpn_protocol()
     tls.close()
 print("unused", count)
-"#;
+"#
+);
 
 /// E1.7: HTTP/2 connections closed unused beside working requests to the
 /// same host (a Go client with several workers dials extras and drops

@@ -4,12 +4,11 @@
 //! open, and `q` must quit with status 0 and give the terminal back.
 
 mod support;
-mod tui_support;
 
 use std::time::Duration;
 
+use support::tmux::{sh_quote, Tmux, TUI_DEADLINE};
 use support::{bin, output, output_within, skip, tool_works, veris, TempDir};
-use tui_support::{sh_quote, Tmux, TUI_DEADLINE};
 
 #[test]
 fn tui_shows_a_request_made_through_veris_run() {

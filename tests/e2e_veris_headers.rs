@@ -5,43 +5,25 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::io::Write;
 
 use support::*;
 
 /// Answers every request with the request head it received as the body.
 fn echo_twin() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let _ = stream.set_read_timeout(Some(DEADLINE));
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && head.len() < 65536 {
-                    match stream.read(&mut byte) {
-                        Ok(1) => head.push(byte[0]),
-                        _ => return,
-                    }
-                }
-                if head.starts_with(b"PRI ") {
-                    return;
-                }
-                let _ = stream.write_all(
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        head.len()
-                    )
-                    .as_bytes(),
-                );
-                let _ = stream.write_all(&head);
-            });
+    stand_in_twin(|stream, head| {
+        if head.starts_with(b"PRI ") {
+            return;
         }
-    });
-    url
+        let _ = stream.write_all(
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                head.len()
+            )
+            .as_bytes(),
+        );
+        let _ = stream.write_all(head);
+    })
 }
 
 #[test]

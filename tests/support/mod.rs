@@ -6,8 +6,15 @@
 //! called with the token it wrote), raw HTTP/1.1 over loopback, and the SKIP
 //! rule (`SKIP: <why>` and pass, unless `VERIS_REQUIRE_ALL=1`, where it fails).
 //!
-//! Include it with `mod support;` from any file in `tests/`.
+//! Include it with `mod support;` from any file in `tests/`. Submodules by
+//! job: [`netns`] (network namespaces, the transparent tier and its local
+//! origin and fake vendor), [`fake_twin`] (a twin whose request log lies),
+//! [`tmux`] (a private tmux server for the TUI).
 #![allow(dead_code)]
+
+pub mod fake_twin;
+pub mod netns;
+pub mod tmux;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -58,7 +65,8 @@ pub fn record_skip(why: &str) {
         .and_then(|mut f| f.write_all(line.as_bytes()));
 }
 
-/// A unique directory under the system temp dir, removed on drop.
+/// A unique directory under the system temp dir (mode 0755, so another uid,
+/// the proxy's or the workload's, can reach it), removed on drop.
 pub struct TempDir {
     path: PathBuf,
 }
@@ -76,6 +84,9 @@ impl TempDir {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&path).expect("creating a temp dir");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the temp dir");
         TempDir { path }
     }
 
@@ -643,4 +654,62 @@ pub fn euid() -> u32 {
         .and_then(|v| v.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .expect("an effective uid in /proc/self/status")
+}
+
+/// A twin stand-in on loopback: a thread per connection reads the request
+/// head (bounded, with the default deadline) and hands the stream and the
+/// head to `answer`. Its URL (`http://127.0.0.1:port`).
+pub fn stand_in_twin(answer: fn(&mut TcpStream, &[u8])) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
+    let url = format!(
+        "http://{}",
+        listener.local_addr().expect("listener address")
+    );
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(DEADLINE));
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 65536 {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                answer(&mut stream, &head);
+            });
+        }
+    });
+    url
+}
+
+/// `curl` POSTing a charge to Stripe (the twin answers it), the client
+/// command of many runs: proxy and CA come from the run's environment.
+pub const CURL_CHARGE: &[&str] = &[
+    "curl",
+    "-sS",
+    "--max-time",
+    "20",
+    "https://api.stripe.com/v1/charges",
+    "-d",
+    "amount=100",
+    "-d",
+    "currency=usd",
+];
+
+/// Whether `veris __confine -- true` works, or why not (Landlock's network
+/// rules need Linux 6.7+).
+pub fn landlock_ready() -> Result<(), String> {
+    let out = output(&mut veris(["__confine", "--", "true"]));
+    let (_, stderr) = text(&out);
+    match out.status.code() {
+        Some(0) => Ok(()),
+        _ if stderr.contains("cannot confine the command") => Err(format!(
+            "Landlock network rules unavailable: {}",
+            stderr.trim()
+        )),
+        code => panic!("`veris __confine -- true` exited {code:?}: {stderr}"),
+    }
 }

@@ -1,13 +1,13 @@
 //! Helpers for the TUI end-to-end test: a private tmux server (its own
 //! socket in the test's temp dir, killed on drop) whose pane runs the veris
 //! binary, read back with `capture-pane`. Everything generic (commands with
-//! a cleared environment, temp dirs, SKIP) is in `tests/support`.
+//! a cleared environment, temp dirs, SKIP) is in `support` itself.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use crate::support::command;
+use super::command;
 
 /// Bound on every wait for the screen, and for `veris run` and the TUI's
 /// exit, in these tests (longer than `support::DEADLINE`).
@@ -54,7 +54,7 @@ impl Tmux {
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
-        crate::support::output(
+        super::output(
             command("tmux")
                 .env("TERM", "xterm-256color")
                 .arg("-S")

@@ -15,8 +15,6 @@
 //! neighbour entry names a MAC nobody has, so those frames are dropped just
 //! as the sink drops them. [`Netns::create_rootless`] as root builds the same
 //! for an unprivileged uid, so CI (root) runs the rootless path too.
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
@@ -34,17 +32,10 @@ pub const VENDOR_V6: &str = "2001:db8::10";
 /// PATH inside the namespace.
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-// The binary, the skip rule and VERIS_REQUIRE_ALL are shared with every
-// end-to-end test.
+// The binary, the skip rule, VERIS_REQUIRE_ALL, temp dirs and the
+// effective uid are shared with every end-to-end test.
 #[allow(unused_imports)]
-pub use crate::support::{bin, require_all, skip};
-
-/// Effective uid, from /proc (no libc in tests).
-pub fn euid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
+pub use super::{bin, euid, require_all, skip, TempDir};
 
 /// A program on PATH or in the sbin dirs.
 pub fn which(tool: &str) -> Option<PathBuf> {
@@ -58,7 +49,7 @@ pub fn which(tool: &str) -> Option<PathBuf> {
 /// Why the namespace tests cannot run here, if they cannot: neither root
 /// nor a working `unshare -rn`, or a tool missing.
 pub fn unavailable() -> Option<String> {
-    let root = euid() == Some(0);
+    let root = euid() == 0;
     let mut tools = vec!["ip", "nft", "curl", "openssl"];
     if !root {
         tools.extend(["unshare", "nsenter"]);
@@ -130,36 +121,6 @@ pub fn python_with_module(module: &str) -> Option<PathBuf> {
     (!exe.is_empty()).then(|| PathBuf::from(exe))
 }
 
-/// A unique temp dir (mode 0755, so the proxy uid can reach it), removed on drop.
-pub struct TempDir {
-    pub path: PathBuf,
-}
-
-impl TempDir {
-    pub fn new(label: &str) -> TempDir {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "veris-tp-{label}-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("creating a temp dir");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        TempDir { path }
-    }
-    pub fn join(&self, p: &str) -> PathBuf {
-        self.path.join(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
 /// `openssl req` making a throwaway self-signed P-256 certificate (1 day).
 pub fn self_signed(cert: &Path, key: &Path, subject: &str, ext: Option<&str>) -> Command {
     let mut cmd = Command::new("openssl");
@@ -187,13 +148,15 @@ pub fn self_signed(cert: &Path, key: &Path, subject: &str, ext: Option<&str>) ->
     cmd
 }
 
-fn run_ok(cmd: &mut Command) {
+/// Runs a setup command to completion; panics when it fails.
+pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("running a setup command");
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
 }
 
 /// A workload namespace with loopback, an address of its own and a sink for
@@ -217,7 +180,7 @@ static NS_COUNTER: AtomicU64 = AtomicU64::new(0);
 impl Netns {
     /// Root mode as root, rootless otherwise (see the module comment).
     pub fn create(tag: &str) -> Netns {
-        if euid() != Some(0) {
+        if euid() != 0 {
             return Netns::create_rootless(tag, None);
         }
         let id = format!(
@@ -546,7 +509,7 @@ impl Veris {
         std::fs::create_dir_all(&state).unwrap();
         let stderr_path = dir.join("veris.stderr");
         let stderr = std::fs::File::create(&stderr_path).unwrap();
-        ns.own(&dir.path);
+        ns.own(dir.path());
         let mut cmd = ns.command(program);
         cmd.args([
             "serve",
@@ -704,7 +667,7 @@ impl Origin {
         ));
         let script = dir.join("origin.py");
         std::fs::write(&script, ORIGIN_PY).unwrap();
-        ns.own(&dir.path);
+        ns.own(dir.path());
         let mut child = ns
             .command(python)
             .arg(&script)
@@ -903,7 +866,7 @@ pub fn sink_unavailable() -> Option<String> {
     if let Some(why) = unavailable() {
         return Some(why);
     }
-    if euid() != Some(0) {
+    if euid() != 0 {
         return Some("these tests need root (a sink namespace for the fake vendor)".into());
     }
     if which("python3").is_none() || which("setpriv").is_none() {
@@ -928,7 +891,7 @@ pub fn workload(ns: &Netns, program: &str) -> Command {
 pub fn readable(dir: &TempDir) {
     let status = Command::new("chmod")
         .args(["-R", "a+rX"])
-        .arg(dir.path.as_path())
+        .arg(dir.path())
         .status()
         .unwrap();
     assert!(status.success());
@@ -974,5 +937,37 @@ impl Drop for FakeVendor {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `/etc/netns/<name>/hosts`, which `ip netns exec` mounts over /etc/hosts
+/// for commands in that namespace only (veris included); removed on drop.
+pub struct NetnsHosts {
+    dir: PathBuf,
+    created_parent: bool,
+}
+
+impl NetnsHosts {
+    pub fn write(ns: &str, entries: &str) -> NetnsHosts {
+        let parent = Path::new("/etc/netns");
+        let created_parent = !parent.exists();
+        let dir = parent.join(ns);
+        std::fs::create_dir_all(&dir).expect("creating /etc/netns/<name>");
+        let hosts = format!("127.0.0.1 localhost\n::1 localhost\n{entries}");
+        std::fs::write(dir.join("hosts"), hosts).expect("writing the namespace's hosts file");
+        NetnsHosts {
+            dir,
+            created_parent,
+        }
+    }
+}
+
+impl Drop for NetnsHosts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.created_parent {
+            // Fails harmlessly when another namespace's files are still there.
+            let _ = std::fs::remove_dir(Path::new("/etc/netns"));
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The integrity tests' own helper: a fake twin on loopback whose request
 //! log can be made to lie (to exercise the receipt's twin cross-check).
 //! Everything generic (serve, admin calls, raw HTTP, commands) is in
-//! `tests/support`.
+//! `support` itself.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::DEADLINE;
+use super::DEADLINE;
 
 /// A fake twin on loopback: answers every vendor request `200 {}` and serves
 /// `/veris/requests` from what it saw, minus the first `hide` vendor rows
