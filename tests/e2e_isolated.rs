@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{output_within, skip, tool_works, Guard, TempDir};
+use support::{euid, output_within, skip, tool_works, Guard, TempDir};
 
 /// The deadline of one `veris run` (they take well under a second here).
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -68,17 +68,6 @@ enum Who {
 }
 
 const BOTH: [Who; 2] = [Who::Root, Who::Rootless];
-
-/// The effective uid of this test process.
-fn euid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .expect("reading /proc/self/status")
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .expect("an effective uid in /proc/self/status")
-}
 
 /// One test's `veris run`s, as root or rootless, sharing a state dir.
 struct Runner {
@@ -124,9 +113,8 @@ impl Runner {
                 true
             }
         };
+        // Mode 0755: uid 65534 reaches the work dir and a copy of the binary.
         let dir = TempDir::new(&format!("iso-{label}"));
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod the temp dir");
         let work = dir.join("work");
         std::fs::create_dir(&work).expect("creating the work dir");
         let mut exe = support::bin();
@@ -485,19 +473,78 @@ fn received_a_connection(listener: &TcpListener) -> Option<std::net::SocketAddr>
     }
 }
 
-// --- 1. curl ignoring the proxy -------------------------------------------
+// --- 1. Clients that ignore the proxy, one test per client ------------------
 
-#[test]
-fn isolated_curl_ignoring_the_proxy_is_in_the_receipt() {
-    if let Err(why) = support::curl() {
+/// One client that ignores the proxy on purpose, run in the isolated tier:
+/// what it needs, how it is started, what it must print, and the requests
+/// the receipt must hold.
+struct Client {
+    /// Names the run's temp dir and its SKIP lines.
+    label: &'static str,
+    /// Err (a skip reason) when the client is not installed here.
+    needs: fn() -> Result<(), String>,
+    /// A script written to the work dir first (file name, content); `{script}`
+    /// in `argv` stands for its path.
+    script: Option<(&'static str, &'static str)>,
+    /// The command `veris run --isolate` runs.
+    argv: &'static [&'static str],
+    /// Runs as root and rootless ([`for_both`]), or once as this user.
+    both: bool,
+    /// The deadline of the run.
+    timeout: Duration,
+    /// Changes the `veris run` command first (the Go toolchain's dirs).
+    adjust: fn(&Runner, &mut Command),
+    /// What the client prints when its requests were answered by the twin.
+    prints: Prints,
+    /// `METHOD PATH STATUS` of each request of `stripe` in the receipt.
+    entries: &'static [&'static str],
+}
+
+/// How a client's stdout shows the twin answered.
+enum Prints {
+    /// Exactly this line (trimmed).
+    Line(&'static str),
+    /// Each of these somewhere.
+    All(&'static [&'static str]),
+    /// The twin's JSON, with this `object`.
+    Json(&'static str),
+}
+
+fn no_adjust(_: &Runner, _: &mut Command) {}
+
+/// One client's test: in the receipt, verified, no leak.
+fn client_case(c: &Client) {
+    if let Err(why) = (c.needs)() {
         return skip(&why);
     }
-    for_both("curl", |r| {
-        let out = r.isolated(&[], CHARGE_NOPROXY)?;
+    let scenario = |r: &Runner| -> Result<(), String> {
+        let script = c
+            .script
+            .map(|(name, content)| r.write(name, content).to_str().unwrap().to_string());
+        let argv: Vec<&str> = c
+            .argv
+            .iter()
+            .map(|a| match (*a, &script) {
+                ("{script}", Some(path)) => path.as_str(),
+                _ => a,
+            })
+            .collect();
+        let out = r.isolated_with(&[], &argv, c.timeout, |cmd| (c.adjust)(r, cmd))?;
         assert_eq!(out.code, Some(0), "{}", out.ctx());
-        let charge: Value = serde_json::from_str(&out.stdout)
-            .unwrap_or_else(|e| panic!("curl printed the twin's JSON: {e}\n{}", out.ctx()));
-        assert_eq!(charge["object"], "charge", "{}", out.ctx());
+        match c.prints {
+            Prints::Line(line) => assert_eq!(out.stdout.trim(), line, "{}", out.ctx()),
+            Prints::All(all) => {
+                for s in all {
+                    assert!(out.stdout.contains(s), "{s:?} in\n{}", out.ctx());
+                }
+            }
+            Prints::Json(object) => {
+                let body: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
+                    panic!("{} printed the twin's JSON: {e}\n{}", c.label, out.ctx())
+                });
+                assert_eq!(body["object"], object, "{}", out.ctx());
+            }
+        }
         out.assert_isolated_and_verified();
         assert_eq!(out.leaks(), Vec::<String>::new(), "{}", out.ctx());
         let printed = if out.uid == 0 {
@@ -506,10 +553,132 @@ fn isolated_curl_ignoring_the_proxy_is_in_the_receipt() {
             "leaks: host-sockets-reachable (home directories)"
         };
         assert!(out.stderr.contains(printed), "{}", out.ctx());
-        assert_eq!(out.receipt()["services"]["stripe"]["requests"], 1);
-        assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
+        assert_eq!(
+            out.receipt()["services"]["stripe"]["requests"],
+            c.entries.len(),
+            "{}",
+            out.ctx()
+        );
+        assert_eq!(out.entries("stripe"), c.entries, "{}", out.ctx());
         Ok(())
-    });
+    };
+    if c.both {
+        for_both(c.label, scenario);
+    } else if let Err(why) = scenario(&this_user(c.label)) {
+        skip(&why);
+    }
+}
+
+/// One `#[test]` per client, named so that a failure names the client.
+macro_rules! clients {
+    ($($test:ident => $client:expr),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                client_case(&$client);
+            }
+        )*
+    };
+}
+
+clients! {
+    isolated_curl_ignoring_the_proxy_is_in_the_receipt => Client {
+        label: "curl",
+        needs: support::curl,
+        script: None,
+        argv: CHARGE_NOPROXY,
+        both: true,
+        timeout: RUN_TIMEOUT,
+        adjust: no_adjust,
+        prints: Prints::Json("charge"),
+        entries: &["POST /v1/charges 200"],
+    },
+    isolated_node_fetch_and_https_request_are_in_the_receipt => Client {
+        label: "node",
+        needs: || {
+            tool_works("node", &["-e", "fetch"])
+                .then_some(())
+                .ok_or_else(|| "node (18+, with fetch) not installed".into())
+        },
+        script: Some(("client.js", NODE_JS)),
+        argv: &["node", "{script}"],
+        both: false,
+        timeout: RUN_TIMEOUT,
+        adjust: no_adjust,
+        prints: Prints::All(&["fetch 200", "https.request 200"]),
+        entries: &["POST /v1/charges 200", "GET /v1/customers 200"],
+    },
+    isolated_aiohttp_default_session_is_in_the_receipt => Client {
+        label: "aiohttp",
+        needs: || python_module("aiohttp"),
+        script: Some(("aiohttp_client.py", AIOHTTP_PY)),
+        argv: &["python3", "{script}"],
+        both: false,
+        timeout: RUN_TIMEOUT,
+        adjust: no_adjust,
+        prints: Prints::Line("aiohttp 200 charge"),
+        entries: &["POST /v1/charges 200"],
+    },
+    // httplib2 reads its bundled roots (or certifi's), not the system store
+    // veris mounts over: only HTTPLIB2_CA_CERTS points it at the bundle.
+    isolated_httplib2_trusts_veris_through_its_own_variable => Client {
+        label: "httplib2",
+        needs: || python_module("httplib2"),
+        script: Some(("httplib2_client.py", HTTPLIB2_PY)),
+        argv: &["python3", "{script}"],
+        both: false,
+        timeout: RUN_TIMEOUT,
+        adjust: no_adjust,
+        prints: Prints::Line("httplib2 200"),
+        entries: &["GET /v1/customers 200"],
+    },
+    isolated_wget_with_the_system_store_is_in_the_receipt => Client {
+        label: "wget",
+        needs: || {
+            tool_works("wget", &["--version"])
+                .then_some(())
+                .ok_or_else(|| "wget not installed".into())
+        },
+        script: None,
+        argv: &[
+            "wget",
+            "-q",
+            "-O",
+            "-",
+            "--tries=1",
+            "--timeout=20",
+            "--no-proxy",
+            "https://api.stripe.com/v1/customers",
+        ],
+        both: false,
+        timeout: RUN_TIMEOUT,
+        adjust: no_adjust,
+        prints: Prints::Json("list"),
+        entries: &["GET /v1/customers 200"],
+    },
+    isolated_go_net_http_is_in_the_receipt => Client {
+        label: "go",
+        needs: || {
+            tool_works("go", &["version"])
+                .then_some(())
+                .ok_or_else(|| "go not installed (apt install golang-go)".into())
+        },
+        script: Some(("main.go", GO_MAIN)),
+        argv: &["go", "run", "{script}"],
+        both: false,
+        timeout: GO_TIMEOUT,
+        adjust: |r, cmd| {
+            let go = r.work.join("go");
+            cmd.env("GOCACHE", go.join("cache"))
+                .env("GOPATH", go.join("path"))
+                .env("GOFLAGS", "-mod=mod")
+                .env("GOPROXY", "off")
+                .env("GOTOOLCHAIN", "local")
+                .current_dir(&r.work);
+        },
+        prints: Prints::Line("go 200"),
+        entries: &["GET /v1/customers 200"],
+    },
 }
 
 // --- 2. Python requests, trust_env = False --------------------------------
@@ -648,29 +817,6 @@ async function main() {
 main().catch((e) => { console.log('error', e.message, e.cause && e.cause.message); process.exit(1); });
 "#;
 
-#[test]
-fn isolated_node_fetch_and_https_request_are_in_the_receipt() {
-    if !tool_works("node", &["-e", "fetch"]) {
-        return skip("node (18+, with fetch) not installed");
-    }
-    let r = this_user("node");
-    let script = r.write("client.js", NODE_JS);
-    let out = match r.isolated(&[], &["node", script.to_str().unwrap()]) {
-        Ok(out) => out,
-        Err(why) => return skip(&why),
-    };
-    assert_eq!(out.code, Some(0), "{}", out.ctx());
-    assert!(out.stdout.contains("fetch 200"), "{}", out.ctx());
-    assert!(out.stdout.contains("https.request 200"), "{}", out.ctx());
-    out.assert_isolated_and_verified();
-    assert_eq!(out.receipt()["services"]["stripe"]["requests"], 2);
-    assert_eq!(
-        out.entries("stripe"),
-        ["POST /v1/charges 200", "GET /v1/customers 200"]
-    );
-    assert_eq!(out.leaks(), Vec::<String>::new());
-}
-
 // --- 4. aiohttp --------------------------------------------------------------
 
 const AIOHTTP_PY: &str = r#"
@@ -684,24 +830,6 @@ async def main():
 asyncio.run(main())
 "#;
 
-#[test]
-fn isolated_aiohttp_default_session_is_in_the_receipt() {
-    if let Err(why) = python_module("aiohttp") {
-        return skip(&why);
-    }
-    let r = this_user("aiohttp");
-    let script = r.write("aiohttp_client.py", AIOHTTP_PY);
-    let out = match r.isolated(&[], &["python3", script.to_str().unwrap()]) {
-        Ok(out) => out,
-        Err(why) => return skip(&why),
-    };
-    assert_eq!(out.code, Some(0), "{}", out.ctx());
-    assert_eq!(out.stdout.trim(), "aiohttp 200 charge", "{}", out.ctx());
-    out.assert_isolated_and_verified();
-    assert_eq!(out.entries("stripe"), ["POST /v1/charges 200"]);
-    assert_eq!(out.leaks(), Vec::<String>::new());
-}
-
 // --- 4b. httplib2 (its own CA bundle unless HTTPLIB2_CA_CERTS says otherwise) --
 
 const HTTPLIB2_PY: &str = r#"
@@ -709,25 +837,6 @@ import httplib2
 resp, body = httplib2.Http(timeout=20).request("https://api.stripe.com/v1/customers")
 print("httplib2", resp.status)
 "#;
-
-#[test]
-fn isolated_httplib2_trusts_veris_through_its_own_variable() {
-    if let Err(why) = python_module("httplib2") {
-        return skip(&why);
-    }
-    let r = this_user("httplib2");
-    let script = r.write("httplib2_client.py", HTTPLIB2_PY);
-    let out = match r.isolated(&[], &["python3", script.to_str().unwrap()]) {
-        Ok(out) => out,
-        Err(why) => return skip(&why),
-    };
-    // httplib2 reads its bundled roots (or certifi's), not the system store
-    // veris mounts over: only HTTPLIB2_CA_CERTS points it at the bundle.
-    assert_eq!(out.code, Some(0), "{}", out.ctx());
-    assert_eq!(out.stdout.trim(), "httplib2 200", "{}", out.ctx());
-    out.assert_isolated_and_verified();
-    assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
-}
 
 // --- 4c. SDKs and runtimes with a CA bundle of their own (E1) ---------------
 
@@ -966,39 +1075,6 @@ fn a_forged_bundle_cache_covers_nothing_the_scan_would_not() {
     assert_eq!(covered, covered_before, "what a fresh scan covers, no more");
 }
 
-// --- 5. wget -----------------------------------------------------------------
-
-#[test]
-fn isolated_wget_with_the_system_store_is_in_the_receipt() {
-    if !tool_works("wget", &["--version"]) {
-        return skip("wget not installed");
-    }
-    let r = this_user("wget");
-    let out = match r.isolated(
-        &[],
-        &[
-            "wget",
-            "-q",
-            "-O",
-            "-",
-            "--tries=1",
-            "--timeout=20",
-            "--no-proxy",
-            "https://api.stripe.com/v1/customers",
-        ],
-    ) {
-        Ok(out) => out,
-        Err(why) => return skip(&why),
-    };
-    assert_eq!(out.code, Some(0), "{}", out.ctx());
-    let list: Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("wget printed the twin's JSON: {e}\n{}", out.ctx()));
-    assert_eq!(list["object"], "list", "{}", out.ctx());
-    out.assert_isolated_and_verified();
-    assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
-    assert_eq!(out.leaks(), Vec::<String>::new());
-}
-
 // --- 6. Go net/http ---------------------------------------------------------
 
 const GO_MAIN: &str = r#"package main
@@ -1024,37 +1100,6 @@ func main() {
 	fmt.Println("go", resp.StatusCode)
 }
 "#;
-
-#[test]
-fn isolated_go_net_http_is_in_the_receipt() {
-    if !tool_works("go", &["version"]) {
-        return skip("go not installed (apt install golang-go)");
-    }
-    let r = this_user("go");
-    let main = r.write("main.go", GO_MAIN);
-    let go = r.work.join("go");
-    let out = match r.isolated_with(
-        &[],
-        &["go", "run", main.to_str().unwrap()],
-        GO_TIMEOUT,
-        |cmd| {
-            cmd.env("GOCACHE", go.join("cache"))
-                .env("GOPATH", go.join("path"))
-                .env("GOFLAGS", "-mod=mod")
-                .env("GOPROXY", "off")
-                .env("GOTOOLCHAIN", "local")
-                .current_dir(&r.work);
-        },
-    ) {
-        Ok(out) => out,
-        Err(why) => return skip(&why),
-    };
-    assert_eq!(out.code, Some(0), "{}", out.ctx());
-    assert_eq!(out.stdout.trim(), "go 200", "{}", out.ctx());
-    out.assert_isolated_and_verified();
-    assert_eq!(out.entries("stripe"), ["GET /v1/customers 200"]);
-    assert_eq!(out.leaks(), Vec::<String>::new());
-}
 
 // --- 7. raw TCP -------------------------------------------------------------
 
@@ -1130,25 +1175,6 @@ except socket.timeout:
     print("no answer")
 "#;
 
-/// tests/transparent_support's aioquic client: a real Initial with an SNI.
-const AIOQUIC_PY: &str = r#"
-import asyncio, ssl, sys
-from aioquic.asyncio.client import connect
-from aioquic.quic.configuration import QuicConfiguration
-
-async def attempt():
-    config = QuicConfiguration(is_client=True, alpn_protocols=["h3"], server_name=sys.argv[2])
-    config.verify_mode = ssl.CERT_NONE
-    config.idle_timeout = float(sys.argv[3])
-    async with connect(sys.argv[1], 443, configuration=config):
-        return "connected"
-
-try:
-    print(asyncio.run(asyncio.wait_for(attempt(), float(sys.argv[3]))))
-except (asyncio.TimeoutError, ConnectionError):
-    print("no answer")
-"#;
-
 #[test]
 fn isolated_quic_goes_to_the_sink_and_is_a_leak_note() {
     for_both("quic", |r| {
@@ -1183,7 +1209,7 @@ fn isolated_quic_goes_to_the_sink_and_is_a_leak_note() {
     };
     let r = this_user("aioquic");
     // Not `aioquic.py`: the script would shadow the package.
-    let script = r.write("quic_client.py", AIOQUIC_PY);
+    let script = r.write("quic_client.py", support::netns::AIOQUIC_PY);
     let out = r
         .isolated(
             &["--mode", "strict", "--allow-empty"],
@@ -1813,29 +1839,12 @@ fn explicit_tier_does_not_see_a_client_that_ignores_the_proxy() {
 
 // --- 13. the confined tier --------------------------------------------------
 
-/// Ok when `veris __confine` can confine here, else the binary's reason.
-fn landlock_ready() -> Result<(), String> {
-    let out = output_within(
-        &mut support::veris(["__confine", "--", "true"]),
-        RUN_TIMEOUT,
-    );
-    let (_, stderr) = support::text(&out);
-    match out.status.code() {
-        Some(0) => Ok(()),
-        _ if stderr.contains("cannot confine the command") => Err(format!(
-            "Landlock network rules unavailable: {}",
-            stderr.trim()
-        )),
-        code => panic!("`veris __confine -- true` exited {code:?}: {stderr}"),
-    }
-}
-
 #[test]
 fn confined_tier_refuses_direct_connects_and_sees_proxied_calls() {
     if let Err(why) = support::curl() {
         return skip(&why);
     }
-    if let Err(why) = landlock_ready() {
+    if let Err(why) = support::landlock_ready() {
         return skip(&why);
     }
     let listener = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
@@ -1946,7 +1955,7 @@ fn isolate_runs_isolated_or_fails_naming_the_missing_tool() {
     }
 
     // Default tier auto: falls back to confined, with one line saying so.
-    if let Err(why) = landlock_ready() {
+    if let Err(why) = support::landlock_ready() {
         return skip(&why);
     }
     let path = path_with(&r.dir, "no-tools", &["curl", "sh", "touch"]);
