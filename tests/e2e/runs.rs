@@ -4,7 +4,7 @@
 //! what a workload of the same uid can plant there (run dirs holding a
 //! copied or forged ledger, a symlinked run dir, ids that climb out).
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 

@@ -7,7 +7,7 @@
 //! Where the kernel has no Landlock ABI 4, the tests SKIP with the binary's
 //! own reason (the refusal itself is unit-tested in `src/confine.rs`).
 
-mod support;
+use crate::support;
 
 use std::net::{TcpListener, TcpStream};
 

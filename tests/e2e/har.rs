@@ -12,7 +12,7 @@
 //! ambient CA or proxy variable (SSL_CERT_FILE, CURL_CA_BUNDLE, ...) reaches
 //! a client.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -8,7 +8,7 @@
 //! proxy explicitly, so they send `CONNECT api.stripe.com:443` with the name,
 //! and the environment is cleared so no NO_PROXY or CA variable interferes.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

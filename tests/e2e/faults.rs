@@ -4,7 +4,7 @@
 //! vendor requests are refused with 503 rather than served unrecorded, and
 //! the proxy recovers once space is back, with the chain intact.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -20,7 +20,7 @@
 //! here dials nothing but its own loopback origin, whatever name it is
 //! asked for.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

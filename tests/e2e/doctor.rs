@@ -3,7 +3,7 @@
 //! names a dead port. Every child gets the environment the test means
 //! (`support::veris` clears it), so the machine's CA variables never count.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

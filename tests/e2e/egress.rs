@@ -7,7 +7,7 @@
 //! Narrower rules show in the leaks; a killed proxy fails closed; rules
 //! deleted during a run fail its receipt.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! each must end `failed` or `unverified` (exit 3 under
 //! `--require-verified`), while the genuine run beside it stays `verified`.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Stdio;

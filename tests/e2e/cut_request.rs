@@ -8,7 +8,7 @@
 //! instead of failing with "something called the twin directly": a workload
 //! must not be able to turn a run into `failed` by hanging up mid-body.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};

@@ -16,7 +16,7 @@
 //! instead of by uid. One test runs the rootless path even as root, as an
 //! unprivileged uid, so CI (root) covers both.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -694,7 +694,7 @@ fn explicit_tier_records_a_client_that_refuses_the_ca() {
 // ---------------------------------------------------------------------------
 // H2: any port may carry anything, and names must match where the bytes go.
 // Root only: the fake vendor sits in the sink namespace behind the TEST-NET
-// routes (tests/support/netns.rs `sink_command`, `FAKE_VENDOR_PY`), and
+// routes (tests/e2e/support/netns.rs `sink_command`, `FAKE_VENDOR_PY`), and
 // the workload is an unprivileged uid in the namespace.
 
 /// Waits (bounded) for a ledger line that `f` accepts.

@@ -2,7 +2,7 @@
 //! `twin`, `ca init|show|path|env`, `completions` and `man`, and the answers
 //! to bad input (exit 1 with a "Next:" line).
 
-mod support;
+use crate::support;
 
 use support::{command, output, output_within, text, veris, Serve, TempDir, DEADLINE};
 
@@ -591,14 +591,14 @@ fn skip_is_recorded_for_the_summary() {
     let dir = TempDir::new("skiplog");
     let log = dir.join("skips");
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "skip_probe", "--test-threads", "2"])
+    cmd.args(["--exact", "cli::skip_probe", "--test-threads", "2"])
         .env("VERIS_SKIP_PROBE", "1")
         .env("VERIS_SKIP_LOG", &log)
         .env_remove("VERIS_REQUIRE_ALL");
     let out = output(&mut cmd);
     assert!(out.status.success(), "{:?}", text(&out));
     let lines = std::fs::read_to_string(&log).expect("the skip log");
-    assert_eq!(lines, "e2e_cli::skip_probe: probe skip\n");
+    assert_eq!(lines, "e2e::cli::skip_probe: probe skip\n");
 }
 
 /// A workload that shares the state dir may plant a FIFO or a link to

@@ -3,7 +3,7 @@
 //! other header under it must not reach the twin with it. A twin stand-in
 //! echoes the request head it received; curl sends the forgeries.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 

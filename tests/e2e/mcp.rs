@@ -4,7 +4,7 @@
 //! twin and a real curl request through it. Every receipt the tool returns is
 //! compared with the exit code `veris receipt` gives for the same arguments.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

@@ -19,7 +19,7 @@
 //! Vendor names are never resolved by real DNS here: neither namespace has a
 //! route off the machine, so a lookup or a direct connection simply fails.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -331,7 +331,7 @@ fn java_reaches_the_twin_through_the_env_veris_run_sets() {
             client,
             "explicit",
             "works",
-            // As tests/e2e_client_matrix.rs words it (one cell of CLIENTS.md).
+            // As tests/e2e/client_matrix.rs words it (one cell of CLIENTS.md).
             "JAVA_TOOL_OPTIONS proxy flags (-Dhttps.proxyHost…); its JKS truststore (-Djavax.net.ssl.trustStore)",
         );
     }

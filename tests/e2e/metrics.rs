@@ -4,7 +4,7 @@
 //! a real Prometheus parser (Python's `prometheus_client`). The token never
 //! shows in the metrics or the log.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;

@@ -16,7 +16,7 @@
 //!   `--ready-file` and `--write-env`, `veris har -o` and `veris receipt
 //!   --junit` get the same treatment.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

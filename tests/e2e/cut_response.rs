@@ -5,7 +5,7 @@
 //! "200 (cut after N of M bytes)" while still counting the request (the twin
 //! did get it).
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 

@@ -25,7 +25,7 @@
 //! names are never resolved by real DNS.
 //! Package installs (npm, for axios and stripe-node) go to the registry.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

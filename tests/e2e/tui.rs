@@ -3,7 +3,7 @@
 //! the built-in twin; the request must appear on the screen, its detail must
 //! open, and `q` must quit with status 0 and give the terminal back.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

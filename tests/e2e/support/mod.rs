@@ -6,7 +6,7 @@
 //! called with the token it wrote), raw HTTP/1.1 over loopback, and the SKIP
 //! rule (`SKIP: <why>` and pass, unless `VERIS_REQUIRE_ALL=1`, where it fails).
 //!
-//! Include it with `mod support;` from any file in `tests/`. Submodules by
+//! Every module of the e2e test binary uses it (`use crate::support;`). Submodules by
 //! job: [`netns`] (network namespaces, the transparent tier and its local
 //! origin and fake vendor), [`fake_twin`] (a twin whose request log lies),
 //! [`tmux`] (a private tmux server for the TUI).

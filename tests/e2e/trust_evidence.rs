@@ -9,7 +9,7 @@
 //!   failure by themselves;
 //! - a normal request is not flagged.
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 

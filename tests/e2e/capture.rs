@@ -10,7 +10,7 @@
 //! Loopback only: curl is given the proxy (`-x`), so vendor names go to it
 //! unresolved and never to real DNS.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! Covered for the built-in twin of `veris serve` (a fresh credential per
 //! start) and for `veris twin --credential-env` behind a configured proxy.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

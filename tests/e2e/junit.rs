@@ -9,7 +9,7 @@
 //! environment is cleared (no ambient CA or proxy variable), vendor names are
 //! resolved by veris, never by real DNS.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

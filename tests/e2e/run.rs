@@ -4,7 +4,7 @@
 //! is the receipt's verdict or else the child's. The ambient CA variables of
 //! the machine are cleared before `veris run` starts.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;

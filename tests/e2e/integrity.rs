@@ -2,7 +2,7 @@
 //! token, the event stream's resume, `veris check`, baselines, the twin
 //! cross-check, and a full run that reports `integrity: verified`.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -22,7 +22,7 @@
 //! local listener standing in for the vendor, and no vendor name is ever
 //! resolved by real DNS.
 
-mod support;
+use crate::support;
 
 use std::io::{ErrorKind, Read};
 use std::net::{Ipv4Addr, Ipv6Addr, TcpListener};

@@ -6,7 +6,7 @@
 //! unknown subcommand or flag, or a bad value, before it prints any help),
 //! so a doc that shows a flag that does not exist fails this test.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
