@@ -9,11 +9,10 @@ use crate::support;
 use std::path::Path;
 use std::process::Stdio;
 
-use support::{command, curl, output, skip, text, veris, Guard, Serve, TempDir, DEADLINE};
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
-}
+use support::{
+    assert_verified_with_its_key, command, curl, json, output, skip, text, veris, Guard, Serve,
+    TempDir, DEADLINE,
+};
 
 /// A forger in Python: appends one invented `POST /v1/charges` request to the
 /// run's ledger with a correct chain, then (mode `rename`) writes the result
@@ -719,28 +718,7 @@ fn a_key_that_sat_in_a_file_never_verifies_whatever_the_ledger_says() {
     assert_eq!(serve.vendor("POST", "api.stripe.com", "/v1/charges"), 200);
     serve.stop();
     assert!(!serve.state.join("seal.key").exists());
-    let key = json(
-        &text(&output(
-            veris(["receipt", "--json", "--state-dir"]).arg(&serve.state),
-        ))
-        .0,
-    )["seal_key"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let out = output(
-        veris([
-            "receipt",
-            "--require-verified",
-            "--key",
-            &key,
-            "--state-dir",
-        ])
-        .arg(&serve.state),
-    );
-    let stdout = text(&out).0;
-    assert!(stdout.contains("integrity: verified"), "{stdout}");
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert_verified_with_its_key(&serve.state);
 }
 
 /// Writes `<state>/seal.key` (PKCS#8, as `serve` did before ledger v5) and a

@@ -10,13 +10,10 @@ use std::time::{Duration, Instant};
 
 use support::fake_twin::FakeTwin;
 use support::{
-    bin, command, http, output, skip, text, tool_works, veris, Serve, TempDir, DEADLINE,
+    assert_verified_with_its_key, bin, command, http, json, output, skip, text, tool_works, veris,
+    Serve, TempDir, DEADLINE,
 };
 use veris_receipt::ledger::line_hash;
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
-}
 
 /// Rewrites `prev` of every line after `from` (0-based) so the chain holds
 /// again after an edit: what a forger without the seal key can do.
@@ -137,28 +134,7 @@ fn a_sealed_line_edited_and_rechained_fails_the_receipt() {
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     // Pinning the key the session used makes it verified: the key never left
     // the proxy's memory, whatever uid the workload had.
-    let key = json(
-        &text(&output(
-            veris(["receipt", "--json", "--state-dir"]).arg(&state),
-        ))
-        .0,
-    )["seal_key"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let out = output(
-        veris([
-            "receipt",
-            "--require-verified",
-            "--key",
-            &key,
-            "--state-dir",
-        ])
-        .arg(&state),
-    );
-    let (stdout, _) = text(&out);
-    assert!(stdout.contains("integrity: verified"), "{stdout}");
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert_verified_with_its_key(&state);
 
     let file = std::fs::read_to_string(serve.ledger()).unwrap();
     let mut lines: Vec<String> = file.lines().map(str::to_string).collect();

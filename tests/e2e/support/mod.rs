@@ -713,3 +713,35 @@ pub fn landlock_ready() -> Result<(), String> {
         code => panic!("`veris __confine -- true` exited {code:?}: {stderr}"),
     }
 }
+
+/// JSON text parsed; panics showing the text.
+pub fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+/// Pins the seal key `veris receipt --json` reports for `state` and checks
+/// that `veris receipt --require-verified --key` with it says verified.
+pub fn assert_verified_with_its_key(state: &Path) {
+    let key = json(
+        &text(&output(
+            veris(["receipt", "--json", "--state-dir"]).arg(state),
+        ))
+        .0,
+    )["seal_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = output(
+        veris([
+            "receipt",
+            "--require-verified",
+            "--key",
+            &key,
+            "--state-dir",
+        ])
+        .arg(state),
+    );
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("integrity: verified"), "{stdout}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+}
