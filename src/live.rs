@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use veris_ca::fsutil::write_file;
 use veris_proxy::admin::{Admin, ReceiptWindow};
-use veris_proxy::recorder::UnrecordedCounts;
+use veris_proxy::request::recorder::UnrecordedCounts;
 use veris_proxy::Proxy;
 use veris_receipt::ledger::{Ledger, LedgerRead, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
@@ -154,7 +154,9 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         sealer: a.sealer.clone(),
         public_keys: a.state_dir.join(veris_receipt::seal::PUB_FILE),
         started: Instant::now(),
-        metrics: Some(veris_proxy::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry()),
+        metrics: Some(
+            veris_proxy::admin::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry(),
+        ),
         metrics_open: a.metrics_open,
         unrecorded: a.proxy.unrecorded().clone(),
         // In the explicit tier the canary travels through the proxy URL from
@@ -327,7 +329,7 @@ impl LiveStatus {
 }
 
 /// The routed services and their twin upstreams.
-pub fn service_refs(router: &veris_proxy::route::Router) -> Vec<ServiceRef> {
+pub fn service_refs(router: &veris_proxy::request::route::Router) -> Vec<ServiceRef> {
     router
         .services()
         .iter()

@@ -517,7 +517,7 @@ pub struct LiveRun<'a> {
     /// The ledger file, re-read to explain twin rows of requests in flight.
     pub ledger: Option<&'a Path>,
     /// What the live proxy says it sent to the twin but could not record.
-    pub unrecorded: Option<&'a veris_proxy::recorder::UnrecordedCounts>,
+    pub unrecorded: Option<&'a veris_proxy::request::recorder::UnrecordedCounts>,
 }
 
 /// The checks that need the network: the canary along the run's

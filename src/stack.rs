@@ -20,9 +20,9 @@ use tracing::{info, warn};
 use veris_ca::env::{EnvFormat, EnvSpec};
 use veris_ca::trust::TrustFiles;
 use veris_ca::{CertificateAuthority, Issuer, LoadOutcome};
-use veris_proxy::capture::{Capture, CaptureOptions};
+use veris_proxy::body::capture::{Capture, CaptureOptions};
 use veris_proxy::config::{Flags, Overrides, Settings};
-use veris_proxy::upstream::UpstreamOptions;
+use veris_proxy::outbound::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::ledger::{Ledger, OpenReport, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
@@ -256,7 +256,7 @@ pub struct Stack {
     /// Body capture (`--capture-bodies`), flushed before the final seal.
     capture: Option<Arc<Capture>>,
     /// Requests the proxy sent to the twin but could not record.
-    unrecorded: Arc<veris_proxy::recorder::Unrecorded>,
+    unrecorded: Arc<veris_proxy::request::recorder::Unrecorded>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -298,7 +298,7 @@ impl Stack {
             .upstream_proxy
             .as_deref()
             .map(|url| {
-                veris_proxy::dial::ChainProxy::parse(url).map_err(|why| {
+                veris_proxy::outbound::dial::ChainProxy::parse(url).map_err(|why| {
                     anyhow::anyhow!(
                         "--upstream-proxy {url:?}: {why}. Next: give it as http://[user:password@]host:port"
                     )
@@ -1186,23 +1186,23 @@ fn serve_transparent(
     ledger: Arc<Ledger>,
     stop: &watch::Receiver<bool>,
 ) -> JoinHandle<std::io::Result<()>> {
-    let tcp = veris_proxy::transparent::serve(
+    let tcp = veris_proxy::inbound::transparent::serve(
         Some(listeners.https),
         Some(listeners.http),
         proxy.clone(),
         until(stop),
     );
-    let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger.clone();
+    let recorder: Arc<dyn veris_proxy::request::recorder::Recorder> = ledger.clone();
     let stop_sink = until(stop);
     let sink = async move {
         match listeners.quic {
-            Some(socket) => veris_proxy::quic::serve(socket, recorder, stop_sink).await,
+            Some(socket) => veris_proxy::inbound::quic::serve(socket, recorder, stop_sink).await,
             None => Ok(()),
         }
     };
     let dns = listeners.dns.map(|(udp, tcp)| {
-        use veris_proxy::dns;
-        use veris_proxy::route::Route;
+        use veris_proxy::inbound::dns;
+        use veris_proxy::request::route::Route;
         // Vendor, allowed and canary names resolve even once a flood of
         // made-up names filled the table.
         // Weak: the table outlives the session (dials look names up in it).
@@ -1217,7 +1217,7 @@ fn serve_transparent(
         });
         let names = Arc::new(dns::Names::new(dns::DEFAULT_CAPACITY).routing(routed));
         // Dials to the stub's addresses go to the names they stand for.
-        veris_proxy::dial::answer_synthetic_with(names.clone());
+        veris_proxy::outbound::dial::answer_synthetic_with(names.clone());
         let counted = names.clone();
         let record: dns::OnLookup = Arc::new(move |lookup: &dns::Lookup| {
             if lookup.refused {

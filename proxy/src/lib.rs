@@ -34,26 +34,12 @@
 
 pub mod admin;
 pub mod body;
-pub mod capture;
 pub mod catalog;
-pub mod clienthello;
 pub mod config;
-pub mod dial;
-pub mod dns;
-pub mod meter;
-pub mod metrics;
-pub mod quic;
-pub mod recorder;
-pub mod reserved;
-pub mod respond;
-pub mod route;
-pub mod sniff;
-pub mod summary;
+pub mod inbound;
+pub mod outbound;
+pub mod request;
 mod sys;
-pub mod tls;
-pub mod transparent;
-pub mod trust;
-pub mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -81,14 +67,18 @@ use veris_ca::Issuer;
 use veris_receipt::capture::Side;
 use veris_receipt::{redact, Entry, ListenerTier, Mode};
 
-use crate::body::{Counted, ProxyBody, Tally};
-use crate::dial::Resolve;
-use crate::recorder::{RecordError, Recorder, Unrecorded};
-use crate::reserved::PathClass;
-use crate::route::{normalize_host, Route, Router, Service};
-use crate::upstream::{
+use crate::admin::{metrics, summary};
+use crate::body::{capture, meter, Counted, ProxyBody, Tally};
+use crate::inbound::{tls, trust};
+use crate::outbound::dial;
+use crate::outbound::dial::Resolve;
+use crate::outbound::upstream::{
     display_origin, is_websocket, strip_hop_by_hop, Upstream, UpstreamError, UpstreamOptions,
 };
+use crate::request::recorder::{RecordError, Recorder, Unrecorded};
+use crate::request::reserved::PathClass;
+use crate::request::route::{normalize_host, Route, Router, Service};
+use crate::request::{reserved, respond};
 
 pub use crate::config::{ConfigError, Settings};
 

@@ -21,9 +21,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use veris_ca::{CertificateAuthority, Issuer};
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::recorder::MemoryRecorder;
-use veris_proxy::route::{Claim, HostPattern, Router, Service};
-use veris_proxy::upstream::UpstreamOptions;
+use veris_proxy::outbound::upstream::UpstreamOptions;
+use veris_proxy::request::recorder::MemoryRecorder;
+use veris_proxy::request::route::{Claim, HostPattern, Router, Service};
 use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::{Entry, ListenerTier, Mode};
 

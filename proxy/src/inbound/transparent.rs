@@ -38,7 +38,7 @@
 //! the original destination is the other proxy, which is never dialed, so
 //! the tunnel goes where the `CONNECT` names, as in the explicit tier, and
 //! its line records the address that dial reached. Our own dials are exempt
-//! from the redirect by uid or mark ([`crate::dial`]). With
+//! from the redirect by uid or mark ([`crate::outbound::dial`]). With
 //! `--upstream-proxy`, the re-dial is a `CONNECT` to the original
 //! destination through that proxy; when it refuses, nothing reached the
 //! destination and the ledger says so as in the explicit tier: a
@@ -65,10 +65,12 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
 use crate::body::ProxyBody;
-use crate::clienthello::{self, ClientHello, ClientHelloError, Parser, MAX_CLIENT_HELLO};
-use crate::route::{normalize_host, Route};
-use crate::sniff::{self, Protocol, Sniff};
-use crate::{dial, respond, sys, Leg, Proxy};
+use crate::inbound::clienthello::{self, ClientHello, ClientHelloError, Parser, MAX_CLIENT_HELLO};
+use crate::inbound::sniff::{self, Protocol, Sniff};
+use crate::outbound::dial;
+use crate::request::respond;
+use crate::request::route::{normalize_host, Route};
+use crate::{sys, Leg, Proxy};
 
 /// How long a redirected client may take to send its first bytes when they
 /// decide everything (strict mode, vendor addresses), and then the rest of
@@ -753,7 +755,7 @@ impl Transparent {
         else {
             return;
         };
-        let (mut client, meter) = crate::meter::Metered::new(client);
+        let (mut client, meter) = crate::body::meter::Metered::new(client);
         let (replayed, error) = match origin.stream.write_all(&first).await {
             Ok(()) => (
                 first.len() as u64,
@@ -1074,8 +1076,8 @@ mod lifecycle_tests {
     use veris_receipt::Entry;
 
     use crate::config::{Flags, Settings};
-    use crate::recorder::MemoryRecorder;
-    use crate::upstream::UpstreamOptions;
+    use crate::outbound::upstream::UpstreamOptions;
+    use crate::request::recorder::MemoryRecorder;
     use crate::{Identity, ProxyOptions};
 
     /// The allowed host of these tests; the fake resolver puts it on 127.0.0.1.

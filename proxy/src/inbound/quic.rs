@@ -35,7 +35,7 @@ use tokio::net::UdpSocket;
 use tracing::{debug, info, warn};
 use veris_receipt::Entry;
 
-use crate::recorder::Recorder;
+use crate::request::recorder::Recorder;
 
 /// Default address of the sink (UDP; dual-stack). The same number as the TLS
 /// listener's default is fine: UDP and TCP ports are separate.
@@ -561,7 +561,7 @@ const HANDSHAKE_CLIENT_HELLO: u8 = 1;
 
 /// The SNI of a ClientHello body (after the 4-byte handshake header).
 fn client_hello_sni(body: &[u8]) -> Option<String> {
-    crate::clienthello::sni_of_body(body)
+    crate::inbound::clienthello::sni_of_body(body)
 }
 
 /// Bounds-checked reads; every method returns `None` past the end.
@@ -930,7 +930,7 @@ mod tests {
     async fn the_sink_never_answers_and_ignores_datagrams_not_from_the_redirect() {
         let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let addr = socket.local_addr().unwrap();
-        let recorder = Arc::new(crate::recorder::MemoryRecorder::default());
+        let recorder = Arc::new(crate::request::recorder::MemoryRecorder::default());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve(socket, recorder.clone(), async move {
             let _ = stop_rx.await;

@@ -17,11 +17,14 @@
 //! - `GET /receipt?since=SEQ`: seals the head (reusing the head seal when
 //!   nothing was written since), then returns the receipt JSON for the
 //!   window `(SEQ, seal]` (default: this run's lines).
-//! - `GET /metrics`: Prometheus metrics in the text format ([`crate::metrics`]).
+//! - `GET /metrics`: Prometheus metrics in the text format ([`crate::admin::metrics`]).
 //!
 //! Everything but `/healthz` (and `/metrics` when [`Admin::metrics_open`])
 //! needs `Authorization: Bearer <token>` and answers 401 otherwise. The
 //! token never reaches a log or a metric.
+
+pub mod metrics;
+pub mod summary;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -48,7 +51,7 @@ use veris_receipt::seal::{PublicKeys, Sealer};
 use prometheus_client::registry::Registry;
 
 use crate::body::{self, ProxyBody};
-use crate::respond;
+use crate::request::respond;
 use crate::Identity;
 
 /// How often an idle event stream gets a comment line, so intermediaries and
@@ -95,7 +98,7 @@ pub struct Admin {
     pub metrics_open: bool,
     /// Requests the proxy sent to the twin but could not record, for a
     /// reader's twin cross-check (`/status`).
-    pub unrecorded: Arc<crate::recorder::Unrecorded>,
+    pub unrecorded: Arc<crate::request::recorder::Unrecorded>,
 }
 
 /// Serves the admin API until `shutdown` resolves; open event streams end then.
@@ -399,13 +402,13 @@ fn metrics(admin: &Admin) -> Response<ProxyBody> {
             json!({}),
         );
     };
-    match crate::metrics::render(registry) {
+    match crate::admin::metrics::render(registry) {
         Ok(text) => {
             let mut resp = Response::new(body::full(text));
             let h = resp.headers_mut();
             h.insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+                HeaderValue::from_static(crate::admin::metrics::CONTENT_TYPE),
             );
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             resp

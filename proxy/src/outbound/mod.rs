@@ -1,0 +1,6 @@
+//! How veris dials out: its own TCP dials and name resolution ([`dial`])
+//! and the pooled HTTP client to twins and re-originated requests
+//! ([`upstream`]).
+
+pub mod dial;
+pub mod upstream;
