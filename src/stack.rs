@@ -553,7 +553,11 @@ impl Stack {
             );
             serve_transparent(listeners, proxy.clone(), ledger.clone(), &traffic_rx)
         });
-        let proxy_task = tokio::spawn(veris_proxy::serve(listener, proxy, until(&traffic_rx)));
+        let proxy_task = tokio::spawn(veris_proxy::inbound::explicit::serve(
+            listener,
+            proxy,
+            until(&traffic_rx),
+        ));
 
         Ok(Stack {
             proxy_url,

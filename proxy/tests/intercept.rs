@@ -88,9 +88,13 @@ async fn start_proxy(setup: Setup, tag: &str) -> Harness {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(veris_proxy::serve(listener, proxy, async move {
-        let _ = stopped.await;
-    }));
+    tokio::spawn(veris_proxy::inbound::explicit::serve(
+        listener,
+        proxy,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
     Harness {
         proxy: addr,
         ca: ca_der,

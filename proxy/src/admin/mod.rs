@@ -124,7 +124,7 @@ pub async fn serve_admin(
                             let cancel = cancel.clone();
                             async move { Ok::<_, Infallible>(route(admin, req, cancel).await) }
                         });
-                        if let Err(e) = crate::serve_http1(stream, service, &conn_cancel, crate::Limits::default().request_head).await {
+                        if let Err(e) = crate::inbound::http::serve_http1(stream, service, &conn_cancel, crate::Limits::default().request_head).await {
                             debug!(error = %e, %peer, "admin connection ended with an error");
                         }
                     });

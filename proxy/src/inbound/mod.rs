@@ -6,6 +6,8 @@
 
 pub mod clienthello;
 pub mod dns;
+pub mod explicit;
+pub mod http;
 pub mod quic;
 pub mod sniff;
 pub mod tls;

@@ -3,4 +3,5 @@
 //! ([`upstream`]).
 
 pub mod dial;
+pub mod passthrough;
 pub mod upstream;
