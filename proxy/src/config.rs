@@ -8,7 +8,7 @@ use serde::Deserialize;
 use veris_receipt::Mode;
 
 use crate::catalog;
-use crate::request::route::{Claim, HostPattern, Router, Service};
+use crate::request::route::{Claim, HostPattern, RouteError, Router, Service};
 
 /// Default explicit-tier listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -34,6 +34,16 @@ pub enum ConfigError {
         source_name: String,
         inner: Box<ConfigError>,
     },
+}
+
+impl From<RouteError> for ConfigError {
+    fn from(e: RouteError) -> ConfigError {
+        ConfigError::Invalid {
+            field: e.field,
+            message: e.message,
+            fix: e.fix,
+        }
+    }
 }
 
 fn invalid(
