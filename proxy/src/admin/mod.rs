@@ -50,6 +50,8 @@ use veris_receipt::seal::{PublicKeys, Sealer};
 
 use prometheus_client::registry::Registry;
 
+use veris_accept::{accept_until, OnError};
+
 use crate::body::{self, ProxyBody};
 use crate::request::respond;
 use crate::Identity;
@@ -109,34 +111,29 @@ pub async fn serve_admin(
 ) -> std::io::Result<()> {
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let admin = admin.clone();
-                    let cancel = cancel.clone();
-                    tasks.spawn(async move {
-                        let conn_cancel = cancel.clone();
-                        let service = service_fn(move |req: Request<Incoming>| {
-                            let admin = admin.clone();
-                            let cancel = cancel.clone();
-                            async move { Ok::<_, Infallible>(route(admin, req, cancel).await) }
-                        });
-                        if let Err(e) = crate::inbound::http::serve_http1(stream, service, &conn_cancel, crate::Limits::default().request_head).await {
-                            debug!(error = %e, %peer, "admin connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+    accept_until(listener, shutdown, OnError::Retry, |stream, peer| {
+        let admin = admin.clone();
+        let cancel = cancel.clone();
+        tasks.spawn(async move {
+            let conn_cancel = cancel.clone();
+            let service = service_fn(move |req: Request<Incoming>| {
+                let admin = admin.clone();
+                let cancel = cancel.clone();
+                async move { Ok::<_, Infallible>(route(admin, req, cancel).await) }
+            });
+            if let Err(e) = crate::inbound::http::serve_http1(
+                stream,
+                service,
+                &conn_cancel,
+                crate::Limits::default().request_head,
+            )
+            .await
+            {
+                debug!(error = %e, %peer, "admin connection ended with an error");
             }
-        }
-    }
-    drop(listener);
+        });
+    })
+    .await?;
     cancel.cancel();
     tasks.close();
     // Streams stop at the cancel; a stuck client must not hold shutdown.

@@ -8,7 +8,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -16,8 +15,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, debug_span, info, warn, Instrument};
+use tracing::{debug, debug_span, info, Instrument};
 use veris_receipt::{redact, ListenerTier, Mode};
+
+use veris_accept::{accept_until, OnError};
 
 use crate::body::{self, ProxyBody};
 use crate::inbound::http::serve_http1;
@@ -176,31 +177,18 @@ pub async fn serve(
     proxy: Arc<Proxy>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let Some(permit) = proxy.admit() else {
-                        continue;
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let connection = client_connection(proxy.clone(), stream, peer);
-                    proxy.tasks.spawn(async move {
-                        connection.await;
-                        drop(permit);
-                    });
-                }
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-    drop(listener);
+    accept_until(listener, shutdown, OnError::Retry, |stream, peer| {
+        let Some(permit) = proxy.admit() else {
+            return;
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = client_connection(proxy.clone(), stream, peer);
+        proxy.tasks.spawn(async move {
+            connection.await;
+            drop(permit);
+        });
+    })
+    .await?;
     proxy.summary.flush();
     proxy.drain().await;
     Ok(())

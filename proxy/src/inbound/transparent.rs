@@ -55,12 +55,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use http::{Method, Request};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
+use veris_accept::{accept_until, OnError};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
 use crate::inbound::clienthello::{self, ClientHello, ClientHelloError, Parser, MAX_CLIENT_HELLO};
@@ -161,47 +163,33 @@ pub async fn serve(
         listeners,
         waits: Waits::default(),
     });
-    tokio::pin!(shutdown);
-    loop {
-        let (accepted, listener) = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = accept(https.as_ref()) => (accepted, "https"),
-            accepted = accept(http.as_ref()) => (accepted, "http"),
-        };
-        match accepted {
-            Ok((stream, peer)) => {
+    let shutdown = shutdown.shared();
+    let accept = |listener: Option<TcpListener>, name: &'static str| {
+        let (state, proxy, shutdown) = (state.clone(), proxy.clone(), shutdown.clone());
+        async move {
+            let Some(listener) = listener else {
+                return Ok(());
+            };
+            accept_until(listener, shutdown, OnError::Retry, |stream, peer| {
                 let Some(permit) = proxy.admit() else {
-                    continue;
+                    return;
                 };
                 let _ = stream.set_nodelay(true);
                 let peer = canonical(peer);
-                let span = info_span!("transparent", listener, %peer);
+                let span = info_span!("transparent", listener = name, %peer);
                 let connection = state.clone().connection(stream, peer).instrument(span);
                 proxy.tasks.spawn(async move {
                     connection.await;
                     drop(permit);
                 });
-            }
-            Err(e) => backoff(e).await,
+            })
+            .await
         }
-    }
-    drop(https);
-    drop(http);
+    };
+    let (https, http) = tokio::join!(accept(https, "https"), accept(http, "http"));
+    https.and(http)?;
     proxy.drain().await;
     Ok(())
-}
-
-async fn accept(listener: Option<&TcpListener>) -> io::Result<(TcpStream, SocketAddr)> {
-    match listener {
-        Some(l) => l.accept().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn backoff(e: io::Error) {
-    // EMFILE and friends: back off instead of spinning.
-    warn!(error = %e, "accept failed");
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 /// What a connection to `dst` is named by when it names nothing itself (no
