@@ -50,6 +50,7 @@ use veris_receipt::seal::{PublicKeys, Sealer};
 
 use prometheus_client::registry::Registry;
 
+use subtle::ConstantTimeEq;
 use veris_accept::{accept_until, OnError};
 
 use crate::body::{self, ProxyBody};
@@ -219,8 +220,8 @@ fn authorized(headers: &HeaderMap, token: &str) -> bool {
     else {
         return false;
     };
-    let (a, b) = (presented.trim().as_bytes(), token.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    // `ct_eq` on slices of unequal length is false without comparing bytes.
+    bool::from(presented.trim().as_bytes().ct_eq(token.as_bytes()))
 }
 
 /// The parameter `name` as a number: `Ok(None)` when absent, `Err` with the
