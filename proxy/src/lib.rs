@@ -50,8 +50,7 @@
 //!    response head reaches the client (with `client_gone` when the client
 //!    left before the twin answered); if it cannot be written the client gets
 //!    `503 veris_ledger_unavailable` instead of an unrecorded answer.
-// `deny`, not `forbid`: the `sys` module alone allows the syscalls it needs.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod body;
