@@ -740,7 +740,11 @@ fn serve_traffic(
         );
         crate::tier::transparent::serve(listeners, proxy.clone(), ledger.clone(), stop)
     });
-    let proxy_task = tokio::spawn(veris_proxy::inbound::explicit::serve(listener, proxy, until(stop)));
+    let proxy_task = tokio::spawn(veris_proxy::inbound::explicit::serve(
+        listener,
+        proxy,
+        until(stop),
+    ));
     (proxy_task, transparent_task)
 }
 
