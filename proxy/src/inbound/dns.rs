@@ -187,7 +187,7 @@ impl Names {
     /// under it (always loopback, never synthetic), or when the table is full.
     pub fn assign(&self, name: &str) -> Option<Assigned> {
         let name = normalize(name)?;
-        if is_localhost(&name) {
+        if veris_host::is_localhost(&name) {
             return None;
         }
         let mut table = self.lock();
@@ -274,12 +274,7 @@ fn normalize(name: &str) -> Option<String> {
     if name.is_empty() || name.len() > MAX_NAME_TEXT || !name.split('.').all(valid_label) {
         return None;
     }
-    Some(name.to_ascii_lowercase())
-}
-
-/// `localhost` and names under it resolve to loopback (RFC 6761 §6.3).
-fn is_localhost(name: &str) -> bool {
-    name == "localhost" || name.ends_with(".localhost")
+    Some(veris_host::Host::new(name).into_string())
 }
 
 /// Answers one DNS query in RFC 1035 wire format with a reply for the same
@@ -324,7 +319,7 @@ pub fn answer(query: &[u8], names: &Names) -> Result<(Vec<u8>, Option<Lookup>), 
     let Some(name) = text.and_then(|t| normalize(std::str::from_utf8(&t).ok()?)) else {
         return Ok((head.reply(SERVFAIL, question, &[]), None));
     };
-    let assigned = if is_localhost(&name) {
+    let assigned = if veris_host::is_localhost(&name) {
         Some((Ipv4Addr::LOCALHOST, Ipv6Addr::LOCALHOST, false))
     } else {
         names.assign(&name).map(|a| (a.v4, a.v6, a.first))

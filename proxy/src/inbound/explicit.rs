@@ -24,9 +24,10 @@ use crate::body::{self, ProxyBody};
 use crate::inbound::http::serve_http1;
 use crate::outbound::dial;
 use crate::request::respond;
-use crate::request::route::{normalize_host, Route};
+use crate::request::route::Route;
 use crate::request::Leg;
 use crate::Proxy;
+use veris_host::Host;
 
 impl Proxy {
     /// Phase 2: what kind of request reached the proxy port.
@@ -50,7 +51,7 @@ impl Proxy {
             } else {
                 Some(80)
             };
-            let host = normalize_host(authority.host());
+            let host = Host::new(authority.host()).into_string();
             let (Some(port), false) = (port, host.is_empty()) else {
                 return respond::error(
                     StatusCode::BAD_REQUEST,
@@ -106,7 +107,7 @@ impl Proxy {
         // `host:99999`, `host:abc`, `host:` or no port: never dialed as 443.
         let port = authority
             .port_u16()
-            .filter(|p| *p != 0 && !normalize_host(authority.host()).is_empty());
+            .filter(|p| *p != 0 && !Host::new(authority.host()).into_string().is_empty());
         let Some(port) = port else {
             return respond::error(
                 StatusCode::BAD_REQUEST,
@@ -118,7 +119,7 @@ impl Proxy {
             );
         };
         let leg = Leg {
-            host: normalize_host(authority.host()),
+            host: Host::new(authority.host()).into_string(),
             port,
             tls: true,
             tier: match via {

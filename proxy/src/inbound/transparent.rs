@@ -69,10 +69,11 @@ use crate::inbound::clienthello::{self, ClientHello, ClientHelloError, Parser, M
 use crate::inbound::http::serve_auto;
 use crate::inbound::sniff::{self, Protocol, Sniff};
 use crate::outbound::dial;
-use crate::request::route::{normalize_host, Route};
+use crate::request::route::Route;
 use crate::request::screen::request_host;
 use crate::request::Leg;
 use crate::{sys, Proxy};
+use veris_host::Host;
 
 /// How long a redirected client may take to send its first bytes when they
 /// decide everything (strict mode, vendor addresses), and then the rest of
@@ -546,7 +547,7 @@ impl Transparent {
                     return Ok::<_, Infallible>(proxy.connect(req, peer, Some(dst)).await);
                 }
                 let host = request_host(&req)
-                    .map(|h| normalize_host(&h))
+                    .map(|h| Host::new(&h).into_string())
                     .filter(|h| !h.is_empty())
                     .unwrap_or_else(|| dst_name(dst));
                 let leg = Leg {

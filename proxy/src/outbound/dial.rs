@@ -46,8 +46,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 use tracing::debug;
 
-use crate::request::route::is_loopback;
 use crate::sys;
+use veris_host::is_loopback;
 
 /// An HTTP proxy that clients' passthrough dials are chained through with
 /// `CONNECT` (a corporate proxy in front of the sandbox's egress). Its

@@ -14,9 +14,10 @@ use crate::outbound::dial;
 use crate::request::record::ledger_unavailable;
 use crate::request::reserved::{self, PathClass};
 use crate::request::respond;
-use crate::request::route::{normalize_host, Route, Service};
+use crate::request::route::{Route, Service};
 use crate::request::Leg;
 use crate::Proxy;
+use veris_host::Host;
 
 impl Proxy {
     /// Transparent tier (DESIGN §7a.11): why the name the client gave —
@@ -33,7 +34,7 @@ impl Proxy {
         // Isolated run: the client looked a name up and got `dst` from our
         // stub; the name it gives now must be that one.
         if let Some(looked_up) = dial::synthetic_name(ip) {
-            let named = normalize_host(&leg.host);
+            let named = Host::new(&leg.host).into_string();
             return (!named.eq_ignore_ascii_case(&looked_up)).then(|| {
                 format!(
                     "{} is not {looked_up}, the name the client looked up for {dst}",
@@ -77,7 +78,7 @@ impl Proxy {
         leg: &Leg,
     ) -> Option<Response<ProxyBody>> {
         let named = request_host(req)?;
-        let host = normalize_host(&named);
+        let host = Host::new(&named).into_string();
         if host.eq_ignore_ascii_case(&leg.host) {
             return None;
         }
