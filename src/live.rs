@@ -27,6 +27,7 @@ use veris_receipt::ledger::{Ledger, LedgerRead, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::seal::Sealer;
 use veris_receipt::{redact, Entry, ListenerTier};
+use veris_receipt::{RequestLine, SessionLine, UpstreamErrorLine};
 
 use crate::check::{ProbePath, DEFAULT_PROBE_ADDR};
 
@@ -298,9 +299,9 @@ impl LiveStatus {
                 self.session_seq
             ));
         };
-        let Entry::Session {
+        let Entry::Session(SessionLine {
             run_id, public_key, ..
-        } = &line.entry
+        }) = &line.entry
         else {
             return Err(format!(
                 "it says its session line is seq {}, but that line of {shown} is a {} line",
@@ -499,11 +500,11 @@ pub struct SessionFacts {
 
 impl SessionFacts {
     fn add(&mut self, line: &veris_receipt::Line, until: u64) {
-        if let Entry::Session {
+        if let Entry::Session(SessionLine {
             twin_heads,
             public_key,
             ..
-        } = &line.entry
+        }) = &line.entry
         {
             if let Some(k) = public_key {
                 self.public_keys.push(k.clone());
@@ -582,12 +583,12 @@ struct Expected {
 impl Expected {
     fn add(&mut self, line: &veris_receipt::Line) {
         match &line.entry {
-            Entry::Request {
+            Entry::Request(RequestLine {
                 service,
                 method,
                 path,
                 ..
-            } => {
+            }) => {
                 *self
                     .sure
                     .entry(service.clone())
@@ -595,13 +596,13 @@ impl Expected {
                     .entry((method.clone(), path.clone()))
                     .or_default() += 1;
             }
-            Entry::UpstreamError {
+            Entry::UpstreamError(UpstreamErrorLine {
                 service,
                 method,
                 path,
                 error,
                 ..
-            } if veris_receipt::entry::may_have_reached_twin(error) => {
+            }) if veris_receipt::entry::may_have_reached_twin(error) => {
                 *self
                     .maybe
                     .entry(service.clone())

@@ -27,6 +27,7 @@ use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::ledger::{Ledger, OpenReport, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::seal::{PublicKeys, Sealer, PUB_FILE};
+use veris_receipt::{CheckLine, SessionLine};
 use veris_receipt::{Coverage, Entry, ListenerTier, Mode};
 
 use crate::live::ServiceRef;
@@ -679,7 +680,7 @@ impl Stack {
         let mut checks = vec![canary, twin];
         checks.extend(more);
         for c in &checks {
-            let entry = Entry::Check {
+            let entry = Entry::Check(CheckLine {
                 name: c.name.clone(),
                 status: match c.status {
                     CheckStatus::Ok => "ok",
@@ -690,7 +691,7 @@ impl Stack {
                 detail: c.detail.clone(),
                 since_seq: since,
                 until_seq: head,
-            };
+            });
             if let Err(e) = self.ledger.append(entry) {
                 warn!(error = %e, check = %c.name, "cannot record a check in the ledger");
             }
@@ -756,7 +757,7 @@ struct SessionFacts<'a> {
 /// The session line: who runs, how traffic is intercepted, which key seals.
 fn session_entry(f: SessionFacts<'_>) -> Entry {
     let t = &f.args.transparent;
-    Entry::Session {
+    Entry::Session(SessionLine {
         run_id: f.identity.run_id.clone(),
         sandbox_id: f.identity.sandbox_id.clone(),
         mode: f.identity.mode,
@@ -782,7 +783,7 @@ fn session_entry(f: SessionFacts<'_>) -> Entry {
         twin_heads: Some(f.twin_heads.clone()),
         moved_aside: f.report.moved_aside.clone(),
         coverage: f.coverage.map(Box::new),
-    }
+    })
 }
 
 impl Announce<'_> {

@@ -656,11 +656,12 @@ mod tests {
     /// A live admin API over a real ledger of `n` request lines (after a
     /// session line), and its address.
     async fn admin_over(dir: &std::path::Path, n: u64) -> (Arc<Admin>, std::net::SocketAddr) {
+        use veris_receipt::{BlockedLine, SessionLine};
         use veris_receipt::{Entry, ListenerTier, Mode};
         let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).unwrap();
         let ledger = Arc::new(ledger);
         ledger
-            .append(Entry::Session {
+            .append(Entry::Session(SessionLine {
                 run_id: "run_1".into(),
                 sandbox_id: "sbx_1".into(),
                 mode: Mode::Passthrough,
@@ -678,11 +679,11 @@ mod tests {
                 twin_heads: None,
                 moved_aside: None,
                 coverage: None,
-            })
+            }))
             .unwrap();
         let pending: Vec<_> = (0..n)
             .map(|i| {
-                ledger.append_queued(Entry::Blocked {
+                ledger.append_queued(Entry::Blocked(BlockedLine {
                     host: format!("host-{i}.example"),
                     port: 443,
                     tier: ListenerTier::Explicit,
@@ -690,7 +691,7 @@ mod tests {
                     path: Some(format!("/{}", "p".repeat(200))),
                     reason: "strict".into(),
                     dst: None,
-                })
+                }))
             })
             .collect();
         for p in pending {

@@ -80,6 +80,10 @@ use tracing::{debug, debug_span, info, info_span, warn, Instrument, Span};
 use veris_ca::Issuer;
 use veris_receipt::capture::Side;
 use veris_receipt::{redact, Entry, ListenerTier, Mode};
+use veris_receipt::{
+    BlockedLine, PassthroughLine, ReservedPathLine, ResponseIncompleteLine, TunnelCloseLine,
+    UpstreamErrorLine,
+};
 
 use crate::body::{Counted, ProxyBody, Tally};
 use crate::dial::Resolve;
@@ -502,7 +506,7 @@ impl Proxy {
         {
             return;
         }
-        self.record_or_log(Entry::Blocked {
+        self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -510,7 +514,7 @@ impl Proxy {
             path: None,
             reason: format!("strict mode: unmapped host, and {why}"),
             dst: leg.headed_to(),
-        })
+        }))
         .await;
     }
 
@@ -694,13 +698,13 @@ impl Proxy {
         if let Some(e) = &error {
             debug!(error = %e, "tunnel closed with an error");
         }
-        self.record_or_log(Entry::TunnelClose {
+        self.record_or_log(Entry::TunnelClose(TunnelCloseLine {
             of,
             bytes_in,
             bytes_out,
             duration_ms: started.elapsed().as_millis() as u64,
             error,
-        })
+        }))
         .await;
     }
 
@@ -794,7 +798,7 @@ impl Proxy {
         (bytes_in, bytes_out): (u64, u64),
         started: Instant,
     ) -> Result<u64, RecordError> {
-        let entry = Entry::Passthrough {
+        let entry = Entry::Passthrough(PassthroughLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -803,7 +807,7 @@ impl Proxy {
             duration_ms: started.elapsed().as_millis() as u64,
             reason: reason.to_string(),
             dst: dst.map(|d| d.to_string()),
-        };
+        });
         let recorded = self.recorder.record(entry).await;
         if let Err(e) = &recorded {
             warn!(error = %e, host = %leg.host, "passthrough could not be recorded");
@@ -904,7 +908,7 @@ impl Proxy {
                 ),
             ),
         };
-        let entry = Entry::ReservedPath {
+        let entry = Entry::ReservedPath(ReservedPathLine {
             service: service.name.clone(),
             host: leg.host.clone(),
             method: req.method().to_string(),
@@ -912,7 +916,7 @@ impl Proxy {
             status: status.as_u16(),
             error: code.to_string(),
             tier: leg.tier,
-        };
+        });
         if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
             return Some(ledger_unavailable(&e, &service.name));
@@ -1248,7 +1252,7 @@ impl Proxy {
     /// answer from it.
     async fn record_unanswered(&self, line: &RequestLine, why: &Unanswered, duration_ms: u64) {
         self.summary.note(summary::Outcome::UpstreamError);
-        let entry = Entry::UpstreamError {
+        let entry = Entry::UpstreamError(UpstreamErrorLine {
             service: line.service.clone(),
             host: line.host.clone(),
             method: line.method.clone(),
@@ -1260,7 +1264,7 @@ impl Proxy {
             duration_ms,
             bytes_in: why.body.map(|(sent, _)| sent),
             declared_in: why.body.and_then(|(_, declared)| declared),
-        };
+        });
         if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "upstream error could not be recorded");
             if veris_receipt::entry::may_have_reached_twin(why.code) {
@@ -1332,13 +1336,13 @@ impl Proxy {
                 meter::Cut::Dropped => "client_gone",
             };
             warn!(of = answer.of, bytes, declared = ?answer.declared, reason, "the response reached the client incomplete");
-            let entry = Entry::ResponseIncomplete {
+            let entry = Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of: answer.of,
                 service: answer.service,
                 bytes,
                 declared: answer.declared,
                 reason: reason.to_string(),
-            };
+            });
             let ack = recorder.record(entry);
             if tokio::runtime::Handle::try_current().is_ok() {
                 tasks.spawn(async move {
@@ -1438,7 +1442,7 @@ impl Proxy {
 
     /// Strict mode: 421 in words, recorded as blocked.
     async fn refuse(&self, req: Request<Incoming>, leg: &Leg) -> Response<ProxyBody> {
-        let entry = Entry::Blocked {
+        let entry = Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -1446,7 +1450,7 @@ impl Proxy {
             path: Some(req.uri().path().to_string()),
             reason: "strict mode: no service claims this host and path".into(),
             dst: leg.headed_to(),
-        };
+        });
         if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "blocked request could not be recorded");
         }
@@ -1484,7 +1488,7 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         info!(host = %leg.host, port = leg.port, "refused a destination on this host from an isolated run");
         let reason = "isolated run: the host's loopback and every address of its interfaces are not reachable through veris (the run's own loopback is reached directly)";
-        self.record_or_log(Entry::Blocked {
+        self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -1492,7 +1496,7 @@ impl Proxy {
             path,
             reason: reason.into(),
             dst: leg.headed_to(),
-        })
+        }))
         .await;
         respond::error(
             StatusCode::FORBIDDEN,
@@ -1512,7 +1516,7 @@ impl Proxy {
         why: String,
     ) -> Response<ProxyBody> {
         warn!(host = %leg.host, dst = ?leg.origin, "{why}; refused");
-        self.record_or_log(Entry::Blocked {
+        self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -1520,7 +1524,7 @@ impl Proxy {
             path: Some(req.uri().path().to_string()),
             reason: format!("strict mode: name does not match the destination: {why}"),
             dst: leg.headed_to(),
-        })
+        }))
         .await;
         respond::json(
             StatusCode::MISDIRECTED_REQUEST,
@@ -1723,7 +1727,7 @@ impl RequestLine {
         websocket: bool,
         client_gone: bool,
     ) -> Entry {
-        Entry::Request {
+        Entry::Request(veris_receipt::RequestLine {
             service: self.service,
             host: self.host,
             method: self.method,
@@ -1739,7 +1743,7 @@ impl RequestLine {
             headers: self.headers,
             websocket,
             client_gone,
-        }
+        })
     }
 }
 

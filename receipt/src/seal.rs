@@ -448,6 +448,7 @@ impl SealReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry::BlockedLine;
     use crate::entry::{ListenerTier, GENESIS_PREV};
 
     fn dir() -> PathBuf {
@@ -474,7 +475,7 @@ mod tests {
     }
 
     fn blocked() -> Entry {
-        Entry::Blocked {
+        Entry::Blocked(BlockedLine {
             host: "x.test".into(),
             port: 443,
             tier: ListenerTier::Explicit,
@@ -482,7 +483,7 @@ mod tests {
             path: None,
             reason: "strict".into(),
             dst: None,
-        }
+        })
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //!   path, query or status.
 
 use veris_receipt::Entry;
+use veris_receipt::{
+    BlockedLine, PassthroughLine, RequestLine, TrustFailureLine, UpstreamErrorLine,
+};
 
 use crate::app::Row;
 
@@ -84,13 +87,13 @@ fn haystack(row: &Row) -> String {
         s.push(' ');
     }
     match &row.entry {
-        Entry::Request {
+        Entry::Request(RequestLine {
             method,
             path,
             query,
             status,
             ..
-        } => {
+        }) => {
             s.push_str(&format!("{method} {path}"));
             if let Some(q) = query {
                 s.push('?');
@@ -98,25 +101,25 @@ fn haystack(row: &Row) -> String {
             }
             s.push_str(&format!(" {status}"));
         }
-        Entry::UpstreamError {
+        Entry::UpstreamError(UpstreamErrorLine {
             method,
             path,
             status,
             error,
             ..
-        } => s.push_str(&format!("{method} {path} {status} {error}")),
-        Entry::Blocked {
+        }) => s.push_str(&format!("{method} {path} {status} {error}")),
+        Entry::Blocked(BlockedLine {
             method,
             path,
             reason,
             ..
-        } => s.push_str(&format!(
+        }) => s.push_str(&format!(
             "{} {} 421 {reason}",
             method.as_deref().unwrap_or(""),
             path.as_deref().unwrap_or("")
         )),
-        Entry::Passthrough { reason, .. } => s.push_str(reason),
-        Entry::TrustFailure { alert, .. } => s.push_str(alert),
+        Entry::Passthrough(PassthroughLine { reason, .. }) => s.push_str(reason),
+        Entry::TrustFailure(TrustFailureLine { alert, .. }) => s.push_str(alert),
         Entry::Quic { dst, .. } => s.push_str(dst),
         _ => {}
     }
@@ -133,7 +136,7 @@ mod tests {
         Row {
             seq: 1,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Request {
+            entry: Entry::Request(RequestLine {
                 service: service.into(),
                 host: "api.stripe.com".into(),
                 method: "POST".into(),
@@ -149,7 +152,7 @@ mod tests {
                 headers: vec![],
                 websocket: false,
                 client_gone: false,
-            },
+            }),
         }
     }
 
@@ -172,7 +175,7 @@ mod tests {
         let row = Row {
             seq: 2,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Blocked {
+            entry: Entry::Blocked(BlockedLine {
                 host: "evil.example".into(),
                 port: 443,
                 tier: ListenerTier::Explicit,
@@ -180,7 +183,7 @@ mod tests {
                 path: None,
                 reason: "strict".into(),
                 dst: None,
-            },
+            }),
         };
         assert!(Filter::parse("4xx").matches(&row));
         assert!(Filter::parse("kind:blocked evil").matches(&row));

@@ -149,6 +149,7 @@ mod tests {
     use super::*;
     use std::io::Write;
     use veris_receipt::ledger::Ledger;
+    use veris_receipt::PassthroughLine;
     use veris_receipt::{Entry, ListenerTier};
 
     fn tempdir(name: &str) -> PathBuf {
@@ -160,7 +161,7 @@ mod tests {
     }
 
     fn passthrough(host: &str) -> Entry {
-        Entry::Passthrough {
+        Entry::Passthrough(PassthroughLine {
             host: host.into(),
             port: 443,
             tier: ListenerTier::Explicit,
@@ -169,7 +170,7 @@ mod tests {
             duration_ms: 3,
             reason: "mode".into(),
             dst: None,
-        }
+        })
     }
 
     fn seqs(p: Polled) -> Vec<u64> {

@@ -10,6 +10,10 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row as TableRow, Table, Wrap};
 use ratatui::Frame;
 use veris_receipt::quote::{escaped, quoted, token};
 use veris_receipt::receipt::{integrity_text, CheckStatus, IntegrityStatus, Interception};
+use veris_receipt::{
+    BlockedLine, CheckLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
+    SessionLine, TlsAbandonedLine, TrustFailureLine, TunnelCloseLine, UpstreamErrorLine,
+};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
 use crate::app::{App, ConnState, Row, SPARK_SECONDS};
@@ -333,28 +337,28 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
     .unwrap_or(&row.ts)
     .to_string();
     let label_style = match &row.entry {
-        Entry::Request { .. } => Style::new(),
-        Entry::Passthrough { .. } | Entry::Ech { .. } | Entry::Quic { .. } => {
+        Entry::Request(_) => Style::new(),
+        Entry::Passthrough(_) | Entry::Ech { .. } | Entry::Quic { .. } => {
             Style::new().fg(Color::Blue)
         }
-        Entry::Blocked { .. }
-        | Entry::TrustFailure { .. }
-        | Entry::UpstreamError { .. }
-        | Entry::ReservedPath { .. }
+        Entry::Blocked(_)
+        | Entry::TrustFailure(_)
+        | Entry::UpstreamError(_)
+        | Entry::ReservedPath(_)
         | Entry::Tamper { .. } => Style::new().fg(Color::Red),
         Entry::RedirectChange { .. } => Style::new().fg(Color::Red),
-        Entry::Session { .. }
+        Entry::Session(_)
         | Entry::Seal { .. }
-        | Entry::Check { .. }
+        | Entry::Check(_)
         | Entry::UdpDropped { .. }
         | Entry::Dns { .. }
-        | Entry::TlsAbandoned { .. } => Style::new().fg(Color::DarkGray),
-        Entry::ResponseIncomplete { .. } => Style::new().fg(Color::Red),
-        Entry::TunnelClose { .. } | Entry::BodyCapture { .. } => Style::new().fg(Color::DarkGray),
+        | Entry::TlsAbandoned(_) => Style::new().fg(Color::DarkGray),
+        Entry::ResponseIncomplete(_) => Style::new().fg(Color::Red),
+        Entry::TunnelClose(_) | Entry::BodyCapture { .. } => Style::new().fg(Color::DarkGray),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
-            Entry::Request {
+            Entry::Request(RequestLine {
                 method,
                 path,
                 query,
@@ -364,7 +368,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 bytes_out,
                 websocket,
                 ..
-            } => (
+            }) => (
                 if *websocket {
                     format!("{} ws", token(method))
                 } else {
@@ -382,41 +386,41 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                     bytes_out.map_or("?".into(), human_bytes)
                 ),
             ),
-            Entry::UpstreamError {
+            Entry::UpstreamError(UpstreamErrorLine {
                 method,
                 path,
                 status,
                 error,
                 duration_ms,
                 ..
-            } => (
+            }) => (
                 token(method).into_owned(),
                 format!("{}  {}", quoted(path), token(error)),
                 Cell::from(status.to_string()).style(status_style(*status).bold()),
                 latency(*duration_ms),
                 String::new(),
             ),
-            Entry::Passthrough {
+            Entry::Passthrough(PassthroughLine {
                 host,
                 port,
                 bytes_in,
                 bytes_out,
                 duration_ms,
                 ..
-            } => (
+            }) => (
                 "TUNNEL".into(),
                 format!("{}:{port}", quoted(host)),
                 Cell::from("tun").dark_gray(),
                 latency(*duration_ms),
                 format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
             ),
-            Entry::Blocked {
+            Entry::Blocked(BlockedLine {
                 host,
                 port,
                 method,
                 path,
                 ..
-            } => (
+            }) => (
                 method
                     .as_deref()
                     .map_or("CONNECT".into(), |m| token(m).into_owned()),
@@ -428,9 +432,9 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::TrustFailure {
+            Entry::TrustFailure(TrustFailureLine {
                 host, port, alert, ..
-            } => (
+            }) => (
                 "TLS".into(),
                 format!(
                     "{}:{port}  client refused the veris CA ({})",
@@ -448,13 +452,13 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::TunnelClose {
+            Entry::TunnelClose(TunnelCloseLine {
                 of,
                 bytes_in,
                 bytes_out,
                 duration_ms,
                 error,
-            } => (
+            }) => (
                 String::new(),
                 match error {
                     Some(e) => format!("tunnel #{of} closed ({})", escaped(e)),
@@ -464,13 +468,13 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 latency(*duration_ms),
                 format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
             ),
-            Entry::ResponseIncomplete {
+            Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of,
                 bytes,
                 declared,
                 reason,
                 ..
-            } => (
+            }) => (
                 String::new(),
                 match declared {
                     Some(d) => format!(
@@ -486,9 +490,9 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::TlsAbandoned {
+            Entry::TlsAbandoned(TlsAbandonedLine {
                 host, port, stage, ..
-            } => (
+            }) => (
                 "TLS".into(),
                 format!(
                     "{}:{port}  client left after our certificate ({}), no refusal alert",
@@ -499,7 +503,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::Session { pid, listen, .. } => (
+            Entry::Session(SessionLine { pid, listen, .. }) => (
                 String::new(),
                 format!("proxy started (pid {pid}, listening on {})", token(listen)),
                 Cell::from(""),
@@ -530,13 +534,13 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::ReservedPath {
+            Entry::ReservedPath(ReservedPathLine {
                 method,
                 path,
                 status,
                 error,
                 ..
-            } => (
+            }) => (
                 token(method).into_owned(),
                 format!("{}  {} (answered by the proxy)", quoted(path), token(error)),
                 Cell::from(status.to_string()).style(status_style(*status)),
@@ -582,7 +586,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::Check { name, status, .. } => (
+            Entry::Check(CheckLine { name, status, .. }) => (
                 String::new(),
                 format!("{}: {}", token(name), escaped(status)),
                 Cell::from(""),
@@ -724,7 +728,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
     let mut lines = vec![kv("ledger", format!("seq {} · {}", row.seq, row.ts))];
     lines.push(kv("kind", row.entry.kind().to_string()));
     match &row.entry {
-        Entry::Request {
+        Entry::Request(RequestLine {
             service,
             host,
             method,
@@ -740,7 +744,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             headers,
             websocket,
             client_gone,
-        } => {
+        }) => {
             lines.push(kv("service", token(service).into_owned()));
             lines.push(kv("host", quoted(host)));
             lines.push(kv(
@@ -797,7 +801,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 }
             }
         }
-        Entry::UpstreamError {
+        Entry::UpstreamError(UpstreamErrorLine {
             service,
             host,
             method,
@@ -809,7 +813,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             duration_ms,
             bytes_in,
             declared_in,
-        } => {
+        }) => {
             lines.push(kv("service", token(service).into_owned()));
             lines.push(kv("host", quoted(host)));
             lines.push(kv("request", format!("{} {}", token(method), quoted(path))));
@@ -832,7 +836,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("timing", latency(*duration_ms)));
             lines.push(kv("upstream", quoted(upstream)));
         }
-        Entry::Passthrough {
+        Entry::Passthrough(PassthroughLine {
             host,
             port,
             tier,
@@ -841,7 +845,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             duration_ms,
             reason,
             dst,
-        } => {
+        }) => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(dst) = dst {
                 lines.push(kv("dialed", token(dst).into_owned()));
@@ -858,7 +862,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 ),
             ));
         }
-        Entry::Blocked {
+        Entry::Blocked(BlockedLine {
             host,
             port,
             tier,
@@ -866,7 +870,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             path,
             reason,
             dst,
-        } => {
+        }) => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(dst) = dst {
                 lines.push(kv("dst", token(dst).into_owned()));
@@ -880,13 +884,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
         Entry::BodyCapture { of, .. } => {
             lines.push(kv("request", format!("#{of}")));
         }
-        Entry::TunnelClose {
+        Entry::TunnelClose(TunnelCloseLine {
             of,
             bytes_in,
             bytes_out,
             duration_ms,
             error,
-        } => {
+        }) => {
             lines.push(kv("tunnel", format!("#{of}")));
             lines.push(kv(
                 "bytes",
@@ -897,13 +901,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 lines.push(kv("error", escaped(e).into_owned()));
             }
         }
-        Entry::ResponseIncomplete {
+        Entry::ResponseIncomplete(ResponseIncompleteLine {
             of,
             service,
             bytes,
             declared,
             reason,
-        } => {
+        }) => {
             lines.push(kv("request", format!("#{of} ({})", token(service))));
             lines.push(kv("delivered", format!("{bytes} bytes")));
             if let Some(d) = declared {
@@ -911,7 +915,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             }
             lines.push(kv("reason", token(reason).into_owned()));
         }
-        Entry::TlsAbandoned {
+        Entry::TlsAbandoned(TlsAbandonedLine {
             host,
             port,
             tier,
@@ -919,7 +923,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             stage,
             alert,
             alpn,
-        } => {
+        }) => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(s) = service {
                 lines.push(kv("service", token(s).into_owned()));
@@ -931,13 +935,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             }
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
-        Entry::TrustFailure {
+        Entry::TrustFailure(TrustFailureLine {
             host,
             port,
             tier,
             service,
             alert,
-        } => {
+        }) => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(s) = service {
                 lines.push(kv("service", token(s).into_owned()));
@@ -949,7 +953,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 "the client does not trust the veris CA for this host".into(),
             ));
         }
-        Entry::Session {
+        Entry::Session(SessionLine {
             run_id,
             sandbox_id,
             mode,
@@ -962,7 +966,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             key_id,
             moved_aside,
             ..
-        } => {
+        }) => {
             lines.push(kv("twin", format!("{sandbox_id} at {twin}")));
             lines.push(kv(
                 "mode",
@@ -1008,7 +1012,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
         Entry::Seal { sealed_seq, .. } => lines.push(kv("sealed", sealed_seq.to_string())),
-        Entry::ReservedPath {
+        Entry::ReservedPath(ReservedPathLine {
             service,
             host,
             method,
@@ -1016,7 +1020,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             status,
             error,
             tier,
-        } => {
+        }) => {
             lines.push(kv("service", token(service).into_owned()));
             lines.push(kv("host", quoted(host)));
             lines.push(kv("request", format!("{} {}", token(method), quoted(path))));
@@ -1054,13 +1058,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("tamper", escaped(what).into_owned()));
             lines.push(kv("detail", escaped(detail).into_owned()));
         }
-        Entry::Check {
+        Entry::Check(CheckLine {
             name,
             status,
             detail,
             since_seq,
             until_seq,
-        } => {
+        }) => {
             lines.push(kv("check", format!("{}: {}", token(name), escaped(status))));
             lines.push(kv("window", format!("seq {since_seq}..{until_seq}")));
             lines.push(kv("detail", escaped(detail).into_owned()));

@@ -11,6 +11,7 @@
 //! for byte (the ledger format is versioned and hash-chained): the tests
 //! below compare them over hostile entries.
 
+use crate::entry::RequestLine;
 use crate::entry::{Entry, ListenerTier};
 
 /// Appends the entry's part of its line, `"kind":"…",<fields>`, exactly
@@ -18,7 +19,7 @@ use crate::entry::{Entry, ListenerTier};
 /// taken as is: the caller redacts it first where it came from traffic.
 pub(super) fn fields(out: &mut Vec<u8>, entry: &Entry) -> Result<(), serde_json::Error> {
     match entry {
-        Entry::Request { .. } => {
+        Entry::Request(_) => {
             request(out, entry);
             Ok(())
         }
@@ -63,7 +64,9 @@ fn other(out: &mut Vec<u8>, entry: &Entry) -> Result<(), serde_json::Error> {
         .get(open..tagged.len().saturating_sub(2))
         .filter(|_| tagged.ends_with(b"}}"))
         .ok_or_else(|| {
-            <serde_json::Error as serde::ser::Error>::custom("an entry must be a struct variant")
+            <serde_json::Error as serde::ser::Error>::custom(
+                "an entry must be a struct variant or hold a struct",
+            )
         })?;
     out.extend_from_slice(b"\"kind\":");
     string(out, kind);
@@ -77,7 +80,7 @@ fn other(out: &mut Vec<u8>, entry: &Entry) -> Result<(), serde_json::Error> {
 /// A `request` entry's fields, in the order and with the omissions of its
 /// serde derive.
 fn request(out: &mut Vec<u8>, entry: &Entry) {
-    let Entry::Request {
+    let Entry::Request(RequestLine {
         service,
         host,
         method,
@@ -93,7 +96,7 @@ fn request(out: &mut Vec<u8>, entry: &Entry) {
         headers,
         websocket,
         client_gone,
-    } = entry
+    }) = entry
     else {
         return;
     };
@@ -223,6 +226,7 @@ fn string(out: &mut Vec<u8>, s: &str) {
 mod tests {
     use super::*;
     use crate::entry::{Line, Mode};
+    use crate::entry::{PassthroughLine, SessionLine};
 
     /// What serde writes for the line: the reference.
     fn serde_line(line: &Line) -> Vec<u8> {
@@ -288,7 +292,7 @@ mod tests {
     }
 
     fn random_request(r: &mut Rng) -> Entry {
-        Entry::Request {
+        Entry::Request(RequestLine {
             service: r.text(),
             host: r.text(),
             method: r.text(),
@@ -308,7 +312,7 @@ mod tests {
             headers: (0..r.below(4)).map(|_| (r.text(), r.text())).collect(),
             websocket: r.below(2) == 0,
             client_gone: r.below(2) == 0,
-        }
+        })
     }
 
     #[test]
@@ -354,7 +358,7 @@ mod tests {
     #[test]
     fn other_kinds_are_what_serde_writes() {
         let entries = [
-            Entry::Session {
+            Entry::Session(SessionLine {
                 run_id: "run \"1\"\n".into(),
                 sandbox_id: "sbx".into(),
                 mode: Mode::Strict,
@@ -372,7 +376,7 @@ mod tests {
                 twin_heads: Some([("stripe".to_string(), 3u64)].into()),
                 moved_aside: None,
                 coverage: None,
-            },
+            }),
             Entry::Seal {
                 sealed_seq: 9,
                 signature: "ab".repeat(32),
@@ -383,7 +387,7 @@ mod tests {
                 what: "cut".into(),
                 detail: "the ledger file was cut to 0 bytes".into(),
             },
-            Entry::Passthrough {
+            Entry::Passthrough(PassthroughLine {
                 host: "example.com".into(),
                 port: 443,
                 tier: ListenerTier::Explicit,
@@ -392,7 +396,7 @@ mod tests {
                 duration_ms: 0,
                 reason: "mode".into(),
                 dst: None,
-            },
+            }),
         ];
         for (seq, entry) in entries.into_iter().enumerate() {
             let line = Line {

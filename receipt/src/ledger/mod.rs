@@ -331,6 +331,7 @@ fn save_torn(path: &Path, seq: u64, tail: &mut impl Read) -> Result<PathBuf, Led
 mod tests {
     use super::*;
     use crate::entry::{Entry, ListenerTier, Mode, GENESIS_PREV};
+    use crate::entry::{RequestLine, SessionLine};
     use crate::seal::Sealer;
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -358,7 +359,7 @@ mod tests {
     }
 
     fn session() -> Entry {
-        Entry::Session {
+        Entry::Session(SessionLine {
             run_id: "run_1".into(),
             sandbox_id: "sbx_a1b2c3".into(),
             mode: Mode::Passthrough,
@@ -376,11 +377,11 @@ mod tests {
             twin_heads: None,
             moved_aside: None,
             coverage: None,
-        }
+        })
     }
 
     fn request(path: &str) -> Entry {
-        Entry::Request {
+        Entry::Request(RequestLine {
             service: "stripe".into(),
             host: "api.stripe.com".into(),
             method: "POST".into(),
@@ -399,7 +400,7 @@ mod tests {
             ],
             websocket: false,
             client_gone: false,
-        }
+        })
     }
 
     #[test]
@@ -578,10 +579,10 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), good);
         assert_eq!(report.next_seq, 3);
         let mut s = session();
-        if let Entry::Session {
+        if let Entry::Session(SessionLine {
             recovered_torn_tail,
             ..
-        } = &mut s
+        }) = &mut s
         {
             *recovered_torn_tail = report.torn_tail;
         }
@@ -589,10 +590,10 @@ mod tests {
         let read = read(&path).unwrap();
         assert!(read.problems.is_empty(), "{:?}", read.problems);
         match &read.lines[2].entry {
-            Entry::Session {
+            Entry::Session(SessionLine {
                 recovered_torn_tail,
                 ..
-            } => assert_eq!(*recovered_torn_tail, report.torn_tail),
+            }) => assert_eq!(*recovered_torn_tail, report.torn_tail),
             other => panic!("{other:?}"),
         }
     }
@@ -712,7 +713,7 @@ mod tests {
         for ((path, seq), line) in got.iter().zip(&read.lines) {
             assert_eq!(line.seq, *seq);
             match &line.entry {
-                Entry::Request { path: p, .. } => assert_eq!(p, path),
+                Entry::Request(RequestLine { path: p, .. }) => assert_eq!(p, path),
                 other => panic!("{other:?}"),
             }
         }
@@ -769,25 +770,27 @@ mod tests {
         let path = dir.0.join("ledger.jsonl");
         let (ledger, _) = Ledger::open(&path).unwrap();
         let secret = "sk_live_51HqLyjWDarjtT1zdp7dcXYZ";
-        let leaky = |i: u64| Entry::Request {
-            service: "stripe".into(),
-            host: "api.stripe.com".into(),
-            method: "POST".into(),
-            path: format!("/v1/charges/{i}"),
-            query: Some(format!("api_key={secret}&limit=1")),
-            status: 200,
-            http: "HTTP/1.1".into(),
-            tier: ListenerTier::Explicit,
-            bytes_in: 1,
-            bytes_out: None,
-            duration_ms: 1,
-            upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
-            headers: vec![
-                ("authorization".into(), format!("Bearer {secret}")),
-                ("x-note".into(), "\"quoted\"\n\u{2028}é".into()),
-            ],
-            websocket: false,
-            client_gone: false,
+        let leaky = |i: u64| {
+            Entry::Request(RequestLine {
+                service: "stripe".into(),
+                host: "api.stripe.com".into(),
+                method: "POST".into(),
+                path: format!("/v1/charges/{i}"),
+                query: Some(format!("api_key={secret}&limit=1")),
+                status: 200,
+                http: "HTTP/1.1".into(),
+                tier: ListenerTier::Explicit,
+                bytes_in: 1,
+                bytes_out: None,
+                duration_ms: 1,
+                upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
+                headers: vec![
+                    ("authorization".into(), format!("Bearer {secret}")),
+                    ("x-note".into(), "\"quoted\"\n\u{2028}é".into()),
+                ],
+                websocket: false,
+                client_gone: false,
+            })
         };
         // One batch of many, and one line on its own.
         ledger.pause_writes(true);
@@ -857,7 +860,7 @@ mod tests {
             .lines
             .iter()
             .filter_map(|l| match &l.entry {
-                Entry::Request { path, .. } => Some(path.as_str()),
+                Entry::Request(RequestLine { path, .. }) => Some(path.as_str()),
                 _ => None,
             })
             .collect();
@@ -1036,7 +1039,7 @@ mod tests {
         }
         assert!(matches!(
             line_at(&file, 1).unwrap().unwrap().entry,
-            Entry::Session { .. }
+            Entry::Session(_)
         ));
         assert!(line_at(&file, head + 1).unwrap().is_none());
         assert!(line_at(&file, 0).unwrap().is_none());

@@ -697,6 +697,7 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry::RequestLine;
     use crate::hash::line_hash;
 
     /// A small reader buffer makes lines cross chunk boundaries.
@@ -822,7 +823,7 @@ mod tests {
                 v: 4,
                 seq,
                 ts: "2026-11-29T07:28:19.123Z".into(),
-                entry: Entry::Request {
+                entry: Entry::Request(RequestLine {
                     service: format!("s{seq}"),
                     host: "api.example.com".into(),
                     method: "GET".into(),
@@ -840,7 +841,7 @@ mod tests {
                         .collect(),
                     websocket: seq.is_multiple_of(5),
                     client_gone: seq.is_multiple_of(7),
-                },
+                }),
                 prev: GENESIS_PREV.into(),
             };
             serde_json::to_string(&line).unwrap()

@@ -9,6 +9,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::entry::{
+    BlockedLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
+    SessionLine, TunnelCloseLine, UpstreamErrorLine,
+};
 use crate::entry::{Entry, Line};
 use crate::ledger::LedgerRead;
 
@@ -145,7 +149,7 @@ impl<'o> Builder<'o> {
         if line.seq > self.until {
             return;
         }
-        if let Entry::Session { .. } = &line.entry {
+        if let Entry::Session(_) = &line.entry {
             self.session = Some(line.clone());
             if self.options.scope == WindowSpec::LatestSession {
                 self.w = WindowFold {
@@ -155,7 +159,7 @@ impl<'o> Builder<'o> {
             }
         }
         if line.seq <= self.w.since {
-            if let Entry::Session { .. } = &line.entry {
+            if let Entry::Session(_) = &line.entry {
                 // A window that starts mid-session is sealed by this
                 // session's key.
                 self.w.evidence.enter_session(line);
@@ -169,7 +173,7 @@ impl<'o> Builder<'o> {
         let wanted = |service: &str| options.service.as_deref().is_none_or(|s| s == service);
         let w = &mut self.w;
         match &line.entry {
-            Entry::Request {
+            Entry::Request(RequestLine {
                 service,
                 host,
                 method,
@@ -178,7 +182,7 @@ impl<'o> Builder<'o> {
                 tier,
                 client_gone,
                 ..
-            } if wanted(service) => {
+            }) if wanted(service) => {
                 // Counted without allocating for keys already seen: most
                 // lines repeat a service, host and call.
                 if !w.services.contains_key(service.as_str()) {
@@ -222,7 +226,7 @@ impl<'o> Builder<'o> {
                     summary.capped = true;
                 }
             }
-            Entry::UpstreamError {
+            Entry::UpstreamError(UpstreamErrorLine {
                 service,
                 host,
                 method,
@@ -233,7 +237,7 @@ impl<'o> Builder<'o> {
                 bytes_in,
                 declared_in,
                 ..
-            } if wanted(service) => w.upstream_errors.push(UpstreamErrorEntry {
+            }) if wanted(service) => w.upstream_errors.push(UpstreamErrorEntry {
                 seq: line.seq,
                 service: service.clone(),
                 host: normalize_host(host),
@@ -245,12 +249,12 @@ impl<'o> Builder<'o> {
                 bytes_in: *bytes_in,
                 declared_in: *declared_in,
             }),
-            Entry::ReservedPath {
+            Entry::ReservedPath(ReservedPathLine {
                 service,
                 method,
                 path,
                 ..
-            } if wanted(service) => {
+            }) if wanted(service) => {
                 *w.reserved_paths
                     .entry(format!("{service} {method} {}", strip_query(path)))
                     .or_default() += 1;
@@ -260,7 +264,7 @@ impl<'o> Builder<'o> {
                 refused: true,
                 ..
             } => w.dns_refused.push(name.clone()),
-            Entry::Passthrough { host, dst, .. } => {
+            Entry::Passthrough(PassthroughLine { host, dst, .. }) => {
                 let host = normalize_host(host);
                 *w.passthrough.hosts.entry(host.clone()).or_default() += 1;
                 if dst.is_none() && w.undialed.len() < UNDIALED_CAP {
@@ -270,13 +274,13 @@ impl<'o> Builder<'o> {
             }
             // A passthrough that reached nothing: its dial failed, and the
             // close says why. It moves from the passed to the unreached.
-            Entry::TunnelClose {
+            Entry::TunnelClose(TunnelCloseLine {
                 of,
                 bytes_in: 0,
                 bytes_out: 0,
                 error: Some(error),
                 ..
-            } => {
+            }) => {
                 if let Some(host) = w.undialed.remove(of) {
                     if let Some(n) = w.passthrough.hosts.get_mut(&host) {
                         *n -= 1;
@@ -296,24 +300,24 @@ impl<'o> Builder<'o> {
                     failed.1 = error.clone();
                 }
             }
-            Entry::TunnelClose { of, .. } => {
+            Entry::TunnelClose(TunnelCloseLine { of, .. }) => {
                 w.undialed.remove(of);
             }
-            Entry::Blocked { host, dst, .. } => {
+            Entry::Blocked(BlockedLine { host, dst, .. }) => {
                 let host = normalize_host(host);
                 *w.blocked.hosts.entry(host.clone()).or_default() += 1;
                 *w.blocked_at.entry((host, dst.clone())).or_default() += 1;
             }
-            Entry::TrustFailure { .. } | Entry::TlsAbandoned { .. } => w.tls.add(&line.entry),
+            Entry::TrustFailure(_) | Entry::TlsAbandoned(_) => w.tls.add(&line.entry),
             // Follows its request line; one whose request is before the
             // window is not this window's.
-            Entry::ResponseIncomplete {
+            Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of,
                 service,
                 bytes,
                 declared,
                 reason,
-            } if wanted(service) => {
+            }) if wanted(service) => {
                 if let Some(summary) = w.services.get_mut(service) {
                     let listed = summary.entries.binary_search_by_key(of, |e| e.seq);
                     if let Ok(i) = listed {
@@ -339,7 +343,7 @@ impl<'o> Builder<'o> {
         let same = |l: &Line| -> bool {
             match (&l.entry, &line.entry) {
                 (Entry::RedirectChange { .. }, Entry::RedirectChange { .. })
-                | (Entry::Passthrough { .. }, Entry::Passthrough { .. })
+                | (Entry::Passthrough(_), Entry::Passthrough(_))
                 | (Entry::UdpDropped { .. }, Entry::UdpDropped { .. }) => true,
                 (Entry::Ech { host: a, .. }, Entry::Ech { host: b, .. }) => {
                     normalize_host(a) == normalize_host(b)
@@ -352,7 +356,7 @@ impl<'o> Builder<'o> {
         };
         match &line.entry {
             Entry::RedirectChange { .. }
-            | Entry::Passthrough { .. }
+            | Entry::Passthrough(_)
             | Entry::Ech { .. }
             | Entry::Quic { .. }
             | Entry::UdpDropped { .. } => {}
@@ -399,14 +403,14 @@ impl<'o> Builder<'o> {
             super::integrity::integrity(evidence, &self.keys, &facts, self.options, &window);
         let (twin, mode, interception, (isolation, bundles), seal_key) =
             match self.session.as_ref().map(|l| &l.entry) {
-                Some(Entry::Session {
+                Some(Entry::Session(SessionLine {
                     sandbox_id,
                     mode,
                     tier,
                     key_id,
                     coverage,
                     ..
-                }) => (
+                })) => (
                     Some(sandbox_id.clone()),
                     Some(*mode),
                     Some(Interception::of(
@@ -497,13 +501,14 @@ fn destinations(counts: BTreeMap<(String, Option<String>), u64>) -> Vec<Destinat
 mod tests {
     use super::*;
     use crate::entry::Line;
+    use crate::entry::TrustFailureLine;
 
     fn req(seq: u64, path: &str) -> Line {
         Line {
             v: 1,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Request {
+            entry: Entry::Request(RequestLine {
                 service: "stripe".into(),
                 host: "API.Stripe.com:443".into(),
                 method: "GET".into(),
@@ -519,7 +524,7 @@ mod tests {
                 headers: Vec::new(),
                 websocket: false,
                 client_gone: false,
-            },
+            }),
             prev: String::new(),
         }
     }
@@ -601,7 +606,7 @@ mod tests {
             v: 2,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Passthrough {
+            entry: Entry::Passthrough(PassthroughLine {
                 host: host.into(),
                 port: 443,
                 tier: ListenerTier::Transparent,
@@ -610,7 +615,7 @@ mod tests {
                 duration_ms: 1,
                 reason: "mode".into(),
                 dst: dst.map(str::to_string),
-            },
+            }),
             prev: String::new(),
         }
     }
@@ -620,7 +625,7 @@ mod tests {
             v: 2,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Blocked {
+            entry: Entry::Blocked(BlockedLine {
                 host: host.into(),
                 port: 443,
                 tier: ListenerTier::Transparent,
@@ -628,7 +633,7 @@ mod tests {
                 path: None,
                 reason: "strict mode: name does not match the destination".into(),
                 dst: dst.map(str::to_string),
-            },
+            }),
             prev: String::new(),
         }
     }
@@ -714,13 +719,13 @@ mod tests {
             v: 1,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::TrustFailure {
+            entry: Entry::TrustFailure(TrustFailureLine {
                 host: host.into(),
                 port: 443,
                 tier: ListenerTier::Transparent,
                 service: service.map(str::to_string),
                 alert: alert.into(),
-            },
+            }),
             prev: String::new(),
         }
     }

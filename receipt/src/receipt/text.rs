@@ -295,6 +295,7 @@ pub fn render_text(r: &Receipt) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry::UpstreamErrorLine;
     use crate::entry::{Entry, Line, ListenerTier};
     use crate::ledger::LedgerRead;
 
@@ -303,7 +304,7 @@ mod tests {
             v: 2,
             seq,
             ts: "2026-11-30T00:00:00.000Z".into(),
-            entry: Entry::UpstreamError {
+            entry: Entry::UpstreamError(UpstreamErrorLine {
                 service: "stripe".into(),
                 host: "api.stripe.com".into(),
                 method: "POST".into(),
@@ -315,7 +316,7 @@ mod tests {
                 duration_ms: 1,
                 bytes_in: (error == "veris_request_body_incomplete").then_some(5),
                 declared_in: (error == "veris_request_body_incomplete").then_some(100),
-            },
+            }),
             prev: String::new(),
         }
     }

@@ -7,6 +7,7 @@ use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 use veris_receipt::ledger::{encode, line_hash, read_bytes};
 use veris_receipt::receipt::{build, Check, CheckStatus, Integrity, IntegrityStatus, Options};
+use veris_receipt::{BlockedLine, PassthroughLine, RequestLine, SessionLine, TrustFailureLine};
 use veris_receipt::{Entry, Line, ListenerTier, Mode, Receipt, GENESIS_PREV, LEDGER_VERSION};
 use veris_tui::app::{parse_ts_ms, App, ConnState, Connection, Event};
 use veris_tui::render::render;
@@ -54,7 +55,7 @@ pub fn chain(entries: Vec<(i64, Entry)>) -> Vec<Line> {
 }
 
 pub fn session() -> Entry {
-    Entry::Session {
+    Entry::Session(SessionLine {
         run_id: "a1b2c3d4e5f60718".into(),
         sandbox_id: "sbx_a1b2c3".into(),
         mode: Mode::Passthrough,
@@ -72,7 +73,7 @@ pub fn session() -> Entry {
         twin_heads: None,
         moved_aside: None,
         coverage: None,
-    }
+    })
 }
 
 pub fn request(service: &str, method: &str, path: &str, status: u16, ms: u64) -> Entry {
@@ -85,7 +86,7 @@ pub fn request(service: &str, method: &str, path: &str, status: u16, ms: u64) ->
         Some((p, q)) => (p.to_string(), Some(q.to_string())),
         None => (path.to_string(), None),
     };
-    Entry::Request {
+    Entry::Request(RequestLine {
         service: service.into(),
         host: host.into(),
         method: method.into(),
@@ -108,11 +109,11 @@ pub fn request(service: &str, method: &str, path: &str, status: u16, ms: u64) ->
         ],
         websocket: false,
         client_gone: false,
-    }
+    })
 }
 
 pub fn passthrough(host: &str) -> Entry {
-    Entry::Passthrough {
+    Entry::Passthrough(PassthroughLine {
         host: host.into(),
         port: 443,
         tier: ListenerTier::Explicit,
@@ -121,11 +122,11 @@ pub fn passthrough(host: &str) -> Entry {
         duration_ms: 240,
         reason: "mode".into(),
         dst: None,
-    }
+    })
 }
 
 pub fn blocked(host: &str) -> Entry {
-    Entry::Blocked {
+    Entry::Blocked(BlockedLine {
         host: host.into(),
         port: 443,
         tier: ListenerTier::Explicit,
@@ -133,17 +134,17 @@ pub fn blocked(host: &str) -> Entry {
         path: None,
         reason: "strict mode: no service claims this host".into(),
         dst: None,
-    }
+    })
 }
 
 pub fn trust_failure(host: &str) -> Entry {
-    Entry::TrustFailure {
+    Entry::TrustFailure(TrustFailureLine {
         host: host.into(),
         port: 443,
         tier: ListenerTier::Explicit,
         service: Some("stripe".into()),
         alert: "unknown_ca".into(),
-    }
+    })
 }
 
 pub fn seal(seq: u64) -> Entry {
