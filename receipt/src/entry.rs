@@ -677,3 +677,229 @@ impl Entry {
         }
     }
 }
+
+macro_rules! entry_from {
+    ($($line:ident => $variant:ident),* $(,)?) => {$(
+        impl From<$line> for Entry {
+            fn from(line: $line) -> Entry {
+                Entry::$variant(line)
+            }
+        }
+    )*};
+}
+
+entry_from! {
+    SessionLine => Session,
+    RequestLine => Request,
+    PassthroughLine => Passthrough,
+    BlockedLine => Blocked,
+    UpstreamErrorLine => UpstreamError,
+    TrustFailureLine => TrustFailure,
+    ReservedPathLine => ReservedPath,
+    CheckLine => Check,
+    TlsAbandonedLine => TlsAbandoned,
+    ResponseIncompleteLine => ResponseIncomplete,
+    TunnelCloseLine => TunnelClose,
+}
+
+// Test builders: a line with plausible values for the fields a test does
+// not name (`RequestLine { status: 500, ..RequestLine::test(..) }`). The
+// proxy never writes a line built here.
+
+/// The host a test service's calls go to: `api.<service>.com`.
+fn test_host(service: &str) -> String {
+    format!("api.{service}.com")
+}
+
+/// The twin URL a test service's calls are forwarded to.
+fn test_upstream(service: &str, path: &str) -> String {
+    format!("http://127.0.0.1:41234/s/sbx_a1b2c3/{service}{path}")
+}
+
+impl SessionLine {
+    /// A passthrough-mode explicit-tier session with no key, uids, twin
+    /// heads, moved-aside file or coverage.
+    pub fn test() -> SessionLine {
+        SessionLine {
+            run_id: "a1b2c3d4e5f60718".into(),
+            sandbox_id: "sbx_a1b2c3".into(),
+            mode: Mode::Passthrough,
+            tier: ListenerTier::Explicit,
+            twin: "http://127.0.0.1:41234".into(),
+            pid: 4242,
+            version: "0.1.0".into(),
+            listen: "127.0.0.1:43210".into(),
+            recovered_torn_tail: None,
+            key_id: None,
+            public_key: None,
+            key_storage: None,
+            proxy_uid: None,
+            workload_uid: None,
+            twin_heads: None,
+            moved_aside: None,
+            coverage: None,
+        }
+    }
+}
+
+impl RequestLine {
+    /// An explicit-tier HTTP/1.1 call to `api.<service>.com` the twin
+    /// answered 200, no query, headers or body, 0 ms.
+    pub fn test(service: &str, method: &str, path: &str) -> RequestLine {
+        RequestLine {
+            service: service.into(),
+            host: test_host(service),
+            method: method.into(),
+            path: path.into(),
+            query: None,
+            status: 200,
+            http: "HTTP/1.1".into(),
+            tier: ListenerTier::Explicit,
+            bytes_in: 0,
+            bytes_out: None,
+            duration_ms: 0,
+            upstream: test_upstream(service, path),
+            headers: Vec::new(),
+            websocket: false,
+            client_gone: false,
+        }
+    }
+}
+
+impl PassthroughLine {
+    /// An explicit-tier tunnel to `host:443` let through by the mode, as
+    /// written when it opens (bytes 0, no `dst`).
+    pub fn test(host: &str) -> PassthroughLine {
+        PassthroughLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            bytes_in: 0,
+            bytes_out: 0,
+            duration_ms: 0,
+            reason: "mode".into(),
+            dst: None,
+        }
+    }
+}
+
+impl BlockedLine {
+    /// An explicit-tier connection to `host:443` refused in strict mode,
+    /// no request seen, no `dst`.
+    pub fn test(host: &str) -> BlockedLine {
+        BlockedLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            method: None,
+            path: None,
+            reason: "strict mode: no service claims this host".into(),
+            dst: None,
+        }
+    }
+}
+
+impl UpstreamErrorLine {
+    /// An explicit-tier call to `api.<service>.com` that did not reach the
+    /// twin (`veris_upstream_unreachable`, 502), 0 ms, no body counts.
+    pub fn test(service: &str, method: &str, path: &str) -> UpstreamErrorLine {
+        UpstreamErrorLine {
+            service: service.into(),
+            host: test_host(service),
+            method: method.into(),
+            path: path.into(),
+            upstream: test_upstream(service, path),
+            status: 502,
+            error: "veris_upstream_unreachable".into(),
+            tier: ListenerTier::Explicit,
+            duration_ms: 0,
+            bytes_in: None,
+            declared_in: None,
+        }
+    }
+}
+
+impl TrustFailureLine {
+    /// An explicit-tier `unknown_ca` refusal on `host:443`, no service.
+    pub fn test(host: &str) -> TrustFailureLine {
+        TrustFailureLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            service: None,
+            alert: "unknown_ca".into(),
+        }
+    }
+}
+
+impl ReservedPathLine {
+    /// An explicit-tier `GET` of `path` on `api.<service>.com` answered
+    /// 404 `veris_reserved_path`.
+    pub fn test(service: &str, path: &str) -> ReservedPathLine {
+        ReservedPathLine {
+            service: service.into(),
+            host: test_host(service),
+            method: "GET".into(),
+            path: path.into(),
+            status: 404,
+            error: "veris_reserved_path".into(),
+            tier: ListenerTier::Explicit,
+        }
+    }
+}
+
+impl CheckLine {
+    /// The check `name` with `status`, no detail, over the window `0 < seq <= 0`.
+    pub fn test(name: &str, status: &str) -> CheckLine {
+        CheckLine {
+            name: name.into(),
+            status: status.into(),
+            detail: String::new(),
+            since_seq: 0,
+            until_seq: 0,
+        }
+    }
+}
+
+impl TlsAbandonedLine {
+    /// An explicit-tier handshake on `host:443` closed without an alert,
+    /// no service, no ALPN.
+    pub fn test(host: &str) -> TlsAbandonedLine {
+        TlsAbandonedLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            service: None,
+            stage: "handshake".into(),
+            alert: None,
+            alpn: None,
+        }
+    }
+}
+
+impl ResponseIncompleteLine {
+    /// The body of request `of` (of `service`) cut by the twin
+    /// (`twin_cut`) before a byte reached the client, no declared length.
+    pub fn test(of: u64, service: &str) -> ResponseIncompleteLine {
+        ResponseIncompleteLine {
+            of,
+            service: service.into(),
+            bytes: 0,
+            declared: None,
+            reason: "twin_cut".into(),
+        }
+    }
+}
+
+impl TunnelCloseLine {
+    /// The close of tunnel `of` with no bytes moved, 0 ms, no error.
+    pub fn test(of: u64) -> TunnelCloseLine {
+        TunnelCloseLine {
+            of,
+            bytes_in: 0,
+            bytes_out: 0,
+            duration_ms: 0,
+            error: None,
+        }
+    }
+}

@@ -604,21 +604,16 @@ mod tests {
         line(
             seq,
             Entry::Request(RequestLine {
-                service: service.into(),
                 host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: path.into(),
                 query: query.map(str::to_string),
                 status: 201,
                 http: "HTTP/2".into(),
-                tier: ListenerTier::Explicit,
                 bytes_in: 27,
                 bytes_out: Some(512),
                 duration_ms: 1_250,
                 upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
                 headers: vec![("stripe-version".into(), "2024-06-20".into())],
-                websocket: false,
-                client_gone: false,
+                ..RequestLine::test(service, "POST", path)
             }),
         )
     }
@@ -650,23 +645,16 @@ mod tests {
             line(
                 3,
                 Entry::ResponseIncomplete(ResponseIncompleteLine {
-                    of: 1,
-                    service: "stripe".into(),
                     bytes: 100,
                     declared: Some(512),
-                    reason: "twin_cut".into(),
+                    ..ResponseIncompleteLine::test(1, "stripe")
                 }),
             ),
             line(
                 4,
                 Entry::Blocked(BlockedLine {
-                    host: "example.org".into(),
-                    port: 443,
-                    tier: ListenerTier::Explicit,
-                    method: None,
-                    path: None,
                     reason: "mode".into(),
-                    dst: None,
+                    ..BlockedLine::test("example.org")
                 }),
             ),
             req(5, "stripe", "/v1/customers", None),

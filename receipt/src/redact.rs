@@ -2030,18 +2030,9 @@ mod tests {
 
     #[test]
     fn entry_redacts_every_recorded_field() {
-        use crate::entry::{ListenerTier, Mode, MovedAside};
+        use crate::entry::{Mode, MovedAside};
         let request = Entry::Request(RequestLine {
-            service: "stripe".into(),
-            host: "api.stripe.com".into(),
-            method: "GET".into(),
-            path: "/v1/keys/sk%5Flive%5Fabc123def;jsessionid=ABC123".into(),
             query: Some("x=Bearer%20abc123&sk_live_abc123def=1".into()),
-            status: 200,
-            http: "HTTP/1.1".into(),
-            tier: ListenerTier::Explicit,
-            bytes_in: 0,
-            bytes_out: None,
             duration_ms: 1,
             upstream: format!("https://twin/s/x/{JWT}"),
             headers: vec![
@@ -2049,8 +2040,11 @@ mod tests {
                 ("x-goog-iap-jwt-assertion".into(), "abc".into()),
                 ("x-github-otp".into(), "123456".into()),
             ],
-            websocket: false,
-            client_gone: false,
+            ..RequestLine::test(
+                "stripe",
+                "GET",
+                "/v1/keys/sk%5Flive%5Fabc123def;jsessionid=ABC123",
+            )
         });
         let Entry::Request(RequestLine {
             path,
@@ -2078,18 +2072,10 @@ mod tests {
             run_id: "r".into(),
             sandbox_id: "s".into(),
             mode: Mode::Strict,
-            tier: ListenerTier::Explicit,
             twin: "https://twin".into(),
             pid: 1,
             version: "1".into(),
             listen: "127.0.0.1:0".into(),
-            recovered_torn_tail: None,
-            key_id: None,
-            public_key: None,
-            key_storage: None,
-            proxy_uid: None,
-            workload_uid: None,
-            twin_heads: None,
             moved_aside: Some(Box::new(MovedAside {
                 file: "/s/ledger.jsonl.aside-1".into(),
                 head_seq: 1,
@@ -2097,7 +2083,7 @@ mod tests {
                 why: "sealed by another key; last line had token=abc123".into(),
                 requests: Some(3),
             })),
-            coverage: None,
+            ..SessionLine::test()
         });
         let Entry::Session(SessionLine { moved_aside, .. }) = entry(session) else {
             panic!("kind changed");

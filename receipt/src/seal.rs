@@ -449,7 +449,7 @@ impl SealReport {
 mod tests {
     use super::*;
     use crate::entry::BlockedLine;
-    use crate::entry::{ListenerTier, GENESIS_PREV};
+    use crate::entry::GENESIS_PREV;
 
     fn dir() -> PathBuf {
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -476,13 +476,8 @@ mod tests {
 
     fn blocked() -> Entry {
         Entry::Blocked(BlockedLine {
-            host: "x.test".into(),
-            port: 443,
-            tier: ListenerTier::Explicit,
-            method: None,
-            path: None,
             reason: "strict".into(),
-            dst: None,
+            ..BlockedLine::test("x.test")
         })
     }
 

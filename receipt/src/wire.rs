@@ -664,7 +664,7 @@ impl<'a> Cursor<'a> {
 #[cfg(test)]
 mod tests {
     use crate::entry::{BlockedLine, RequestLine, UpstreamErrorLine};
-    use crate::entry::{Entry, Line, ListenerTier};
+    use crate::entry::{Entry, Line};
 
     fn line() -> Line {
         Line {
@@ -672,13 +672,9 @@ mod tests {
             seq: 7,
             ts: "2026-11-29T07:28:19.123Z".into(),
             entry: Entry::Blocked(BlockedLine {
-                host: "x.test".into(),
-                port: 443,
-                tier: ListenerTier::Explicit,
-                method: None,
                 path: Some("/a\"b".into()),
                 reason: "strict".into(),
-                dst: None,
+                ..BlockedLine::test("x.test")
             }),
             prev: "ab".repeat(32),
         }
@@ -725,13 +721,7 @@ mod tests {
         use crate::entry::ListenerTier::{Explicit, Transparent};
         let request = |query: Option<&str>, bytes_out, headers: &[(&str, &str)], flag| {
             Entry::Request(RequestLine {
-                service: "stripe".into(),
-                host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: "/v1/charges/ch_1".into(),
                 query: query.map(str::to_string),
-                status: 200,
-                http: "HTTP/1.1".into(),
                 tier: if flag { Transparent } else { Explicit },
                 bytes_in: 512,
                 bytes_out,
@@ -743,6 +733,7 @@ mod tests {
                     .collect(),
                 websocket: flag,
                 client_gone: flag,
+                ..RequestLine::test("stripe", "POST", "/v1/charges/ch_1")
             })
         };
         let line = |seq, entry| Line {

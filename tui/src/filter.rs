@@ -130,28 +130,18 @@ fn haystack(row: &Row) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use veris_receipt::ListenerTier;
 
     fn request(service: &str, path: &str, status: u16) -> Row {
         Row {
             seq: 1,
             ts: "2026-11-29T07:28:19.123Z".into(),
             entry: Entry::Request(RequestLine {
-                service: service.into(),
                 host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: path.into(),
                 query: Some("limit=3".into()),
                 status,
-                http: "HTTP/1.1".into(),
-                tier: ListenerTier::Explicit,
-                bytes_in: 0,
-                bytes_out: None,
                 duration_ms: 3,
                 upstream: "http://127.0.0.1:1/s/x/stripe/v1/charges".into(),
-                headers: vec![],
-                websocket: false,
-                client_gone: false,
+                ..RequestLine::test(service, "POST", path)
             }),
         }
     }
@@ -176,13 +166,8 @@ mod tests {
             seq: 2,
             ts: "2026-11-29T07:28:19.123Z".into(),
             entry: Entry::Blocked(BlockedLine {
-                host: "evil.example".into(),
-                port: 443,
-                tier: ListenerTier::Explicit,
-                method: None,
-                path: None,
                 reason: "strict".into(),
-                dst: None,
+                ..BlockedLine::test("evil.example")
             }),
         };
         assert!(Filter::parse("4xx").matches(&row));

@@ -149,8 +149,8 @@ mod tests {
     use super::*;
     use std::io::Write;
     use veris_receipt::ledger::Ledger;
+    use veris_receipt::Entry;
     use veris_receipt::PassthroughLine;
-    use veris_receipt::{Entry, ListenerTier};
 
     fn tempdir(name: &str) -> PathBuf {
         let dir =
@@ -162,14 +162,10 @@ mod tests {
 
     fn passthrough(host: &str) -> Entry {
         Entry::Passthrough(PassthroughLine {
-            host: host.into(),
-            port: 443,
-            tier: ListenerTier::Explicit,
             bytes_in: 1,
             bytes_out: 2,
             duration_ms: 3,
-            reason: "mode".into(),
-            dst: None,
+            ..PassthroughLine::test(host)
         })
     }
 

@@ -330,7 +330,7 @@ fn save_torn(path: &Path, seq: u64, tail: &mut impl Read) -> Result<PathBuf, Led
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{Entry, ListenerTier, Mode, GENESIS_PREV};
+    use crate::entry::{Entry, ListenerTier, GENESIS_PREV};
     use crate::entry::{RequestLine, SessionLine};
     use crate::seal::Sealer;
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -361,34 +361,17 @@ mod tests {
     fn session() -> Entry {
         Entry::Session(SessionLine {
             run_id: "run_1".into(),
-            sandbox_id: "sbx_a1b2c3".into(),
-            mode: Mode::Passthrough,
             tier: ListenerTier::Transparent,
             twin: "http://127.0.0.1:9/".into(),
             pid: 42,
-            version: "0.1.0".into(),
             listen: "127.0.0.1:8080".into(),
-            recovered_torn_tail: None,
-            key_id: None,
-            public_key: None,
-            key_storage: None,
-            proxy_uid: None,
-            workload_uid: None,
-            twin_heads: None,
-            moved_aside: None,
-            coverage: None,
+            ..SessionLine::test()
         })
     }
 
     fn request(path: &str) -> Entry {
         Entry::Request(RequestLine {
-            service: "stripe".into(),
-            host: "api.stripe.com".into(),
-            method: "POST".into(),
-            path: path.into(),
             query: Some("api_key=abc&limit=1".into()),
-            status: 200,
-            http: "HTTP/1.1".into(),
             tier: ListenerTier::Transparent,
             bytes_in: 10,
             bytes_out: Some(20),
@@ -398,8 +381,7 @@ mod tests {
                 ("authorization".into(), "Bearer sk_test_abcdefgh".into()),
                 ("idempotency-key".into(), "k1".into()),
             ],
-            websocket: false,
-            client_gone: false,
+            ..RequestLine::test("stripe", "POST", path)
         })
     }
 
@@ -772,24 +754,15 @@ mod tests {
         let secret = "sk_live_51HqLyjWDarjtT1zdp7dcXYZ";
         let leaky = |i: u64| {
             Entry::Request(RequestLine {
-                service: "stripe".into(),
-                host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: format!("/v1/charges/{i}"),
                 query: Some(format!("api_key={secret}&limit=1")),
-                status: 200,
-                http: "HTTP/1.1".into(),
-                tier: ListenerTier::Explicit,
                 bytes_in: 1,
-                bytes_out: None,
                 duration_ms: 1,
                 upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
                 headers: vec![
                     ("authorization".into(), format!("Bearer {secret}")),
                     ("x-note".into(), "\"quoted\"\n\u{2028}é".into()),
                 ],
-                websocket: false,
-                client_gone: false,
+                ..RequestLine::test("stripe", "POST", &format!("/v1/charges/{i}"))
             })
         };
         // One batch of many, and one line on its own.

@@ -824,12 +824,8 @@ mod tests {
                 seq,
                 ts: "2026-11-29T07:28:19.123Z".into(),
                 entry: Entry::Request(RequestLine {
-                    service: format!("s{seq}"),
                     host: "api.example.com".into(),
-                    method: "GET".into(),
-                    path: format!("/p/{seq}"),
                     query: seq.is_multiple_of(3).then(|| "a=1".to_string()),
-                    status: 200,
                     http: "HTTP/2".into(),
                     tier: crate::entry::ListenerTier::Transparent,
                     bytes_in: seq,
@@ -841,6 +837,7 @@ mod tests {
                         .collect(),
                     websocket: seq.is_multiple_of(5),
                     client_gone: seq.is_multiple_of(7),
+                    ..RequestLine::test(&format!("s{seq}"), "GET", &format!("/p/{seq}"))
                 }),
                 prev: GENESIS_PREV.into(),
             };

@@ -509,21 +509,12 @@ mod tests {
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
             entry: Entry::Request(RequestLine {
-                service: "stripe".into(),
                 host: "API.Stripe.com:443".into(),
-                method: "GET".into(),
-                path: path.into(),
-                query: None,
-                status: 200,
                 http: "HTTP/2".into(),
                 tier: ListenerTier::Transparent,
-                bytes_in: 0,
-                bytes_out: None,
                 duration_ms: 1,
                 upstream: "http://twin/".into(),
-                headers: Vec::new(),
-                websocket: false,
-                client_gone: false,
+                ..RequestLine::test("stripe", "GET", path)
             }),
             prev: String::new(),
         }
@@ -607,14 +598,12 @@ mod tests {
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
             entry: Entry::Passthrough(PassthroughLine {
-                host: host.into(),
-                port: 443,
                 tier: ListenerTier::Transparent,
                 bytes_in: 1,
                 bytes_out: 1,
                 duration_ms: 1,
-                reason: "mode".into(),
                 dst: dst.map(str::to_string),
+                ..PassthroughLine::test(host)
             }),
             prev: String::new(),
         }
@@ -626,13 +615,10 @@ mod tests {
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
             entry: Entry::Blocked(BlockedLine {
-                host: host.into(),
-                port: 443,
                 tier: ListenerTier::Transparent,
-                method: None,
-                path: None,
                 reason: "strict mode: name does not match the destination".into(),
                 dst: dst.map(str::to_string),
+                ..BlockedLine::test(host)
             }),
             prev: String::new(),
         }
@@ -720,11 +706,10 @@ mod tests {
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
             entry: Entry::TrustFailure(TrustFailureLine {
-                host: host.into(),
-                port: 443,
                 tier: ListenerTier::Transparent,
                 service: service.map(str::to_string),
                 alert: alert.into(),
+                ..TrustFailureLine::test(host)
             }),
             prev: String::new(),
         }

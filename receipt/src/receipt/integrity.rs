@@ -749,7 +749,6 @@ mod tests {
     //! The verdict rules against a workload that edits the file: each attack
     //! is done to real ledger bytes written by [`Ledger`], then read back.
     use super::*;
-    use crate::entry::Mode;
     use crate::entry::RequestLine;
     use crate::ledger::{read, read_bytes, Ledger, SealInfo};
     use crate::receipt::build;
@@ -783,51 +782,33 @@ mod tests {
         Entry::Session(SessionLine {
             run_id: "run_1".into(),
             sandbox_id: "sbx".into(),
-            mode: Mode::Passthrough,
-            tier: ListenerTier::Explicit,
             twin: "http://127.0.0.1:9".into(),
             pid: 1,
             version: "0".into(),
             listen: "127.0.0.1:1".into(),
-            recovered_torn_tail: None,
             key_id: Some(sealer.key_id().into()),
             public_key: Some(sealer.public_key_hex()),
             key_storage: Some(storage.into()),
             proxy_uid: Some(uids.0),
             workload_uid: Some(uids.1),
             twin_heads: Some(Default::default()),
-            moved_aside: None,
-            coverage: None,
+            ..SessionLine::test()
         })
     }
 
     fn request(path: &str) -> Entry {
         Entry::Request(RequestLine {
-            service: "stripe".into(),
-            host: "api.stripe.com".into(),
-            method: "POST".into(),
-            path: path.into(),
-            query: None,
-            status: 200,
-            http: "HTTP/1.1".into(),
-            tier: ListenerTier::Explicit,
-            bytes_in: 0,
-            bytes_out: None,
             duration_ms: 1,
             upstream: format!("http://127.0.0.1:9/s/sbx/stripe{path}"),
-            headers: Vec::new(),
-            websocket: false,
-            client_gone: false,
+            ..RequestLine::test("stripe", "POST", path)
         })
     }
 
     fn recorded(name: &str, status: &str) -> Entry {
         Entry::Check(CheckLine {
-            name: name.into(),
-            status: status.into(),
             detail: format!("{name} {status}"),
-            since_seq: 0,
             until_seq: 3,
+            ..CheckLine::test(name, status)
         })
     }
 

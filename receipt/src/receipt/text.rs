@@ -296,7 +296,7 @@ pub fn render_text(r: &Receipt) -> String {
 mod tests {
     use super::*;
     use crate::entry::UpstreamErrorLine;
-    use crate::entry::{Entry, Line, ListenerTier};
+    use crate::entry::{Entry, Line};
     use crate::ledger::LedgerRead;
 
     fn upstream_error(seq: u64, error: &str, status: u16) -> Line {
@@ -305,17 +305,13 @@ mod tests {
             seq,
             ts: "2026-11-30T00:00:00.000Z".into(),
             entry: Entry::UpstreamError(UpstreamErrorLine {
-                service: "stripe".into(),
-                host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: "/v1/charges".into(),
                 upstream: "http://twin/s/sbx/stripe/v1/charges".into(),
                 status,
                 error: error.into(),
-                tier: ListenerTier::Explicit,
                 duration_ms: 1,
                 bytes_in: (error == "veris_request_body_incomplete").then_some(5),
                 declared_in: (error == "veris_request_body_incomplete").then_some(100),
+                ..UpstreamErrorLine::test("stripe", "POST", "/v1/charges")
             }),
             prev: String::new(),
         }

@@ -235,11 +235,9 @@ mod tests {
             seq,
             2,
             Entry::TrustFailure(TrustFailureLine {
-                host: "api.stripe.com".into(),
-                port: 443,
-                tier: ListenerTier::Explicit,
                 service: Some("stripe".into()),
                 alert: alert.into(),
+                ..TrustFailureLine::test("api.stripe.com")
             }),
         )
     }
@@ -249,13 +247,11 @@ mod tests {
             seq,
             3,
             Entry::TlsAbandoned(TlsAbandonedLine {
-                host: "api.stripe.com".into(),
-                port: 443,
                 tier: ListenerTier::Transparent,
                 service: Some("stripe".into()),
                 stage: stage.into(),
                 alert: alert.map(str::to_string),
-                alpn: None,
+                ..TlsAbandonedLine::test("api.stripe.com")
             }),
         )
     }
