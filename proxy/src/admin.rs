@@ -664,33 +664,20 @@ mod tests {
             .append(Entry::Session(SessionLine {
                 run_id: "run_1".into(),
                 sandbox_id: "sbx_1".into(),
-                mode: Mode::Passthrough,
-                tier: ListenerTier::Explicit,
                 twin: "http://127.0.0.1:9/".into(),
                 pid: 1,
                 version: "0".into(),
                 listen: "127.0.0.1:1".into(),
-                recovered_torn_tail: None,
-                key_id: None,
-                public_key: None,
-                key_storage: None,
-                proxy_uid: None,
-                workload_uid: None,
-                twin_heads: None,
-                moved_aside: None,
-                coverage: None,
+                ..SessionLine::test()
             }))
             .unwrap();
         let pending: Vec<_> = (0..n)
             .map(|i| {
                 ledger.append_queued(Entry::Blocked(BlockedLine {
-                    host: format!("host-{i}.example"),
-                    port: 443,
-                    tier: ListenerTier::Explicit,
                     method: Some("GET".into()),
                     path: Some(format!("/{}", "p".repeat(200))),
                     reason: "strict".into(),
-                    dst: None,
+                    ..BlockedLine::test(&format!("host-{i}.example"))
                 }))
             })
             .collect();

@@ -16,7 +16,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use veris_receipt::receipt::{Interception, Receipt};
 use veris_receipt::{
     BlockedLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
-    SessionLine, TlsAbandonedLine, TrustFailureLine, UpstreamErrorLine,
+    TlsAbandonedLine, TrustFailureLine, UpstreamErrorLine,
 };
 use veris_receipt::{Entry, Line, Mode};
 
@@ -519,24 +519,17 @@ impl App {
             }
         }
         match &line.entry {
-            Entry::Session(SessionLine {
-                sandbox_id,
-                mode,
-                tier,
-                listen,
-                coverage,
-                ..
-            }) => {
+            Entry::Session(s) => {
                 self.session = Some(SessionInfo {
-                    sandbox_id: sandbox_id.clone(),
-                    mode: *mode,
+                    sandbox_id: s.sandbox_id.clone(),
+                    mode: s.mode,
                     interception: Interception::of(
-                        *tier,
-                        coverage.as_ref().and_then(|c| c.isolation.as_deref()),
+                        s.tier,
+                        s.coverage.as_ref().and_then(|c| c.isolation.as_deref()),
                     ),
                     started_ms: ts_ms,
                     ended_ms: None,
-                    listen: listen.clone(),
+                    listen: s.listen.clone(),
                 });
             }
             Entry::Seal { reason, .. } if reason == "shutdown" => {

@@ -358,75 +358,45 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
-            Entry::Request(RequestLine {
-                method,
-                path,
-                query,
-                status,
-                duration_ms,
-                bytes_in,
-                bytes_out,
-                websocket,
-                ..
-            }) => (
-                if *websocket {
-                    format!("{} ws", token(method))
+            Entry::Request(r) => (
+                if r.websocket {
+                    format!("{} ws", token(&r.method))
                 } else {
-                    token(method).into_owned()
+                    token(&r.method).into_owned()
                 },
-                match query {
-                    Some(q) => quoted(&format!("{path}?{q}")),
-                    None => quoted(path),
+                match &r.query {
+                    Some(q) => quoted(&format!("{}?{q}", r.path)),
+                    None => quoted(&r.path),
                 },
-                Cell::from(status.to_string()).style(status_style(*status)),
-                latency(*duration_ms),
+                Cell::from(r.status.to_string()).style(status_style(r.status)),
+                latency(r.duration_ms),
                 format!(
                     "{}/{}",
-                    human_bytes(*bytes_in),
-                    bytes_out.map_or("?".into(), human_bytes)
+                    human_bytes(r.bytes_in),
+                    r.bytes_out.map_or("?".into(), human_bytes)
                 ),
             ),
-            Entry::UpstreamError(UpstreamErrorLine {
-                method,
-                path,
-                status,
-                error,
-                duration_ms,
-                ..
-            }) => (
-                token(method).into_owned(),
-                format!("{}  {}", quoted(path), token(error)),
-                Cell::from(status.to_string()).style(status_style(*status).bold()),
-                latency(*duration_ms),
+            Entry::UpstreamError(e) => (
+                token(&e.method).into_owned(),
+                format!("{}  {}", quoted(&e.path), token(&e.error)),
+                Cell::from(e.status.to_string()).style(status_style(e.status).bold()),
+                latency(e.duration_ms),
                 String::new(),
             ),
-            Entry::Passthrough(PassthroughLine {
-                host,
-                port,
-                bytes_in,
-                bytes_out,
-                duration_ms,
-                ..
-            }) => (
+            Entry::Passthrough(p) => (
                 "TUNNEL".into(),
-                format!("{}:{port}", quoted(host)),
+                format!("{}:{}", quoted(&p.host), p.port),
                 Cell::from("tun").dark_gray(),
-                latency(*duration_ms),
-                format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
+                latency(p.duration_ms),
+                format!("{}/{}", human_bytes(p.bytes_in), human_bytes(p.bytes_out)),
             ),
-            Entry::Blocked(BlockedLine {
-                host,
-                port,
-                method,
-                path,
-                ..
-            }) => (
-                method
+            Entry::Blocked(b) => (
+                b.method
                     .as_deref()
                     .map_or("CONNECT".into(), |m| token(m).into_owned()),
-                match path {
-                    Some(p) => format!("{}:{port} {}", quoted(host), quoted(p)),
-                    None => format!("{}:{port}", quoted(host)),
+                match &b.path {
+                    Some(p) => format!("{}:{} {}", quoted(&b.host), b.port, quoted(p)),
+                    None => format!("{}:{}", quoted(&b.host), b.port),
                 },
                 Cell::from("421").style(status_style(421).bold()),
                 String::new(),
@@ -452,21 +422,15 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::TunnelClose(TunnelCloseLine {
-                of,
-                bytes_in,
-                bytes_out,
-                duration_ms,
-                error,
-            }) => (
+            Entry::TunnelClose(t) => (
                 String::new(),
-                match error {
-                    Some(e) => format!("tunnel #{of} closed ({})", escaped(e)),
-                    None => format!("tunnel #{of} closed"),
+                match &t.error {
+                    Some(e) => format!("tunnel #{} closed ({})", t.of, escaped(e)),
+                    None => format!("tunnel #{} closed", t.of),
                 },
                 Cell::from("tun").dark_gray(),
-                latency(*duration_ms),
-                format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
+                latency(t.duration_ms),
+                format!("{}/{}", human_bytes(t.bytes_in), human_bytes(t.bytes_out)),
             ),
             Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of,
@@ -534,16 +498,14 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::ReservedPath(ReservedPathLine {
-                method,
-                path,
-                status,
-                error,
-                ..
-            }) => (
-                token(method).into_owned(),
-                format!("{}  {} (answered by the proxy)", quoted(path), token(error)),
-                Cell::from(status.to_string()).style(status_style(*status)),
+            Entry::ReservedPath(r) => (
+                token(&r.method).into_owned(),
+                format!(
+                    "{}  {} (answered by the proxy)",
+                    quoted(&r.path),
+                    token(&r.error)
+                ),
+                Cell::from(r.status.to_string()).style(status_style(r.status)),
                 String::new(),
                 String::new(),
             ),

@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 
 use crate::entry::{
-    BlockedLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
-    SessionLine, TunnelCloseLine, UpstreamErrorLine,
+    BlockedLine, PassthroughLine, ReservedPathLine, ResponseIncompleteLine, SessionLine,
+    TunnelCloseLine,
 };
 use crate::entry::{Entry, Line};
 use crate::ledger::LedgerRead;
@@ -173,16 +173,8 @@ impl<'o> Builder<'o> {
         let wanted = |service: &str| options.service.as_deref().is_none_or(|s| s == service);
         let w = &mut self.w;
         match &line.entry {
-            Entry::Request(RequestLine {
-                service,
-                host,
-                method,
-                path,
-                status,
-                tier,
-                client_gone,
-                ..
-            }) if wanted(service) => {
+            Entry::Request(r) if wanted(&r.service) => {
+                let (service, host, status) = (&r.service, &r.host, r.status);
                 // Counted without allocating for keys already seen: most
                 // lines repeat a service, host and call.
                 if !w.services.contains_key(service.as_str()) {
@@ -198,57 +190,48 @@ impl<'o> Builder<'o> {
                 });
                 if plain {
                     count_key(&mut summary.hosts, host);
-                    count_status(&mut summary.host_statuses, host, *status);
+                    count_status(&mut summary.host_statuses, host, status);
                 } else {
                     let host = normalize_host(host);
                     count_key(&mut summary.hosts, &host);
-                    count_status(&mut summary.host_statuses, &host, *status);
+                    count_status(&mut summary.host_statuses, &host, status);
                 }
-                let path = strip_query(path);
+                let path = strip_query(&r.path);
                 let call = &mut self.call;
                 call.clear();
-                call.push_str(method);
+                call.push_str(&r.method);
                 call.push(' ');
                 call.push_str(path);
                 count_key(&mut summary.calls, call);
-                count_status(&mut summary.call_statuses, call, *status);
+                count_status(&mut summary.call_statuses, call, status);
                 if summary.entries.len() < JSON_ENTRY_CAP {
                     summary.entries.push(RequestEntry {
                         seq: line.seq,
-                        method: method.clone(),
+                        method: r.method.clone(),
                         path: path.to_string(),
-                        status: *status,
-                        tier: *tier,
-                        client_gone: *client_gone,
+                        status,
+                        tier: r.tier,
+                        client_gone: r.client_gone,
                         incomplete: None,
                     });
                 } else {
                     summary.capped = true;
                 }
             }
-            Entry::UpstreamError(UpstreamErrorLine {
-                service,
-                host,
-                method,
-                path,
-                status,
-                error,
-                tier,
-                bytes_in,
-                declared_in,
-                ..
-            }) if wanted(service) => w.upstream_errors.push(UpstreamErrorEntry {
-                seq: line.seq,
-                service: service.clone(),
-                host: normalize_host(host),
-                method: method.clone(),
-                path: strip_query(path).to_string(),
-                status: *status,
-                error: error.clone(),
-                tier: *tier,
-                bytes_in: *bytes_in,
-                declared_in: *declared_in,
-            }),
+            Entry::UpstreamError(e) if wanted(&e.service) => {
+                w.upstream_errors.push(UpstreamErrorEntry {
+                    seq: line.seq,
+                    service: e.service.clone(),
+                    host: normalize_host(&e.host),
+                    method: e.method.clone(),
+                    path: strip_query(&e.path).to_string(),
+                    status: e.status,
+                    error: e.error.clone(),
+                    tier: e.tier,
+                    bytes_in: e.bytes_in,
+                    declared_in: e.declared_in,
+                })
+            }
             Entry::ReservedPath(ReservedPathLine {
                 service,
                 method,
@@ -501,7 +484,7 @@ fn destinations(counts: BTreeMap<(String, Option<String>), u64>) -> Vec<Destinat
 mod tests {
     use super::*;
     use crate::entry::Line;
-    use crate::entry::TrustFailureLine;
+    use crate::entry::{RequestLine, TrustFailureLine};
 
     fn req(seq: u64, path: &str) -> Line {
         Line {
