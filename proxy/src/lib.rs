@@ -34,6 +34,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod canary;
 pub mod capture;
 pub mod catalog;
 pub mod clienthello;

@@ -12,12 +12,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
+use crate::canary::{CANARY_HOST, CANARY_PATH};
 use crate::config::ConfigError;
-
-/// The reserved host the proxy answers itself (canary probe).
-pub const CANARY_HOST: &str = "canary.veris.internal";
-/// The path the proxy answers itself on any host it can see requests for.
-pub const CANARY_PATH: &str = "/__veris/canary";
 
 /// A service as routing sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

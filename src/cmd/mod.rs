@@ -1,0 +1,19 @@
+//! The commands: one module per subcommand, named after it. Each parses
+//! nothing itself (clap did) and calls into the runtime below it.
+
+pub mod baseline;
+pub mod ca;
+pub mod check;
+pub mod completions;
+pub mod confine;
+pub mod demo;
+pub mod doctor;
+pub mod har;
+pub mod man;
+pub mod mcp;
+pub mod receipt;
+pub mod run;
+pub mod runs;
+pub mod serve;
+pub mod tui;
+pub mod twin;

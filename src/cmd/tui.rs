@@ -1,0 +1,113 @@
+//! `veris tui`: picks the source (admin API, state dir or ledger file), owns
+//! the terminal (raw mode and alternate screen, restored on quit, on error
+//! and on panic) and sends logs to a file while the screen is taken.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use veris_tui::admin::Target;
+use veris_tui::{RunOptions, SourceSpec, DEFAULT_CAPACITY};
+
+#[derive(Args, Debug)]
+pub struct TuiArgs {
+    /// Admin API of a live proxy, e.g. http://127.0.0.1:PORT (a forwarded port works).
+    #[arg(long, value_name = "URL", conflicts_with = "state_dir")]
+    pub admin: Option<String>,
+    /// Admin API token (with --admin).
+    #[arg(
+        long,
+        env = "VERIS_ADMIN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Follow this ledger file, also one still being written.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["admin", "state_dir"])]
+    pub ledger: Option<PathBuf>,
+    /// State dir of the proxy to watch [default: $VERIS_STATE_DIR, else ~/.veris]:
+    /// its live `veris serve`, else its `ledger.jsonl`, else its newest run's ledger.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Follow this run's ledger in the state dir (`veris runs` lists them).
+    #[arg(long, value_name = "ID", conflicts_with_all = ["admin", "ledger"])]
+    pub run: Option<String>,
+    /// Rows kept in memory; older ones are counted, not shown.
+    #[arg(long, default_value_t = DEFAULT_CAPACITY, value_name = "N")]
+    pub rows: usize,
+    /// Seconds between receipt refreshes while traffic flows (r refreshes now).
+    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    pub receipt_every: u64,
+    /// Log file while the TUI owns the terminal [default: $TMPDIR/veris-tui.log].
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+}
+
+impl TuiArgs {
+    fn log_path(&self) -> PathBuf {
+        self.log_file
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("veris-tui.log"))
+    }
+}
+
+/// Installs the tracing subscriber writing to the log file (never the
+/// terminal, which the TUI owns). Without a writable file, logs are dropped.
+pub fn init_logging(args: &TuiArgs) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = args.log_path();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&path);
+    let Ok(file) = file else { return };
+    tracing_subscriber::fmt()
+        .with_env_filter(crate::logging::filter("info"))
+        .with_ansi(false)
+        .fmt_fields(crate::logging::PlainFields)
+        .with_writer(std::sync::Mutex::new(file))
+        .init();
+}
+
+pub async fn tui(args: TuiArgs) -> Result<u8> {
+    let spec = if let Some(path) = &args.ledger {
+        SourceSpec::Ledger(path.clone())
+    } else if let Some(url) = &args.admin {
+        let Some(token) = args.token.as_deref().filter(|t| !t.trim().is_empty()) else {
+            bail!("--admin needs a token. Next: pass --token TOKEN or set VERIS_ADMIN_TOKEN (the proxy writes it to <state>/admin.token)");
+        };
+        SourceSpec::Admin(
+            Target::new(url, token).with_context(|| format!("using admin URL {url}"))?,
+        )
+    } else if let Some(id) = &args.run {
+        let state_dir = crate::util::state_dir(args.state_dir.clone());
+        let source = crate::runtime::ledgers::resolve(&state_dir, None, Some(id), false)?;
+        SourceSpec::Ledger(source.path().to_path_buf())
+    } else {
+        SourceSpec::StateDir(
+            crate::util::state_dir(args.state_dir.clone()),
+            crate::runtime::ledgers::followed,
+        )
+    };
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        bail!("veris tui needs an interactive terminal. Next: run it in a terminal, or use `veris receipt` for a one-shot summary");
+    }
+    tracing::info!(source = %spec.describe(), "tui starting");
+    // Raw mode and the alternate screen, plus a panic hook that restores them.
+    let mut terminal = veris_tui::enter_terminal().context("setting up the terminal")?;
+    let result = veris_tui::run(
+        &mut terminal,
+        RunOptions {
+            spec,
+            capacity: args.rows.max(1),
+            receipt_every: Duration::from_secs(args.receipt_every.max(1)),
+        },
+    )
+    .await;
+    veris_tui::leave_terminal();
+    result.with_context(|| format!("the TUI stopped; see {}", args.log_path().display()))?;
+    Ok(0)
+}

@@ -1,0 +1,88 @@
+//! What a child inherits: a passed fd (the isolated run's control socket,
+//! `--report-fd`), the open-file limit, blocking stdio.
+#![allow(unsafe_code)]
+
+/// Makes `fd` the child's file descriptor `target` (without close-on-exec).
+pub fn pass_fd(
+    cmd: &mut tokio::process::Command,
+    fd: std::os::fd::RawFd,
+    target: std::os::fd::RawFd,
+) {
+    // SAFETY: dup2(2) between fork and exec: a raw syscall, async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, target) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Takes ownership of an inherited file descriptor, if it is open.
+pub fn inherited_fd(fd: std::os::fd::RawFd) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is open, was inherited for this purpose (the parent put
+    // it there with `pass_fd`), and nothing else in this process owns it.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// The open-file limit (soft, hard); `None` for unlimited.
+pub type FileLimit = (Option<u64>, Option<u64>);
+
+/// Raises the soft open-file limit to the hard one (every connection holds
+/// a descriptor, two when proxied; the default 1,024 is reached by a few
+/// hundred idle clients). Returns the limit before and after.
+pub fn raise_open_file_limit() -> (FileLimit, FileLimit) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    let raised = Rlimit {
+        current: before.maximum,
+        maximum: before.maximum,
+    };
+    let _ = setrlimit(Resource::Nofile, raised);
+    let after = getrlimit(Resource::Nofile);
+    (
+        (before.current, before.maximum),
+        (after.current, after.maximum),
+    )
+}
+
+/// Gives `cmd`'s child the open-file limit this process started with: the
+/// command under `veris run` sees its usual environment, not the proxy's.
+pub fn restore_file_limit_at_exec(cmd: &mut tokio::process::Command, limit: FileLimit) {
+    let to_rlim = |v: Option<u64>| v.unwrap_or(libc::RLIM_INFINITY);
+    let rlimit = libc::rlimit {
+        rlim_cur: to_rlim(limit.0),
+        rlim_max: to_rlim(limit.1),
+    };
+    // SAFETY: setrlimit(2) between fork and exec: a raw syscall on a value
+    // copied into the closure, async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Clears O_NONBLOCK on stdout and stderr, which a child sharing them may
+/// have set: printing the receipt must not fail with EAGAIN.
+pub fn blocking_stdio() {
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: fcntl(2) on the process's own standard descriptors, with
+        // integer arguments only.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! The OS glue, one module per kind of syscall: processes and signals
+//! (`procs`), per-process flags and identity (`prctl`), namespaces and
+//! mounts (`ns`), what a child inherits (`fd`), uid switching (`uid`),
+//! Landlock (`landlock`) and the system tools veris runs (`tool`).
+
+pub mod fd;
+pub mod landlock;
+pub mod ns;
+pub mod prctl;
+pub mod procs;
+pub mod tool;
+pub mod uid;

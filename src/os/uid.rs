@@ -1,0 +1,39 @@
+//! Uid switching for the transparent tier's privilege drop:
+//! setgroups/setgid/setuid, each call a plain syscall with integer
+//! arguments.
+#![allow(unsafe_code)]
+
+/// Drops every group, then gid, then uid (in that order: after setuid we
+/// could no longer change groups), and verifies root cannot be regained.
+/// glibc applies each call to every thread of the process.
+pub fn drop_to(uid: u32, gid: u32) -> std::io::Result<()> {
+    let groups = [gid];
+    // SAFETY: the pointer and length describe `groups`, alive for the call.
+    if unsafe { libc::setgroups(groups.len(), groups.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: integer-only syscalls.
+    if unsafe { libc::setgid(gid) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::setuid(uid) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: getters and a setuid(0) that must fail; integer-only.
+    let (ruid, euid, rgid, egid, regained) = unsafe {
+        (
+            libc::getuid(),
+            libc::geteuid(),
+            libc::getgid(),
+            libc::getegid(),
+            libc::setuid(0) == 0,
+        )
+    };
+    if ruid != uid || euid != uid || rgid != gid || egid != gid || regained {
+        return Err(std::io::Error::other(format!(
+            "privilege drop did not stick (uid {ruid}/{euid}, gid {rgid}/{egid}, root regained: {regained})"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! Finding a live proxy through its state dir: `admin.addr` names it and
+//! `/status` answers to the token from `admin.token` or `$VERIS_ADMIN_TOKEN`.
+
+use std::path::Path;
+
+use super::client::{http, LiveProxy};
+
+/// Where the admin API's address is announced.
+pub const ADDR_FILE: &str = "admin.addr";
+/// Where the admin API's bearer token is kept (0600).
+pub const TOKEN_FILE: &str = "admin.token";
+
+/// What [`discover`] found.
+#[derive(Debug)]
+pub enum Discovery {
+    /// A proxy answers `/status` to the token.
+    Live(LiveProxy),
+    /// No proxy announced, or the announced one is gone (read the file).
+    NotLive,
+    /// A proxy is announced and answers, but this process cannot use it.
+    Unusable(String),
+}
+
+/// Finds a live proxy for `state_dir`: `admin.addr` names it and `/status`
+/// answers to the token from `admin.token` (0600, so readable by the proxy
+/// uid and root), else to `$VERIS_ADMIN_TOKEN`.
+pub async fn discover(state_dir: &Path) -> Discovery {
+    // Bounded, regular files only: the workload may have planted a FIFO or
+    // a link to /dev/zero here, and a reader (an MCP tool call) must not hang.
+    let read = |name: &str| crate::util::read_bounded(&state_dir.join(name), 4096, false);
+    let Ok(addr) = read(ADDR_FILE) else {
+        return Discovery::NotLive;
+    };
+    let base = format!("http://{}", addr.trim());
+    let token = match read(TOKEN_FILE) {
+        Ok(t) => t.trim().to_string(),
+        Err(e) => match std::env::var("VERIS_ADMIN_TOKEN") {
+            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+            _ => {
+                // Only worth saying if something answers at the address.
+                return match http("GET", &format!("{base}/healthz"), None).await {
+                    Ok((200, _)) => Discovery::Unusable(format!(
+                        "proxy live but {TOKEN_FILE} is unreadable ({}): run as the proxy uid or root, or set VERIS_ADMIN_TOKEN",
+                        e.kind()
+                    )),
+                    _ => Discovery::NotLive,
+                };
+            }
+        },
+    };
+    let live = LiveProxy { base, token };
+    // Ask with the token, not just /healthz: after a crash the announced
+    // port may belong to something else, or to a proxy with a new token.
+    match live.status().await {
+        Ok(_) => Discovery::Live(live),
+        Err(e) => {
+            tracing::debug!(error = %e, "no usable proxy behind admin.addr");
+            Discovery::NotLive
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The runtime the commands share: starting and finishing the stack, the
+//! live proxy's admin API and the checks a receipt needs, which ledger a
+//! state dir means, and building and judging a receipt.
+
+pub mod baseline;
+pub mod checks;
+pub mod junit;
+pub mod ledgers;
+pub mod live;
+pub mod receipt;
+pub mod stack;

@@ -1,0 +1,37 @@
+//! The end-to-end tests of the `veris` binary, one test binary (one link
+//! step) with a module per area: `cargo test --release --test e2e` runs
+//! them all, `cargo test --release --test e2e isolated::` one area. Each
+//! module drives the release binary with real clients (curl, python3, ...)
+//! and reaches only loopback or namespaces it creates. [`support`] holds
+//! what they share (see its module comment).
+
+mod support;
+
+mod capture;
+mod cli;
+mod client_matrix;
+mod clients;
+mod confine;
+mod cut_request;
+mod cut_response;
+mod docs;
+mod doctor;
+mod egress;
+mod egress_env;
+mod explicit;
+mod faults;
+mod forgery;
+mod har;
+mod integrity;
+mod isolated;
+mod junit;
+mod mcp;
+mod metrics;
+mod report_files;
+mod run;
+mod runs;
+mod transparent;
+mod trust_evidence;
+mod tui;
+mod twin_credential;
+mod veris_headers;
