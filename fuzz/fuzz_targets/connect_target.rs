@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use http::Uri;
 use libfuzzer_sys::fuzz_target;
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::route::{is_loopback, normalize_host, Route};
+use veris_proxy::request::route::{is_loopback, normalize_host, Route};
 use veris_receipt::Mode;
 
 fn settings() -> &'static Settings {

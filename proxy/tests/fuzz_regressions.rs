@@ -3,10 +3,10 @@
 
 use http::Uri;
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::route::{is_loopback, normalize_host, Route};
+use veris_proxy::request::route::{is_loopback, normalize_host, Route};
 use veris_receipt::Mode;
 
-fn router() -> veris_proxy::route::Router {
+fn router() -> veris_proxy::request::route::Router {
     Settings::from_flags(Flags {
         listen: "127.0.0.1:8080",
         twin: "http://127.0.0.1:1",

@@ -34,6 +34,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info};
+use veris_accept::{accept_until, OnError};
 
 /// Slots beyond the capacity that only names [`Names::routing`] says veris
 /// routes may take, so they resolve even once made-up names filled the rest.
@@ -469,23 +470,11 @@ pub async fn serve_tcp(
     let slots = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
-    tokio::pin!(stop);
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    debug!(error = %e, "DNS stub: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    // Retry never ends the loop with an error.
+    let _ = accept_until(listener, stop, OnError::Retry, |stream, peer| {
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             debug!(%peer, "DNS stub: too many TCP connections; closed");
-            continue;
+            return;
         };
         let (names, on_lookup, cancel) = (names.clone(), on_lookup.clone(), cancel.clone());
         tasks.spawn(async move {
@@ -499,8 +488,8 @@ pub async fn serve_tcp(
             }
             drop(slot);
         });
-    }
-    drop(listener);
+    })
+    .await;
     cancel.cancel();
     tasks.close();
     tasks.wait().await;

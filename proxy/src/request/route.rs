@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use crate::canary::{CANARY_HOST, CANARY_PATH};
-use crate::config::ConfigError;
 
 /// A service as routing sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +98,17 @@ struct HostClaims {
     whole: Option<usize>,
 }
 
+/// Why a routing table could not be built: the field of the config it
+/// concerns, what is wrong with it and how to fix it (the config reports
+/// it as one of its own errors).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}. Next: {fix}")]
+pub struct RouteError {
+    pub field: String,
+    pub message: String,
+    pub fix: String,
+}
+
 /// The routing table, built once from validated claims.
 #[derive(Debug)]
 pub struct Router {
@@ -116,14 +126,14 @@ impl Router {
         services: Vec<Service>,
         claims: Vec<Claim>,
         allow_passthrough: &[HostPattern],
-    ) -> Result<Router, ConfigError> {
+    ) -> Result<Router, RouteError> {
         let mut exact: HashMap<String, HostClaims> = HashMap::new();
         let mut wildcard: HashMap<String, HostClaims> = HashMap::new();
         for claim in claims {
             let idx = services
                 .iter()
                 .position(|s| s.name == claim.service)
-                .ok_or_else(|| ConfigError::Invalid {
+                .ok_or_else(|| RouteError {
                     field: "services".into(),
                     message: format!("claim for unknown service {:?}", claim.service),
                     fix: "declare the service before routing hosts to it".into(),
@@ -132,7 +142,7 @@ impl Router {
                 HostPattern::Exact(h) => exact.entry(h.clone()).or_default(),
                 HostPattern::Wildcard(s) => wildcard.entry(s.clone()).or_default(),
             };
-            let duplicate = |other: usize, what: String| ConfigError::Invalid {
+            let duplicate = |other: usize, what: String| RouteError {
                 field: "services".into(),
                 message: format!(
                     "services {:?} and {:?} both claim {}",
@@ -149,7 +159,7 @@ impl Router {
                 entry.whole = Some(idx);
             }
             for prefix in &claim.prefixes {
-                let prefix = normalize_prefix(prefix).map_err(|message| ConfigError::Invalid {
+                let prefix = normalize_prefix(prefix).map_err(|message| RouteError {
                     field: format!("services[{}].paths", claim.service),
                     message,
                     fix: "write path prefixes like \"/calendar/v3\"".into(),
