@@ -18,11 +18,8 @@ use veris_receipt::receipt::{Check, Requirement};
 
 use crate::runtime::junit::Junit;
 use crate::runtime::receipt::{report, Report, RequireArgs};
-use crate::runtime::stack::{
-    merged_no_proxy, EnvBase, Finished, ProxyArgs, Role, ServeArgs, Stack,
-};
-use crate::tier::isolated::Isolation;
-use crate::tier::Confinement;
+use crate::runtime::stack::{Finished, ProxyArgs, Role, ServeArgs, Stack};
+use crate::tier::Tier;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -302,10 +299,9 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     if let Err(e) = crate::os::procs::become_subreaper() {
         warn!(error = %e, "cannot become the subreaper of the command's processes");
     }
-    let (confinement, isolation, bundles) = confine(&args).await?;
-    let landlock = matches!(confinement, Confinement::Landlock);
+    let tier = confine(&args).await?;
     let serve = ServeArgs::with_defaults(args.proxy.clone());
-    let stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, confinement).await?;
+    let mut stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, tier).await?;
     // What `veris runs` shows as the command: beside the ledger, not under
     // its seals (the listing says so).
     if let Err(e) = crate::runtime::ledgers::write_run_file(
@@ -316,60 +312,22 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         warn!(error = %e, "cannot write the run's run.json; `veris runs` will show no command");
     }
 
-    let base = EnvBase::from_env();
-    let (status, canary) = match isolation {
-        Some(isolation) => {
-            // No proxy variables inside: NO_PROXY means nothing there.
-            let vars = veris_ca::env::vars(&stack.env_spec(&[], true, &base));
-            let tmp = crate::tier::isolated::TmpPolicy {
-                share: args.share_tmp,
-                keep: std::env::current_dir().into_iter().collect(),
-            };
-            let files = crate::tier::isolated::CoveredFiles {
-                given: &args.trust_file,
-                found: bundles,
-            };
-            let ran = crate::tier::isolated::run(
-                isolation,
-                &stack.trust,
-                &stack.ledger,
-                vars,
-                files,
-                tmp,
-                started,
-            );
-            match ran.await {
-                Ok((code, answer)) => {
-                    let canary = crate::runtime::checks::canary_verdict(
-                        answer,
-                        "from inside the namespace, through the redirect",
-                        &stack.identity.canary,
-                        &stack.identity.run_id,
-                    );
-                    (code, Some(canary))
-                }
-                Err(e) => {
-                    end_leftovers().await;
-                    stack.finish().await?;
-                    return Err(e);
-                }
-            }
+    let (status, canary) = match stack.run_workload(&args.command, started).await {
+        Ok(ran) => {
+            let canary = ran.canary.map(|(answer, where_)| {
+                crate::runtime::checks::canary_verdict(
+                    answer,
+                    where_,
+                    &stack.identity.canary,
+                    &stack.identity.run_id,
+                )
+            });
+            (ran.code, canary)
         }
-        None => {
-            let no_proxy = merged_no_proxy(&stack.routed_hosts);
-            let vars = veris_ca::env::vars(&stack.env_spec(&no_proxy, false, &base));
-            let mut command = args.command.clone();
-            if landlock {
-                command = crate::tier::confined::wrap(command, stack.proxy_addr.port())?;
-            }
-            match crate::tier::explicit::run(&command, vars, stack.file_limit).await {
-                Ok(code) => (code, None),
-                Err(e) => {
-                    end_leftovers().await;
-                    stack.finish().await?;
-                    return Err(e);
-                }
-            }
+        Err(e) => {
+            end_leftovers().await;
+            stack.finish().await?;
+            return Err(e);
         }
     };
 
@@ -464,29 +422,20 @@ fn findable(program: &str) -> std::result::Result<(), (u8, String)> {
 
 /// The tier this run gets: isolation where possible (unless told
 /// otherwise), else Landlock, else the plain explicit tier, saying why.
-/// Isolated, also the bundle files its runtimes ship, to cover.
-async fn confine(
-    args: &RunArgs,
-) -> Result<(
-    Confinement,
-    Option<Isolation>,
-    Vec<crate::tier::bundles::Bundle>,
-)> {
+async fn confine(args: &RunArgs) -> Result<Box<dyn Tier>> {
+    use crate::tier::{confined::Confined, explicit::Explicit, isolated};
     let strict = args.isolate || args.tier == TierArg::Isolated;
     let mut why_not_isolated = None;
     if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
-        match crate::tier::isolated::start(&args.command).await {
-            Ok((isolation, mut sockets)) => {
-                sockets.share_tmp = args.share_tmp;
-                let found = runtime_bundles(args);
-                // Before the session line, which records them.
-                sockets.bundles = args
-                    .trust_file
-                    .iter()
-                    .map(|f| f.display().to_string())
-                    .chain(found.iter().map(|b| b.path.display().to_string()))
-                    .collect();
-                return Ok((Confinement::Isolated(sockets), Some(isolation), found));
+        match isolated::start(&args.command).await {
+            Ok((isolation, sockets)) => {
+                return Ok(Box::new(isolated::Isolated::new(
+                    isolation,
+                    sockets,
+                    args.share_tmp,
+                    args.trust_file.clone(),
+                    runtime_bundles(args),
+                )));
             }
             Err(why) if strict => bail!(
                 "cannot isolate the command: {why} (without --isolate, `veris run` would fall back to the explicit tier, confined by Landlock where the kernel has it)"
@@ -495,14 +444,14 @@ async fn confine(
         }
     }
     if args.tier == TierArg::Explicit {
-        return Ok((Confinement::None, None, Vec::new()));
+        return Ok(Box::new(Explicit));
     }
     match (crate::os::landlock::unavailable(), why_not_isolated) {
         (None, Some(why)) => {
             eprintln!("veris: not isolated ({why}); the command runs behind the proxy with TCP confined to it by Landlock (interception: confined)");
-            Ok((Confinement::Landlock, None, Vec::new()))
+            Ok(Box::new(Confined))
         }
-        (None, None) => Ok((Confinement::Landlock, None, Vec::new())),
+        (None, None) => Ok(Box::new(Confined)),
         (Some(why), _) if args.tier == TierArg::Confined => {
             bail!("cannot confine the command: {why}")
         }
@@ -511,7 +460,7 @@ async fn confine(
                 "veris: the command runs in the plain explicit tier: clients that ignore HTTPS_PROXY are not seen (leaks: direct-egress-possible). Not isolated: {}; not confined: {landlock}",
                 isolation.unwrap_or_default()
             );
-            Ok((Confinement::None, None, Vec::new()))
+            Ok(Box::new(Explicit))
         }
     }
 }

@@ -4,7 +4,6 @@ use anyhow::Result;
 use tracing::info;
 
 use crate::runtime::stack::{Role, ServeArgs, Stack};
-use crate::tier::Confinement;
 
 /// `veris serve`: runs until SIGINT or SIGTERM.
 pub async fn serve(args: ServeArgs) -> Result<u8> {
@@ -16,7 +15,7 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
         &args,
         veris_proxy::config::DEFAULT_LISTEN,
         Role::Serve,
-        Confinement::None,
+        crate::tier::for_serve(&args.transparent),
     )
     .await?;
     eprintln!(

@@ -3,6 +3,32 @@
 //! [`crate::os::landlock`]). It binds nothing of its own.
 
 use anyhow::{Context, Result};
+use futures_util::future::BoxFuture;
+
+use super::{Bound, Ran, Tier, Workload};
+
+/// The confined tier: the explicit tier's child behind `veris __confine`.
+pub struct Confined;
+
+impl Tier for Confined {
+    fn bind(&mut self) -> BoxFuture<'_, Result<Bound>> {
+        Box::pin(async {
+            Ok(Bound {
+                coverage: Some(coverage()),
+                ..Bound::default()
+            })
+        })
+    }
+
+    fn run<'a>(&'a mut self, w: Workload<'a>) -> BoxFuture<'a, Result<Ran>> {
+        Box::pin(async move {
+            let command = wrap(w.command.to_vec(), w.proxy_addr.port())?;
+            let code =
+                super::explicit::run(&command, super::explicit::vars(&w), w.file_limit).await?;
+            Ok(Ran { code, canary: None })
+        })
+    }
+}
 
 /// `command` behind `veris __confine`, allowed TCP connects to `proxy_port` only.
 pub fn wrap(mut command: Vec<String>, proxy_port: u16) -> Result<Vec<String>> {

@@ -5,6 +5,34 @@
 use std::process::Stdio;
 
 use anyhow::Result;
+use futures_util::future::BoxFuture;
+
+use super::{Bound, Ran, Tier, Workload};
+
+/// The explicit tier: binds nothing, covers nothing by itself.
+pub struct Explicit;
+
+impl Tier for Explicit {
+    fn bind(&mut self) -> BoxFuture<'_, Result<Bound>> {
+        Box::pin(async { Ok(Bound::default()) })
+    }
+
+    fn run<'a>(&'a mut self, w: Workload<'a>) -> BoxFuture<'a, Result<Ran>> {
+        Box::pin(async move {
+            let code = run(w.command, vars(&w), w.file_limit).await?;
+            Ok(Ran { code, canary: None })
+        })
+    }
+}
+
+/// The proxy variables for a child that is told where the proxy is.
+pub fn vars(w: &Workload<'_>) -> Vec<(String, String)> {
+    veris_ca::env::vars(&veris_ca::env::EnvSpec {
+        no_proxy: w.no_proxy,
+        trust_only: false,
+        ..w.env
+    })
+}
 
 /// Runs the command with the proxy variables, forwarding signals.
 pub async fn run(

@@ -51,6 +51,8 @@ use veris_proxy::canary::{CanaryAnswer, ProbeError};
 use veris_receipt::Entry;
 
 use crate::tier::transparent::{ruleset, RulesetParams};
+use crate::tier::{Bound, Ran, Tier, Workload};
+use futures_util::future::BoxFuture;
 
 /// The control socket's fd in the init step.
 const CONTROL_FD: i32 = 3;
@@ -340,7 +342,7 @@ impl Isolation {
     }
 
     /// Lets the init step exit, and waits (bounded) for it.
-    pub async fn done(mut self) {
+    pub async fn done(&mut self) {
         let _ = self.send(&ToInit::Done).await;
         if tokio::time::timeout(Duration::from_secs(5), self.init.wait())
             .await
@@ -1126,27 +1128,120 @@ pub fn listeners(s: Sockets) -> Result<super::TransparentListeners> {
     })
 }
 
-/// The bundle files an isolated run covers besides the system stores.
-pub struct CoveredFiles<'a> {
+/// The isolated tier: the command in namespaces of its own, started by
+/// [`start`] before the stack, whose sockets the proxy then serves.
+pub struct Isolated {
+    isolation: Isolation,
+    /// Taken by [`Tier::bind`].
+    sockets: Option<Sockets>,
+    /// `--share-tmp`.
+    share_tmp: bool,
     /// `--trust-file`.
-    pub given: &'a [PathBuf],
+    given: Vec<PathBuf>,
+    /// The bundle files the scan found, to cover.
+    found: Vec<crate::tier::bundles::Bundle>,
+}
+
+impl Isolated {
+    /// The tier for an isolation [`start`]ed, covering `given`
+    /// (`--trust-file`) and `found` (the scan's) besides the system stores.
+    pub fn new(
+        isolation: Isolation,
+        mut sockets: Sockets,
+        share_tmp: bool,
+        given: Vec<PathBuf>,
+        found: Vec<crate::tier::bundles::Bundle>,
+    ) -> Isolated {
+        sockets.share_tmp = share_tmp;
+        // Before the session line, which records them.
+        sockets.bundles = given
+            .iter()
+            .map(|f| f.display().to_string())
+            .chain(found.iter().map(|b| b.path.display().to_string()))
+            .collect();
+        Isolated {
+            isolation,
+            sockets: Some(sockets),
+            share_tmp,
+            given,
+            found,
+        }
+    }
+}
+
+impl Tier for Isolated {
+    fn bind(&mut self) -> BoxFuture<'_, Result<Bound>> {
+        Box::pin(async move {
+            let sockets = self
+                .sockets
+                .take()
+                .context("the isolated run's sockets were bound already")?;
+            let coverage = sockets.coverage();
+            Ok(Bound {
+                listeners: Some(listeners(sockets)?),
+                coverage: Some(coverage),
+                redirected: None,
+            })
+        })
+    }
+
+    /// Starts the command in its namespace once the proxy serves, records
+    /// what the init step reports, forwards signals, then has the canary
+    /// probed from inside.
+    fn run<'a>(&'a mut self, w: Workload<'a>) -> BoxFuture<'a, Result<Ran>> {
+        Box::pin(async move {
+            // No proxy variables inside: NO_PROXY means nothing there.
+            let vars = veris_ca::env::vars(&veris_ca::env::EnvSpec {
+                trust_only: true,
+                ..w.env
+            });
+            let tmp = TmpPolicy {
+                share: self.share_tmp,
+                keep: std::env::current_dir().into_iter().collect(),
+            };
+            let files = CoveredFiles {
+                given: &self.given,
+                found: std::mem::take(&mut self.found),
+            };
+            let (code, answer) = run(
+                &mut self.isolation,
+                w.trust,
+                w.ledger,
+                vars,
+                files,
+                tmp,
+                w.started,
+            )
+            .await?;
+            Ok(Ran {
+                code,
+                canary: Some((answer, "from inside the namespace, through the redirect")),
+            })
+        })
+    }
+}
+
+/// The bundle files an isolated run covers besides the system stores.
+struct CoveredFiles<'a> {
+    /// `--trust-file`.
+    given: &'a [PathBuf],
     /// The scan's.
-    pub found: Vec<crate::tier::bundles::Bundle>,
+    found: Vec<crate::tier::bundles::Bundle>,
 }
 
 /// Whether an isolated command shares the host's /tmp, /var/tmp and
 /// /dev/shm, and what to carry into private ones.
-pub struct TmpPolicy {
-    pub share: bool,
-    pub keep: Vec<PathBuf>,
+struct TmpPolicy {
+    share: bool,
+    keep: Vec<PathBuf>,
 }
 
 /// Runs the command in its namespace: starts it once the proxy serves,
 /// records what the init step reports, forwards signals, then has the
 /// canary probed from inside. Returns the command's status and the
 /// canary's answer there.
-pub async fn run(
-    mut isolation: Isolation,
+async fn run(
+    isolation: &mut Isolation,
     trust: &veris_ca::trust::TrustFiles,
     ledger: &veris_receipt::ledger::Ledger,
     trust_vars: Vec<(String, String)>,

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use futures_util::future::BoxFuture;
 use tracing::{info, warn};
 
 use std::sync::Arc;
@@ -37,6 +38,8 @@ use tokio::task::JoinHandle;
 use veris_proxy::Proxy;
 use veris_receipt::ledger::Ledger;
 use veris_receipt::Entry;
+
+use super::{Bound, Ran, Tier, Workload};
 
 /// The ruleset, templated (see [`ruleset`] and the file's header).
 pub const RULESET_TEMPLATE: &str = include_str!("../../deploy/veris.nft");
@@ -348,6 +351,77 @@ impl Drop for Redirect {
         // Not a clean shutdown: the helper keeps the rules (fail closed).
         self.stdin = None;
         warn!("leaving the nftables redirect in place: redirected connections are refused until `nft delete table inet {TABLE}`");
+    }
+}
+
+/// The transparent tier (`serve --transparent`): listeners for what the
+/// host's nftables rules redirect, the rules when veris installs them, and
+/// the helper that watches them.
+pub struct Transparent {
+    args: TransparentArgs,
+    redirect: Option<Redirect>,
+}
+
+impl Transparent {
+    pub fn new(args: TransparentArgs) -> Transparent {
+        Transparent {
+            args,
+            redirect: None,
+        }
+    }
+}
+
+impl Tier for Transparent {
+    fn preflight(&self) -> Result<()> {
+        preflight(&self.args)
+    }
+
+    /// The listeners, then the rules (as root) that send traffic to them,
+    /// before the session line, which records what they cover.
+    fn bind(&mut self) -> BoxFuture<'_, Result<Bound>> {
+        Box::pin(async move {
+            let Some(listeners) = bind(&self.args).await? else {
+                return Ok(Bound::default());
+            };
+            let https = listeners.https.local_addr()?;
+            let http = listeners.http.local_addr()?;
+            let quic = listeners
+                .quic
+                .as_ref()
+                .map(|q| q.local_addr())
+                .transpose()?;
+            self.redirect = install_redirect(&self.args, https, http, quic)?;
+            Ok(Bound {
+                listeners: Some(listeners),
+                coverage: coverage(&self.args, self.redirect.as_ref()),
+                redirected: Some((https, http)),
+            })
+        })
+    }
+
+    fn announced(&mut self, owned_dirs: &[&Path]) -> Result<()> {
+        drop_privileges(&self.args, owned_dirs)
+    }
+
+    fn serving(&mut self, ledger: &std::sync::Arc<veris_receipt::ledger::Ledger>) {
+        if let Some(r) = self.redirect.as_mut() {
+            // The helper's reports wait in its pipe until now.
+            r.watch(ledger.clone());
+            r.serving();
+        }
+    }
+
+    fn run<'a>(&'a mut self, _: Workload<'a>) -> BoxFuture<'a, Result<Ran>> {
+        Box::pin(async { Err(only_for_serve("run")) })
+    }
+
+    /// Removes the rules, waiting (bounded) for the root helper.
+    fn teardown(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            if let Some(redirect) = self.redirect {
+                let _ = tokio::task::spawn_blocking(move || redirect.remove()).await;
+            }
+        })
     }
 }
 

@@ -28,7 +28,7 @@ use veris_receipt::{CheckLine, Coverage, Entry, ListenerTier};
 
 use crate::runtime::checks::{self, LiveRun, Reader};
 use crate::runtime::live::{AdminHandle, AdminListener, ServiceRef};
-use crate::tier::{Confinement, TransparentListeners};
+use crate::tier::{Tier, TransparentListeners};
 use crate::util::until;
 
 mod announce;
@@ -86,7 +86,8 @@ pub struct Stack {
     shutdown: watch::Sender<bool>,
     proxy_task: JoinHandle<std::io::Result<()>>,
     transparent_task: Option<JoinHandle<std::io::Result<()>>>,
-    redirect: Option<crate::tier::transparent::Redirect>,
+    /// How the workload's traffic reaches the proxy ([`Stack::run_workload`]).
+    tier: Box<dyn Tier>,
     twin_task: Option<JoinHandle<()>>,
     /// Admin API (serve only), seal timer and the files that announce them.
     pub admin: crate::runtime::live::AdminHandle,
@@ -124,9 +125,9 @@ impl Stack {
         args: &ServeArgs,
         default_listen: &str,
         role: Role,
-        confinement: Confinement,
+        mut tier: Box<dyn Tier>,
     ) -> Result<Stack> {
-        let mut host = prepare_host(args)?;
+        let mut host = prepare_host(args, &*tier)?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (stop_traffic, traffic_rx) = watch::channel(false);
         let Routing {
@@ -138,12 +139,12 @@ impl Stack {
         let routed_hosts = settings.router.routed_hosts();
         let (ca_dir, trust, tls) = ca_and_trust(args, &settings, &host.state_dir)?;
         let (sealer, ledger, report, run_id) = seal_key_and_ledger(&host.state_dir, role)?;
-        let mut bound = bind_listeners(&settings, confinement, &args.transparent).await?;
+        let mut bound = bind_listeners(&settings, &mut *tier).await?;
         if let Some(c) = bound.coverage.as_mut() {
             c.upstream_proxy = host.upstream_proxy.is_some();
         }
         let identity = identity(run_id, &settings, bound.tier.is_some())?;
-        let (mut redirect, coverage) = redirect(args, &mut bound)?;
+        let coverage = bound.coverage.take();
         // The twin's log position now: the cross-check counts rows after it.
         let (twin_heads, ()) = tokio::join!(
             crate::runtime::live::twin_newest_ids(&services),
@@ -162,7 +163,7 @@ impl Stack {
             key_id: sealer.key_id(),
             transparent: bound.transparent_addrs,
         };
-        let admin_listener = announce(args, role, announced, &ca_dir).await?;
+        let admin_listener = announce(args, role, announced, &ca_dir, &mut *tier).await?;
         let session = session_entry(SessionFacts {
             args,
             role,
@@ -176,9 +177,6 @@ impl Stack {
             coverage,
         });
         let session_seq = append_session(args, &ledger, session)?;
-        if let Some(r) = redirect.as_mut() {
-            r.watch(ledger.clone());
-        }
         let twin_base = settings.twin_base.clone();
         let (proxy, capture) = proxy(
             args, settings, twin_auth, &identity, tls, &mut host, &ledger,
@@ -196,9 +194,7 @@ impl Stack {
             shutdown: shutdown_rx.clone(),
             metrics_open: args.metrics_open,
         });
-        if let Some(r) = redirect.as_mut() {
-            r.serving();
-        }
+        tier.serving(&ledger);
         let unrecorded = proxy.unrecorded().clone();
         let (proxy_url, proxy_addr) = (bound.proxy_url.clone(), bound.proxy_addr);
         let (proxy_task, transparent_task) = serve_traffic(bound, proxy, &ledger, &traffic_rx);
@@ -219,7 +215,7 @@ impl Stack {
             shutdown,
             proxy_task,
             transparent_task,
-            redirect,
+            tier,
             twin_task,
             admin,
             capture,
@@ -227,24 +223,34 @@ impl Stack {
         })
     }
 
-    /// The env spec for clients of this stack; `base` holds the values of
-    /// the caller's environment that veris appends to.
-    pub fn env_spec<'a>(
-        &'a self,
-        no_proxy: &'a [String],
-        trust_only: bool,
-        base: &'a EnvBase,
-    ) -> EnvSpec<'a> {
-        EnvSpec {
-            proxy_url: &self.proxy_url,
-            no_proxy,
-            sandbox_id: &self.identity.sandbox_id,
-            canary: &self.identity.canary,
+    /// Starts the workload the tier's way ([`Tier::run`]) and waits for it.
+    pub async fn run_workload(
+        &mut self,
+        command: &[String],
+        started: std::time::Instant,
+    ) -> Result<crate::tier::Ran> {
+        let base = EnvBase::from_env();
+        let no_proxy = merged_no_proxy(&self.routed_hosts);
+        let workload = crate::tier::Workload {
+            command,
+            env: EnvSpec {
+                proxy_url: &self.proxy_url,
+                no_proxy: &[],
+                sandbox_id: &self.identity.sandbox_id,
+                canary: &self.identity.canary,
+                trust: &self.trust,
+                trust_only: false,
+                java_tool_options_base: base.java_tool_options.as_deref(),
+                php_ini_scan_dir_base: base.php_ini_scan_dir.as_deref(),
+            },
+            no_proxy: &no_proxy,
             trust: &self.trust,
-            trust_only,
-            java_tool_options_base: base.java_tool_options.as_deref(),
-            php_ini_scan_dir_base: base.php_ini_scan_dir.as_deref(),
-        }
+            ledger: &self.ledger,
+            proxy_addr: self.proxy_addr,
+            file_limit: self.file_limit,
+            started,
+        };
+        self.tier.run(workload).await
     }
 
     /// Ends the session (DESIGN §7a.3, §7a.6): probes the canary while the
@@ -312,7 +318,7 @@ impl Stack {
 
         let _ = self.shutdown.send(true);
         let (seal, seal_error) =
-            seal_and_stop(self.admin, &self.ledger, self.twin_task, self.redirect).await;
+            seal_and_stop(self.admin, &self.ledger, self.twin_task, self.tier).await;
         Ok(Finished {
             ledger_path: self.ledger.path().to_path_buf(),
             seal,
@@ -374,12 +380,12 @@ fn record_checks(ledger: &Ledger, checks: &[Check], since: u64, head: u64) {
 }
 
 /// After the shutdown signal: the final seal (by the admin API's stop), the
-/// built-in twin ended, the ledger synced, the redirect removed.
+/// built-in twin ended, the ledger synced, the tier torn down.
 async fn seal_and_stop(
     admin: AdminHandle,
     ledger: &Ledger,
     twin_task: Option<JoinHandle<()>>,
-    redirect: Option<crate::tier::transparent::Redirect>,
+    tier: Box<dyn Tier>,
 ) -> (Option<SealInfo>, Option<String>) {
     let sealed = match admin.stop(ledger).await {
         Ok(seal) => (Some(seal), None),
@@ -393,10 +399,7 @@ async fn seal_and_stop(
     if let Err(e) = ledger.sync() {
         warn!(error = %format!("{:#}", anyhow::Error::from(e)), "cannot sync the ledger to disk");
     }
-    if let Some(redirect) = redirect {
-        // Waits (bounded) for the root helper to delete the table.
-        let _ = tokio::task::spawn_blocking(move || redirect.remove()).await;
-    }
+    tier.teardown().await;
     sealed
 }
 
@@ -414,8 +417,8 @@ struct Host {
 /// The first phase: the tier's flags checked, `--upstream-proxy` parsed, the
 /// process made non-dumpable before any key exists in it, the open-file
 /// limit raised, the state dir created.
-fn prepare_host(args: &ServeArgs) -> Result<Host> {
-    crate::tier::transparent::preflight(&args.transparent)?;
+fn prepare_host(args: &ServeArgs, tier: &dyn Tier) -> Result<Host> {
+    tier.preflight()?;
     let upstream_proxy = args
         .proxy
         .upstream_proxy
@@ -523,7 +526,7 @@ struct Bound {
     listener: TcpListener,
     proxy_addr: SocketAddr,
     proxy_url: String,
-    /// The tier's listeners, when it has any ([`crate::tier::bind`]).
+    /// The tier's listeners, when it has any ([`Tier::bind`]).
     tier: Option<TransparentListeners>,
     /// What the tier covers, when it says so itself (isolated, Landlock).
     coverage: Option<Coverage>,
@@ -533,12 +536,8 @@ struct Bound {
     isolated: bool,
 }
 
-/// Binds the proxy's listener, then the tier's ([`crate::tier::bind`]).
-async fn bind_listeners(
-    settings: &Settings,
-    confinement: Confinement,
-    transparent: &crate::tier::transparent::TransparentArgs,
-) -> Result<Bound> {
+/// Binds the proxy's listener, then the tier's ([`Tier::bind`]).
+async fn bind_listeners(settings: &Settings, tier: &mut dyn Tier) -> Result<Bound> {
     let listener = TcpListener::bind(&settings.listen).await.with_context(|| {
         format!(
             "binding the proxy to {}. Next: pick a free address with --listen (port 0 picks one)",
@@ -546,13 +545,13 @@ async fn bind_listeners(
         )
     })?;
     let proxy_addr = listener.local_addr()?;
-    let (tier, coverage) = crate::tier::bind(confinement, transparent).await?;
-    let isolated = tier.as_ref().is_some_and(|l| l.dns.is_some());
-    let transparent_addrs = match &tier {
-        Some(l) if !isolated => Some((l.https.local_addr()?, l.http.local_addr()?)),
-        _ => None,
-    };
-    let quic_addr = tier
+    let crate::tier::Bound {
+        listeners,
+        coverage,
+        redirected,
+    } = tier.bind().await?;
+    let isolated = listeners.as_ref().is_some_and(|l| l.dns.is_some());
+    let quic_addr = listeners
         .as_ref()
         .and_then(|l| l.quic.as_ref())
         .map(|q| q.local_addr())
@@ -561,9 +560,9 @@ async fn bind_listeners(
         listener,
         proxy_addr,
         proxy_url: format!("http://{proxy_addr}"),
-        tier,
+        tier: listeners,
         coverage,
-        transparent_addrs,
+        transparent_addrs: redirected,
         quic_addr,
         isolated,
     })
@@ -587,29 +586,6 @@ fn identity(run_id: String, settings: &Settings, transparent: bool) -> Result<Id
     })
 }
 
-/// Transparent tier: the rules go in (as root) before the session line,
-/// which records what they cover (or what the tier said it covers).
-fn redirect(
-    args: &ServeArgs,
-    bound: &mut Bound,
-) -> Result<(Option<crate::tier::transparent::Redirect>, Option<Coverage>)> {
-    let redirect = match bound.transparent_addrs {
-        Some((https, http)) => crate::tier::transparent::install_redirect(
-            &args.transparent,
-            https,
-            http,
-            bound.quic_addr,
-        )?,
-        None => None,
-    };
-    let coverage = bound.coverage.take().or_else(|| {
-        bound
-            .transparent_addrs
-            .and_then(|_| crate::tier::transparent::coverage(&args.transparent, redirect.as_ref()))
-    });
-    Ok((redirect, coverage))
-}
-
 /// The admin listener and its files, then the files named on the command
 /// line (written while still root, as they may sit in root-owned dirs,
 /// after the rules are in: a workload that starts on the ready file is
@@ -619,6 +595,7 @@ async fn announce(
     role: Role,
     mut announced: Announce<'_>,
     ca_dir: &Path,
+    tier: &mut dyn Tier,
 ) -> Result<AdminListener> {
     let admin_listener = crate::runtime::live::bind_admin(
         match role {
@@ -630,12 +607,7 @@ async fn announce(
     .await?;
     announced.admin = admin_listener.addr();
     announced.write(args)?;
-    if announced.transparent.is_some() {
-        crate::tier::transparent::drop_privileges(
-            &args.transparent,
-            &[announced.state_dir, ca_dir],
-        )?;
-    }
+    tier.announced(&[announced.state_dir, ca_dir])?;
     Ok(admin_listener)
 }
 
