@@ -224,6 +224,8 @@ pub enum ListenerTier {
     Explicit,
     /// The kernel redirected the connection (nftables).
     Transparent,
+    /// A sandbox platform sent it to the gateway (SOCKS5 or CONNECT).
+    Gateway,
 }
 
 /// One ledger line as it appears on disk: `{"v":1,"seq":..,"ts":..,"kind":..,<kind fields>,"prev":..}`.

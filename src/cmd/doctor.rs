@@ -973,6 +973,7 @@ async fn live(state: &Path) -> Live {
                             match status.tier {
                                 ListenerTier::Explicit => "explicit",
                                 ListenerTier::Transparent => "transparent",
+                                ListenerTier::Gateway => "gateway",
                             },
                             status.proxy_url
                         ),

@@ -108,7 +108,11 @@ pub async fn canary(run: &LiveRun<'_>) -> Check {
 /// redirect in the transparent tier.
 pub fn probe_path(tier: ListenerTier, proxy_url: &str) -> ProbePath {
     match tier {
-        ListenerTier::Explicit => ProbePath::Explicit(proxy_url.to_string()),
+        // A gateway's canary counts only from inside a sandbox, which
+        // records it; from here the proxy URL is all there is.
+        ListenerTier::Explicit | ListenerTier::Gateway => {
+            ProbePath::Explicit(proxy_url.to_string())
+        }
         ListenerTier::Transparent => ProbePath::Transparent(
             std::env::var("VERIS_PROBE_ADDR")
                 .ok()

@@ -46,6 +46,7 @@ fn tier_word(t: ListenerTier) -> &'static str {
     match t {
         ListenerTier::Explicit => "explicit",
         ListenerTier::Transparent => "transparent",
+        ListenerTier::Gateway => "gateway",
     }
 }
 

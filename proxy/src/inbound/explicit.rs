@@ -136,7 +136,7 @@ impl Proxy {
         let route = self.router.route_connection(&leg.host);
         if route == Route::Loopback && dial::isolated() {
             return self
-                .refuse_host_loopback(&leg, Some("CONNECT".into()), None)
+                .refuse_host_loopback(&leg, Some("CONNECT".into()), None, None)
                 .await;
         }
         let passthrough_reason = match route {

@@ -86,6 +86,12 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// where an opaque passthrough is allowed.
 const SERVER_FIRST_WAIT: Duration = Duration::from_secs(1);
 
+/// A client connection: a redirected socket, or a gateway sandbox's
+/// stream (over TLS with `--tls`).
+pub trait Client: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Client for T {}
+
 /// Addresses of our own passthrough dials that are still open.
 type OwnDials = Arc<Mutex<HashSet<SocketAddr>>>;
 
@@ -100,6 +106,9 @@ struct Transparent {
     /// them was not redirected at all.
     listeners: Vec<SocketAddr>,
     waits: Waits,
+    /// What the ledger lines say took the connection: the transparent
+    /// tier, or the gateway (a sandbox's connection to an address).
+    tier: ListenerTier,
 }
 
 /// How long phases 2 and 3 wait for a client ([`HELLO_TIMEOUT`],
@@ -164,6 +173,7 @@ pub async fn serve(
         own_dials: OwnDials::default(),
         listeners,
         waits: Waits::default(),
+        tier: ListenerTier::Transparent,
     });
     let shutdown = shutdown.shared();
     let accept = |listener: Option<TcpListener>, name: &'static str| {
@@ -247,7 +257,12 @@ impl Transparent {
     }
 
     /// A connection the kernel redirected from `dst`, phases 2 to 4.
-    async fn redirected(self: Arc<Self>, mut client: TcpStream, peer: SocketAddr, dst: SocketAddr) {
+    async fn redirected<C: Client>(
+        self: Arc<Self>,
+        mut client: C,
+        peer: SocketAddr,
+        dst: SocketAddr,
+    ) {
         let started = Instant::now();
         let Some(Peeked {
             sniff,
@@ -317,9 +332,9 @@ impl Transparent {
     /// dialed then and whoever speaks first decides: the server (an opaque
     /// relay over that dial) or the client, whose bytes are sniffed as
     /// usual — a ClientHello held back on purpose is still routed by its SNI.
-    async fn peek(
+    async fn peek<C: Client>(
         &self,
-        client: &mut TcpStream,
+        client: &mut C,
         peer: SocketAddr,
         dst: SocketAddr,
     ) -> Option<Peeked> {
@@ -387,9 +402,9 @@ impl Transparent {
     /// Phase 3 for TLS: the rest of the ClientHello, then route by its SNI
     /// (or the original IP without one) and terminate, pass or refuse. A
     /// hello that turns out unusable is opaque after all.
-    async fn tls(
+    async fn tls<C: Client>(
         self: Arc<Self>,
-        mut client: TcpStream,
+        mut client: C,
         first: Vec<u8>,
         dst: SocketAddr,
         started: Instant,
@@ -403,7 +418,7 @@ impl Transparent {
             host: hello.sni.clone().unwrap_or_else(|| dst_name(dst)),
             port: dst.port(),
             tls: true,
-            tier: ListenerTier::Transparent,
+            tier: self.tier,
             origin: Some(dst),
             sni_host: hello.sni.is_some(),
             via: None,
@@ -436,9 +451,9 @@ impl Transparent {
     /// ([`MAX_CLIENT_HELLO`]) and time. `Err(Some)` gives back every byte
     /// read when they make no usable hello (they are opaque after all),
     /// `Err(None)` means the client left.
-    async fn read_hello(
+    async fn read_hello<C: Client>(
         &self,
-        client: &mut TcpStream,
+        client: &mut C,
         first: Vec<u8>,
     ) -> Result<ClientHello, Option<Vec<u8>>> {
         let mut parser = Parser::new(MAX_CLIENT_HELLO);
@@ -507,9 +522,9 @@ impl Transparent {
 
     /// A TLS passthrough: noted when the hello carries ECH, then relayed to
     /// the original destination with the hello replayed.
-    async fn pass_tls(
+    async fn pass_tls<C: Client>(
         &self,
-        client: TcpStream,
+        client: C,
         hello: ClientHello,
         leg: Leg,
         reason: &str,
@@ -539,6 +554,7 @@ impl Transparent {
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let head_timeout = self.proxy.limits.request_head;
+        let tier = self.tier;
         let proxy = self.proxy.clone();
         let cancel = proxy.cancel.clone();
         let service = service_fn(move |req: Request<Incoming>| {
@@ -555,7 +571,7 @@ impl Transparent {
                     host,
                     port: dst.port(),
                     tls: false,
-                    tier: ListenerTier::Transparent,
+                    tier,
                     origin: Some(dst),
                     sni_host: false,
                     via: None,
@@ -592,9 +608,9 @@ impl Transparent {
     /// Phase 3 for opaque bytes: relayed to the original destination
     /// (replaying `first`, over `dial` when a silent client made us open
     /// it), or refused.
-    async fn opaque(
+    async fn opaque<C: Client>(
         &self,
-        client: TcpStream,
+        client: C,
         first: Vec<u8>,
         dst: SocketAddr,
         dial: Option<OwnDial>,
@@ -602,7 +618,7 @@ impl Transparent {
     ) {
         match self.opaque_verdict(dst) {
             Ok(reason) => {
-                let leg = opaque_leg(dst);
+                let leg = opaque_leg(dst, self.tier);
                 self.relay(client, first, &leg, reason, dial, started).await;
             }
             Err(reason) => {
@@ -639,7 +655,7 @@ impl Transparent {
                     None => {
                         let why = unreached.unwrap_or_else(|| "not dialed".into());
                         self.proxy
-                            .record_unreached(&opaque_leg(dst), reason, started, why)
+                            .record_unreached(&opaque_leg(dst, self.tier), reason, started, why)
                             .await
                     }
                 }
@@ -652,7 +668,7 @@ impl Transparent {
             .record_or_log(Entry::Blocked(BlockedLine {
                 host: dst_name(dst),
                 port: dst.port(),
-                tier: ListenerTier::Transparent,
+                tier: self.tier,
                 method: None,
                 path: None,
                 reason,
@@ -670,7 +686,7 @@ impl Transparent {
         reason: &str,
         started: Instant,
     ) {
-        let leg = opaque_leg(dst);
+        let leg = opaque_leg(dst, self.tier);
         let _ = self
             .proxy
             .record_passthrough(&leg, reason, Some(reached(dst, dial)), (0, 0), started)
@@ -680,9 +696,9 @@ impl Transparent {
     /// Phase 4 of a passthrough: dial the original destination (or use the
     /// dial a silent client made us open), replay the bytes read so far,
     /// relay both ways, and record the address dialed with the bytes moved.
-    async fn relay(
+    async fn relay<C: Client>(
         &self,
-        client: TcpStream,
+        client: C,
         first: Vec<u8>,
         leg: &Leg,
         reason: &str,
@@ -775,12 +791,12 @@ fn reached(dst: SocketAddr, dial: &OwnDial) -> SocketAddr {
 }
 
 /// The leg of an opaque connection: named by its original IP.
-fn opaque_leg(dst: SocketAddr) -> Leg {
+fn opaque_leg(dst: SocketAddr, tier: ListenerTier) -> Leg {
     Leg {
         host: dst_name(dst),
         port: dst.port(),
         tls: false,
-        tier: ListenerTier::Transparent,
+        tier,
         origin: Some(dst),
         sni_host: false,
         via: None,

@@ -316,6 +316,22 @@ pub fn check_mark() -> io::Result<()> {
     sys::set_mark(&socket, EXEMPT_MARK)
 }
 
+/// The gateway's rule for every dial made for a sandbox ([`enforce`]).
+static POLICY: OnceLock<crate::outbound::policy::DialPolicy> = OnceLock::new();
+
+/// From now on every dial made for a client (a passthrough, in any form)
+/// must pass `policy` (the gateway tier: one policy per process, for every
+/// sandbox). The address is checked after the name is resolved, and that
+/// checked address is what is dialed: no second lookup can move it.
+pub fn enforce(policy: crate::outbound::policy::DialPolicy) {
+    let _ = POLICY.set(policy);
+}
+
+/// Whether a dial policy is enforced (a gateway).
+pub fn policy_enforced() -> bool {
+    POLICY.get().is_some()
+}
+
 /// The DNS stub's names, once an isolated run registered them.
 static SYNTHETIC: OnceLock<Arc<crate::inbound::dns::Names>> = OnceLock::new();
 
@@ -354,6 +370,11 @@ pub fn is_this_host(ip: std::net::IpAddr) -> bool {
 /// from an isolated run ([`is_this_host`]): the run's own loopback is its
 /// own, and the host is never reachable through veris.
 fn refuse_host_for_client(addr: SocketAddr) -> io::Result<()> {
+    if let Some(policy) = POLICY.get() {
+        policy
+            .check(addr.ip())
+            .map_err(|refusal| io::Error::new(io::ErrorKind::PermissionDenied, refusal))?;
+    }
     if SYNTHETIC.get().is_some() && is_this_host(addr.ip()) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,

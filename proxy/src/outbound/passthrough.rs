@@ -47,7 +47,7 @@ impl Proxy {
             // Refused by policy (the host's loopback from an isolated run).
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 return self
-                    .refuse_host_loopback(&leg, Some("CONNECT".into()), None)
+                    .refuse_host_loopback(&leg, Some("CONNECT".into()), None, Some(e.to_string()))
                     .await;
             }
             Ok(Err(e)) => {
@@ -167,7 +167,7 @@ impl Proxy {
             // Refused by policy (this host, from an isolated run): nothing
             // passed, so it is a refusal, not a passthrough.
             Err(e) if refused_by_policy(&e) => {
-                self.refuse_host_loopback(leg, Some(method), Some(path))
+                self.refuse_host_loopback(leg, Some(method), Some(path), Some(error_text(&e)))
                     .await
             }
             Err(e) => match dial::ChainError::find(&e) {

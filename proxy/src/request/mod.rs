@@ -89,7 +89,7 @@ impl Proxy {
             Route::Loopback if dial::isolated() => {
                 let method = req.method().to_string();
                 let path = req.uri().path().to_string();
-                self.refuse_host_loopback(&leg, Some(method), Some(path))
+                self.refuse_host_loopback(&leg, Some(method), Some(path), None)
                     .await
             }
             route @ (Route::Loopback | Route::Allowed) => {

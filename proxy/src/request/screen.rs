@@ -206,23 +206,32 @@ impl Proxy {
         leg: &Leg,
         method: Option<String>,
         path: Option<String>,
+        why: Option<String>,
     ) -> Response<ProxyBody> {
-        info!(host = %leg.host, port = leg.port, "refused a destination on this host from an isolated run");
-        let reason = "isolated run: the host's loopback and every address of its interfaces are not reachable through veris (the run's own loopback is reached directly)";
+        let (reason, code) = match why {
+            // The gateway's dial policy: the refusal names the address and its class.
+            Some(why) if dial::policy_enforced() => (why, "veris_dial_refused"),
+            _ => ("isolated run: the host's loopback and every address of its interfaces are not reachable through veris (the run's own loopback is reached directly)".to_string(), "veris_host_loopback"),
+        };
+        info!(host = %leg.host, port = leg.port, %reason, "refused a destination");
         self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
             method,
             path,
-            reason: reason.into(),
+            reason: reason.clone(),
             dst: leg.headed_to(),
         }))
         .await;
+        let next = match code {
+            "veris_dial_refused" => "Next: call a routed vendor host, or ask the gateway's operator for an --allow-dial exception",
+            _ => "Next: connect to the service on the run's own loopback, or give it a routed name",
+        };
         respond::error(
             StatusCode::FORBIDDEN,
-            "veris_host_loopback",
-            format!("{}:{} is this host: {reason}. Next: connect to the service on the run's own loopback, or give it a routed name", leg.host, leg.port),
+            code,
+            format!("{}:{} is refused: {reason}. {next}", leg.host, leg.port),
             json!({"host": leg.host}),
         )
     }

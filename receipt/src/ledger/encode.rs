@@ -120,6 +120,7 @@ fn request(out: &mut Vec<u8>, entry: &Entry) {
     out.extend_from_slice(match tier {
         ListenerTier::Explicit => b",\"tier\":\"explicit\"".as_slice(),
         ListenerTier::Transparent => b",\"tier\":\"transparent\"".as_slice(),
+        ListenerTier::Gateway => b",\"tier\":\"gateway\"".as_slice(),
     });
     out.extend_from_slice(b",\"bytes_in\":");
     out.extend_from_slice(n.format(*bytes_in).as_bytes());

@@ -161,6 +161,8 @@ pub enum Interception {
     Explicit,
     /// Explicit, with TCP connects confined to the proxy by Landlock.
     Confined,
+    /// A gateway outside the sandbox, where its platform sends its egress.
+    Gateway,
 }
 
 impl Interception {
@@ -171,6 +173,7 @@ impl Interception {
             (ListenerTier::Transparent, _) => Interception::Transparent,
             (ListenerTier::Explicit, Some("landlock")) => Interception::Confined,
             (ListenerTier::Explicit, _) => Interception::Explicit,
+            (ListenerTier::Gateway, _) => Interception::Gateway,
         }
     }
 
@@ -180,6 +183,7 @@ impl Interception {
             Interception::Transparent => "transparent",
             Interception::Explicit => "explicit",
             Interception::Confined => "confined",
+            Interception::Gateway => "gateway",
         }
     }
 }
