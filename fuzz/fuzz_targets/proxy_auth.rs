@@ -28,8 +28,8 @@ fuzz_target!(|data: &[u8]| {
     assert!(!c.username.contains(':'));
     assert!(!c.username.chars().any(char::is_control));
     let value = headers[PROXY_AUTHORIZATION].as_bytes().trim_ascii();
-    let token = base64::engine::general_purpose::STANDARD
-        .encode(format!("{}:{}", c.username, c.password));
+    let token =
+        base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", c.username, c.password));
     assert!(value.len() > 6 && value[..5].eq_ignore_ascii_case(b"basic"));
     assert_eq!(value[5..].trim_ascii_start(), token.as_bytes());
 });

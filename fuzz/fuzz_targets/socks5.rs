@@ -102,7 +102,11 @@ fuzz_target!(|data: &[u8]| {
     let Some((&chunk, input)) = data.split_first() else {
         return;
     };
-    let chunk = if chunk == 0 { usize::MAX } else { usize::from(chunk) };
+    let chunk = if chunk == 0 {
+        usize::MAX
+    } else {
+        usize::from(chunk)
+    };
     let (cut, consumed, written) = run(input, chunk);
     assert!(consumed <= MAX_HANDSHAKE, "{consumed}");
     assert!(consumed <= input.len());
@@ -112,6 +116,9 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(written, written_whole);
     // Every answer starts with the method choice, when there is one.
     if !written.is_empty() {
-        assert!(written.starts_with(&[5, 2]) || written == [5, 0xFF], "{written:?}");
+        assert!(
+            written.starts_with(&[5, 2]) || written == [5, 0xFF],
+            "{written:?}"
+        );
     }
 });
