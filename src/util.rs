@@ -72,15 +72,16 @@ pub fn read_bounded(path: &Path, cap: u64, follow: bool) -> std::io::Result<Stri
 
 /// [`read_bounded`], for a file that need not be text.
 pub fn read_bounded_bytes(path: &Path, cap: u64, follow: bool) -> std::io::Result<Vec<u8>> {
+    use rustix::fs::OFlags;
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut flags = libc::O_NONBLOCK;
+    let mut flags = OFlags::NONBLOCK;
     if !follow {
-        flags |= libc::O_NOFOLLOW;
+        flags |= OFlags::NOFOLLOW;
     }
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(flags)
+        .custom_flags(flags.bits() as i32)
         .open(path)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::new(
