@@ -8,7 +8,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use veris_proxy::clienthello::{Parser, MAX_CLIENT_HELLO};
+use veris_proxy::inbound::clienthello::{Parser, MAX_CLIENT_HELLO};
 
 fuzz_target!(|data: &[u8]| {
     let pieces = common::chunks(data);

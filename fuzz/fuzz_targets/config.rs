@@ -8,7 +8,7 @@ mod common;
 
 use libfuzzer_sys::fuzz_target;
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::route::HostPattern;
+use veris_proxy::request::route::HostPattern;
 use veris_receipt::Mode;
 
 fuzz_target!(|data: &[u8]| {

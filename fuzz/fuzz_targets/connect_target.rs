@@ -1,7 +1,7 @@
 //! CONNECT targets and absolute-form authorities: the request-target bytes
 //! parsed as hyper does (`http::Uri`), then what `Proxy::connect` does with
 //! them (proxy/src/lib.rs): a port from 1 to 65535 or a 400, the host
-//! normalized (route::normalize_host) and routed (Router::route_connection,
+//! normalized (veris_host::Host) and routed (Router::route_connection,
 //! the real catalog in strict mode), loopback checks included.
 #![no_main]
 
@@ -10,7 +10,8 @@ use std::sync::OnceLock;
 use http::Uri;
 use libfuzzer_sys::fuzz_target;
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::route::{is_loopback, normalize_host, Route};
+use veris_host::{is_loopback, Host};
+use veris_proxy::request::route::Route;
 use veris_receipt::Mode;
 
 fn settings() -> &'static Settings {
@@ -32,14 +33,14 @@ fn settings() -> &'static Settings {
 fuzz_target!(|data: &[u8]| {
     // Normalizing is idempotent (the proxy normalizes, routing again).
     let raw = String::from_utf8_lossy(data);
-    let once = normalize_host(&raw);
-    assert_eq!(normalize_host(&once), once, "{raw:?}");
+    let once = Host::new(&raw).into_string();
+    assert_eq!(Host::new(&once).into_string(), once, "{raw:?}");
     let Ok(uri) = Uri::try_from(data) else { return };
     let Some(authority) = uri.authority() else {
         return;
     };
     let port = authority.port_u16().filter(|p| *p != 0);
-    let host = normalize_host(authority.host());
+    let host = Host::new(authority.host()).into_string();
     let router = &settings().router;
     let route = router.route_connection(&host);
     if is_loopback(&host) {

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use veris_proxy::dns::{answer, Names};
+use veris_proxy::inbound::dns::{answer, Names};
 
 fuzz_target!(|data: &[u8]| {
     let names = Names::new(8);

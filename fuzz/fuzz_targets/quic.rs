@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use veris_proxy::quic::Sink;
+use veris_proxy::inbound::quic::Sink;
 use veris_receipt::Entry;
 
 fuzz_target!(|data: &[u8]| {

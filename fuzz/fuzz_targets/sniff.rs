@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use veris_proxy::sniff::{classify, settle, SNIFF_LIMIT};
+use veris_proxy::inbound::sniff::{classify, settle, SNIFF_LIMIT};
 
 fuzz_target!(|data: &[u8]| {
     let data = &data[..data.len().min(SNIFF_LIMIT)];

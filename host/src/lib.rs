@@ -76,9 +76,13 @@ impl Host {
 
 /// [`Host::is_loopback`] for a host already normalized.
 pub fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host.ends_with(".localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    is_localhost(host) || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// `localhost` or a name under it, which resolve to loopback (RFC 6761
+/// §6.3), for a name already normalized.
+pub fn is_localhost(name: &str) -> bool {
+    name == "localhost" || name.ends_with(".localhost")
 }
 
 impl fmt::Display for Host {

@@ -126,7 +126,7 @@ async fn probe_transparent(addr: SocketAddr) -> Result<CanaryAnswer, ProbeError>
         .map_err(|e| ProbeError::Unreachable(format!("{addr}: {e}")))?;
     let mut config = rustls::ClientConfig::builder()
         .dangerous()
-        .with_custom_certificate_verifier(crate::upstream::AcceptAnyCert::new())
+        .with_custom_certificate_verifier(crate::outbound::upstream::AcceptAnyCert::new())
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let name = rustls::pki_types::ServerName::try_from(CANARY_HOST)

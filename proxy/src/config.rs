@@ -8,7 +8,7 @@ use serde::Deserialize;
 use veris_receipt::Mode;
 
 use crate::catalog;
-use crate::route::{Claim, HostPattern, Router, Service};
+use crate::request::route::{Claim, HostPattern, RouteError, Router, Service};
 
 /// Default explicit-tier listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -34,6 +34,16 @@ pub enum ConfigError {
         source_name: String,
         inner: Box<ConfigError>,
     },
+}
+
+impl From<RouteError> for ConfigError {
+    fn from(e: RouteError) -> ConfigError {
+        ConfigError::Invalid {
+            field: e.field,
+            message: e.message,
+            fix: e.fix,
+        }
+    }
 }
 
 fn invalid(
@@ -493,7 +503,7 @@ fn validate_base_url(field: &str, url: &str) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::Route;
+    use crate::request::route::Route;
 
     const GOOD: &str = r#"{
         "version": 1, "sandbox_id": "sbx_1", "mode": "strict",

@@ -2,11 +2,12 @@
 //! the path they broke, so the normal suite keeps them fixed.
 
 use http::Uri;
+use veris_host::{is_loopback, Host};
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::route::{is_loopback, normalize_host, Route};
+use veris_proxy::request::route::Route;
 use veris_receipt::Mode;
 
-fn router() -> veris_proxy::route::Router {
+fn router() -> veris_proxy::request::route::Router {
     Settings::from_flags(Flags {
         listen: "127.0.0.1:8080",
         twin: "http://127.0.0.1:1",
@@ -34,8 +35,8 @@ fn a_bracketed_non_address_connect_target_is_one_name_to_router_and_dialer() {
         "[:api.stripe.com]:443",
     ] {
         let uri = Uri::try_from(target).expect("http accepts it, as hyper does");
-        let host = normalize_host(uri.authority().expect("authority").host());
-        assert_eq!(normalize_host(&host), host, "{target}");
+        let host = Host::new(uri.authority().expect("authority").host()).into_string();
+        assert_eq!(Host::new(&host).into_string(), host, "{target}");
         let route = router.route_connection(&host);
         assert_eq!(
             is_loopback(&host),
@@ -46,11 +47,11 @@ fn a_bracketed_non_address_connect_target_is_one_name_to_router_and_dialer() {
     }
     // Real addresses and names still route as before.
     assert_eq!(
-        router.route_connection(&normalize_host("[::1]:443")),
+        router.route_connection(&Host::new("[::1]:443").into_string()),
         Route::Loopback
     );
     assert!(matches!(
-        router.route_connection(&normalize_host("API.Stripe.com.:443")),
+        router.route_connection(&Host::new("API.Stripe.com.:443").into_string()),
         Route::Service(_)
     ));
 }
@@ -60,8 +61,8 @@ fn a_bracketed_non_address_connect_target_is_one_name_to_router_and_dialer() {
 #[test]
 fn an_unclosed_bracket_normalizes_once_and_for_all() {
     for raw in ["[::1.", "[::1", "[127.0.0.1", "[:.localhost"] {
-        let once = normalize_host(raw);
-        assert_eq!(normalize_host(&once), once, "{raw:?}");
+        let once = Host::new(raw).into_string();
+        assert_eq!(Host::new(&once).into_string(), once, "{raw:?}");
     }
-    assert!(!is_loopback(&normalize_host("[::1.")));
+    assert!(!is_loopback(&Host::new("[::1.").into_string()));
 }

@@ -21,9 +21,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use veris_ca::{CertificateAuthority, Issuer};
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::recorder::MemoryRecorder;
-use veris_proxy::route::{Claim, HostPattern, Router, Service};
-use veris_proxy::upstream::UpstreamOptions;
+use veris_proxy::outbound::upstream::UpstreamOptions;
+use veris_proxy::request::recorder::MemoryRecorder;
+use veris_proxy::request::route::{Claim, HostPattern, Router, Service};
 use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
@@ -88,9 +88,13 @@ async fn start_proxy(setup: Setup, tag: &str) -> Harness {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(veris_proxy::serve(listener, proxy, async move {
-        let _ = stopped.await;
-    }));
+    tokio::spawn(veris_proxy::inbound::explicit::serve(
+        listener,
+        proxy,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
     Harness {
         proxy: addr,
         ca: ca_der,

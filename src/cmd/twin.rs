@@ -72,7 +72,7 @@ pub async fn twin(args: TwinArgs) -> Result<u8> {
         let issuer = Issuer::new(Arc::new(ca), 16);
         let host = addr.ip().to_string();
         let key = issuer.certified_key(&host)?;
-        Some(veris_proxy::server_config(key))
+        Some(veris_proxy::inbound::tls::server_config(key))
     } else {
         None
     };

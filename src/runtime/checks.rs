@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use veris_proxy::canary::{probe, CanaryAnswer, ProbeError, ProbePath, DEFAULT_PROBE_ADDR};
-use veris_proxy::recorder::UnrecordedCounts;
+use veris_proxy::request::recorder::UnrecordedCounts;
 use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::ListenerTier;
 

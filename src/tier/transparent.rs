@@ -75,7 +75,7 @@ pub struct TransparentArgs {
     #[arg(long)]
     pub allow_quic: bool,
     /// Sink for redirected UDP 443 (QUIC): never answers, records each attempt.
-    #[arg(long, value_name = "ADDR", default_value = veris_proxy::quic::DEFAULT_QUIC_LISTEN)]
+    #[arg(long, value_name = "ADDR", default_value = veris_proxy::inbound::quic::DEFAULT_QUIC_LISTEN)]
     pub quic_listen: String,
     /// Redirect only these TCP ports (default: every port). Narrower rules
     /// show in the receipt's leaks (`tcp-other-ports-open`).
@@ -113,7 +113,10 @@ impl RulesetParams {
             .into_iter()
             .collect();
         if self.exempt_mark {
-            exempt.push(format!("mark {:#x}", veris_proxy::dial::EXEMPT_MARK));
+            exempt.push(format!(
+                "mark {:#x}",
+                veris_proxy::outbound::dial::EXEMPT_MARK
+            ));
         }
         veris_receipt::Coverage {
             tcp_ports: (!self.egress_ports.is_empty()).then(|| self.egress_ports.clone()),
@@ -370,7 +373,7 @@ pub fn preflight(args: &TransparentArgs) -> Result<()> {
     if (args.install_redirect || args.redirect_external) && rootless_namespace() {
         // Nothing else would exempt our passthrough dials: without the mark
         // they would loop back to our own listeners.
-        veris_proxy::dial::check_mark().context("rootless namespace (uid 0 is the only uid mapped): veris cannot mark its own dials (SO_MARK), and the uid exemption cannot tell it from the workload. Next: run it in a network namespace owned by its user namespace (`unshare -rn`), or as real root")?;
+        veris_proxy::outbound::dial::check_mark().context("rootless namespace (uid 0 is the only uid mapped): veris cannot mark its own dials (SO_MARK), and the uid exemption cannot tell it from the workload. Next: run it in a network namespace owned by its user namespace (`unshare -rn`), or as real root")?;
     }
     if args.install_redirect && euid != 0 {
         bail!("--install-redirect needs root to install nftables rules (running as uid {euid}). Next: start veris as root (it drops to --proxy-uid {}) or install deploy/veris.nft yourself and pass --redirect-external", args.proxy_uid);
@@ -415,7 +418,7 @@ pub fn install_redirect(
 pub fn drop_privileges(args: &TransparentArgs, owned_dirs: &[&Path]) -> Result<()> {
     if (args.install_redirect || args.redirect_external) && rootless_namespace() {
         info!(
-            mark = %format_args!("{:#x}", veris_proxy::dial::EXEMPT_MARK),
+            mark = %format_args!("{:#x}", veris_proxy::outbound::dial::EXEMPT_MARK),
             "rootless namespace: keeping uid 0 (the only uid mapped); own dials are exempt by mark"
         );
     } else if crate::os::prctl::euid() == 0 && (args.install_redirect || args.redirect_external) {
@@ -601,23 +604,23 @@ pub fn serve(
     ledger: Arc<Ledger>,
     stop: &watch::Receiver<bool>,
 ) -> JoinHandle<std::io::Result<()>> {
-    let tcp = veris_proxy::transparent::serve(
+    let tcp = veris_proxy::inbound::transparent::serve(
         Some(listeners.https),
         Some(listeners.http),
         proxy.clone(),
         crate::util::until(stop),
     );
-    let recorder: Arc<dyn veris_proxy::recorder::Recorder> = ledger.clone();
+    let recorder: Arc<dyn veris_proxy::request::recorder::Recorder> = ledger.clone();
     let stop_sink = crate::util::until(stop);
     let sink = async move {
         match listeners.quic {
-            Some(socket) => veris_proxy::quic::serve(socket, recorder, stop_sink).await,
+            Some(socket) => veris_proxy::inbound::quic::serve(socket, recorder, stop_sink).await,
             None => Ok(()),
         }
     };
     let dns = listeners.dns.map(|(udp, tcp)| {
-        use veris_proxy::dns;
-        use veris_proxy::route::Route;
+        use veris_proxy::inbound::dns;
+        use veris_proxy::request::route::Route;
         // Vendor, allowed and canary names resolve even once a flood of
         // made-up names filled the table.
         // Weak: the table outlives the session (dials look names up in it).
@@ -632,7 +635,7 @@ pub fn serve(
         });
         let names = Arc::new(dns::Names::new(dns::DEFAULT_CAPACITY).routing(routed));
         // Dials to the stub's addresses go to the names they stand for.
-        veris_proxy::dial::answer_synthetic_with(names.clone());
+        veris_proxy::outbound::dial::answer_synthetic_with(names.clone());
         let counted = names.clone();
         let record: dns::OnLookup = Arc::new(move |lookup: &dns::Lookup| {
             if lookup.refused {
@@ -746,7 +749,10 @@ mod tests {
         assert!(!r.contains("udp dport 443 redirect"));
         assert!(r.contains("udp dport 443 return"));
         assert!(!r.contains("dport 53"));
-        let mark = format!("meta mark {:#x} return", veris_proxy::dial::EXEMPT_MARK);
+        let mark = format!(
+            "meta mark {:#x} return",
+            veris_proxy::outbound::dial::EXEMPT_MARK
+        );
         assert!(r.contains(&mark), "rootless: the dial mark is exempt: {r}");
         let c = p.coverage("veris");
         assert_eq!(c.tcp_ports, Some(vec![443]));

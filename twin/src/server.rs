@@ -7,7 +7,6 @@
 //! its in-flight requests and close, and stragglers are aborted after a grace period.
 
 use std::convert::Infallible;
-use std::io::ErrorKind;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +15,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use veris_accept::{accept_until, OnError};
 
 use crate::{Twin, TwinError};
 
@@ -30,7 +31,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// finish (up to 5 s). HTTP/1.1 and h2c (prior knowledge) are auto-detected on
 /// plaintext; with `tls`, ALPN offers h2 and http/1.1.
 ///
-/// Transient accept errors (a connection reset before accept, too many open files) are
+/// Connections are accepted by the one accept loop ([`veris_accept::accept_until`]):
+/// transient accept errors (a connection reset before accept, too many open files) are
 /// logged and retried; any other accept error ends serving with [`TwinError::Accept`].
 pub async fn serve(
     listener: TcpListener,
@@ -49,54 +51,38 @@ pub async fn serve(
         TlsAcceptor::from(config)
     });
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut connections = JoinSet::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    let result = loop {
-        tokio::select! {
-            () = &mut shutdown => break Ok(()),
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    tracing::debug!(%peer, "twin connection");
-                    connections.spawn(connection(stream, Arc::clone(&twin), acceptor.clone(), stop_rx.clone()));
-                }
-                Err(e) if is_transient(&e) => {
-                    tracing::warn!(error = %e, "accept failed; retrying");
-                    if matches!(e.raw_os_error(), Some(12 | 23 | 24 | 105)) {
-                        // Out of descriptors or memory: give in-flight connections a moment to close.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-                Err(e) => break Err(TwinError::Accept(e)),
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    };
-    drop(listener);
+    // Cancelled when the grace period ran out: connections still open are
+    // dropped where they stand.
+    let abort = CancellationToken::new();
+    let connections = TaskTracker::new();
+    let result = accept_until(listener, shutdown, OnError::StopOnFatal, |stream, peer| {
+        tracing::debug!(%peer, "twin connection");
+        let served = connection(stream, Arc::clone(&twin), acceptor.clone(), stop_rx.clone());
+        let abort = abort.clone();
+        connections.spawn(async move {
+            tokio::select! {
+                () = served => {}
+                () = abort.cancelled() => {}
+            }
+        });
+    })
+    .await
+    .map_err(TwinError::Accept);
     // Receivers outlive the sender only inside connection tasks; a send error means none are left.
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(GRACE, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
+    connections.close();
+    if tokio::time::timeout(GRACE, connections.wait())
+        .await
+        .is_err()
+    {
         tracing::info!(
             remaining = connections.len(),
             "grace period over; closing remaining twin connections"
         );
-        connections.shutdown().await;
+        abort.cancel();
+        connections.wait().await;
     }
     result
-}
-
-fn is_transient(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::ConnectionAborted
-            | ErrorKind::ConnectionReset
-            | ErrorKind::Interrupted
-            | ErrorKind::WouldBlock
-            | ErrorKind::TimedOut
-    ) || matches!(e.raw_os_error(), Some(12 | 23 | 24 | 105))
 }
 
 async fn connection(

@@ -137,7 +137,9 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         sealer: a.sealer.clone(),
         public_keys: a.state_dir.join(veris_receipt::seal::PUB_FILE),
         started: Instant::now(),
-        metrics: Some(veris_proxy::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry()),
+        metrics: Some(
+            veris_proxy::admin::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry(),
+        ),
         metrics_open: a.metrics_open,
         unrecorded: a.proxy.unrecorded().clone(),
         // The checks every live reader runs (`checks::live_checks`), as the

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use tokio::net::TcpStream;
-use veris_proxy::recorder::UnrecordedCounts;
+use veris_proxy::request::recorder::UnrecordedCounts;
 use veris_receipt::ledger::SealInfo;
 use veris_receipt::{Entry, ListenerTier};
 

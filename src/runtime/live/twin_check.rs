@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use veris_proxy::recorder::UnrecordedCounts;
+use veris_proxy::request::recorder::UnrecordedCounts;
 use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::{redact, Entry};
 
@@ -19,7 +19,7 @@ use super::client::http;
 const TWIN_MAX_PAGES: usize = 100;
 
 /// The routed services and their twin upstreams.
-pub fn service_refs(router: &veris_proxy::route::Router) -> Vec<ServiceRef> {
+pub fn service_refs(router: &veris_proxy::request::route::Router) -> Vec<ServiceRef> {
     router
         .services()
         .iter()

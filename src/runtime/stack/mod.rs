@@ -17,9 +17,9 @@ use tracing::{info, warn};
 use veris_ca::env::EnvSpec;
 use veris_ca::trust::TrustFiles;
 use veris_ca::{CertificateAuthority, Issuer, LoadOutcome};
-use veris_proxy::capture::{Capture, CaptureOptions};
+use veris_proxy::body::capture::{Capture, CaptureOptions};
 use veris_proxy::config::Settings;
-use veris_proxy::upstream::UpstreamOptions;
+use veris_proxy::outbound::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::ledger::{Ledger, OpenReport, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
@@ -93,7 +93,7 @@ pub struct Stack {
     /// Body capture (`--capture-bodies`), flushed before the final seal.
     capture: Option<Arc<Capture>>,
     /// Requests the proxy sent to the twin but could not record.
-    unrecorded: Arc<veris_proxy::recorder::Unrecorded>,
+    unrecorded: Arc<veris_proxy::request::recorder::Unrecorded>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -404,7 +404,7 @@ async fn seal_and_stop(
 struct Host {
     state_dir: PathBuf,
     /// `--upstream-proxy`, parsed; taken by the proxy.
-    upstream_proxy: Option<veris_proxy::dial::ChainProxy>,
+    upstream_proxy: Option<veris_proxy::outbound::dial::ChainProxy>,
     /// The open-file limit before the start raised it (for a child).
     file_limit: crate::os::fd::FileLimit,
     /// The open-file limit after.
@@ -421,7 +421,7 @@ fn prepare_host(args: &ServeArgs) -> Result<Host> {
         .upstream_proxy
         .as_deref()
         .map(|url| {
-            veris_proxy::dial::ChainProxy::parse(url).map_err(|why| {
+            veris_proxy::outbound::dial::ChainProxy::parse(url).map_err(|why| {
                 anyhow::anyhow!(
                     "--upstream-proxy {url:?}: {why}. Next: give it as http://[user:password@]host:port"
                 )
@@ -740,7 +740,11 @@ fn serve_traffic(
         );
         crate::tier::transparent::serve(listeners, proxy.clone(), ledger.clone(), stop)
     });
-    let proxy_task = tokio::spawn(veris_proxy::serve(listener, proxy, until(stop)));
+    let proxy_task = tokio::spawn(veris_proxy::inbound::explicit::serve(
+        listener,
+        proxy,
+        until(stop),
+    ));
     (proxy_task, transparent_task)
 }
 

@@ -3,7 +3,7 @@
 //! mark that exempts them from the transparent tier's redirect.
 //!
 //! In an isolated run the child's DNS is answered by veris's stub
-//! ([`crate::dns`]) with synthetic addresses; once [`answer_synthetic_with`]
+//! ([`crate::inbound::dns`]) with synthetic addresses; once [`answer_synthetic_with`]
 //! registers its table, a dial to a synthetic address goes to the name it
 //! stands for, resolved here on the proxy's side, which is where the
 //! passthrough really goes.
@@ -46,8 +46,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 use tracing::debug;
 
-use crate::route::is_loopback;
 use crate::sys;
+use veris_host::is_loopback;
 
 /// An HTTP proxy that clients' passthrough dials are chained through with
 /// `CONNECT` (a corporate proxy in front of the sandbox's egress). Its
@@ -99,7 +99,7 @@ impl ChainProxy {
         }
         let authorization = userinfo.map(|u| {
             use base64::Engine as _;
-            let decoded = crate::reserved::percent_decode(u.as_bytes())
+            let decoded = crate::request::reserved::percent_decode(u.as_bytes())
                 .unwrap_or_else(|| u.as_bytes().to_vec());
             format!(
                 "Basic {}",
@@ -317,7 +317,7 @@ pub fn check_mark() -> io::Result<()> {
 }
 
 /// The DNS stub's names, once an isolated run registered them.
-static SYNTHETIC: OnceLock<Arc<crate::dns::Names>> = OnceLock::new();
+static SYNTHETIC: OnceLock<Arc<crate::inbound::dns::Names>> = OnceLock::new();
 
 /// From now on dials and lookups of synthetic addresses go to the names
 /// `names` handed them out for (one isolated run per process), and dials
@@ -325,7 +325,7 @@ static SYNTHETIC: OnceLock<Arc<crate::dns::Names>> = OnceLock::new();
 /// loopback is its own, so a client asking the proxy for "loopback" (a
 /// `CONNECT 127.0.0.1:…`, a name that resolves there) is asking for the
 /// host's.
-pub fn answer_synthetic_with(names: Arc<crate::dns::Names>) {
+pub fn answer_synthetic_with(names: Arc<crate::inbound::dns::Names>) {
     let _ = SYNTHETIC.set(names);
 }
 
@@ -403,7 +403,7 @@ pub async fn connect_for_client(
     if let Some(via) = via {
         let ip = addr.ip().to_canonical();
         if !(ip.is_loopback() || ip.is_unspecified()) {
-            let host = if SYNTHETIC.get().is_some() && crate::dns::is_synthetic(ip) {
+            let host = if SYNTHETIC.get().is_some() && crate::inbound::dns::is_synthetic(ip) {
                 match synthetic_name(ip).filter(|n| n.parse::<std::net::IpAddr>().is_err()) {
                     Some(name) => name,
                     None => {
@@ -500,7 +500,7 @@ pub fn synthetic_name(ip: std::net::IpAddr) -> Option<String> {
 /// A synthetic address is dialed as its name: `Ok(None)` for any other
 /// address, an error for one the stub never handed out.
 async fn unsynthesize(addr: SocketAddr) -> io::Result<Option<Vec<SocketAddr>>> {
-    if SYNTHETIC.get().is_none() || !crate::dns::is_synthetic(addr.ip()) {
+    if SYNTHETIC.get().is_none() || !crate::inbound::dns::is_synthetic(addr.ip()) {
         return Ok(None);
     }
     let Some(name) = synthetic_name(addr.ip()).filter(|n| n.parse::<std::net::IpAddr>().is_err())
@@ -517,7 +517,7 @@ async fn unsynthesize(addr: SocketAddr) -> io::Result<Option<Vec<SocketAddr>>> {
         .await?
         .into_iter()
         // A resolver answering inside the synthetic ranges would loop.
-        .filter(|a| !crate::dns::is_synthetic(a.ip()))
+        .filter(|a| !crate::inbound::dns::is_synthetic(a.ip()))
         .collect();
     Ok(Some(real))
 }

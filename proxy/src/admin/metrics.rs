@@ -43,7 +43,7 @@ const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 /// update is one or two relaxed atomic adds.
 #[derive(Debug)]
 pub struct Stats {
-    /// Per service (in [`crate::route::Router::services`] order), requests
+    /// Per service (in [`crate::request::route::Router::services`] order), requests
     /// forwarded to the twin by the class of the status the client was
     /// given: the twin's, or the proxy's 502/504 when the twin failed.
     requests: Box<[[AtomicU64; 5]]>,

@@ -28,7 +28,7 @@ use veris_receipt::redact::{self, BodyText};
 use veris_receipt::{CapturedBody, Entry};
 
 use crate::body::BoxError;
-use crate::recorder::Recorder;
+use crate::request::recorder::Recorder;
 
 /// Exchanges waiting for the writer thread; more are dropped, not waited for.
 const QUEUE: usize = 64;
@@ -417,7 +417,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recorder::MemoryRecorder;
+    use crate::request::recorder::MemoryRecorder;
     use http_body_util::BodyExt;
 
     #[tokio::test]

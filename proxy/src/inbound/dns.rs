@@ -34,6 +34,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info};
+use veris_accept::{accept_until, OnError};
 
 /// Slots beyond the capacity that only names [`Names::routing`] says veris
 /// routes may take, so they resolve even once made-up names filled the rest.
@@ -186,7 +187,7 @@ impl Names {
     /// under it (always loopback, never synthetic), or when the table is full.
     pub fn assign(&self, name: &str) -> Option<Assigned> {
         let name = normalize(name)?;
-        if is_localhost(&name) {
+        if veris_host::is_localhost(&name) {
             return None;
         }
         let mut table = self.lock();
@@ -273,12 +274,7 @@ fn normalize(name: &str) -> Option<String> {
     if name.is_empty() || name.len() > MAX_NAME_TEXT || !name.split('.').all(valid_label) {
         return None;
     }
-    Some(name.to_ascii_lowercase())
-}
-
-/// `localhost` and names under it resolve to loopback (RFC 6761 §6.3).
-fn is_localhost(name: &str) -> bool {
-    name == "localhost" || name.ends_with(".localhost")
+    Some(veris_host::Host::new(name).into_string())
 }
 
 /// Answers one DNS query in RFC 1035 wire format with a reply for the same
@@ -323,7 +319,7 @@ pub fn answer(query: &[u8], names: &Names) -> Result<(Vec<u8>, Option<Lookup>), 
     let Some(name) = text.and_then(|t| normalize(std::str::from_utf8(&t).ok()?)) else {
         return Ok((head.reply(SERVFAIL, question, &[]), None));
     };
-    let assigned = if is_localhost(&name) {
+    let assigned = if veris_host::is_localhost(&name) {
         Some((Ipv4Addr::LOCALHOST, Ipv6Addr::LOCALHOST, false))
     } else {
         names.assign(&name).map(|a| (a.v4, a.v6, a.first))
@@ -469,23 +465,11 @@ pub async fn serve_tcp(
     let slots = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
-    tokio::pin!(stop);
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    debug!(error = %e, "DNS stub: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    // Retry never ends the loop with an error.
+    let _ = accept_until(listener, stop, OnError::Retry, |stream, peer| {
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             debug!(%peer, "DNS stub: too many TCP connections; closed");
-            continue;
+            return;
         };
         let (names, on_lookup, cancel) = (names.clone(), on_lookup.clone(), cancel.clone());
         tasks.spawn(async move {
@@ -499,8 +483,8 @@ pub async fn serve_tcp(
             }
             drop(slot);
         });
-    }
-    drop(listener);
+    })
+    .await;
     cancel.cancel();
     tasks.close();
     tasks.wait().await;

@@ -21,8 +21,9 @@ use tracing::{info, warn};
 use veris_receipt::entry::is_refusal_alert;
 use veris_receipt::Entry;
 
-use crate::route::Route;
-use crate::{Leg, Proxy};
+use crate::request::route::Route;
+use crate::request::Leg;
+use crate::Proxy;
 
 /// How a handshake after our server flight ended, judged by its evidence.
 #[derive(Debug, Clone, PartialEq, Eq)]

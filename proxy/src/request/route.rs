@@ -10,10 +10,9 @@
 //! no I/O, so every rule has a unit test below.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 
 use crate::canary::{CANARY_HOST, CANARY_PATH};
-use crate::config::ConfigError;
+use veris_host::{is_loopback, Host};
 
 /// A service as routing sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +98,17 @@ struct HostClaims {
     whole: Option<usize>,
 }
 
+/// Why a routing table could not be built: the field of the config it
+/// concerns, what is wrong with it and how to fix it (the config reports
+/// it as one of its own errors).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}. Next: {fix}")]
+pub struct RouteError {
+    pub field: String,
+    pub message: String,
+    pub fix: String,
+}
+
 /// The routing table, built once from validated claims.
 #[derive(Debug)]
 pub struct Router {
@@ -116,14 +126,14 @@ impl Router {
         services: Vec<Service>,
         claims: Vec<Claim>,
         allow_passthrough: &[HostPattern],
-    ) -> Result<Router, ConfigError> {
+    ) -> Result<Router, RouteError> {
         let mut exact: HashMap<String, HostClaims> = HashMap::new();
         let mut wildcard: HashMap<String, HostClaims> = HashMap::new();
         for claim in claims {
             let idx = services
                 .iter()
                 .position(|s| s.name == claim.service)
-                .ok_or_else(|| ConfigError::Invalid {
+                .ok_or_else(|| RouteError {
                     field: "services".into(),
                     message: format!("claim for unknown service {:?}", claim.service),
                     fix: "declare the service before routing hosts to it".into(),
@@ -132,7 +142,7 @@ impl Router {
                 HostPattern::Exact(h) => exact.entry(h.clone()).or_default(),
                 HostPattern::Wildcard(s) => wildcard.entry(s.clone()).or_default(),
             };
-            let duplicate = |other: usize, what: String| ConfigError::Invalid {
+            let duplicate = |other: usize, what: String| RouteError {
                 field: "services".into(),
                 message: format!(
                     "services {:?} and {:?} both claim {}",
@@ -149,7 +159,7 @@ impl Router {
                 entry.whole = Some(idx);
             }
             for prefix in &claim.prefixes {
-                let prefix = normalize_prefix(prefix).map_err(|message| ConfigError::Invalid {
+                let prefix = normalize_prefix(prefix).map_err(|message| RouteError {
                     field: format!("services[{}].paths", claim.service),
                     message,
                     fix: "write path prefixes like \"/calendar/v3\"".into(),
@@ -212,7 +222,7 @@ impl Router {
 
     /// Decides a request: `host` may carry a port and any case; `path` has no query.
     pub fn route(&self, host: &str, path: &str) -> Route<'_> {
-        let host = normalize_host(host);
+        let host = Host::new(host).into_string();
         if path == CANARY_PATH || path.starts_with("/__veris/canary?") {
             return Route::Canary;
         }
@@ -222,7 +232,7 @@ impl Router {
     /// Decides a connection before any request is seen (CONNECT, SNI): a host
     /// that any service claims, for any path, is a `Service` (the first claimant).
     pub fn route_connection(&self, host: &str) -> Route<'_> {
-        self.route_host(&normalize_host(host), None)
+        self.route_host(&Host::new(host).into_string(), None)
     }
 
     fn route_host(&self, host: &str, path: Option<&str>) -> Route<'_> {
@@ -265,38 +275,6 @@ impl Router {
                 .map(|(_, c)| c),
         )
     }
-}
-
-/// Lower-cases, strips a port and IPv6 brackets, and a trailing dot.
-/// Idempotent: the proxy normalizes a leg's host once and routing does it
-/// again, so both must see the same name. Brackets come off only an IPv6
-/// literal; `[:x.localhost]` stays as written (no name, no address: it
-/// routes nowhere) rather than becoming `:x.localhost`, which a second pass
-/// would cut to the empty name while the dialer took it for loopback.
-pub fn normalize_host(host: &str) -> String {
-    let host = host.trim();
-    let bare = if host.starts_with('[') {
-        match host.find(']') {
-            Some(end) if host[1..end].parse::<std::net::Ipv6Addr>().is_ok() => &host[1..end],
-            // Up to and including the closing bracket; a port after it goes.
-            Some(end) => &host[..=end],
-            // No closing bracket: not an address, kept as written.
-            None => host,
-        }
-    } else if host.matches(':').count() == 1 {
-        host.split(':').next().unwrap_or(host)
-    } else {
-        host
-    };
-    bare.trim_end_matches(|c: char| c == '.' || c.is_whitespace())
-        .to_ascii_lowercase()
-}
-
-/// `localhost`, `*.localhost` and loopback literals.
-pub fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host.ends_with(".localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn suffix_match(host: &str, suffix: &str) -> bool {
@@ -574,40 +552,5 @@ mod tests {
         assert_eq!(normalize_prefix("/").unwrap(), "/");
         assert!(normalize_prefix("a").is_err());
         assert!(normalize_prefix("/a?b").is_err());
-    }
-
-    #[test]
-    fn normalize_host_forms() {
-        assert_eq!(normalize_host("Example.COM:8443"), "example.com");
-        assert_eq!(normalize_host("[2001:db8::1]:443"), "2001:db8::1");
-        assert_eq!(normalize_host("2001:db8::1"), "2001:db8::1");
-        assert_eq!(normalize_host("203.0.113.9:80"), "203.0.113.9");
-    }
-
-    /// Found by the connect_target fuzz target: `CONNECT [:51.localhost]:99`
-    /// was `:51.localhost` to the dialer (loopback) and, normalized a second
-    /// time by routing, the empty name (unmapped, so passed through by mode
-    /// rather than as loopback).
-    #[test]
-    fn normalize_host_is_idempotent_and_brackets_only_come_off_addresses() {
-        for raw in [
-            "[:51.localhost]:99",
-            "[:api.stripe.com]",
-            "[x",
-            "[::1.]",
-            "[::1.",
-            "[fe80::1%25eth0]:443",
-            "a :80",
-            "A.B.:1",
-            "x. .",
-            ":51.localhost",
-            "[2001:db8::1]:443",
-        ] {
-            let once = normalize_host(raw);
-            assert_eq!(normalize_host(&once), once, "{raw:?}");
-        }
-        assert_eq!(normalize_host("[:51.localhost]:99"), "[:51.localhost]");
-        assert!(!is_loopback(&normalize_host("[:51.localhost]:99")));
-        assert_eq!(normalize_host("[::1]:443"), "::1");
     }
 }

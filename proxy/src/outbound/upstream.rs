@@ -21,7 +21,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::body::{empty, ProxyBody};
-use crate::dial::{ChainProxy, Connector, PinnedConnector};
+use crate::outbound::dial::{ChainProxy, Connector, PinnedConnector};
 
 /// How the upstream failed, which decides the client's status.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +95,7 @@ pub struct Upstream {
 impl Upstream {
     pub fn new(options: UpstreamOptions) -> Upstream {
         // Our own connector, not hyper's: in the transparent tier these dials
-        // carry the redirect's exemption mark (crate::dial).
+        // carry the redirect's exemption mark (crate::outbound::dial).
         let http = Connector {
             timeout: options.connect_timeout,
             for_client: false,

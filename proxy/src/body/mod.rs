@@ -1,6 +1,9 @@
 //! Body plumbing: one boxed body type for both legs, and a wrapper that counts
 //! the bytes a body yields without buffering it (streaming stays streaming).
 
+pub mod capture;
+pub mod meter;
+
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

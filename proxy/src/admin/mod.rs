@@ -17,11 +17,14 @@
 //! - `GET /receipt?since=SEQ`: seals the head (reusing the head seal when
 //!   nothing was written since), then returns the receipt JSON for the
 //!   window `(SEQ, seal]` (default: this run's lines).
-//! - `GET /metrics`: Prometheus metrics in the text format ([`crate::metrics`]).
+//! - `GET /metrics`: Prometheus metrics in the text format ([`crate::admin::metrics`]).
 //!
 //! Everything but `/healthz` (and `/metrics` when [`Admin::metrics_open`])
 //! needs `Authorization: Bearer <token>` and answers 401 otherwise. The
 //! token never reaches a log or a metric.
+
+pub mod metrics;
+pub mod summary;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -47,8 +50,11 @@ use veris_receipt::seal::{PublicKeys, Sealer};
 
 use prometheus_client::registry::Registry;
 
+use subtle::ConstantTimeEq;
+use veris_accept::{accept_until, OnError};
+
 use crate::body::{self, ProxyBody};
-use crate::respond;
+use crate::request::respond;
 use crate::Identity;
 
 /// How often an idle event stream gets a comment line, so intermediaries and
@@ -95,7 +101,7 @@ pub struct Admin {
     pub metrics_open: bool,
     /// Requests the proxy sent to the twin but could not record, for a
     /// reader's twin cross-check (`/status`).
-    pub unrecorded: Arc<crate::recorder::Unrecorded>,
+    pub unrecorded: Arc<crate::request::recorder::Unrecorded>,
 }
 
 /// Serves the admin API until `shutdown` resolves; open event streams end then.
@@ -106,34 +112,29 @@ pub async fn serve_admin(
 ) -> std::io::Result<()> {
     let cancel = CancellationToken::new();
     let tasks = TaskTracker::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let admin = admin.clone();
-                    let cancel = cancel.clone();
-                    tasks.spawn(async move {
-                        let conn_cancel = cancel.clone();
-                        let service = service_fn(move |req: Request<Incoming>| {
-                            let admin = admin.clone();
-                            let cancel = cancel.clone();
-                            async move { Ok::<_, Infallible>(route(admin, req, cancel).await) }
-                        });
-                        if let Err(e) = crate::serve_http1(stream, service, &conn_cancel, crate::Limits::default().request_head).await {
-                            debug!(error = %e, %peer, "admin connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+    accept_until(listener, shutdown, OnError::Retry, |stream, peer| {
+        let admin = admin.clone();
+        let cancel = cancel.clone();
+        tasks.spawn(async move {
+            let conn_cancel = cancel.clone();
+            let service = service_fn(move |req: Request<Incoming>| {
+                let admin = admin.clone();
+                let cancel = cancel.clone();
+                async move { Ok::<_, Infallible>(route(admin, req, cancel).await) }
+            });
+            if let Err(e) = crate::inbound::http::serve_http1(
+                stream,
+                service,
+                &conn_cancel,
+                crate::Limits::default().request_head,
+            )
+            .await
+            {
+                debug!(error = %e, %peer, "admin connection ended with an error");
             }
-        }
-    }
-    drop(listener);
+        });
+    })
+    .await?;
     cancel.cancel();
     tasks.close();
     // Streams stop at the cancel; a stuck client must not hold shutdown.
@@ -219,8 +220,8 @@ fn authorized(headers: &HeaderMap, token: &str) -> bool {
     else {
         return false;
     };
-    let (a, b) = (presented.trim().as_bytes(), token.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    // `ct_eq` on slices of unequal length is false without comparing bytes.
+    bool::from(presented.trim().as_bytes().ct_eq(token.as_bytes()))
 }
 
 /// The parameter `name` as a number: `Ok(None)` when absent, `Err` with the
@@ -399,13 +400,13 @@ fn metrics(admin: &Admin) -> Response<ProxyBody> {
             json!({}),
         );
     };
-    match crate::metrics::render(registry) {
+    match crate::admin::metrics::render(registry) {
         Ok(text) => {
             let mut resp = Response::new(body::full(text));
             let h = resp.headers_mut();
             h.insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+                HeaderValue::from_static(crate::admin::metrics::CONTENT_TYPE),
             );
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             resp

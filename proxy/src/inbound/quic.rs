@@ -28,14 +28,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aws_lc_rs::aead::quic::{HeaderProtectionKey, AES_128};
-use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
-use aws_lc_rs::hkdf;
+use rustls::quic::{DirectionalKeys, Keys, Version};
 use tokio::net::UdpSocket;
 use tracing::{debug, info, warn};
 use veris_receipt::Entry;
 
-use crate::recorder::Recorder;
+use crate::request::recorder::Recorder;
 
 /// Default address of the sink (UDP; dual-stack). The same number as the TLS
 /// listener's default is fine: UDP and TCP ports are separate.
@@ -65,17 +63,6 @@ const MAX_CID: usize = 20;
 
 const VERSION_1: u32 = 0x0000_0001;
 const VERSION_2: u32 = 0x6b33_43cf;
-/// RFC 9001 §5.2.
-const SALT_V1: [u8; 20] = [
-    0x38, 0x76, 0x2c, 0xf7, 0xf5, 0x59, 0x34, 0xb3, 0x4d, 0x17, 0x9a, 0xe6, 0xa4, 0xc8, 0x0c, 0xad,
-    0xcc, 0xbb, 0x7f, 0x0a,
-];
-/// RFC 9369 §3.3.1.
-const SALT_V2: [u8; 20] = [
-    0x0d, 0xed, 0xe3, 0xde, 0xf7, 0x00, 0xa6, 0xdb, 0x81, 0x93, 0x81, 0xbe, 0x6e, 0x26, 0x9d, 0xcb,
-    0xf9, 0xbd, 0x2e, 0xd9,
-];
-
 /// Receives redirected UDP 443 datagrams on `socket` until `shutdown`
 /// resolves, never answering, and records one [`Entry::Quic`] per attempt.
 /// Pending attempts are written before it returns.
@@ -426,78 +413,47 @@ fn long_header(buf: &[u8]) -> Option<LongPacket<'_>> {
     })
 }
 
-/// The client's Initial keys for `dcid` (RFC 9001 §5.2; RFC 9369 §3.3 for v2).
-#[derive(Debug, PartialEq, Eq)]
-struct InitialKeys {
-    key: [u8; 16],
-    iv: [u8; 12],
-    hp: [u8; 16],
+/// The client's Initial keys for `dcid` (RFC 9001 §5.2; RFC 9369 §3.3 for
+/// v2), as the server derives them.
+fn client_initial_keys(version: u32, dcid: &[u8]) -> Option<DirectionalKeys> {
+    Some(initial_keys(version, dcid, rustls::Side::Server)?.remote)
 }
 
-fn client_initial_keys(version: u32, dcid: &[u8]) -> Option<InitialKeys> {
-    let (salt, key_label, iv_label, hp_label): (&[u8], &[u8], &[u8], &[u8]) = match version {
-        VERSION_1 => (&SALT_V1, b"quic key", b"quic iv", b"quic hp"),
-        VERSION_2 => (&SALT_V2, b"quicv2 key", b"quicv2 iv", b"quicv2 hp"),
+/// Both directions' Initial keys for `dcid`, seen from `side`, by rustls
+/// (AES-128-GCM, the Initial packets' cipher suite).
+fn initial_keys(version: u32, dcid: &[u8], side: rustls::Side) -> Option<Keys> {
+    let version = match version {
+        VERSION_1 => Version::V1,
+        VERSION_2 => Version::V2,
         _ => return None,
     };
-    let initial = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(dcid);
-    let mut client = [0u8; 32];
-    expand_label(&initial, b"client in", &mut client)?;
-    let client = hkdf::Prk::new_less_safe(hkdf::HKDF_SHA256, &client);
-    let mut keys = InitialKeys {
-        key: [0; 16],
-        iv: [0; 12],
-        hp: [0; 16],
+    let rustls::SupportedCipherSuite::Tls13(suite) =
+        rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256
+    else {
+        return None;
     };
-    expand_label(&client, key_label, &mut keys.key)?;
-    expand_label(&client, iv_label, &mut keys.iv)?;
-    expand_label(&client, hp_label, &mut keys.hp)?;
-    Some(keys)
-}
-
-/// HKDF-Expand-Label (RFC 8446 §7.1) with an empty context.
-fn expand_label(prk: &hkdf::Prk, label: &[u8], out: &mut [u8]) -> Option<()> {
-    struct Len(usize);
-    impl hkdf::KeyType for Len {
-        fn len(&self) -> usize {
-            self.0
-        }
-    }
-    let length = u16::try_from(out.len()).ok()?.to_be_bytes();
-    let label_len = [u8::try_from(b"tls13 ".len() + label.len()).ok()?];
-    let info: [&[u8]; 5] = [&length, &label_len, b"tls13 ", label, &[0]];
-    prk.expand(&info, Len(out.len())).ok()?.fill(out).ok()
+    Some(Keys::initial(version, suite, suite.quic?, dcid, side))
 }
 
 /// Removes header protection from one Initial packet and decrypts it;
 /// `None` when it does not authenticate (or is too short to try).
 fn open_initial(version: u32, packet: &[u8], dcid: &[u8], pn_offset: usize) -> Option<Vec<u8>> {
     let keys = client_initial_keys(version, dcid)?;
-    let sample = packet.get(pn_offset + 4..pn_offset + 20)?;
-    let hp = HeaderProtectionKey::new(&AES_128, &keys.hp).ok()?;
-    let mask = hp.new_mask(sample).ok()?;
+    // The sample starts 4 bytes after the packet number's start.
+    packet.get(pn_offset + 4..pn_offset + 20)?;
     let mut packet = packet.to_vec();
-    packet[0] ^= mask[0] & 0x0f;
-    let pn_len = usize::from(packet[0] & 0x03) + 1;
-    let mut pn: u64 = 0;
-    for i in 0..pn_len {
-        let byte = packet.get_mut(pn_offset + i)?;
-        *byte ^= mask[1 + i];
-        pn = pn << 8 | u64::from(*byte);
-    }
-    let mut nonce = keys.iv;
-    for (n, p) in nonce[4..].iter_mut().zip(pn.to_be_bytes()) {
-        *n ^= p;
-    }
-    let (header, payload) = packet.split_at_mut(pn_offset + pn_len);
-    let key = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &keys.key).ok()?);
-    let plain = key
-        .open_in_place(
-            Nonce::assume_unique_for_key(nonce),
-            Aad::from(&*header),
-            payload,
-        )
+    let (head, rest) = packet.split_at_mut(pn_offset);
+    let (pn_field, after) = rest.split_at_mut(4);
+    let first = head.first_mut()?;
+    keys.header
+        .decrypt_in_place(&after[..16], first, pn_field)
         .ok()?;
+    let pn_len = usize::from(packet[0] & 0x03) + 1;
+    let pn = packet[pn_offset..pn_offset + pn_len]
+        .iter()
+        .fold(0u64, |pn, b| pn << 8 | u64::from(*b));
+    let (header, payload) = packet.split_at_mut(pn_offset + pn_len);
+    let plain = keys.packet.decrypt_in_place(pn, header, payload).ok()?;
     Some(plain.to_vec())
 }
 
@@ -561,7 +517,7 @@ const HANDSHAKE_CLIENT_HELLO: u8 = 1;
 
 /// The SNI of a ClientHello body (after the 4-byte handshake header).
 fn client_hello_sni(body: &[u8]) -> Option<String> {
-    crate::clienthello::sni_of_body(body)
+    crate::inbound::clienthello::sni_of_body(body)
 }
 
 /// Bounds-checked reads; every method returns `None` past the end.
@@ -671,7 +627,9 @@ mod tests {
     /// A client Initial as a client would protect it (the inverse of
     /// [`open_initial`]), padded to 1200 bytes; 2-byte packet number.
     fn seal_initial(version: u32, dcid: &[u8], pn: u16, frames: &[u8]) -> Vec<u8> {
-        let keys = client_initial_keys(version, dcid).unwrap();
+        let keys = initial_keys(version, dcid, rustls::Side::Client)
+            .unwrap()
+            .local;
         let kind = if version == VERSION_2 { 1 } else { 0 };
         let mut header = vec![0xc0 | kind << 4 | 0x01];
         header.extend(version.to_be_bytes());
@@ -685,24 +643,18 @@ mod tests {
         header.extend((0x4000 | (2 + payload.len() + 16) as u16).to_be_bytes());
         let pn_offset = header.len();
         header.extend(pn.to_be_bytes());
-        let mut nonce = keys.iv;
-        for (n, p) in nonce[4..].iter_mut().zip(u64::from(pn).to_be_bytes()) {
-            *n ^= p;
-        }
-        let key = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &keys.key).unwrap());
-        key.seal_in_place_append_tag(
-            Nonce::assume_unique_for_key(nonce),
-            Aad::from(&header),
-            &mut payload,
-        )
-        .unwrap();
+        let tag = keys
+            .packet
+            .encrypt_in_place(u64::from(pn), &header, &mut payload)
+            .unwrap();
+        payload.extend_from_slice(tag.as_ref());
         let mut packet = header;
         packet.extend(payload);
-        let hp = HeaderProtectionKey::new(&AES_128, &keys.hp).unwrap();
-        let mask = hp.new_mask(&packet[pn_offset + 4..pn_offset + 20]).unwrap();
-        packet[0] ^= mask[0] & 0x0f;
-        packet[pn_offset] ^= mask[1];
-        packet[pn_offset + 1] ^= mask[2];
+        let (head, rest) = packet.split_at_mut(pn_offset);
+        let (pn_field, after) = rest.split_at_mut(2);
+        keys.header
+            .encrypt_in_place(&after[2..18], &mut head[0], pn_field)
+            .unwrap();
         packet
     }
 
@@ -733,10 +685,46 @@ mod tests {
 
     #[test]
     fn client_initial_keys_match_rfc9001_appendix_a1() {
-        let keys = client_initial_keys(VERSION_1, &A2_DCID).unwrap();
-        assert_eq!(keys.key.to_vec(), unhex("1f369613dd76d5467730efcbe3b1a22d"));
-        assert_eq!(keys.iv.to_vec(), unhex("fa044b2f42a3fd3b46fb255c"));
-        assert_eq!(keys.hp.to_vec(), unhex("9f50449e04a0e810283a1e9933adedd2"));
+        // A packet protected with RFC 9001 A.1's client key, IV and header
+        // protection key opens with the keys rustls derives for its DCID.
+        use aws_lc_rs::aead::quic::{HeaderProtectionKey, AES_128};
+        use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM};
+        let key = unhex("1f369613dd76d5467730efcbe3b1a22d");
+        let iv = unhex("fa044b2f42a3fd3b46fb255c");
+        let hp = unhex("9f50449e04a0e810283a1e9933adedd2");
+        let frames = crypto_frame(0, b"hello");
+        let mut header = vec![0xc1];
+        header.extend(VERSION_1.to_be_bytes());
+        header.push(A2_DCID.len() as u8);
+        header.extend(A2_DCID);
+        header.extend([0, 0]); // no SCID, no token
+        let mut payload = frames.clone();
+        payload.resize(1200 - (header.len() + 4) - 16, 0);
+        header.extend((0x4000 | (2 + payload.len() + 16) as u16).to_be_bytes());
+        let pn_offset = header.len();
+        header.extend(2u16.to_be_bytes());
+        let mut nonce = [0u8; 12];
+        nonce.copy_from_slice(&iv);
+        nonce[11] ^= 2;
+        let sealer = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &key).unwrap());
+        sealer
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(&header),
+                &mut payload,
+            )
+            .unwrap();
+        let mut packet = header;
+        packet.extend(payload);
+        let mask = HeaderProtectionKey::new(&AES_128, &hp)
+            .unwrap()
+            .new_mask(&packet[pn_offset + 4..pn_offset + 20])
+            .unwrap();
+        packet[0] ^= mask[0] & 0x0f;
+        packet[pn_offset] ^= mask[1];
+        packet[pn_offset + 1] ^= mask[2];
+        let plain = open_initial(VERSION_1, &packet, &A2_DCID, pn_offset).unwrap();
+        assert!(plain.starts_with(&frames));
     }
 
     #[test]
@@ -819,11 +807,10 @@ mod tests {
             0,
             &crypto_frame(0, &client_hello("a.test")),
         );
-        // The version picks the salt and labels: v1 keys differ.
-        assert_ne!(
-            client_initial_keys(VERSION_1, &dcid),
-            client_initial_keys(VERSION_2, &dcid)
-        );
+        // The version picks the salt and labels: v1 keys do not open it.
+        let pn_offset = 1 + 4 + 1 + dcid.len() + 1 + 1 + 2;
+        assert!(open_initial(VERSION_2, &packet, &dcid, pn_offset).is_some());
+        assert!(open_initial(VERSION_1, &packet, &dcid, pn_offset).is_none());
         let parsed = parse_datagram(&packet);
         assert_eq!(parsed.crypto.len(), 1);
         assert_eq!(
@@ -930,7 +917,7 @@ mod tests {
     async fn the_sink_never_answers_and_ignores_datagrams_not_from_the_redirect() {
         let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let addr = socket.local_addr().unwrap();
-        let recorder = Arc::new(crate::recorder::MemoryRecorder::default());
+        let recorder = Arc::new(crate::request::recorder::MemoryRecorder::default());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve(socket, recorder.clone(), async move {
             let _ = stop_rx.await;

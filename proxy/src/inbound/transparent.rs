@@ -38,7 +38,7 @@
 //! the original destination is the other proxy, which is never dialed, so
 //! the tunnel goes where the `CONNECT` names, as in the explicit tier, and
 //! its line records the address that dial reached. Our own dials are exempt
-//! from the redirect by uid or mark ([`crate::dial`]). With
+//! from the redirect by uid or mark ([`crate::outbound::dial`]). With
 //! `--upstream-proxy`, the re-dial is a `CONNECT` to the original
 //! destination through that proxy; when it refuses, nothing reached the
 //! destination and the ledger says so as in the explicit tier: a
@@ -55,20 +55,25 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http::{header, Method, Request, Response, StatusCode};
+use futures_util::FutureExt;
+use http::{Method, Request};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
+use veris_accept::{accept_until, OnError};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
-use crate::body::ProxyBody;
-use crate::clienthello::{self, ClientHello, ClientHelloError, Parser, MAX_CLIENT_HELLO};
-use crate::route::{normalize_host, Route};
-use crate::sniff::{self, Protocol, Sniff};
-use crate::{dial, respond, sys, Leg, Proxy};
+use crate::inbound::clienthello::{self, ClientHello, ClientHelloError, Parser, MAX_CLIENT_HELLO};
+use crate::inbound::http::serve_auto;
+use crate::inbound::sniff::{self, Protocol, Sniff};
+use crate::outbound::dial;
+use crate::request::route::Route;
+use crate::request::screen::request_host;
+use crate::request::Leg;
+use crate::{sys, Proxy};
+use veris_host::Host;
 
 /// How long a redirected client may take to send its first bytes when they
 /// decide everything (strict mode, vendor addresses), and then the rest of
@@ -137,7 +142,7 @@ struct Peeked {
 /// Accepts redirected connections on both listeners until `shutdown`
 /// resolves. The ruleset sends port 80 to `http` and every other port to
 /// `https`; both sniff what they receive, so the split only names the log
-/// span. Shutdown of in-flight work is shared with [`crate::serve`], which
+/// span. Shutdown of in-flight work is shared with [`crate::inbound::explicit::serve`], which
 /// runs on the same [`Proxy`] for the explicit listener.
 pub async fn serve(
     https: Option<TcpListener>,
@@ -159,47 +164,33 @@ pub async fn serve(
         listeners,
         waits: Waits::default(),
     });
-    tokio::pin!(shutdown);
-    loop {
-        let (accepted, listener) = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = accept(https.as_ref()) => (accepted, "https"),
-            accepted = accept(http.as_ref()) => (accepted, "http"),
-        };
-        match accepted {
-            Ok((stream, peer)) => {
+    let shutdown = shutdown.shared();
+    let accept = |listener: Option<TcpListener>, name: &'static str| {
+        let (state, proxy, shutdown) = (state.clone(), proxy.clone(), shutdown.clone());
+        async move {
+            let Some(listener) = listener else {
+                return Ok(());
+            };
+            accept_until(listener, shutdown, OnError::Retry, |stream, peer| {
                 let Some(permit) = proxy.admit() else {
-                    continue;
+                    return;
                 };
                 let _ = stream.set_nodelay(true);
                 let peer = canonical(peer);
-                let span = info_span!("transparent", listener, %peer);
+                let span = info_span!("transparent", listener = name, %peer);
                 let connection = state.clone().connection(stream, peer).instrument(span);
                 proxy.tasks.spawn(async move {
                     connection.await;
                     drop(permit);
                 });
-            }
-            Err(e) => backoff(e).await,
+            })
+            .await
         }
-    }
-    drop(https);
-    drop(http);
+    };
+    let (https, http) = tokio::join!(accept(https, "https"), accept(http, "http"));
+    https.and(http)?;
     proxy.drain().await;
     Ok(())
-}
-
-async fn accept(listener: Option<&TcpListener>) -> io::Result<(TcpStream, SocketAddr)> {
-    match listener {
-        Some(l) => l.accept().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn backoff(e: io::Error) {
-    // EMFILE and friends: back off instead of spinning.
-    warn!(error = %e, "accept failed");
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 /// What a connection to `dst` is named by when it names nothing itself (no
@@ -556,7 +547,7 @@ impl Transparent {
                     return Ok::<_, Infallible>(proxy.connect(req, peer, Some(dst)).await);
                 }
                 let host = request_host(&req)
-                    .map(|h| normalize_host(&h))
+                    .map(|h| Host::new(&h).into_string())
                     .filter(|h| !h.is_empty())
                     .unwrap_or_else(|| dst_name(dst));
                 let leg = Leg {
@@ -571,7 +562,7 @@ impl Transparent {
                 Ok(proxy.handle(req, Arc::new(leg)).await)
             }
         });
-        if let Err(e) = crate::serve_auto(io, service, &cancel, head_timeout).await {
+        if let Err(e) = serve_auto(io, service, &cancel, head_timeout).await {
             debug!(error = %e, "redirected HTTP connection ended with an error");
         }
     }
@@ -753,7 +744,7 @@ impl Transparent {
         else {
             return;
         };
-        let (mut client, meter) = crate::meter::Metered::new(client);
+        let (mut client, meter) = crate::body::meter::Metered::new(client);
         let (replayed, error) = match origin.stream.write_all(&first).await {
             Ok(()) => (
                 first.len() as u64,
@@ -792,110 +783,6 @@ fn opaque_leg(dst: SocketAddr) -> Leg {
         origin: Some(dst),
         sni_host: false,
         via: None,
-    }
-}
-
-/// The host a request names: its Host header, else the URI authority (HTTP/2).
-fn request_host<B>(req: &Request<B>) -> Option<String> {
-    req.headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| req.uri().authority().map(|a| a.as_str().to_string()))
-}
-
-impl Proxy {
-    /// Transparent tier (DESIGN §7a.11): why the name the client gave —
-    /// one that passes on its own say-so — cannot stand for the address its
-    /// bytes were headed to, or `None` when it can (or nothing is to be
-    /// checked). A loopback name (`localhost`, `*.localhost`, RFC 6761, or
-    /// a loopback literal) stands only for a loopback address. An allowed
-    /// name stands for the addresses it resolves to; that lookup is made in
-    /// strict mode only, where it decides (in passthrough mode the bytes go
-    /// to the destination either way, and the ledger names both).
-    pub(crate) async fn name_mismatch(&self, leg: &Leg, route: Route<'_>) -> Option<String> {
-        let dst = leg.origin?;
-        let ip = dst.ip().to_canonical();
-        // Isolated run: the client looked a name up and got `dst` from our
-        // stub; the name it gives now must be that one.
-        if let Some(looked_up) = dial::synthetic_name(ip) {
-            let named = normalize_host(&leg.host);
-            return (!named.eq_ignore_ascii_case(&looked_up)).then(|| {
-                format!(
-                    "{} is not {looked_up}, the name the client looked up for {dst}",
-                    leg.host
-                )
-            });
-        }
-        match route {
-            Route::Loopback if !ip.is_loopback() => Some(format!(
-                "{} is a loopback name but the connection was headed to {dst}",
-                leg.host
-            )),
-            Route::Allowed if self.identity.mode == Mode::Strict => {
-                let lookup = (self.resolve)(leg.host.clone(), dst.port());
-                match tokio::time::timeout(self.connect_timeout, lookup).await {
-                    Ok(Ok(addrs)) if addrs.iter().any(|a| a.ip().to_canonical() == ip) => None,
-                    Ok(Ok(_)) => Some(format!(
-                        "{} does not resolve to {ip}, where the connection was headed",
-                        leg.host
-                    )),
-                    Ok(Err(e)) => Some(format!(
-                        "{} could not be resolved to check it against {dst} ({e})",
-                        leg.host
-                    )),
-                    Err(_) => Some(format!(
-                        "{} could not be resolved within {:?} to check it against {dst}",
-                        leg.host, self.connect_timeout
-                    )),
-                }
-            }
-            _ => None,
-        }
-    }
-
-    /// Transparent TLS: the Host a request names must be the SNI the
-    /// connection was routed by, or a client could reach one vendor's twin
-    /// under another vendor's certificate. `Some` is the 502 refusal.
-    pub(crate) async fn sni_host_mismatch<B>(
-        &self,
-        req: &Request<B>,
-        leg: &Leg,
-    ) -> Option<Response<ProxyBody>> {
-        let named = request_host(req)?;
-        let host = normalize_host(&named);
-        if host.eq_ignore_ascii_case(&leg.host) {
-            return None;
-        }
-        warn!(sni = %leg.host, %host, "Host header disagrees with the TLS SNI");
-        self.record_or_log(Entry::Blocked {
-            host: leg.host.clone(),
-            port: leg.port,
-            tier: leg.tier,
-            method: Some(req.method().to_string()),
-            path: Some(req.uri().path().to_string()),
-            reason: format!("Host {host} disagrees with the TLS SNI"),
-            dst: leg.headed_to(),
-        })
-        .await;
-        Some(respond::error(
-            StatusCode::BAD_GATEWAY,
-            "veris_sni_host_mismatch",
-            format!(
-                "the request names host {host} but the TLS connection was opened for {}. Next: send requests for {host} on a connection to {host}",
-                leg.host
-            ),
-            json!({"sni": leg.host, "host": host}),
-        ))
-    }
-
-    /// Records an entry whose loss only costs a log line (the connection has
-    /// no response on which to refuse service).
-    pub(crate) async fn record_or_log(&self, entry: Entry) {
-        let kind = entry.kind();
-        if let Err(e) = self.recorder.record(entry).await {
-            warn!(error = %e, kind, "ledger entry could not be recorded");
-        }
     }
 }
 
@@ -1036,7 +923,10 @@ mod tests {
         .await
         .unwrap();
         let key = issuer.certified_key("api.stripe.com").unwrap();
-        let mut tls = start.into_stream(crate::server_config(key)).await.unwrap();
+        let mut tls = start
+            .into_stream(crate::inbound::tls::server_config(key))
+            .await
+            .unwrap();
         let mut ping = [0u8; 4];
         tls.read_exact(&mut ping).await.unwrap();
         assert_eq!(&ping, b"ping");
@@ -1074,8 +964,8 @@ mod lifecycle_tests {
     use veris_receipt::Entry;
 
     use crate::config::{Flags, Settings};
-    use crate::recorder::MemoryRecorder;
-    use crate::upstream::UpstreamOptions;
+    use crate::outbound::upstream::UpstreamOptions;
+    use crate::request::recorder::MemoryRecorder;
     use crate::{Identity, ProxyOptions};
 
     /// The allowed host of these tests; the fake resolver puts it on 127.0.0.1.
