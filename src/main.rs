@@ -97,7 +97,7 @@ enum Command {
     IsolateInit(InternalCommand),
     /// Internal to `veris demo`: the client it runs behind the proxy.
     #[command(name = "__demo-client", hide = true)]
-    DemoClient,
+    DemoClient(cmd::demo::ClientArgs),
     /// Internal to `veris doctor`: try the isolated run's namespace steps.
     #[command(name = "__isolate-probe", hide = true)]
     IsolateProbe,
@@ -168,7 +168,7 @@ fn main() -> ExitCode {
             Command::Twin(args) => cmd::twin::twin(args).await,
             Command::Ca(cmd) => cmd::ca::ca(cmd),
             Command::Demo(args) => cmd::demo::demo(args).await,
-            Command::DemoClient => cmd::demo::client_main().await,
+            Command::DemoClient(args) => cmd::demo::client_main(args).await,
             Command::Tui(args) => cmd::tui::tui(args).await,
             #[cfg(feature = "mcp")]
             Command::Mcp(args) => cmd::mcp::mcp(args).await,

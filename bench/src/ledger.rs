@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 use veris_receipt::entry::{Entry, ListenerTier, Mode};
 use veris_receipt::ledger::Ledger;
 use veris_receipt::seal::Sealer;
+use veris_receipt::{RequestLine, SessionLine};
 
 fn request(i: u64) -> Entry {
-    Entry::Request {
+    Entry::Request(RequestLine {
         service: "stripe".into(),
         host: "api.stripe.com".into(),
         method: "POST".into(),
@@ -50,11 +51,11 @@ fn request(i: u64) -> Entry {
         ],
         websocket: false,
         client_gone: false,
-    }
+    })
 }
 
 fn session(sealer: &Sealer) -> Entry {
-    Entry::Session {
+    Entry::Session(SessionLine {
         run_id: "run_bench".into(),
         sandbox_id: "sbx_bench".into(),
         mode: Mode::Passthrough,
@@ -72,7 +73,7 @@ fn session(sealer: &Sealer) -> Entry {
         twin_heads: None,
         moved_aside: None,
         coverage: None,
-    }
+    })
 }
 
 fn rate(n: u64, d: Duration) -> String {

@@ -25,6 +25,9 @@ use veris_proxy::outbound::upstream::UpstreamOptions;
 use veris_proxy::request::recorder::MemoryRecorder;
 use veris_proxy::request::route::{Claim, HostPattern, Router, Service};
 use veris_proxy::{Identity, Proxy, ProxyOptions};
+use veris_receipt::{
+    BlockedLine, PassthroughLine, RequestLine, ReservedPathLine, TunnelCloseLine, UpstreamErrorLine,
+};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -300,14 +303,14 @@ fn requests(entries: &[Entry]) -> Vec<(String, String, String, u16, String)> {
     entries
         .iter()
         .filter_map(|e| match e {
-            Entry::Request {
+            Entry::Request(RequestLine {
                 service,
                 method,
                 path,
                 status,
                 http,
                 ..
-            } => Some((
+            }) => Some((
                 service.clone(),
                 method.clone(),
                 path.clone(),
@@ -535,12 +538,12 @@ async fn request_arrives_intact_with_veris_headers() {
     assert_eq!(v["headers"]["x-veris-service"], "acme");
     let entries = h.recorder.entries();
     match &entries[0] {
-        Entry::Request {
+        Entry::Request(RequestLine {
             query,
             bytes_in,
             headers,
             ..
-        } => {
+        }) => {
             assert_eq!(query.as_deref(), Some("expand=a&limit=3"));
             assert_eq!(*bytes_in, 10);
             assert!(headers
@@ -635,9 +638,9 @@ async fn strict_mode_refuses_unmapped_hosts_with_421_in_words() {
         .collect();
     assert!(known.contains(&"stripe"));
     match &h.recorder.entries()[..] {
-        [Entry::Blocked {
+        [Entry::Blocked(BlockedLine {
             host, path, dst, ..
-        }] => {
+        })] => {
             assert_eq!(host, "unmapped.example.test");
             assert_eq!(path.as_deref(), Some("/v1/x"));
             // Explicit tier: the client's bytes were headed to the proxy, no further.
@@ -672,7 +675,7 @@ async fn loopback_connect_is_tunneled_and_recorded_at_open_and_close() {
     // Recorded while still open (a tunnel open when the proxy stops is in
     // the ledger too).
     match &h.recorder.entries()[..] {
-        [Entry::Passthrough {
+        [Entry::Passthrough(PassthroughLine {
             host,
             port: p,
             reason,
@@ -680,7 +683,7 @@ async fn loopback_connect_is_tunneled_and_recorded_at_open_and_close() {
             bytes_out: 0,
             dst,
             ..
-        }] => {
+        })] => {
             assert_eq!(host, "127.0.0.1");
             assert_eq!(*p, port);
             assert_eq!(reason, "loopback");
@@ -693,12 +696,12 @@ async fn loopback_connect_is_tunneled_and_recorded_at_open_and_close() {
     let _ = conn.await;
     let entries = h.recorder.wait_for(2).await;
     match &entries[1] {
-        Entry::TunnelClose {
+        Entry::TunnelClose(TunnelCloseLine {
             of: 1,
             bytes_in,
             bytes_out,
             ..
-        } => assert!(*bytes_in > 0 && *bytes_out > 0, "{:?}", entries[1]),
+        }) => assert!(*bytes_in > 0 && *bytes_out > 0, "{:?}", entries[1]),
         other => panic!("{other:?}"),
     }
 }
@@ -725,9 +728,9 @@ async fn a_localhost_subdomain_is_tunneled_to_loopback_and_recorded_with_its_add
     drop(s);
     let _ = conn.await;
     match &h.recorder.wait_for(1).await[..] {
-        [Entry::Passthrough {
+        [Entry::Passthrough(PassthroughLine {
             host, reason, dst, ..
-        }] => {
+        })] => {
             assert_eq!(host, "app.dev.localhost");
             assert_eq!(reason, "loopback");
             assert_eq!(dst.as_deref(), Some(format!("127.0.0.1:{port}").as_str()));
@@ -756,14 +759,14 @@ async fn a_reoriginated_passthrough_records_the_address_it_reached() {
     let resp = s.send_request(req).await.unwrap();
     assert_eq!(json_body(resp).await["path"], "/plain");
     match &h.recorder.wait_for(1).await[..] {
-        [Entry::Passthrough {
+        [Entry::Passthrough(PassthroughLine {
             host,
             port: p,
             reason,
             dst,
             tier,
             ..
-        }] => {
+        })] => {
             assert_eq!(host, "echo.localhost");
             assert_eq!(*p, port);
             assert_eq!(reason, "loopback");
@@ -805,12 +808,12 @@ async fn twin_down_is_a_502_naming_the_upstream() {
     assert!(v["upstream"].as_str().unwrap().contains(&dead.to_string()));
     assert!(v["message"].as_str().unwrap().contains("Next:"));
     match &h.recorder.entries()[..] {
-        [Entry::UpstreamError {
+        [Entry::UpstreamError(UpstreamErrorLine {
             status: 502,
             error,
             service,
             ..
-        }] => {
+        })] => {
             assert_eq!(error, "veris_upstream_unreachable");
             assert_eq!(service, "stripe");
         }
@@ -832,7 +835,7 @@ async fn slow_twin_is_a_504() {
     assert_eq!(json_body(resp).await["error"], "veris_upstream_timeout");
     assert!(matches!(
         &h.recorder.entries()[..],
-        [Entry::UpstreamError { status: 504, .. }]
+        [Entry::UpstreamError(UpstreamErrorLine { status: 504, .. })]
     ));
 }
 
@@ -975,11 +978,11 @@ async fn websocket_upgrades_are_relayed_to_the_twin() {
     assert_eq!(&buf, b"ping-frame");
     assert!(matches!(
         &h.recorder.entries()[..],
-        [Entry::Request {
+        [Entry::Request(RequestLine {
             websocket: true,
             status: 101,
             ..
-        }]
+        })]
     ));
 }
 
@@ -1134,7 +1137,7 @@ async fn reserved_paths_never_reach_the_twin_and_are_recorded_as_such() {
     let recorded: Vec<(String, u16, String)> = entries
         .iter()
         .map(|e| match e {
-            Entry::ReservedPath {
+            Entry::ReservedPath(ReservedPathLine {
                 service,
                 host,
                 method,
@@ -1142,7 +1145,7 @@ async fn reserved_paths_never_reach_the_twin_and_are_recorded_as_such() {
                 status,
                 error,
                 tier,
-            } => {
+            }) => {
                 assert_eq!(
                     (service.as_str(), host.as_str(), *tier),
                     ("stripe", "api.stripe.com", ListenerTier::Explicit)
@@ -1250,13 +1253,13 @@ async fn a_request_the_twin_executed_is_recorded_when_the_client_left_first() {
     let lines: Vec<(String, u16, bool, u64)> = entries_h2
         .iter()
         .map(|e| match e {
-            Entry::Request {
+            Entry::Request(RequestLine {
                 path,
                 status,
                 client_gone,
                 duration_ms,
                 ..
-            } => (path.clone(), *status, *client_gone, *duration_ms),
+            }) => (path.clone(), *status, *client_gone, *duration_ms),
             other => panic!("expected request lines, got {other:?}"),
         })
         .collect();
@@ -1295,12 +1298,12 @@ async fn an_upstream_timeout_is_recorded_when_the_client_left_first() {
         .await
         .expect("the timeout is recorded although nobody waits for it");
     match &entries[..] {
-        [Entry::UpstreamError {
+        [Entry::UpstreamError(UpstreamErrorLine {
             status: 504,
             error,
             path,
             ..
-        }] => assert_eq!(
+        })] => assert_eq!(
             (error.as_str(), path.as_str()),
             ("veris_upstream_timeout", "/hang")
         ),
@@ -1448,7 +1451,7 @@ async fn a_client_resumes_its_tls_session_for_the_same_host_only() {
     let hosts: Vec<String> = entries
         .iter()
         .filter_map(|e| match e {
-            Entry::Request { host, .. } => Some(host.clone()),
+            Entry::Request(RequestLine { host, .. }) => Some(host.clone()),
             _ => None,
         })
         .collect();

@@ -7,10 +7,11 @@ use std::time::Instant;
 
 use veris_receipt::ledger::{self, Ledger};
 use veris_receipt::seal::{self, PublicKeys, Sealer};
+use veris_receipt::RequestLine;
 use veris_receipt::{Entry, ListenerTier};
 
 fn request(i: u64) -> Entry {
-    Entry::Request {
+    Entry::Request(RequestLine {
         service: "stripe".into(),
         host: "api.stripe.com".into(),
         method: "POST".into(),
@@ -26,7 +27,7 @@ fn request(i: u64) -> Entry {
         headers: Vec::new(),
         websocket: false,
         client_gone: false,
-    }
+    })
 }
 
 fn main() {

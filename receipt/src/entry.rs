@@ -254,170 +254,26 @@ pub struct Line {
 #[serde(rename_all = "snake_case")]
 pub enum Entry {
     /// A proxy started writing to this ledger.
-    Session {
-        run_id: String,
-        sandbox_id: String,
-        mode: Mode,
-        tier: ListenerTier,
-        /// Twin base URL (no credentials).
-        twin: String,
-        pid: u32,
-        /// veris version that wrote the session.
-        version: String,
-        /// Host:port the proxy listens on.
-        listen: String,
-        /// A torn last line this proxy found when it opened the ledger; it was
-        /// moved aside to `ledger.jsonl.torn-<seq>` (never deleted) before
-        /// this session line continued the chain.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        recovered_torn_tail: Option<TornTail>,
-        /// Fingerprint (`key_id`) of the key that seals this session.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        key_id: Option<String>,
-        /// That key's raw Ed25519 public key, lower-case hex: a reader who
-        /// pins the fingerprint (`veris receipt --key`) verifies the seals
-        /// with it. Not a trust anchor by itself: anyone can write a session
-        /// line naming their own key.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        public_key: Option<String>,
-        /// Where the private key lives: `memory` (this process only; every
-        /// session from version 5) or `file` (`<state>/seal.key` of an
-        /// earlier `serve`, readable by `proxy_uid`). The proxy's word, so a
-        /// reader believes `file` and never takes `memory` as proof: custody
-        /// comes from how the reader got its pin (DESIGN §7a.13).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        key_storage: Option<String>,
-        /// The uid the proxy runs as once it serves traffic.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        proxy_uid: Option<u32>,
-        /// The workload's uid when the proxy knows it (`veris run`: its own
-        /// child; `--workload-uid`); absent when unknown.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        workload_uid: Option<u32>,
-        /// Newest request id per service in the twin's own log when this
-        /// session started: the twin cross-check counts rows after it.
-        /// Absent when the twin's log could not be read at start.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        twin_heads: Option<std::collections::BTreeMap<String, u64>>,
-        /// An earlier ledger this proxy could not verify with its own key,
-        /// moved aside before this session started a new chain.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        moved_aside: Option<Box<MovedAside>>,
-        /// Transparent tier: what the installed kernel rules send to the
-        /// proxy; the receipt's leaks are computed from it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        coverage: Option<Box<Coverage>>,
-    },
+    Session(SessionLine),
     /// A vendor request forwarded to the twin; written when the twin's
     /// response head arrived, before the client sees it.
-    Request {
-        service: String,
-        host: String,
-        method: String,
-        path: String,
-        /// Redacted query string without the leading `?`, absent when empty.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        query: Option<String>,
-        status: u16,
-        /// Client-leg HTTP version: `HTTP/1.1` or `HTTP/2`.
-        http: String,
-        tier: ListenerTier,
-        /// Request body bytes forwarded when the response head arrived.
-        bytes_in: u64,
-        /// Response body length when the twin declared it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        bytes_out: Option<u64>,
-        /// Time from the request head to the twin's response head.
-        duration_ms: u64,
-        /// Upstream URL without query.
-        upstream: String,
-        /// Recorded request headers (names lower-case, secrets redacted).
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        headers: Vec<(String, String)>,
-        /// True for a WebSocket upgrade relayed to the twin.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        websocket: bool,
-        /// The client had gone when the twin's answer arrived: the twin
-        /// executed the request, the client never saw the answer.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        client_gone: bool,
-    },
+    Request(RequestLine),
     /// A connection to an unmapped host tunneled to its real destination;
     /// written when the tunnel opens (bytes 0; its `tunnel_close` line says
     /// what moved), or when the destination could not be reached. Lines
     /// before version 3 were written at the close, with the bytes.
-    Passthrough {
-        host: String,
-        port: u16,
-        tier: ListenerTier,
-        bytes_in: u64,
-        bytes_out: u64,
-        duration_ms: u64,
-        /// Why it was let through: `allow_passthrough`, `loopback`, `mode`.
-        reason: String,
-        /// The address actually dialed (`ip:port`), beside the name the
-        /// client gave in `host`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        dst: Option<String>,
-    },
+    Passthrough(PassthroughLine),
     /// A request to an unmapped host refused in strict mode (421).
-    Blocked {
-        host: String,
-        port: u16,
-        tier: ListenerTier,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        method: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        path: Option<String>,
-        reason: String,
-        /// The destination the client's bytes were headed for (`ip:port`),
-        /// when known (transparent tier: the original destination).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        dst: Option<String>,
-    },
+    Blocked(BlockedLine),
     /// A vendor request sent to the twin that got no answer from it; the
     /// client got `status` (when it was still there).
-    UpstreamError {
-        service: String,
-        host: String,
-        method: String,
-        path: String,
-        upstream: String,
-        status: u16,
-        /// `veris_upstream_unreachable` (did not reach the twin),
-        /// `veris_upstream_timeout` (no answer in time), and from version
-        /// 5 `veris_request_body_incomplete` (the client's body broke off:
-        /// it left, or its body ended short or with an error, or had not
-        /// ended when the session did) and `veris_session_ended` (the
-        /// session ended before the twin answered). All but the first may
-        /// have been executed by the twin ([`may_have_reached_twin`]).
-        error: String,
-        tier: ListenerTier,
-        duration_ms: u64,
-        /// Request body bytes forwarded to the twin (version 5; written
-        /// with the errors version 5 added).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        bytes_in: Option<u64>,
-        /// The request body length the client declared (`Content-Length`),
-        /// when it did (version 5).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        declared_in: Option<u64>,
-    },
+    UpstreamError(UpstreamErrorLine),
     /// A client aborted the TLS handshake after the proxy offered its minted
     /// leaf with an alert that names the certificate ([`REFUSAL_ALERTS`]):
     /// the client does not trust the veris CA for this host. (Lines written
     /// before version 3 may carry `no_alert` or `other:<alert>`: readers
     /// take those as [`Entry::TlsAbandoned`] handshakes.)
-    TrustFailure {
-        host: String,
-        port: u16,
-        tier: ListenerTier,
-        /// The service the host is routed to, when it is a vendor host.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        service: Option<String>,
-        /// One of [`REFUSAL_ALERTS`] (`unknown_ca`, `bad_certificate`, ...).
-        alert: String,
-    },
+    TrustFailure(TrustFailureLine),
     /// A signature over the chain head: `sealed_seq` is the seq of the line
     /// this seal's `prev` hashes; the Ed25519 signature covers
     /// `veris-seal-v2 {sealed_seq} {prev} {reason}` (before version 5:
@@ -446,16 +302,7 @@ pub enum Entry {
     /// never forwards: the twin's control surface (`/veris/…`, 404) or a
     /// path with dot-segments (raw or percent-encoded, 400). Never counted
     /// as a vendor call.
-    ReservedPath {
-        service: String,
-        host: String,
-        method: String,
-        path: String,
-        status: u16,
-        /// `veris_reserved_path` or `veris_bad_path`.
-        error: String,
-        tier: ListenerTier,
-    },
+    ReservedPath(ReservedPathLine),
     /// The proxy found its ledger file changed behind its back: `replaced`
     /// (the path names another inode) or `cut` (shorter than what it wrote).
     /// Written into the proxy's own chain; a window holding one fails.
@@ -463,15 +310,7 @@ pub enum Entry {
     /// The result of an integrity check the proxy ran itself (the canary
     /// through the interception path, the twin cross-check) before sealing,
     /// so an offline reader who pins the seal key can rely on it.
-    Check {
-        name: String,
-        /// `ok`, `failed` or `unverified`.
-        status: String,
-        detail: String,
-        /// The window the check covered: `since_seq < seq <= until_seq`.
-        since_seq: u64,
-        until_seq: u64,
-    },
+    Check(CheckLine),
     /// A passthrough ClientHello carried the Encrypted Client Hello extension
     /// (0xfe0d): its real destination may be hidden behind `host`.
     Ech {
@@ -506,63 +345,17 @@ pub enum Entry {
     /// sent with no request and no alert naming the certificate: not
     /// evidence of a refusal (a client that gave up closes the same way),
     /// so it never fails a receipt by itself; the receipt lists it.
-    TlsAbandoned {
-        host: String,
-        port: u16,
-        tier: ListenerTier,
-        /// The service the host is routed to, when it is a vendor host.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        service: Option<String>,
-        /// `handshake`: the client closed (or reset, or sent an alert that
-        /// names no certificate) before finishing the handshake;
-        /// `no_request`: the handshake finished and the client closed
-        /// without sending one byte (GnuTLS clients such as wget refuse a
-        /// certificate this way).
-        stage: String,
-        /// The alert the client sent, when it sent one (`handshake_failure`,
-        /// `close_notify`, ...); absent for a bare close or reset.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        alert: Option<String>,
-        /// `no_request`: the protocol the handshake agreed (ALPN, `h2`,
-        /// `http/1.1`), when it agreed one (version 5). An HTTP/2 client
-        /// that dialed several connections at once closes the ones it
-        /// does not need this way, trusting the certificate all along.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        alpn: Option<String>,
-    },
+    TlsAbandoned(TlsAbandonedLine),
     /// The response body of a recorded request did not reach the client
     /// whole. The `request` line (written when the head arrived, before the
     /// client saw it) keeps its status; this line, written when the body
     /// ended short, says what the client actually got.
-    ResponseIncomplete {
-        /// The `seq` of the `request` line it completes.
-        of: u64,
-        /// That request's service.
-        service: String,
-        /// Body bytes handed to the client's connection.
-        bytes: u64,
-        /// The length the twin declared (`Content-Length`), when it did.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        declared: Option<u64>,
-        /// `twin_cut`: the twin's body ended early or with an error (the
-        /// client got a broken response); `client_gone`: the client left
-        /// before the body ended.
-        reason: String,
-    },
+    ResponseIncomplete(ResponseIncompleteLine),
     /// A tunnel whose `passthrough` line was written when it opened has
     /// closed: the bytes counted on the client's side, also when the copy
     /// ended with an error. A tunnel still open when the proxy stopped has
     /// none.
-    TunnelClose {
-        /// The `seq` of the `passthrough` line it closes.
-        of: u64,
-        bytes_in: u64,
-        bytes_out: u64,
-        duration_ms: u64,
-        /// Why the copy ended early (a reset, a failed upgrade), if it did.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        error: Option<String>,
-    },
+    TunnelClose(TunnelCloseLine),
     /// The bodies of a recorded request as the proxy stored them in its
     /// capture dir (`--capture-bodies`): redacted, cut at the per-body cap,
     /// and named here with their SHA-256, so a reader can tell a stored file
@@ -575,6 +368,257 @@ pub enum Entry {
         request: CapturedBody,
         response: CapturedBody,
     },
+}
+
+/// The fields of an [`Entry::Session`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionLine {
+    pub run_id: String,
+    pub sandbox_id: String,
+    pub mode: Mode,
+    pub tier: ListenerTier,
+    /// Twin base URL (no credentials).
+    pub twin: String,
+    pub pid: u32,
+    /// veris version that wrote the session.
+    pub version: String,
+    /// Host:port the proxy listens on.
+    pub listen: String,
+    /// A torn last line this proxy found when it opened the ledger; it was
+    /// moved aside to `ledger.jsonl.torn-<seq>` (never deleted) before
+    /// this session line continued the chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_torn_tail: Option<TornTail>,
+    /// Fingerprint (`key_id`) of the key that seals this session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// That key's raw Ed25519 public key, lower-case hex: a reader who
+    /// pins the fingerprint (`veris receipt --key`) verifies the seals
+    /// with it. Not a trust anchor by itself: anyone can write a session
+    /// line naming their own key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
+    /// Where the private key lives: `memory` (this process only; every
+    /// session from version 5) or `file` (`<state>/seal.key` of an
+    /// earlier `serve`, readable by `proxy_uid`). The proxy's word, so a
+    /// reader believes `file` and never takes `memory` as proof: custody
+    /// comes from how the reader got its pin (DESIGN §7a.13).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_storage: Option<String>,
+    /// The uid the proxy runs as once it serves traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_uid: Option<u32>,
+    /// The workload's uid when the proxy knows it (`veris run`: its own
+    /// child; `--workload-uid`); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_uid: Option<u32>,
+    /// Newest request id per service in the twin's own log when this
+    /// session started: the twin cross-check counts rows after it.
+    /// Absent when the twin's log could not be read at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub twin_heads: Option<std::collections::BTreeMap<String, u64>>,
+    /// An earlier ledger this proxy could not verify with its own key,
+    /// moved aside before this session started a new chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_aside: Option<Box<MovedAside>>,
+    /// Transparent tier: what the installed kernel rules send to the
+    /// proxy; the receipt's leaks are computed from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Box<Coverage>>,
+}
+
+/// The fields of an [`Entry::Request`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestLine {
+    pub service: String,
+    pub host: String,
+    pub method: String,
+    pub path: String,
+    /// Redacted query string without the leading `?`, absent when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    pub status: u16,
+    /// Client-leg HTTP version: `HTTP/1.1` or `HTTP/2`.
+    pub http: String,
+    pub tier: ListenerTier,
+    /// Request body bytes forwarded when the response head arrived.
+    pub bytes_in: u64,
+    /// Response body length when the twin declared it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_out: Option<u64>,
+    /// Time from the request head to the twin's response head.
+    pub duration_ms: u64,
+    /// Upstream URL without query.
+    pub upstream: String,
+    /// Recorded request headers (names lower-case, secrets redacted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+    /// True for a WebSocket upgrade relayed to the twin.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub websocket: bool,
+    /// The client had gone when the twin's answer arrived: the twin
+    /// executed the request, the client never saw the answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_gone: bool,
+}
+
+/// The fields of an [`Entry::Passthrough`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PassthroughLine {
+    pub host: String,
+    pub port: u16,
+    pub tier: ListenerTier,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub duration_ms: u64,
+    /// Why it was let through: `allow_passthrough`, `loopback`, `mode`.
+    pub reason: String,
+    /// The address actually dialed (`ip:port`), beside the name the
+    /// client gave in `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<String>,
+}
+
+/// The fields of an [`Entry::Blocked`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockedLine {
+    pub host: String,
+    pub port: u16,
+    pub tier: ListenerTier,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub reason: String,
+    /// The destination the client's bytes were headed for (`ip:port`),
+    /// when known (transparent tier: the original destination).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<String>,
+}
+
+/// The fields of an [`Entry::UpstreamError`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UpstreamErrorLine {
+    pub service: String,
+    pub host: String,
+    pub method: String,
+    pub path: String,
+    pub upstream: String,
+    pub status: u16,
+    /// `veris_upstream_unreachable` (did not reach the twin),
+    /// `veris_upstream_timeout` (no answer in time), and from version
+    /// 5 `veris_request_body_incomplete` (the client's body broke off:
+    /// it left, or its body ended short or with an error, or had not
+    /// ended when the session did) and `veris_session_ended` (the
+    /// session ended before the twin answered). All but the first may
+    /// have been executed by the twin ([`may_have_reached_twin`]).
+    pub error: String,
+    pub tier: ListenerTier,
+    pub duration_ms: u64,
+    /// Request body bytes forwarded to the twin (version 5; written
+    /// with the errors version 5 added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_in: Option<u64>,
+    /// The request body length the client declared (`Content-Length`),
+    /// when it did (version 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_in: Option<u64>,
+}
+
+/// The fields of an [`Entry::TrustFailure`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrustFailureLine {
+    pub host: String,
+    pub port: u16,
+    pub tier: ListenerTier,
+    /// The service the host is routed to, when it is a vendor host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// One of [`REFUSAL_ALERTS`] (`unknown_ca`, `bad_certificate`, ...).
+    pub alert: String,
+}
+
+/// The fields of an [`Entry::ReservedPath`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReservedPathLine {
+    pub service: String,
+    pub host: String,
+    pub method: String,
+    pub path: String,
+    pub status: u16,
+    /// `veris_reserved_path` or `veris_bad_path`.
+    pub error: String,
+    pub tier: ListenerTier,
+}
+
+/// The fields of an [`Entry::Check`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckLine {
+    pub name: String,
+    /// `ok`, `failed` or `unverified`.
+    pub status: String,
+    pub detail: String,
+    /// The window the check covered: `since_seq < seq <= until_seq`.
+    pub since_seq: u64,
+    pub until_seq: u64,
+}
+
+/// The fields of an [`Entry::TlsAbandoned`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TlsAbandonedLine {
+    pub host: String,
+    pub port: u16,
+    pub tier: ListenerTier,
+    /// The service the host is routed to, when it is a vendor host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// `handshake`: the client closed (or reset, or sent an alert that
+    /// names no certificate) before finishing the handshake;
+    /// `no_request`: the handshake finished and the client closed
+    /// without sending one byte (GnuTLS clients such as wget refuse a
+    /// certificate this way).
+    pub stage: String,
+    /// The alert the client sent, when it sent one (`handshake_failure`,
+    /// `close_notify`, ...); absent for a bare close or reset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert: Option<String>,
+    /// `no_request`: the protocol the handshake agreed (ALPN, `h2`,
+    /// `http/1.1`), when it agreed one (version 5). An HTTP/2 client
+    /// that dialed several connections at once closes the ones it
+    /// does not need this way, trusting the certificate all along.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpn: Option<String>,
+}
+
+/// The fields of an [`Entry::ResponseIncomplete`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseIncompleteLine {
+    /// The `seq` of the `request` line it completes.
+    pub of: u64,
+    /// That request's service.
+    pub service: String,
+    /// Body bytes handed to the client's connection.
+    pub bytes: u64,
+    /// The length the twin declared (`Content-Length`), when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<u64>,
+    /// `twin_cut`: the twin's body ended early or with an error (the
+    /// client got a broken response); `client_gone`: the client left
+    /// before the body ended.
+    pub reason: String,
+}
+
+/// The fields of an [`Entry::TunnelClose`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TunnelCloseLine {
+    /// The `seq` of the `passthrough` line it closes.
+    pub of: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub duration_ms: u64,
+    /// Why the copy ended early (a reset, a failed upgrade), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One body of a [`Entry::BodyCapture`].
@@ -611,25 +655,251 @@ impl Entry {
     /// The `kind` tag as written.
     pub fn kind(&self) -> &'static str {
         match self {
-            Entry::Session { .. } => "session",
-            Entry::Request { .. } => "request",
-            Entry::Passthrough { .. } => "passthrough",
-            Entry::Blocked { .. } => "blocked",
-            Entry::UpstreamError { .. } => "upstream_error",
-            Entry::TrustFailure { .. } => "trust_failure",
+            Entry::Session(_) => "session",
+            Entry::Request(_) => "request",
+            Entry::Passthrough(_) => "passthrough",
+            Entry::Blocked(_) => "blocked",
+            Entry::UpstreamError(_) => "upstream_error",
+            Entry::TrustFailure(_) => "trust_failure",
             Entry::Seal { .. } => "seal",
             Entry::Quic { .. } => "quic",
             Entry::Ech { .. } => "ech",
-            Entry::ReservedPath { .. } => "reserved_path",
+            Entry::ReservedPath(_) => "reserved_path",
             Entry::Tamper { .. } => "tamper",
-            Entry::Check { .. } => "check",
+            Entry::Check(_) => "check",
             Entry::RedirectChange { .. } => "redirect_change",
             Entry::UdpDropped { .. } => "udp_dropped",
             Entry::Dns { .. } => "dns",
-            Entry::TlsAbandoned { .. } => "tls_abandoned",
-            Entry::ResponseIncomplete { .. } => "response_incomplete",
-            Entry::TunnelClose { .. } => "tunnel_close",
+            Entry::TlsAbandoned(_) => "tls_abandoned",
+            Entry::ResponseIncomplete(_) => "response_incomplete",
+            Entry::TunnelClose(_) => "tunnel_close",
             Entry::BodyCapture { .. } => "body_capture",
+        }
+    }
+}
+
+macro_rules! entry_from {
+    ($($line:ident => $variant:ident),* $(,)?) => {$(
+        impl From<$line> for Entry {
+            fn from(line: $line) -> Entry {
+                Entry::$variant(line)
+            }
+        }
+    )*};
+}
+
+entry_from! {
+    SessionLine => Session,
+    RequestLine => Request,
+    PassthroughLine => Passthrough,
+    BlockedLine => Blocked,
+    UpstreamErrorLine => UpstreamError,
+    TrustFailureLine => TrustFailure,
+    ReservedPathLine => ReservedPath,
+    CheckLine => Check,
+    TlsAbandonedLine => TlsAbandoned,
+    ResponseIncompleteLine => ResponseIncomplete,
+    TunnelCloseLine => TunnelClose,
+}
+
+// Test builders: a line with plausible values for the fields a test does
+// not name (`RequestLine { status: 500, ..RequestLine::test(..) }`). The
+// proxy never writes a line built here.
+
+/// The host a test service's calls go to: `api.<service>.com`.
+fn test_host(service: &str) -> String {
+    format!("api.{service}.com")
+}
+
+/// The twin URL a test service's calls are forwarded to.
+fn test_upstream(service: &str, path: &str) -> String {
+    format!("http://127.0.0.1:41234/s/sbx_a1b2c3/{service}{path}")
+}
+
+impl SessionLine {
+    /// A passthrough-mode explicit-tier session with no key, uids, twin
+    /// heads, moved-aside file or coverage.
+    pub fn test() -> SessionLine {
+        SessionLine {
+            run_id: "a1b2c3d4e5f60718".into(),
+            sandbox_id: "sbx_a1b2c3".into(),
+            mode: Mode::Passthrough,
+            tier: ListenerTier::Explicit,
+            twin: "http://127.0.0.1:41234".into(),
+            pid: 4242,
+            version: "0.1.0".into(),
+            listen: "127.0.0.1:43210".into(),
+            recovered_torn_tail: None,
+            key_id: None,
+            public_key: None,
+            key_storage: None,
+            proxy_uid: None,
+            workload_uid: None,
+            twin_heads: None,
+            moved_aside: None,
+            coverage: None,
+        }
+    }
+}
+
+impl RequestLine {
+    /// An explicit-tier HTTP/1.1 call to `api.<service>.com` the twin
+    /// answered 200, no query, headers or body, 0 ms.
+    pub fn test(service: &str, method: &str, path: &str) -> RequestLine {
+        RequestLine {
+            service: service.into(),
+            host: test_host(service),
+            method: method.into(),
+            path: path.into(),
+            query: None,
+            status: 200,
+            http: "HTTP/1.1".into(),
+            tier: ListenerTier::Explicit,
+            bytes_in: 0,
+            bytes_out: None,
+            duration_ms: 0,
+            upstream: test_upstream(service, path),
+            headers: Vec::new(),
+            websocket: false,
+            client_gone: false,
+        }
+    }
+}
+
+impl PassthroughLine {
+    /// An explicit-tier tunnel to `host:443` let through by the mode, as
+    /// written when it opens (bytes 0, no `dst`).
+    pub fn test(host: &str) -> PassthroughLine {
+        PassthroughLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            bytes_in: 0,
+            bytes_out: 0,
+            duration_ms: 0,
+            reason: "mode".into(),
+            dst: None,
+        }
+    }
+}
+
+impl BlockedLine {
+    /// An explicit-tier connection to `host:443` refused in strict mode,
+    /// no request seen, no `dst`.
+    pub fn test(host: &str) -> BlockedLine {
+        BlockedLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            method: None,
+            path: None,
+            reason: "strict mode: no service claims this host".into(),
+            dst: None,
+        }
+    }
+}
+
+impl UpstreamErrorLine {
+    /// An explicit-tier call to `api.<service>.com` that did not reach the
+    /// twin (`veris_upstream_unreachable`, 502), 0 ms, no body counts.
+    pub fn test(service: &str, method: &str, path: &str) -> UpstreamErrorLine {
+        UpstreamErrorLine {
+            service: service.into(),
+            host: test_host(service),
+            method: method.into(),
+            path: path.into(),
+            upstream: test_upstream(service, path),
+            status: 502,
+            error: "veris_upstream_unreachable".into(),
+            tier: ListenerTier::Explicit,
+            duration_ms: 0,
+            bytes_in: None,
+            declared_in: None,
+        }
+    }
+}
+
+impl TrustFailureLine {
+    /// An explicit-tier `unknown_ca` refusal on `host:443`, no service.
+    pub fn test(host: &str) -> TrustFailureLine {
+        TrustFailureLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            service: None,
+            alert: "unknown_ca".into(),
+        }
+    }
+}
+
+impl ReservedPathLine {
+    /// An explicit-tier `GET` of `path` on `api.<service>.com` answered
+    /// 404 `veris_reserved_path`.
+    pub fn test(service: &str, path: &str) -> ReservedPathLine {
+        ReservedPathLine {
+            service: service.into(),
+            host: test_host(service),
+            method: "GET".into(),
+            path: path.into(),
+            status: 404,
+            error: "veris_reserved_path".into(),
+            tier: ListenerTier::Explicit,
+        }
+    }
+}
+
+impl CheckLine {
+    /// The check `name` with `status`, no detail, over the window `0 < seq <= 0`.
+    pub fn test(name: &str, status: &str) -> CheckLine {
+        CheckLine {
+            name: name.into(),
+            status: status.into(),
+            detail: String::new(),
+            since_seq: 0,
+            until_seq: 0,
+        }
+    }
+}
+
+impl TlsAbandonedLine {
+    /// An explicit-tier handshake on `host:443` closed without an alert,
+    /// no service, no ALPN.
+    pub fn test(host: &str) -> TlsAbandonedLine {
+        TlsAbandonedLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            service: None,
+            stage: "handshake".into(),
+            alert: None,
+            alpn: None,
+        }
+    }
+}
+
+impl ResponseIncompleteLine {
+    /// The body of request `of` (of `service`) cut by the twin
+    /// (`twin_cut`) before a byte reached the client, no declared length.
+    pub fn test(of: u64, service: &str) -> ResponseIncompleteLine {
+        ResponseIncompleteLine {
+            of,
+            service: service.into(),
+            bytes: 0,
+            declared: None,
+            reason: "twin_cut".into(),
+        }
+    }
+}
+
+impl TunnelCloseLine {
+    /// The close of tunnel `of` with no bytes moved, 0 ms, no error.
+    pub fn test(of: u64) -> TunnelCloseLine {
+        TunnelCloseLine {
+            of,
+            bytes_in: 0,
+            bytes_out: 0,
+            duration_ms: 0,
+            error: None,
         }
     }
 }

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::capture::Loaded;
 use crate::entry::{CapturedBody, Entry, Line, ListenerTier};
+use crate::entry::{RequestLine, ResponseIncompleteLine};
 use crate::receipt::{IntegrityStatus, Receipt, Window};
 
 /// The HAR version written in `log.version`.
@@ -234,7 +235,7 @@ impl HarBuilder {
         }
         let wanted = |s: &str| self.service.as_deref().is_none_or(|w| w == s);
         match &line.entry {
-            Entry::Request {
+            Entry::Request(RequestLine {
                 service,
                 host,
                 method,
@@ -250,7 +251,7 @@ impl HarBuilder {
                 websocket,
                 client_gone,
                 ..
-            } if wanted(service) => {
+            }) if wanted(service) => {
                 let duration = i64::try_from(*duration_ms).unwrap_or(i64::MAX);
                 let declared = bytes_out.map_or(-1, size);
                 self.entries.push(HarEntry {
@@ -313,9 +314,9 @@ impl HarBuilder {
                 });
             }
             // Follows its request line: what the client actually got.
-            Entry::ResponseIncomplete {
+            Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of, bytes, reason, ..
-            } => {
+            }) => {
                 if let Ok(i) = self.entries.binary_search_by_key(of, |e| e.veris.seq) {
                     let e = &mut self.entries[i];
                     e.veris.outcome = reason.clone();
@@ -585,6 +586,7 @@ fn status_text(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry::BlockedLine;
     use crate::ledger::LedgerRead;
     use crate::receipt::{self, Options, WindowSpec};
 
@@ -601,23 +603,18 @@ mod tests {
     fn req(seq: u64, service: &str, path: &str, query: Option<&str>) -> Line {
         line(
             seq,
-            Entry::Request {
-                service: service.into(),
+            Entry::Request(RequestLine {
                 host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: path.into(),
                 query: query.map(str::to_string),
                 status: 201,
                 http: "HTTP/2".into(),
-                tier: ListenerTier::Explicit,
                 bytes_in: 27,
                 bytes_out: Some(512),
                 duration_ms: 1_250,
                 upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
                 headers: vec![("stripe-version".into(), "2024-06-20".into())],
-                websocket: false,
-                client_gone: false,
-            },
+                ..RequestLine::test(service, "POST", path)
+            }),
         )
     }
 
@@ -647,25 +644,18 @@ mod tests {
             req(2, "github", "/repos", None),
             line(
                 3,
-                Entry::ResponseIncomplete {
-                    of: 1,
-                    service: "stripe".into(),
+                Entry::ResponseIncomplete(ResponseIncompleteLine {
                     bytes: 100,
                     declared: Some(512),
-                    reason: "twin_cut".into(),
-                },
+                    ..ResponseIncompleteLine::test(1, "stripe")
+                }),
             ),
             line(
                 4,
-                Entry::Blocked {
-                    host: "example.org".into(),
-                    port: 443,
-                    tier: ListenerTier::Explicit,
-                    method: None,
-                    path: None,
+                Entry::Blocked(BlockedLine {
                     reason: "mode".into(),
-                    dst: None,
-                },
+                    ..BlockedLine::test("example.org")
+                }),
             ),
             req(5, "stripe", "/v1/customers", None),
         ]
@@ -849,7 +839,7 @@ mod tests {
             "/v1/\"</script>\u{0}\u{1b}\u{7f}\u{85}\u{2028}",
             Some("a=\"&b=<"),
         );
-        if let Entry::Request { host, headers, .. } = &mut l.entry {
+        if let Entry::Request(RequestLine { host, headers, .. }) = &mut l.entry {
             *host = "::1".into();
             headers.push(("x\"y".into(), "\u{1}\n\r\t".into()));
         }

@@ -16,7 +16,9 @@ pub mod seal;
 mod wire;
 
 pub use entry::{
-    CapturedBody, Coverage, Entry, Line, ListenerTier, Mode, MovedAside, TornTail, GENESIS_PREV,
+    BlockedLine, CapturedBody, CheckLine, Coverage, Entry, Line, ListenerTier, Mode, MovedAside,
+    PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine, SessionLine,
+    TlsAbandonedLine, TornTail, TrustFailureLine, TunnelCloseLine, UpstreamErrorLine, GENESIS_PREV,
     LEDGER_VERSION, READABLE_VERSIONS,
 };
 pub use ledger::{Ledger, LedgerError, LedgerRead, OpenReport, Problem};

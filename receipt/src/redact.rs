@@ -22,6 +22,10 @@
 //! Every function is idempotent: redacting redacted text changes nothing.
 
 use crate::entry::Entry;
+use crate::entry::{
+    BlockedLine, CheckLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
+    SessionLine, TlsAbandonedLine, TrustFailureLine, TunnelCloseLine, UpstreamErrorLine,
+};
 
 /// What a secret is replaced with.
 pub const REDACTED: &str = "[redacted]";
@@ -925,7 +929,7 @@ fn redact_userinfo(s: &str) -> String {
 /// place where redaction happens, so the proxy hands over what it saw.
 pub fn entry(entry: Entry) -> Entry {
     match entry {
-        Entry::Session {
+        Entry::Session(SessionLine {
             mut run_id,
             mut sandbox_id,
             mut twin,
@@ -943,7 +947,7 @@ pub fn entry(entry: Entry) -> Entry {
             twin_heads,
             mut moved_aside,
             coverage,
-        } => {
+        }) => {
             if let Some(aside) = moved_aside.as_mut() {
                 aside.file = owned(std::mem::take(&mut aside.file));
                 aside.why = owned(std::mem::take(&mut aside.why));
@@ -957,7 +961,7 @@ pub fn entry(entry: Entry) -> Entry {
             ] {
                 *field = owned(std::mem::take(field));
             }
-            Entry::Session {
+            Entry::Session(SessionLine {
                 run_id,
                 sandbox_id,
                 mode,
@@ -975,9 +979,9 @@ pub fn entry(entry: Entry) -> Entry {
                 twin_heads,
                 moved_aside,
                 coverage,
-            }
+            })
         }
-        Entry::Request {
+        Entry::Request(RequestLine {
             service,
             host,
             method,
@@ -993,7 +997,7 @@ pub fn entry(entry: Entry) -> Entry {
             headers,
             websocket,
             client_gone,
-        } => Entry::Request {
+        }) => Entry::Request(RequestLine {
             service: owned(service),
             host: owned(host),
             method: owned(method),
@@ -1021,8 +1025,8 @@ pub fn entry(entry: Entry) -> Entry {
                 .collect(),
             websocket,
             client_gone,
-        },
-        Entry::ReservedPath {
+        }),
+        Entry::ReservedPath(ReservedPathLine {
             service,
             host,
             method,
@@ -1030,7 +1034,7 @@ pub fn entry(entry: Entry) -> Entry {
             status,
             error,
             tier,
-        } => Entry::ReservedPath {
+        }) => Entry::ReservedPath(ReservedPathLine {
             service: owned(service),
             host: owned(host),
             method: owned(method),
@@ -1038,25 +1042,25 @@ pub fn entry(entry: Entry) -> Entry {
             status,
             error: owned(error),
             tier,
-        },
+        }),
         Entry::Tamper { what, detail } => Entry::Tamper {
             what: owned(what),
             detail: owned(detail),
         },
-        Entry::Check {
+        Entry::Check(CheckLine {
             name,
             status,
             detail,
             since_seq,
             until_seq,
-        } => Entry::Check {
+        }) => Entry::Check(CheckLine {
             name: owned(name),
             status: owned(status),
             detail: owned(detail),
             since_seq,
             until_seq,
-        },
-        Entry::Passthrough {
+        }),
+        Entry::Passthrough(PassthroughLine {
             host,
             port,
             tier,
@@ -1065,7 +1069,7 @@ pub fn entry(entry: Entry) -> Entry {
             duration_ms,
             reason,
             dst,
-        } => Entry::Passthrough {
+        }) => Entry::Passthrough(PassthroughLine {
             host: owned(host),
             port,
             tier,
@@ -1074,8 +1078,8 @@ pub fn entry(entry: Entry) -> Entry {
             duration_ms,
             reason: owned(reason),
             dst: dst.map(owned),
-        },
-        Entry::Blocked {
+        }),
+        Entry::Blocked(BlockedLine {
             host,
             port,
             tier,
@@ -1083,7 +1087,7 @@ pub fn entry(entry: Entry) -> Entry {
             path,
             reason,
             dst,
-        } => Entry::Blocked {
+        }) => Entry::Blocked(BlockedLine {
             host: owned(host),
             port,
             tier,
@@ -1091,8 +1095,8 @@ pub fn entry(entry: Entry) -> Entry {
             path: path.map(owned_url),
             reason: owned(reason),
             dst: dst.map(owned),
-        },
-        Entry::UpstreamError {
+        }),
+        Entry::UpstreamError(UpstreamErrorLine {
             service,
             host,
             method,
@@ -1104,7 +1108,7 @@ pub fn entry(entry: Entry) -> Entry {
             duration_ms,
             bytes_in,
             declared_in,
-        } => Entry::UpstreamError {
+        }) => Entry::UpstreamError(UpstreamErrorLine {
             service: owned(service),
             host: owned(host),
             method: owned(method),
@@ -1116,20 +1120,20 @@ pub fn entry(entry: Entry) -> Entry {
             duration_ms,
             bytes_in,
             declared_in,
-        },
-        Entry::TrustFailure {
+        }),
+        Entry::TrustFailure(TrustFailureLine {
             host,
             port,
             tier,
             service,
             alert,
-        } => Entry::TrustFailure {
+        }) => Entry::TrustFailure(TrustFailureLine {
             host: owned(host),
             port,
             tier,
             service: service.map(owned),
             alert: owned(alert),
-        },
+        }),
         Entry::Quic {
             host,
             dst,
@@ -1163,32 +1167,32 @@ pub fn entry(entry: Entry) -> Entry {
             qtype,
             refused,
         },
-        Entry::TunnelClose {
+        Entry::TunnelClose(TunnelCloseLine {
             of,
             bytes_in,
             bytes_out,
             duration_ms,
             error,
-        } => Entry::TunnelClose {
+        }) => Entry::TunnelClose(TunnelCloseLine {
             of,
             bytes_in,
             bytes_out,
             duration_ms,
             error: error.map(owned),
-        },
-        Entry::ResponseIncomplete {
+        }),
+        Entry::ResponseIncomplete(ResponseIncompleteLine {
             of,
             service,
             bytes,
             declared,
             reason,
-        } => Entry::ResponseIncomplete {
+        }) => Entry::ResponseIncomplete(ResponseIncompleteLine {
             of,
             service: owned(service),
             bytes,
             declared,
             reason: owned(reason),
-        },
+        }),
         Entry::BodyCapture {
             of,
             request,
@@ -1198,7 +1202,7 @@ pub fn entry(entry: Entry) -> Entry {
             request: captured(request),
             response: captured(response),
         },
-        Entry::TlsAbandoned {
+        Entry::TlsAbandoned(TlsAbandonedLine {
             host,
             port,
             tier,
@@ -1206,7 +1210,7 @@ pub fn entry(entry: Entry) -> Entry {
             stage,
             alert,
             alpn,
-        } => Entry::TlsAbandoned {
+        }) => Entry::TlsAbandoned(TlsAbandonedLine {
             host: owned(host),
             port,
             tier,
@@ -1214,7 +1218,7 @@ pub fn entry(entry: Entry) -> Entry {
             stage: owned(stage),
             alert: alert.map(owned),
             alpn: alpn.map(owned),
-        },
+        }),
         // Hex digests and a fixed vocabulary: nothing to redact, and
         // rewriting a signature would break it.
         seal @ Entry::Seal { .. } => seal,
@@ -2026,18 +2030,9 @@ mod tests {
 
     #[test]
     fn entry_redacts_every_recorded_field() {
-        use crate::entry::{ListenerTier, Mode, MovedAside};
-        let request = Entry::Request {
-            service: "stripe".into(),
-            host: "api.stripe.com".into(),
-            method: "GET".into(),
-            path: "/v1/keys/sk%5Flive%5Fabc123def;jsessionid=ABC123".into(),
+        use crate::entry::{Mode, MovedAside};
+        let request = Entry::Request(RequestLine {
             query: Some("x=Bearer%20abc123&sk_live_abc123def=1".into()),
-            status: 200,
-            http: "HTTP/1.1".into(),
-            tier: ListenerTier::Explicit,
-            bytes_in: 0,
-            bytes_out: None,
             duration_ms: 1,
             upstream: format!("https://twin/s/x/{JWT}"),
             headers: vec![
@@ -2045,16 +2040,19 @@ mod tests {
                 ("x-goog-iap-jwt-assertion".into(), "abc".into()),
                 ("x-github-otp".into(), "123456".into()),
             ],
-            websocket: false,
-            client_gone: false,
-        };
-        let Entry::Request {
+            ..RequestLine::test(
+                "stripe",
+                "GET",
+                "/v1/keys/sk%5Flive%5Fabc123def;jsessionid=ABC123",
+            )
+        });
+        let Entry::Request(RequestLine {
             path,
             query,
             upstream,
             headers,
             ..
-        } = entry(request)
+        }) = entry(request)
         else {
             panic!("kind changed");
         };
@@ -2070,22 +2068,14 @@ mod tests {
             ]
         );
 
-        let session = Entry::Session {
+        let session = Entry::Session(SessionLine {
             run_id: "r".into(),
             sandbox_id: "s".into(),
             mode: Mode::Strict,
-            tier: ListenerTier::Explicit,
             twin: "https://twin".into(),
             pid: 1,
             version: "1".into(),
             listen: "127.0.0.1:0".into(),
-            recovered_torn_tail: None,
-            key_id: None,
-            public_key: None,
-            key_storage: None,
-            proxy_uid: None,
-            workload_uid: None,
-            twin_heads: None,
             moved_aside: Some(Box::new(MovedAside {
                 file: "/s/ledger.jsonl.aside-1".into(),
                 head_seq: 1,
@@ -2093,9 +2083,9 @@ mod tests {
                 why: "sealed by another key; last line had token=abc123".into(),
                 requests: Some(3),
             })),
-            coverage: None,
-        };
-        let Entry::Session { moved_aside, .. } = entry(session) else {
+            ..SessionLine::test()
+        });
+        let Entry::Session(SessionLine { moved_aside, .. }) = entry(session) else {
             panic!("kind changed");
         };
         assert_eq!(

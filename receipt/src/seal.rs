@@ -448,7 +448,8 @@ impl SealReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{ListenerTier, GENESIS_PREV};
+    use crate::entry::BlockedLine;
+    use crate::entry::GENESIS_PREV;
 
     fn dir() -> PathBuf {
         use std::sync::atomic::{AtomicU32, Ordering};
@@ -474,15 +475,10 @@ mod tests {
     }
 
     fn blocked() -> Entry {
-        Entry::Blocked {
-            host: "x.test".into(),
-            port: 443,
-            tier: ListenerTier::Explicit,
-            method: None,
-            path: None,
+        Entry::Blocked(BlockedLine {
             reason: "strict".into(),
-            dst: None,
-        }
+            ..BlockedLine::test("x.test")
+        })
     }
 
     #[test]

@@ -24,7 +24,7 @@ use serde::de::{
 use serde::ser::{self, Impossible, SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
-use crate::entry::{Entry, Line};
+use crate::entry::{Entry, Line, RequestLine};
 
 impl Serialize for Line {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -38,15 +38,15 @@ impl Serialize for Line {
     }
 }
 
-/// Serializes an [`Entry`] (a struct variant) into an open map: `kind`,
-/// then its fields.
+/// Serializes an [`Entry`] into an open map: `kind`, then its fields (those
+/// of a struct variant, or of the struct a newtype variant holds).
 struct KindAndFields<'m, M>(&'m mut M);
 
 /// The fields of the variant, into the same map.
 struct Fields<'m, M>(&'m mut M);
 
 fn not_a_struct_variant<E: ser::Error>() -> E {
-    E::custom("a ledger entry must be a struct variant")
+    E::custom("a ledger entry must be a struct variant or hold a struct")
 }
 
 impl<'m, M: SerializeMap> Serializer for KindAndFields<'m, M> {
@@ -57,7 +57,7 @@ impl<'m, M: SerializeMap> Serializer for KindAndFields<'m, M> {
     type SerializeTupleStruct = Impossible<(), M::Error>;
     type SerializeTupleVariant = Impossible<(), M::Error>;
     type SerializeMap = Impossible<(), M::Error>;
-    type SerializeStruct = Impossible<(), M::Error>;
+    type SerializeStruct = Fields<'m, M>;
     type SerializeStructVariant = Fields<'m, M>;
 
     fn serialize_struct_variant(
@@ -142,12 +142,14 @@ impl<'m, M: SerializeMap> Serializer for KindAndFields<'m, M> {
     }
     fn serialize_newtype_variant<T: ?Sized + Serialize>(
         self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &T,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
     ) -> Result<(), M::Error> {
-        Err(not_a_struct_variant())
+        self.0.serialize_entry("kind", variant)?;
+        // The held struct's fields, through `serialize_struct` below.
+        value.serialize(KindAndFields(self.0))
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, M::Error> {
         Err(not_a_struct_variant())
@@ -174,12 +176,30 @@ impl<'m, M: SerializeMap> Serializer for KindAndFields<'m, M> {
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, M::Error> {
         Err(not_a_struct_variant())
     }
+    /// Only ever the struct a newtype variant holds (`kind` is written).
     fn serialize_struct(
         self,
         _: &'static str,
         _: usize,
     ) -> Result<Self::SerializeStruct, M::Error> {
-        Err(not_a_struct_variant())
+        Ok(Fields(self.0))
+    }
+}
+
+impl<M: SerializeMap> ser::SerializeStruct for Fields<'_, M> {
+    type Ok = ();
+    type Error = M::Error;
+
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), M::Error> {
+        self.0.serialize_entry(key, value)
+    }
+
+    fn end(self) -> Result<(), M::Error> {
+        Ok(())
     }
 }
 
@@ -360,6 +380,21 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Rest<'_, A> {
     }
 }
 
+/// The rest, as the struct a newtype variant holds.
+impl<'de, A: MapAccess<'de>> Deserializer<'de> for Rest<'_, A> {
+    type Error = A::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        visitor.visit_map(self)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map struct enum identifier ignored_any
+    }
+}
+
 /// `kind` and the rest of the line, as the externally tagged enum [`Entry`]
 /// expects them.
 struct Tagged<'a, 'de, A> {
@@ -410,8 +445,9 @@ impl<'de, A: MapAccess<'de>> VariantAccess<'de> for Rest<'_, A> {
         Err(de::Error::custom("a ledger entry has fields"))
     }
 
-    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, _seed: T) -> Result<T::Value, A::Error> {
-        Err(de::Error::custom("a ledger entry has named fields"))
+    /// The struct a newtype variant holds: its fields are the rest.
+    fn newtype_variant_seed<T: DeserializeSeed<'de>>(self, seed: T) -> Result<T::Value, A::Error> {
+        seed.deserialize(self)
     }
 
     fn tuple_variant<V: Visitor<'de>>(
@@ -444,8 +480,8 @@ pub(crate) fn read_request_into(text: &str, line: &mut Line) -> bool {
 }
 
 fn read_request(c: &mut Cursor<'_>, line: &mut Line) -> Option<()> {
-    if !matches!(line.entry, Entry::Request { .. }) {
-        line.entry = Entry::Request {
+    if !matches!(line.entry, Entry::Request(_)) {
+        line.entry = Entry::Request(RequestLine {
             service: String::new(),
             host: String::new(),
             method: String::new(),
@@ -461,9 +497,9 @@ fn read_request(c: &mut Cursor<'_>, line: &mut Line) -> Option<()> {
             headers: Vec::new(),
             websocket: false,
             client_gone: false,
-        };
+        });
     }
-    let Entry::Request {
+    let Entry::Request(RequestLine {
         service,
         host,
         method,
@@ -479,7 +515,7 @@ fn read_request(c: &mut Cursor<'_>, line: &mut Line) -> Option<()> {
         headers,
         websocket,
         client_gone,
-    } = &mut line.entry
+    }) = &mut line.entry
     else {
         return None;
     };
@@ -627,22 +663,19 @@ impl<'a> Cursor<'a> {
 
 #[cfg(test)]
 mod tests {
-    use crate::entry::{Entry, Line, ListenerTier};
+    use crate::entry::{BlockedLine, RequestLine, UpstreamErrorLine};
+    use crate::entry::{Entry, Line};
 
     fn line() -> Line {
         Line {
             v: 3,
             seq: 7,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Blocked {
-                host: "x.test".into(),
-                port: 443,
-                tier: ListenerTier::Explicit,
-                method: None,
+            entry: Entry::Blocked(BlockedLine {
                 path: Some("/a\"b".into()),
                 reason: "strict".into(),
-                dst: None,
-            },
+                ..BlockedLine::test("x.test")
+            }),
             prev: "ab".repeat(32),
         }
     }
@@ -686,15 +719,9 @@ mod tests {
     /// optional fields.
     fn requests() -> Vec<Line> {
         use crate::entry::ListenerTier::{Explicit, Transparent};
-        let request =
-            |query: Option<&str>, bytes_out, headers: &[(&str, &str)], flag| Entry::Request {
-                service: "stripe".into(),
-                host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: "/v1/charges/ch_1".into(),
+        let request = |query: Option<&str>, bytes_out, headers: &[(&str, &str)], flag| {
+            Entry::Request(RequestLine {
                 query: query.map(str::to_string),
-                status: 200,
-                http: "HTTP/1.1".into(),
                 tier: if flag { Transparent } else { Explicit },
                 bytes_in: 512,
                 bytes_out,
@@ -706,7 +733,9 @@ mod tests {
                     .collect(),
                 websocket: flag,
                 client_gone: flag,
-            };
+                ..RequestLine::test("stripe", "POST", "/v1/charges/ch_1")
+            })
+        };
         let line = |seq, entry| Line {
             v: 4,
             seq,
@@ -889,13 +918,13 @@ mod tests {
         );
         let line = serde_json::from_str::<Line>(&text).unwrap();
         match &line.entry {
-            Entry::UpstreamError {
+            Entry::UpstreamError(UpstreamErrorLine {
                 error,
                 bytes_in,
                 declared_in,
                 tier,
                 ..
-            } => {
+            }) => {
                 assert_eq!(error, "veris_request_body_incomplete");
                 assert!(crate::entry::may_have_reached_twin(error));
                 assert_eq!((*bytes_in, *declared_in), (Some(10), Some(100)));
@@ -911,12 +940,12 @@ mod tests {
         let old = serde_json::from_str::<Line>(&v4).unwrap();
         assert_eq!(old.v, 4);
         match old.entry {
-            Entry::UpstreamError {
+            Entry::UpstreamError(UpstreamErrorLine {
                 bytes_in: None,
                 declared_in: None,
                 ref error,
                 ..
-            } => assert!(!crate::entry::may_have_reached_twin(error)),
+            }) => assert!(!crate::entry::may_have_reached_twin(error)),
             other => panic!("{other:?}"),
         }
         assert_eq!(serde_json::to_string(&old).unwrap(), v4);

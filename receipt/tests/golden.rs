@@ -14,6 +14,10 @@ use veris_receipt::receipt::{
     self, build, evaluate, render_text, IntegrityStatus, Options, Requirement, WindowSpec,
     EMPTY_SENTENCE,
 };
+use veris_receipt::{
+    BlockedLine, PassthroughLine, RequestLine, SessionLine, TlsAbandonedLine, TrustFailureLine,
+    UpstreamErrorLine,
+};
 
 fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -68,7 +72,7 @@ fn chain_v(entries: Vec<Entry>, v: u32) -> String {
 }
 
 fn session(sandbox: &str, mode: Mode, tier: ListenerTier, torn: Option<TornTail>) -> Entry {
-    Entry::Session {
+    Entry::Session(SessionLine {
         run_id: "run_0001".into(),
         sandbox_id: sandbox.into(),
         mode,
@@ -86,7 +90,7 @@ fn session(sandbox: &str, mode: Mode, tier: ListenerTier, torn: Option<TornTail>
         twin_heads: None,
         moved_aside: None,
         coverage: None,
-    }
+    })
 }
 
 fn request(service: &str, host: &str, method: &str, path: &str, status: u16) -> Entry {
@@ -112,7 +116,7 @@ fn request_via(
         Some((p, q)) => (p.to_string(), Some(q.to_string())),
         None => (path.to_string(), None),
     };
-    Entry::Request {
+    Entry::Request(RequestLine {
         service: service.into(),
         host: host.into(),
         method: method.into(),
@@ -128,7 +132,7 @@ fn request_via(
         headers: vec![("authorization".into(), "[redacted]".into())],
         websocket: false,
         client_gone: false,
-    }
+    })
 }
 
 /// A version-2 transparent session whose recorded rules leave nothing open:
@@ -136,12 +140,12 @@ fn request_via(
 /// unprivileged workload.
 fn covered_session(sandbox: &str) -> Entry {
     let mut s = session(sandbox, Mode::Passthrough, ListenerTier::Transparent, None);
-    if let Entry::Session {
+    if let Entry::Session(SessionLine {
         coverage,
         workload_uid,
         proxy_uid,
         ..
-    } = &mut s
+    }) = &mut s
     {
         *coverage = Some(Box::new(veris_receipt::Coverage {
             tcp_ports: None,
@@ -198,7 +202,7 @@ fn rich_ledger() -> String {
         "/calendar/v3/calendars/primary/events?maxResults=5&key=[redacted]",
         200,
     ));
-    e.push(Entry::UpstreamError {
+    e.push(Entry::UpstreamError(UpstreamErrorLine {
         service: "stripe".into(),
         host: "api.stripe.com".into(),
         method: "POST".into(),
@@ -210,8 +214,8 @@ fn rich_ledger() -> String {
         duration_ms: 30,
         bytes_in: None,
         declared_in: None,
-    });
-    e.push(Entry::Blocked {
+    }));
+    e.push(Entry::Blocked(BlockedLine {
         host: "evil.example".into(),
         port: 443,
         tier: ListenerTier::Explicit,
@@ -219,9 +223,9 @@ fn rich_ledger() -> String {
         path: Some("/".into()),
         reason: "strict".into(),
         dst: None,
-    });
+    }));
     for _ in 0..2 {
-        e.push(Entry::Passthrough {
+        e.push(Entry::Passthrough(PassthroughLine {
             host: "registry.npmjs.org".into(),
             port: 443,
             tier: ListenerTier::Explicit,
@@ -230,7 +234,7 @@ fn rich_ledger() -> String {
             duration_ms: 50,
             reason: "allow_passthrough".into(),
             dst: None,
-        });
+        }));
     }
     // A restart that set a torn line aside, then one more request.
     e.push(session(
@@ -585,7 +589,7 @@ fn upstream_errors_did_not_reach_the_twin() {
 fn upstream_error_ledger() -> String {
     chain(vec![
         session("sbx_up", Mode::Passthrough, ListenerTier::Transparent, None),
-        Entry::UpstreamError {
+        Entry::UpstreamError(UpstreamErrorLine {
             service: "stripe".into(),
             host: "api.stripe.com".into(),
             method: "POST".into(),
@@ -597,7 +601,7 @@ fn upstream_error_ledger() -> String {
             duration_ms: 30,
             bytes_in: None,
             declared_in: None,
-        },
+        }),
     ])
 }
 
@@ -793,8 +797,8 @@ fn a_version_1_receipt_still_reads() {
 /// a version-2 `trust_failure` without a certificate alert (an older proxy
 /// wrote those for any close during the handshake).
 fn evidence_ledger() -> String {
-    let tls =
-        |host: &str, service: Option<&str>, stage: &str, alert: Option<&str>| Entry::TlsAbandoned {
+    let tls = |host: &str, service: Option<&str>, stage: &str, alert: Option<&str>| {
+        Entry::TlsAbandoned(TlsAbandonedLine {
             host: host.into(),
             port: 443,
             tier: ListenerTier::Transparent,
@@ -802,13 +806,16 @@ fn evidence_ledger() -> String {
             stage: stage.into(),
             alpn: None,
             alert: alert.map(str::to_string),
-        };
-    let trust = |host: &str, service: &str, alert: &str| Entry::TrustFailure {
-        host: host.into(),
-        port: 443,
-        tier: ListenerTier::Explicit,
-        service: Some(service.into()),
-        alert: alert.into(),
+        })
+    };
+    let trust = |host: &str, service: &str, alert: &str| {
+        Entry::TrustFailure(TrustFailureLine {
+            host: host.into(),
+            port: 443,
+            tier: ListenerTier::Explicit,
+            service: Some(service.into()),
+            alert: alert.into(),
+        })
     };
     let mut lines = chain_v(
         vec![

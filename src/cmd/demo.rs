@@ -65,9 +65,13 @@ fn run_args(proxy: &ProxyArgs, tier: TierArg, keep_ledger: bool) -> Result<RunAr
     use clap::Parser;
     // This binary by the kernel's own link to it, not by its path: an
     // isolated run has a private /tmp, where a binary under /tmp is not.
-    let mut run = Parse::try_parse_from(["veris", "--", SELF_EXE, "__demo-client"])
-        .context("the demo's run arguments")?
-        .run;
+    let asked = clap::ValueEnum::to_possible_value(&tier)
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    let mut run =
+        Parse::try_parse_from(["veris", "--", SELF_EXE, "__demo-client", "--tier", &asked])
+            .context("the demo's run arguments")?
+            .run;
     run.proxy = proxy.clone();
     run.tier = tier;
     run.require.require_request = vec![
@@ -101,7 +105,16 @@ async fn demo_in(proxy: &ProxyArgs, tier: TierArg, keep_ledger: bool) -> Result<
 /// the proxy the way any client does: `HTTPS_PROXY` in the explicit tiers,
 /// nothing at all when isolated (every connection reaches veris there), and
 /// trusts only the veris CA (`NODE_EXTRA_CA_CERTS`, the bare CA).
-pub async fn client_main() -> Result<u8> {
+/// `veris __demo-client`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct ClientArgs {
+    /// The tier the demo was asked for, so that the client can say why it
+    /// is not isolated.
+    #[arg(long, value_enum, default_value = "auto")]
+    tier: TierArg,
+}
+
+pub async fn client_main(args: ClientArgs) -> Result<u8> {
     let proxy = ["HTTPS_PROXY", "https_proxy"]
         .iter()
         .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()));
@@ -120,9 +133,14 @@ pub async fn client_main() -> Result<u8> {
                 .host()
                 .ok_or_else(|| anyhow!("HTTPS_PROXY {url:?} has no host"))?;
             let port = uri.port_u16().unwrap_or(80);
-            crate::outln!(
-                "veris demo: the client runs behind HTTPS_PROXY={url} (explicit tier: asked for with --tier, or this machine cannot isolate it and veris said why above)"
-            );
+            let why = match args.tier {
+                TierArg::Explicit => "the explicit tier, as asked with --tier explicit",
+                TierArg::Confined => "the confined tier, as asked with --tier confined",
+                TierArg::Auto | TierArg::Isolated => {
+                    "not isolated: this machine cannot isolate it, and veris said why above"
+                }
+            };
+            crate::outln!("veris demo: the client runs behind HTTPS_PROXY={url} ({why})");
             Some(format!("{host}:{port}"))
         }
         None => {

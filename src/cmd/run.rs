@@ -397,8 +397,12 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         }
     } else {
         use std::io::IsTerminal;
-        let reset = crate::logging::reset(std::io::stderr().is_terminal());
-        eprint!("{reset}{}", report.text);
+        let terminal = std::io::stderr().is_terminal();
+        let reset = crate::logging::reset(terminal);
+        // On a terminal the command's last line may lack its newline: the
+        // receipt starts on a line of its own.
+        let fresh_line = if terminal { "\n" } else { "" };
+        eprint!("{fresh_line}{reset}{}", report.text);
         eprintln!("{ledger_line}");
     }
     if report.exit_code != 0 {

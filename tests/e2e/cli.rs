@@ -68,6 +68,11 @@ fn demo_runs_its_client_in_the_tier_run_would_pick() {
         stdout.contains("runs behind HTTPS_PROXY=http://127.0.0.1:"),
         "{stdout}"
     );
+    // It says why: asked, not a machine that cannot isolate.
+    assert!(
+        stdout.contains("(the explicit tier, as asked with --tier explicit)"),
+        "{stdout}"
+    );
     assert!(stdout.contains("4 request(s) reached the twin"), "{stdout}");
     assert!(stdout.contains("direct-egress-possible"), "{stdout}");
     // A named state dir keeps the run's ledger, and the demo says where.

@@ -43,6 +43,27 @@ fn run_curl_gets_proxy_and_ca_from_the_env() {
     assert!(stderr.contains("POST \"/v1/charges\" -> 200"), "{stderr}");
 }
 
+/// On a terminal, a command whose output ends without a newline does not
+/// leave the receipt starting on its line (util-linux `script` gives the
+/// run a terminal).
+#[test]
+fn on_a_terminal_the_receipt_starts_on_a_line_of_its_own() {
+    if !support::tool_works("script", &["--version"]) {
+        return skip("no util-linux script to give the run a terminal");
+    }
+    let dir = TempDir::new("run-tty");
+    let line = format!(
+        "{} run --tier explicit --allow-empty --state-dir {} -- printf no-newline-mark",
+        support::bin().display(),
+        dir.join("state").display()
+    );
+    let out = output(support::command("script").args(["-qec", &line, "/dev/null"]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("no-newline-mark\r\n"), "{stdout:?}");
+    assert!(stdout.contains("interception: explicit"), "{stdout:?}");
+}
+
 #[test]
 fn run_true_is_an_empty_receipt() {
     let dir = TempDir::new("run-true");

@@ -11,6 +11,7 @@ use std::time::Instant;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 use veris_receipt::ledger::encode;
+use veris_receipt::RequestLine;
 use veris_receipt::{Entry, Line, ListenerTier};
 use veris_tui::app::{App, Event};
 use veris_tui::follow::{Follower, Polled};
@@ -33,7 +34,7 @@ fn line(seq: u64) -> Line {
             secs % 60,
             t % 1000
         ),
-        entry: Entry::Request {
+        entry: Entry::Request(RequestLine {
             service: service.into(),
             host: "api.example.com".into(),
             method: "POST".into(),
@@ -55,7 +56,7 @@ fn line(seq: u64) -> Line {
             ],
             websocket: false,
             client_gone: false,
-        },
+        }),
         prev: "0".repeat(64),
     }
 }

@@ -14,6 +14,10 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use veris_receipt::receipt::{Interception, Receipt};
+use veris_receipt::{
+    BlockedLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
+    TlsAbandonedLine, TrustFailureLine, UpstreamErrorLine,
+};
 use veris_receipt::{Entry, Line, Mode};
 
 use crate::filter::Filter;
@@ -96,9 +100,10 @@ impl Row {
     /// Status for colouring and filtering: the HTTP status the client got.
     pub fn status(&self) -> Option<u16> {
         match &self.entry {
-            Entry::Request { status, .. } | Entry::UpstreamError { status, .. } => Some(*status),
-            Entry::Blocked { .. } => Some(421),
-            Entry::ReservedPath { status, .. } => Some(*status),
+            Entry::Request(RequestLine { status, .. })
+            | Entry::UpstreamError(UpstreamErrorLine { status, .. }) => Some(*status),
+            Entry::Blocked(_) => Some(421),
+            Entry::ReservedPath(ReservedPathLine { status, .. }) => Some(*status),
             _ => None,
         }
     }
@@ -106,23 +111,24 @@ impl Row {
     /// The service column: the vendor service, or what kind of event it was.
     pub fn label(&self) -> &str {
         match &self.entry {
-            Entry::Request { service, .. } | Entry::UpstreamError { service, .. } => service,
-            Entry::Passthrough { .. } => "passthrough",
-            Entry::Blocked { .. } => "blocked",
-            Entry::TrustFailure { .. } => "trust-failure",
-            Entry::Session { .. } => "session",
+            Entry::Request(RequestLine { service, .. })
+            | Entry::UpstreamError(UpstreamErrorLine { service, .. }) => service,
+            Entry::Passthrough(_) => "passthrough",
+            Entry::Blocked(_) => "blocked",
+            Entry::TrustFailure(_) => "trust-failure",
+            Entry::Session(_) => "session",
             Entry::Seal { .. } => "seal",
             Entry::Quic { .. } => "quic",
             Entry::Ech { .. } => "ech",
-            Entry::ReservedPath { .. } => "reserved",
+            Entry::ReservedPath(_) => "reserved",
             Entry::Tamper { .. } => "tamper",
-            Entry::Check { .. } => "check",
+            Entry::Check(_) => "check",
             Entry::RedirectChange { .. } => "rules-changed",
             Entry::UdpDropped { .. } => "udp-dropped",
             Entry::Dns { .. } => "dns",
-            Entry::TlsAbandoned { .. } => "tls-abandoned",
-            Entry::ResponseIncomplete { service, .. } => service,
-            Entry::TunnelClose { .. } => "tunnel-close",
+            Entry::TlsAbandoned(_) => "tls-abandoned",
+            Entry::ResponseIncomplete(ResponseIncompleteLine { service, .. }) => service,
+            Entry::TunnelClose(_) => "tunnel-close",
             Entry::BodyCapture { .. } => "body-capture",
         }
     }
@@ -130,13 +136,13 @@ impl Row {
     /// The host the row is about, when it has one.
     pub fn host(&self) -> Option<&str> {
         match &self.entry {
-            Entry::Request { host, .. }
-            | Entry::UpstreamError { host, .. }
-            | Entry::Passthrough { host, .. }
-            | Entry::Blocked { host, .. }
-            | Entry::TrustFailure { host, .. }
-            | Entry::TlsAbandoned { host, .. }
-            | Entry::ReservedPath { host, .. }
+            Entry::Request(RequestLine { host, .. })
+            | Entry::UpstreamError(UpstreamErrorLine { host, .. })
+            | Entry::Passthrough(PassthroughLine { host, .. })
+            | Entry::Blocked(BlockedLine { host, .. })
+            | Entry::TrustFailure(TrustFailureLine { host, .. })
+            | Entry::TlsAbandoned(TlsAbandonedLine { host, .. })
+            | Entry::ReservedPath(ReservedPathLine { host, .. })
             | Entry::Ech { host, .. } => Some(host),
             Entry::Quic { host, .. } => host.as_deref(),
             _ => None,
@@ -502,7 +508,7 @@ impl App {
         self.last_seq = line.seq;
         self.notice = None;
         let ts_ms = parse_ts_ms(&line.ts);
-        if matches!(line.entry, Entry::Session { .. }) {
+        if matches!(line.entry, Entry::Session(_)) {
             // A new proxy: what older lines said about the clock is void.
             self.skew_ms = None;
         }
@@ -513,24 +519,17 @@ impl App {
             }
         }
         match &line.entry {
-            Entry::Session {
-                sandbox_id,
-                mode,
-                tier,
-                listen,
-                coverage,
-                ..
-            } => {
+            Entry::Session(s) => {
                 self.session = Some(SessionInfo {
-                    sandbox_id: sandbox_id.clone(),
-                    mode: *mode,
+                    sandbox_id: s.sandbox_id.clone(),
+                    mode: s.mode,
                     interception: Interception::of(
-                        *tier,
-                        coverage.as_ref().and_then(|c| c.isolation.as_deref()),
+                        s.tier,
+                        s.coverage.as_ref().and_then(|c| c.isolation.as_deref()),
                     ),
                     started_ms: ts_ms,
                     ended_ms: None,
-                    listen: listen.clone(),
+                    listen: s.listen.clone(),
                 });
             }
             Entry::Seal { reason, .. } if reason == "shutdown" => {
@@ -538,17 +537,17 @@ impl App {
                     session.ended_ms = ts_ms;
                 }
             }
-            Entry::Request {
+            Entry::Request(RequestLine {
                 service,
                 status,
                 duration_ms,
                 ..
-            } => self.services.entry(service.clone()).or_default().record(
+            }) => self.services.entry(service.clone()).or_default().record(
                 ts_ms.map(|t| t.div_euclid(1000)),
                 Some(*duration_ms),
                 *status >= 400,
             ),
-            Entry::UpstreamError { service, .. } => {
+            Entry::UpstreamError(UpstreamErrorLine { service, .. }) => {
                 self.counts.upstream_errors += 1;
                 self.services.entry(service.clone()).or_default().record(
                     ts_ms.map(|t| t.div_euclid(1000)),
@@ -556,21 +555,21 @@ impl App {
                     true,
                 );
             }
-            Entry::Passthrough { .. } => self.counts.passthrough += 1,
-            Entry::Blocked { .. } => self.counts.blocked += 1,
-            Entry::TrustFailure { .. } => self.counts.trust_failures += 1,
+            Entry::Passthrough(_) => self.counts.passthrough += 1,
+            Entry::Blocked(_) => self.counts.blocked += 1,
+            Entry::TrustFailure(_) => self.counts.trust_failures += 1,
             Entry::Quic { attempts, .. } => self.counts.quic_attempts += attempts,
             Entry::Ech { .. } => self.counts.ech += 1,
             // Listed, never counted as vendor traffic.
-            Entry::ReservedPath { .. }
+            Entry::ReservedPath(_)
             | Entry::Tamper { .. }
-            | Entry::Check { .. }
+            | Entry::Check(_)
             | Entry::RedirectChange { .. }
             | Entry::UdpDropped { .. }
             | Entry::Dns { .. }
-            | Entry::TlsAbandoned { .. }
-            | Entry::ResponseIncomplete { .. }
-            | Entry::TunnelClose { .. } => {}
+            | Entry::TlsAbandoned(_)
+            | Entry::ResponseIncomplete(_)
+            | Entry::TunnelClose(_) => {}
             // Bookkeeping for `veris har --bodies`: neither traffic nor news.
             Entry::BodyCapture { .. } => return,
             Entry::Seal { sealed_seq, .. } => {

@@ -8,6 +8,9 @@
 //!   path, query or status.
 
 use veris_receipt::Entry;
+use veris_receipt::{
+    BlockedLine, PassthroughLine, RequestLine, TrustFailureLine, UpstreamErrorLine,
+};
 
 use crate::app::Row;
 
@@ -84,13 +87,13 @@ fn haystack(row: &Row) -> String {
         s.push(' ');
     }
     match &row.entry {
-        Entry::Request {
+        Entry::Request(RequestLine {
             method,
             path,
             query,
             status,
             ..
-        } => {
+        }) => {
             s.push_str(&format!("{method} {path}"));
             if let Some(q) = query {
                 s.push('?');
@@ -98,25 +101,25 @@ fn haystack(row: &Row) -> String {
             }
             s.push_str(&format!(" {status}"));
         }
-        Entry::UpstreamError {
+        Entry::UpstreamError(UpstreamErrorLine {
             method,
             path,
             status,
             error,
             ..
-        } => s.push_str(&format!("{method} {path} {status} {error}")),
-        Entry::Blocked {
+        }) => s.push_str(&format!("{method} {path} {status} {error}")),
+        Entry::Blocked(BlockedLine {
             method,
             path,
             reason,
             ..
-        } => s.push_str(&format!(
+        }) => s.push_str(&format!(
             "{} {} 421 {reason}",
             method.as_deref().unwrap_or(""),
             path.as_deref().unwrap_or("")
         )),
-        Entry::Passthrough { reason, .. } => s.push_str(reason),
-        Entry::TrustFailure { alert, .. } => s.push_str(alert),
+        Entry::Passthrough(PassthroughLine { reason, .. }) => s.push_str(reason),
+        Entry::TrustFailure(TrustFailureLine { alert, .. }) => s.push_str(alert),
         Entry::Quic { dst, .. } => s.push_str(dst),
         _ => {}
     }
@@ -127,29 +130,19 @@ fn haystack(row: &Row) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use veris_receipt::ListenerTier;
 
     fn request(service: &str, path: &str, status: u16) -> Row {
         Row {
             seq: 1,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Request {
-                service: service.into(),
+            entry: Entry::Request(RequestLine {
                 host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: path.into(),
                 query: Some("limit=3".into()),
                 status,
-                http: "HTTP/1.1".into(),
-                tier: ListenerTier::Explicit,
-                bytes_in: 0,
-                bytes_out: None,
                 duration_ms: 3,
                 upstream: "http://127.0.0.1:1/s/x/stripe/v1/charges".into(),
-                headers: vec![],
-                websocket: false,
-                client_gone: false,
-            },
+                ..RequestLine::test(service, "POST", path)
+            }),
         }
     }
 
@@ -172,15 +165,10 @@ mod tests {
         let row = Row {
             seq: 2,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Blocked {
-                host: "evil.example".into(),
-                port: 443,
-                tier: ListenerTier::Explicit,
-                method: None,
-                path: None,
+            entry: Entry::Blocked(BlockedLine {
                 reason: "strict".into(),
-                dst: None,
-            },
+                ..BlockedLine::test("evil.example")
+            }),
         };
         assert!(Filter::parse("4xx").matches(&row));
         assert!(Filter::parse("kind:blocked evil").matches(&row));

@@ -149,7 +149,8 @@ mod tests {
     use super::*;
     use std::io::Write;
     use veris_receipt::ledger::Ledger;
-    use veris_receipt::{Entry, ListenerTier};
+    use veris_receipt::Entry;
+    use veris_receipt::PassthroughLine;
 
     fn tempdir(name: &str) -> PathBuf {
         let dir =
@@ -160,16 +161,12 @@ mod tests {
     }
 
     fn passthrough(host: &str) -> Entry {
-        Entry::Passthrough {
-            host: host.into(),
-            port: 443,
-            tier: ListenerTier::Explicit,
+        Entry::Passthrough(PassthroughLine {
             bytes_in: 1,
             bytes_out: 2,
             duration_ms: 3,
-            reason: "mode".into(),
-            dst: None,
-        }
+            ..PassthroughLine::test(host)
+        })
     }
 
     fn seqs(p: Polled) -> Vec<u64> {

@@ -10,6 +10,10 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row as TableRow, Table, Wrap};
 use ratatui::Frame;
 use veris_receipt::quote::{escaped, quoted, token};
 use veris_receipt::receipt::{integrity_text, CheckStatus, IntegrityStatus, Interception};
+use veris_receipt::{
+    BlockedLine, CheckLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
+    SessionLine, TlsAbandonedLine, TrustFailureLine, TunnelCloseLine, UpstreamErrorLine,
+};
 use veris_receipt::{Entry, ListenerTier, Mode};
 
 use crate::app::{App, ConnState, Row, SPARK_SECONDS};
@@ -333,104 +337,74 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
     .unwrap_or(&row.ts)
     .to_string();
     let label_style = match &row.entry {
-        Entry::Request { .. } => Style::new(),
-        Entry::Passthrough { .. } | Entry::Ech { .. } | Entry::Quic { .. } => {
+        Entry::Request(_) => Style::new(),
+        Entry::Passthrough(_) | Entry::Ech { .. } | Entry::Quic { .. } => {
             Style::new().fg(Color::Blue)
         }
-        Entry::Blocked { .. }
-        | Entry::TrustFailure { .. }
-        | Entry::UpstreamError { .. }
-        | Entry::ReservedPath { .. }
+        Entry::Blocked(_)
+        | Entry::TrustFailure(_)
+        | Entry::UpstreamError(_)
+        | Entry::ReservedPath(_)
         | Entry::Tamper { .. } => Style::new().fg(Color::Red),
         Entry::RedirectChange { .. } => Style::new().fg(Color::Red),
-        Entry::Session { .. }
+        Entry::Session(_)
         | Entry::Seal { .. }
-        | Entry::Check { .. }
+        | Entry::Check(_)
         | Entry::UdpDropped { .. }
         | Entry::Dns { .. }
-        | Entry::TlsAbandoned { .. } => Style::new().fg(Color::DarkGray),
-        Entry::ResponseIncomplete { .. } => Style::new().fg(Color::Red),
-        Entry::TunnelClose { .. } | Entry::BodyCapture { .. } => Style::new().fg(Color::DarkGray),
+        | Entry::TlsAbandoned(_) => Style::new().fg(Color::DarkGray),
+        Entry::ResponseIncomplete(_) => Style::new().fg(Color::Red),
+        Entry::TunnelClose(_) | Entry::BodyCapture { .. } => Style::new().fg(Color::DarkGray),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
-            Entry::Request {
-                method,
-                path,
-                query,
-                status,
-                duration_ms,
-                bytes_in,
-                bytes_out,
-                websocket,
-                ..
-            } => (
-                if *websocket {
-                    format!("{} ws", token(method))
+            Entry::Request(r) => (
+                if r.websocket {
+                    format!("{} ws", token(&r.method))
                 } else {
-                    token(method).into_owned()
+                    token(&r.method).into_owned()
                 },
-                match query {
-                    Some(q) => quoted(&format!("{path}?{q}")),
-                    None => quoted(path),
+                match &r.query {
+                    Some(q) => quoted(&format!("{}?{q}", r.path)),
+                    None => quoted(&r.path),
                 },
-                Cell::from(status.to_string()).style(status_style(*status)),
-                latency(*duration_ms),
+                Cell::from(r.status.to_string()).style(status_style(r.status)),
+                latency(r.duration_ms),
                 format!(
                     "{}/{}",
-                    human_bytes(*bytes_in),
-                    bytes_out.map_or("?".into(), human_bytes)
+                    human_bytes(r.bytes_in),
+                    r.bytes_out.map_or("?".into(), human_bytes)
                 ),
             ),
-            Entry::UpstreamError {
-                method,
-                path,
-                status,
-                error,
-                duration_ms,
-                ..
-            } => (
-                token(method).into_owned(),
-                format!("{}  {}", quoted(path), token(error)),
-                Cell::from(status.to_string()).style(status_style(*status).bold()),
-                latency(*duration_ms),
+            Entry::UpstreamError(e) => (
+                token(&e.method).into_owned(),
+                format!("{}  {}", quoted(&e.path), token(&e.error)),
+                Cell::from(e.status.to_string()).style(status_style(e.status).bold()),
+                latency(e.duration_ms),
                 String::new(),
             ),
-            Entry::Passthrough {
-                host,
-                port,
-                bytes_in,
-                bytes_out,
-                duration_ms,
-                ..
-            } => (
+            Entry::Passthrough(p) => (
                 "TUNNEL".into(),
-                format!("{}:{port}", quoted(host)),
+                format!("{}:{}", quoted(&p.host), p.port),
                 Cell::from("tun").dark_gray(),
-                latency(*duration_ms),
-                format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
+                latency(p.duration_ms),
+                format!("{}/{}", human_bytes(p.bytes_in), human_bytes(p.bytes_out)),
             ),
-            Entry::Blocked {
-                host,
-                port,
-                method,
-                path,
-                ..
-            } => (
-                method
+            Entry::Blocked(b) => (
+                b.method
                     .as_deref()
                     .map_or("CONNECT".into(), |m| token(m).into_owned()),
-                match path {
-                    Some(p) => format!("{}:{port} {}", quoted(host), quoted(p)),
-                    None => format!("{}:{port}", quoted(host)),
+                match &b.path {
+                    Some(p) => format!("{}:{} {}", quoted(&b.host), b.port, quoted(p)),
+                    None => format!("{}:{}", quoted(&b.host), b.port),
                 },
                 Cell::from("421").style(status_style(421).bold()),
                 String::new(),
                 String::new(),
             ),
-            Entry::TrustFailure {
+            Entry::TrustFailure(TrustFailureLine {
                 host, port, alert, ..
-            } => (
+            }) => (
                 "TLS".into(),
                 format!(
                     "{}:{port}  client refused the veris CA ({})",
@@ -448,29 +422,23 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::TunnelClose {
-                of,
-                bytes_in,
-                bytes_out,
-                duration_ms,
-                error,
-            } => (
+            Entry::TunnelClose(t) => (
                 String::new(),
-                match error {
-                    Some(e) => format!("tunnel #{of} closed ({})", escaped(e)),
-                    None => format!("tunnel #{of} closed"),
+                match &t.error {
+                    Some(e) => format!("tunnel #{} closed ({})", t.of, escaped(e)),
+                    None => format!("tunnel #{} closed", t.of),
                 },
                 Cell::from("tun").dark_gray(),
-                latency(*duration_ms),
-                format!("{}/{}", human_bytes(*bytes_in), human_bytes(*bytes_out)),
+                latency(t.duration_ms),
+                format!("{}/{}", human_bytes(t.bytes_in), human_bytes(t.bytes_out)),
             ),
-            Entry::ResponseIncomplete {
+            Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of,
                 bytes,
                 declared,
                 reason,
                 ..
-            } => (
+            }) => (
                 String::new(),
                 match declared {
                     Some(d) => format!(
@@ -486,9 +454,9 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::TlsAbandoned {
+            Entry::TlsAbandoned(TlsAbandonedLine {
                 host, port, stage, ..
-            } => (
+            }) => (
                 "TLS".into(),
                 format!(
                     "{}:{port}  client left after our certificate ({}), no refusal alert",
@@ -499,7 +467,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::Session { pid, listen, .. } => (
+            Entry::Session(SessionLine { pid, listen, .. }) => (
                 String::new(),
                 format!("proxy started (pid {pid}, listening on {})", token(listen)),
                 Cell::from(""),
@@ -530,16 +498,14 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::ReservedPath {
-                method,
-                path,
-                status,
-                error,
-                ..
-            } => (
-                token(method).into_owned(),
-                format!("{}  {} (answered by the proxy)", quoted(path), token(error)),
-                Cell::from(status.to_string()).style(status_style(*status)),
+            Entry::ReservedPath(r) => (
+                token(&r.method).into_owned(),
+                format!(
+                    "{}  {} (answered by the proxy)",
+                    quoted(&r.path),
+                    token(&r.error)
+                ),
+                Cell::from(r.status.to_string()).style(status_style(r.status)),
                 String::new(),
                 String::new(),
             ),
@@ -582,7 +548,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
-            Entry::Check { name, status, .. } => (
+            Entry::Check(CheckLine { name, status, .. }) => (
                 String::new(),
                 format!("{}: {}", token(name), escaped(status)),
                 Cell::from(""),
@@ -724,7 +690,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
     let mut lines = vec![kv("ledger", format!("seq {} · {}", row.seq, row.ts))];
     lines.push(kv("kind", row.entry.kind().to_string()));
     match &row.entry {
-        Entry::Request {
+        Entry::Request(RequestLine {
             service,
             host,
             method,
@@ -740,7 +706,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             headers,
             websocket,
             client_gone,
-        } => {
+        }) => {
             lines.push(kv("service", token(service).into_owned()));
             lines.push(kv("host", quoted(host)));
             lines.push(kv(
@@ -797,7 +763,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 }
             }
         }
-        Entry::UpstreamError {
+        Entry::UpstreamError(UpstreamErrorLine {
             service,
             host,
             method,
@@ -809,7 +775,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             duration_ms,
             bytes_in,
             declared_in,
-        } => {
+        }) => {
             lines.push(kv("service", token(service).into_owned()));
             lines.push(kv("host", quoted(host)));
             lines.push(kv("request", format!("{} {}", token(method), quoted(path))));
@@ -832,7 +798,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("timing", latency(*duration_ms)));
             lines.push(kv("upstream", quoted(upstream)));
         }
-        Entry::Passthrough {
+        Entry::Passthrough(PassthroughLine {
             host,
             port,
             tier,
@@ -841,7 +807,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             duration_ms,
             reason,
             dst,
-        } => {
+        }) => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(dst) = dst {
                 lines.push(kv("dialed", token(dst).into_owned()));
@@ -858,7 +824,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 ),
             ));
         }
-        Entry::Blocked {
+        Entry::Blocked(BlockedLine {
             host,
             port,
             tier,
@@ -866,7 +832,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             path,
             reason,
             dst,
-        } => {
+        }) => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(dst) = dst {
                 lines.push(kv("dst", token(dst).into_owned()));
@@ -880,13 +846,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
         Entry::BodyCapture { of, .. } => {
             lines.push(kv("request", format!("#{of}")));
         }
-        Entry::TunnelClose {
+        Entry::TunnelClose(TunnelCloseLine {
             of,
             bytes_in,
             bytes_out,
             duration_ms,
             error,
-        } => {
+        }) => {
             lines.push(kv("tunnel", format!("#{of}")));
             lines.push(kv(
                 "bytes",
@@ -897,13 +863,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 lines.push(kv("error", escaped(e).into_owned()));
             }
         }
-        Entry::ResponseIncomplete {
+        Entry::ResponseIncomplete(ResponseIncompleteLine {
             of,
             service,
             bytes,
             declared,
             reason,
-        } => {
+        }) => {
             lines.push(kv("request", format!("#{of} ({})", token(service))));
             lines.push(kv("delivered", format!("{bytes} bytes")));
             if let Some(d) = declared {
@@ -911,7 +877,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             }
             lines.push(kv("reason", token(reason).into_owned()));
         }
-        Entry::TlsAbandoned {
+        Entry::TlsAbandoned(TlsAbandonedLine {
             host,
             port,
             tier,
@@ -919,7 +885,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             stage,
             alert,
             alpn,
-        } => {
+        }) => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(s) = service {
                 lines.push(kv("service", token(s).into_owned()));
@@ -931,13 +897,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             }
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
-        Entry::TrustFailure {
+        Entry::TrustFailure(TrustFailureLine {
             host,
             port,
             tier,
             service,
             alert,
-        } => {
+        }) => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
             if let Some(s) = service {
                 lines.push(kv("service", token(s).into_owned()));
@@ -949,7 +915,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 "the client does not trust the veris CA for this host".into(),
             ));
         }
-        Entry::Session {
+        Entry::Session(SessionLine {
             run_id,
             sandbox_id,
             mode,
@@ -962,7 +928,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             key_id,
             moved_aside,
             ..
-        } => {
+        }) => {
             lines.push(kv("twin", format!("{sandbox_id} at {twin}")));
             lines.push(kv(
                 "mode",
@@ -1008,7 +974,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("tier", tier_word(*tier).to_string()));
         }
         Entry::Seal { sealed_seq, .. } => lines.push(kv("sealed", sealed_seq.to_string())),
-        Entry::ReservedPath {
+        Entry::ReservedPath(ReservedPathLine {
             service,
             host,
             method,
@@ -1016,7 +982,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             status,
             error,
             tier,
-        } => {
+        }) => {
             lines.push(kv("service", token(service).into_owned()));
             lines.push(kv("host", quoted(host)));
             lines.push(kv("request", format!("{} {}", token(method), quoted(path))));
@@ -1054,13 +1020,13 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("tamper", escaped(what).into_owned()));
             lines.push(kv("detail", escaped(detail).into_owned()));
         }
-        Entry::Check {
+        Entry::Check(CheckLine {
             name,
             status,
             detail,
             since_seq,
             until_seq,
-        } => {
+        }) => {
             lines.push(kv("check", format!("{}: {}", token(name), escaped(status))));
             lines.push(kv("window", format!("seq {since_seq}..{until_seq}")));
             lines.push(kv("detail", escaped(detail).into_owned()));

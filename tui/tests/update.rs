@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use crossterm::event::KeyCode;
+use veris_receipt::SessionLine;
 use veris_tui::app::{Action, App, ConnState, Connection, Event};
 
 fn lines(n: usize) -> Vec<veris_receipt::Line> {
@@ -271,7 +272,7 @@ fn a_proxy_clock_that_is_off_still_shows_its_last_minute() {
 fn a_finished_session_reads_ended_with_its_uptime_stopped_and_its_interception() {
     // An isolated run that lasted 30 s and ended 20 s ago, read from its file.
     let mut isolated = session();
-    if let veris_receipt::Entry::Session { tier, coverage, .. } = &mut isolated {
+    if let veris_receipt::Entry::Session(SessionLine { tier, coverage, .. }) = &mut isolated {
         *tier = veris_receipt::ListenerTier::Transparent;
         *coverage = Some(
             serde_json::from_value(serde_json::json!({

@@ -657,41 +657,29 @@ mod tests {
     /// A live admin API over a real ledger of `n` request lines (after a
     /// session line), and its address.
     async fn admin_over(dir: &std::path::Path, n: u64) -> (Arc<Admin>, std::net::SocketAddr) {
+        use veris_receipt::{BlockedLine, SessionLine};
         use veris_receipt::{Entry, ListenerTier, Mode};
         let (ledger, _) = Ledger::open(&dir.join("ledger.jsonl")).unwrap();
         let ledger = Arc::new(ledger);
         ledger
-            .append(Entry::Session {
+            .append(Entry::Session(SessionLine {
                 run_id: "run_1".into(),
                 sandbox_id: "sbx_1".into(),
-                mode: Mode::Passthrough,
-                tier: ListenerTier::Explicit,
                 twin: "http://127.0.0.1:9/".into(),
                 pid: 1,
                 version: "0".into(),
                 listen: "127.0.0.1:1".into(),
-                recovered_torn_tail: None,
-                key_id: None,
-                public_key: None,
-                key_storage: None,
-                proxy_uid: None,
-                workload_uid: None,
-                twin_heads: None,
-                moved_aside: None,
-                coverage: None,
-            })
+                ..SessionLine::test()
+            }))
             .unwrap();
         let pending: Vec<_> = (0..n)
             .map(|i| {
-                ledger.append_queued(Entry::Blocked {
-                    host: format!("host-{i}.example"),
-                    port: 443,
-                    tier: ListenerTier::Explicit,
+                ledger.append_queued(Entry::Blocked(BlockedLine {
                     method: Some("GET".into()),
                     path: Some(format!("/{}", "p".repeat(200))),
                     reason: "strict".into(),
-                    dst: None,
-                })
+                    ..BlockedLine::test(&format!("host-{i}.example"))
+                }))
             })
             .collect();
         for p in pending {

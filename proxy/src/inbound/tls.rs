@@ -20,6 +20,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use tokio_rustls::LazyConfigAcceptor;
 use tracing::{debug, info, warn};
+use veris_receipt::BlockedLine;
 use veris_receipt::{Entry, Mode};
 
 use crate::body::meter;
@@ -218,7 +219,7 @@ impl Proxy {
         {
             return;
         }
-        self.record_or_log(Entry::Blocked {
+        self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -226,7 +227,7 @@ impl Proxy {
             path: None,
             reason: format!("strict mode: unmapped host, and {why}"),
             dst: leg.headed_to(),
-        })
+        }))
         .await;
     }
 }

@@ -63,6 +63,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, info_span, warn, Instrument};
 use veris_accept::{accept_until, OnError};
+use veris_receipt::BlockedLine;
 use veris_receipt::{Entry, ListenerTier, Mode};
 
 use crate::inbound::clienthello::{self, ClientHello, ClientHelloError, Parser, MAX_CLIENT_HELLO};
@@ -417,7 +418,7 @@ impl Transparent {
             Verdict::Refuse(reason) => {
                 info!(host = %leg.host, %dst, %reason, "refused a redirected TLS connection (recorded as blocked). Next: route the host to a twin service, allow it, or connect to an address its name stands for; passthrough mode lets it through, recorded");
                 self.proxy
-                    .record_or_log(Entry::Blocked {
+                    .record_or_log(Entry::Blocked(BlockedLine {
                         host: leg.host.clone(),
                         port: leg.port,
                         tier: leg.tier,
@@ -425,7 +426,7 @@ impl Transparent {
                         path: None,
                         reason,
                         dst: leg.headed_to(),
-                    })
+                    }))
                     .await;
             }
         }
@@ -648,7 +649,7 @@ impl Transparent {
 
     async fn record_opaque_block(&self, dst: SocketAddr, reason: String) {
         self.proxy
-            .record_or_log(Entry::Blocked {
+            .record_or_log(Entry::Blocked(BlockedLine {
                 host: dst_name(dst),
                 port: dst.port(),
                 tier: ListenerTier::Transparent,
@@ -656,7 +657,7 @@ impl Transparent {
                 path: None,
                 reason,
                 dst: Some(dst.to_string()),
-            })
+            }))
             .await;
     }
 
@@ -703,7 +704,7 @@ impl Transparent {
                     // isolated run): nothing passed, so it is a refusal.
                     info!(error = %e, %dst, "refused a passthrough destination");
                     proxy
-                        .record_or_log(Entry::Blocked {
+                        .record_or_log(Entry::Blocked(BlockedLine {
                             host: leg.host.clone(),
                             port: leg.port,
                             tier: leg.tier,
@@ -711,7 +712,7 @@ impl Transparent {
                             path: None,
                             reason: e.to_string(),
                             dst: Some(dst.to_string()),
-                        })
+                        }))
                         .await;
                     return;
                 }
@@ -961,7 +962,7 @@ mod lifecycle_tests {
     use rustls::pki_types::{CertificateDer, ServerName};
     use tokio::io::AsyncReadExt;
     use tokio::sync::mpsc;
-    use veris_receipt::Entry;
+    use veris_receipt::{Entry, PassthroughLine, RequestLine, TlsAbandonedLine, TunnelCloseLine};
 
     use crate::config::{Flags, Settings};
     use crate::outbound::upstream::UpstreamOptions;
@@ -1198,9 +1199,9 @@ mod lifecycle_tests {
         entries
             .iter()
             .filter_map(|e| match e {
-                Entry::Passthrough {
+                Entry::Passthrough(PassthroughLine {
                     host, dst, reason, ..
-                } => Some((host.clone(), dst.clone(), reason.clone())),
+                }) => Some((host.clone(), dst.clone(), reason.clone())),
                 _ => None,
             })
             .collect()
@@ -1211,9 +1212,9 @@ mod lifecycle_tests {
         entries
             .iter()
             .filter_map(|e| match e {
-                Entry::Blocked {
+                Entry::Blocked(BlockedLine {
                     host, dst, reason, ..
-                } => Some((host.clone(), dst.clone(), reason.clone())),
+                }) => Some((host.clone(), dst.clone(), reason.clone())),
                 _ => None,
             })
             .collect()
@@ -1231,7 +1232,7 @@ mod lifecycle_tests {
         assert_eq!(got.recv().await.unwrap(), b"\x00\x01opaque");
         let entries = f.entries(2).await;
         match &entries[..2] {
-            [Entry::Passthrough {
+            [Entry::Passthrough(PassthroughLine {
                 host,
                 port: p,
                 tier,
@@ -1240,13 +1241,13 @@ mod lifecycle_tests {
                 reason,
                 dst: d,
                 ..
-            }, Entry::TunnelClose {
+            }), Entry::TunnelClose(TunnelCloseLine {
                 of,
                 bytes_in,
                 bytes_out,
                 error: None,
                 ..
-            }] => {
+            })] => {
                 assert_eq!(host, "0.0.0.0");
                 assert_eq!(*p, port);
                 assert_eq!(*tier, ListenerTier::Transparent);
@@ -1334,7 +1335,7 @@ mod lifecycle_tests {
         assert_eq!(got.recv().await.unwrap(), b"");
         let entries = f.entries(1).await;
         assert!(
-            matches!(&entries[0], Entry::Request { service, tier, .. }
+            matches!(&entries[0], Entry::Request(RequestLine { service, tier, .. })
                 if service == "stripe" && *tier == ListenerTier::Transparent),
             "{entries:?}"
         );
@@ -1367,7 +1368,7 @@ mod lifecycle_tests {
         assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
         let entries = f.entries(1).await;
         assert!(
-            matches!(&entries[0], Entry::Request { service, host, tier, .. }
+            matches!(&entries[0], Entry::Request(RequestLine { service, host, tier, .. })
                 if service == "stripe" && host == "api.stripe.com" && *tier == ListenerTier::Transparent),
             "{entries:?}"
         );
@@ -1389,7 +1390,7 @@ mod lifecycle_tests {
         assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
         let entries = f.entries(1).await;
         assert!(
-            matches!(&entries[0], Entry::Request { service, .. } if service == "stripe"),
+            matches!(&entries[0], Entry::Request(RequestLine { service, .. }) if service == "stripe"),
             "{entries:?}"
         );
         sink.assert_untouched();
@@ -1426,13 +1427,13 @@ mod lifecycle_tests {
         assert!(resp.contains("veris_name_mismatch"), "{resp}");
         let entries = f.entries(4).await;
         match &entries[3] {
-            Entry::Blocked {
+            Entry::Blocked(BlockedLine {
                 host,
                 method,
                 path,
                 dst,
                 ..
-            } => {
+            }) => {
                 assert_eq!(host, "localhost");
                 assert_eq!(method.as_deref(), Some("GET"));
                 assert_eq!(path.as_deref(), Some("/admin"));
@@ -1494,14 +1495,14 @@ mod lifecycle_tests {
         let stages = entries
             .iter()
             .filter_map(|e| match e {
-                Entry::TlsAbandoned {
+                Entry::TlsAbandoned(TlsAbandonedLine {
                     host,
                     stage,
                     alert,
                     tier,
                     service,
                     ..
-                } => {
+                }) => {
                     assert_eq!(host, "api.stripe.com");
                     assert_eq!(*tier, ListenerTier::Transparent);
                     assert_eq!(service.as_deref(), Some("stripe"));
@@ -1512,7 +1513,7 @@ mod lifecycle_tests {
             .collect();
         let refusals = entries
             .iter()
-            .filter(|e| matches!(e, Entry::TrustFailure { .. }))
+            .filter(|e| matches!(e, Entry::TrustFailure(_)))
             .count();
         (stages, refusals)
     }
@@ -1565,7 +1566,7 @@ mod lifecycle_tests {
         assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
         drop(tls);
         let entries = f.entries(2).await;
-        assert!(matches!(entries[1], Entry::Request { .. }), "{entries:?}");
+        assert!(matches!(entries[1], Entry::Request(_)), "{entries:?}");
         // Give a wrongly recorded close a chance to arrive before counting.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(abandoned(&f.recorder.entries()).0.len(), 1);

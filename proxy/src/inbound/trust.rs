@@ -20,6 +20,7 @@ use rustls::AlertDescription;
 use tracing::{info, warn};
 use veris_receipt::entry::is_refusal_alert;
 use veris_receipt::Entry;
+use veris_receipt::{TlsAbandonedLine, TrustFailureLine};
 
 use crate::request::route::Route;
 use crate::request::Leg;
@@ -67,13 +68,13 @@ impl Proxy {
     pub(crate) async fn record_trust_failure(&self, name: &str, leg: &Leg, alert: String) {
         let service = self.routed_service(name);
         warn!(host = %name, %alert, ?service, "the client refused the veris certificate");
-        self.record_or_log(Entry::TrustFailure {
+        self.record_or_log(Entry::TrustFailure(TrustFailureLine {
             host: name.to_string(),
             port: leg.port,
             tier: leg.tier,
             service,
             alert,
-        })
+        }))
         .await;
     }
 
@@ -93,7 +94,7 @@ impl Proxy {
             Stage::NoRequest => "no_request",
         };
         info!(host = %name, stage, ?alert, "the client left after the veris certificate without a refusal alert or a request");
-        self.record_or_log(Entry::TlsAbandoned {
+        self.record_or_log(Entry::TlsAbandoned(TlsAbandonedLine {
             host: name.to_string(),
             port: leg.port,
             tier: leg.tier,
@@ -101,7 +102,7 @@ impl Proxy {
             stage: stage.to_string(),
             alert,
             alpn,
-        })
+        }))
         .await;
     }
 }

@@ -15,6 +15,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tracing::{debug, info_span, warn, Instrument};
 use veris_receipt::Entry;
+use veris_receipt::{PassthroughLine, TunnelCloseLine};
 
 use crate::body::{self, meter, Counted, ProxyBody};
 use crate::outbound::dial;
@@ -237,7 +238,7 @@ impl Proxy {
         (bytes_in, bytes_out): (u64, u64),
         started: Instant,
     ) -> Result<u64, RecordError> {
-        let entry = Entry::Passthrough {
+        let entry = Entry::Passthrough(PassthroughLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -246,7 +247,7 @@ impl Proxy {
             duration_ms: started.elapsed().as_millis() as u64,
             reason: reason.to_string(),
             dst: dst.map(|d| d.to_string()),
-        };
+        });
         let recorded = self.recorder.record(entry).await;
         if let Err(e) = &recorded {
             warn!(error = %e, host = %leg.host, "passthrough could not be recorded");
@@ -265,13 +266,13 @@ impl Proxy {
         if let Some(e) = &error {
             debug!(error = %e, "tunnel closed with an error");
         }
-        self.record_or_log(Entry::TunnelClose {
+        self.record_or_log(Entry::TunnelClose(TunnelCloseLine {
             of,
             bytes_in,
             bytes_out,
             duration_ms: started.elapsed().as_millis() as u64,
             error,
-        })
+        }))
         .await;
     }
 

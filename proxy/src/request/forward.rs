@@ -19,6 +19,7 @@ use serde_json::json;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn, Instrument, Span};
 use veris_receipt::capture::Side;
+use veris_receipt::ResponseIncompleteLine;
 use veris_receipt::{redact, Entry};
 
 use crate::admin::summary;
@@ -400,13 +401,13 @@ impl Proxy {
                 meter::Cut::Dropped => "client_gone",
             };
             warn!(of = answer.of, bytes, declared = ?answer.declared, reason, "the response reached the client incomplete");
-            let entry = Entry::ResponseIncomplete {
+            let entry = Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of: answer.of,
                 service: answer.service,
                 bytes,
                 declared: answer.declared,
                 reason: reason.to_string(),
-            };
+            });
             let ack = recorder.record(entry);
             if tokio::runtime::Handle::try_current().is_ok() {
                 tasks.spawn(async move {

@@ -5,6 +5,7 @@
 use http::{HeaderName, Response, StatusCode};
 use serde_json::json;
 use tracing::warn;
+use veris_receipt::UpstreamErrorLine;
 use veris_receipt::{Entry, ListenerTier};
 
 use crate::admin::summary;
@@ -48,7 +49,7 @@ impl Proxy {
         duration_ms: u64,
     ) {
         self.summary.note(summary::Outcome::UpstreamError);
-        let entry = Entry::UpstreamError {
+        let entry = Entry::UpstreamError(UpstreamErrorLine {
             service: line.service.clone(),
             host: line.host.clone(),
             method: line.method.clone(),
@@ -60,7 +61,7 @@ impl Proxy {
             duration_ms,
             bytes_in: why.body.map(|(sent, _)| sent),
             declared_in: why.body.and_then(|(_, declared)| declared),
-        };
+        });
         if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "upstream error could not be recorded");
             if veris_receipt::entry::may_have_reached_twin(why.code) {
@@ -104,7 +105,7 @@ impl RequestLine {
         websocket: bool,
         client_gone: bool,
     ) -> Entry {
-        Entry::Request {
+        Entry::Request(veris_receipt::RequestLine {
             service: self.service,
             host: self.host,
             method: self.method,
@@ -120,7 +121,7 @@ impl RequestLine {
             headers: self.headers,
             websocket,
             client_gone,
-        }
+        })
     }
 }
 

@@ -8,6 +8,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 use tracing::{info, warn};
 use veris_receipt::{redact, Entry, Mode};
+use veris_receipt::{BlockedLine, ReservedPathLine};
 
 use crate::body::ProxyBody;
 use crate::outbound::dial;
@@ -83,7 +84,7 @@ impl Proxy {
             return None;
         }
         warn!(sni = %leg.host, %host, "Host header disagrees with the TLS SNI");
-        self.record_or_log(Entry::Blocked {
+        self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -91,7 +92,7 @@ impl Proxy {
             path: Some(req.uri().path().to_string()),
             reason: format!("Host {host} disagrees with the TLS SNI"),
             dst: leg.headed_to(),
-        })
+        }))
         .await;
         Some(respond::error(
             StatusCode::BAD_GATEWAY,
@@ -134,7 +135,7 @@ impl Proxy {
                 ),
             ),
         };
-        let entry = Entry::ReservedPath {
+        let entry = Entry::ReservedPath(ReservedPathLine {
             service: service.name.clone(),
             host: leg.host.clone(),
             method: req.method().to_string(),
@@ -142,7 +143,7 @@ impl Proxy {
             status: status.as_u16(),
             error: code.to_string(),
             tier: leg.tier,
-        };
+        });
         if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
             return Some(ledger_unavailable(&e, &service.name));
@@ -162,7 +163,7 @@ impl Proxy {
 
     /// Strict mode: 421 in words, recorded as blocked.
     pub(crate) async fn refuse(&self, req: Request<Incoming>, leg: &Leg) -> Response<ProxyBody> {
-        let entry = Entry::Blocked {
+        let entry = Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -170,7 +171,7 @@ impl Proxy {
             path: Some(req.uri().path().to_string()),
             reason: "strict mode: no service claims this host and path".into(),
             dst: leg.headed_to(),
-        };
+        });
         if let Err(e) = self.recorder.record(entry).await {
             warn!(error = %e, "blocked request could not be recorded");
         }
@@ -208,7 +209,7 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         info!(host = %leg.host, port = leg.port, "refused a destination on this host from an isolated run");
         let reason = "isolated run: the host's loopback and every address of its interfaces are not reachable through veris (the run's own loopback is reached directly)";
-        self.record_or_log(Entry::Blocked {
+        self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -216,7 +217,7 @@ impl Proxy {
             path,
             reason: reason.into(),
             dst: leg.headed_to(),
-        })
+        }))
         .await;
         respond::error(
             StatusCode::FORBIDDEN,
@@ -236,7 +237,7 @@ impl Proxy {
         why: String,
     ) -> Response<ProxyBody> {
         warn!(host = %leg.host, dst = ?leg.origin, "{why}; refused");
-        self.record_or_log(Entry::Blocked {
+        self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,
             tier: leg.tier,
@@ -244,7 +245,7 @@ impl Proxy {
             path: Some(req.uri().path().to_string()),
             reason: format!("strict mode: name does not match the destination: {why}"),
             dst: leg.headed_to(),
-        })
+        }))
         .await;
         respond::json(
             StatusCode::MISDIRECTED_REQUEST,

@@ -11,6 +11,7 @@
 //! for byte (the ledger format is versioned and hash-chained): the tests
 //! below compare them over hostile entries.
 
+use crate::entry::RequestLine;
 use crate::entry::{Entry, ListenerTier};
 
 /// Appends the entry's part of its line, `"kind":"…",<fields>`, exactly
@@ -18,7 +19,7 @@ use crate::entry::{Entry, ListenerTier};
 /// taken as is: the caller redacts it first where it came from traffic.
 pub(super) fn fields(out: &mut Vec<u8>, entry: &Entry) -> Result<(), serde_json::Error> {
     match entry {
-        Entry::Request { .. } => {
+        Entry::Request(_) => {
             request(out, entry);
             Ok(())
         }
@@ -63,7 +64,9 @@ fn other(out: &mut Vec<u8>, entry: &Entry) -> Result<(), serde_json::Error> {
         .get(open..tagged.len().saturating_sub(2))
         .filter(|_| tagged.ends_with(b"}}"))
         .ok_or_else(|| {
-            <serde_json::Error as serde::ser::Error>::custom("an entry must be a struct variant")
+            <serde_json::Error as serde::ser::Error>::custom(
+                "an entry must be a struct variant or hold a struct",
+            )
         })?;
     out.extend_from_slice(b"\"kind\":");
     string(out, kind);
@@ -77,7 +80,7 @@ fn other(out: &mut Vec<u8>, entry: &Entry) -> Result<(), serde_json::Error> {
 /// A `request` entry's fields, in the order and with the omissions of its
 /// serde derive.
 fn request(out: &mut Vec<u8>, entry: &Entry) {
-    let Entry::Request {
+    let Entry::Request(RequestLine {
         service,
         host,
         method,
@@ -93,7 +96,7 @@ fn request(out: &mut Vec<u8>, entry: &Entry) {
         headers,
         websocket,
         client_gone,
-    } = entry
+    }) = entry
     else {
         return;
     };
@@ -222,6 +225,11 @@ fn string(out: &mut Vec<u8>, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry::{
+        BlockedLine, CheckLine, Coverage, MovedAside, PassthroughLine, ReservedPathLine,
+        ResponseIncompleteLine, SessionLine, TlsAbandonedLine, TornTail, TrustFailureLine,
+        TunnelCloseLine, UpstreamErrorLine,
+    };
     use crate::entry::{Line, Mode};
 
     /// What serde writes for the line: the reference.
@@ -288,7 +296,7 @@ mod tests {
     }
 
     fn random_request(r: &mut Rng) -> Entry {
-        Entry::Request {
+        Entry::Request(RequestLine {
             service: r.text(),
             host: r.text(),
             method: r.text(),
@@ -308,7 +316,7 @@ mod tests {
             headers: (0..r.below(4)).map(|_| (r.text(), r.text())).collect(),
             websocket: r.below(2) == 0,
             client_gone: r.below(2) == 0,
-        }
+        })
     }
 
     #[test]
@@ -354,7 +362,7 @@ mod tests {
     #[test]
     fn other_kinds_are_what_serde_writes() {
         let entries = [
-            Entry::Session {
+            Entry::Session(SessionLine {
                 run_id: "run \"1\"\n".into(),
                 sandbox_id: "sbx".into(),
                 mode: Mode::Strict,
@@ -363,16 +371,11 @@ mod tests {
                 pid: 7,
                 version: "v".into(),
                 listen: "127.0.0.1:0".into(),
-                recovered_torn_tail: None,
                 key_id: Some("k".into()),
-                public_key: None,
-                key_storage: None,
                 proxy_uid: Some(1),
-                workload_uid: None,
                 twin_heads: Some([("stripe".to_string(), 3u64)].into()),
-                moved_aside: None,
-                coverage: None,
-            },
+                ..SessionLine::test()
+            }),
             Entry::Seal {
                 sealed_seq: 9,
                 signature: "ab".repeat(32),
@@ -383,16 +386,7 @@ mod tests {
                 what: "cut".into(),
                 detail: "the ledger file was cut to 0 bytes".into(),
             },
-            Entry::Passthrough {
-                host: "example.com".into(),
-                port: 443,
-                tier: ListenerTier::Explicit,
-                bytes_in: 0,
-                bytes_out: 0,
-                duration_ms: 0,
-                reason: "mode".into(),
-                dst: None,
-            },
+            Entry::Passthrough(PassthroughLine::test("example.com")),
         ];
         for (seq, entry) in entries.into_iter().enumerate() {
             let line = Line {
@@ -405,6 +399,184 @@ mod tests {
             assert_eq!(
                 String::from_utf8(fast_line(&line)).unwrap(),
                 String::from_utf8(serde_line(&line)).unwrap()
+            );
+        }
+    }
+
+    /// Every kind held in a named struct, with each optional field set:
+    /// the bytes both encoders write are the format's (as written when
+    /// these were struct variants), and they read back to the same line,
+    /// also with `kind` after the fields (a hand-made file).
+    #[test]
+    fn every_struct_kind_writes_its_bytes_and_reads_back() {
+        let cases: Vec<(Entry, &str)> = vec![
+            (
+                SessionLine {
+                    mode: Mode::Strict,
+                    tier: ListenerTier::Transparent,
+                    recovered_torn_tail: Some(TornTail { line: 3, bytes: 9 }),
+                    key_id: Some("kid".into()),
+                    public_key: Some("pk".into()),
+                    key_storage: Some("memory".into()),
+                    proxy_uid: Some(1),
+                    workload_uid: Some(2),
+                    twin_heads: Some([("stripe".to_string(), 3u64)].into()),
+                    moved_aside: Some(Box::new(MovedAside {
+                        file: "ledger.jsonl.old".into(),
+                        head_seq: 4,
+                        head_hash: "hh".into(),
+                        why: "chain".into(),
+                        requests: Some(5),
+                    })),
+                    coverage: Some(Box::new(Coverage {
+                        tcp_ports: Some(vec![443]),
+                        quic: "sink".into(),
+                        dns: "stub".into(),
+                        udp_other: "dropped".into(),
+                        ip_other: "dropped".into(),
+                        ipv6: true,
+                        exempt: vec!["uid 0".into()],
+                        installed_by: "veris".into(),
+                        isolation: Some("netns".into()),
+                        sockets_reachable: vec!["/tmp".into()],
+                        bundles: vec!["/b.pem".into()],
+                        upstream_proxy: true,
+                    })),
+                    ..SessionLine::test()
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"session","run_id":"a1b2c3d4e5f60718","sandbox_id":"sbx_a1b2c3","mode":"strict","tier":"transparent","twin":"http://127.0.0.1:41234","pid":4242,"version":"0.1.0","listen":"127.0.0.1:43210","recovered_torn_tail":{"line":3,"bytes":9},"key_id":"kid","public_key":"pk","key_storage":"memory","proxy_uid":1,"workload_uid":2,"twin_heads":{"stripe":3},"moved_aside":{"file":"ledger.jsonl.old","head_seq":4,"head_hash":"hh","why":"chain","requests":5},"coverage":{"tcp_ports":[443],"quic":"sink","dns":"stub","udp_other":"dropped","ip_other":"dropped","ipv6":true,"exempt":["uid 0"],"installed_by":"veris","isolation":"netns","sockets_reachable":["/tmp"],"bundles":["/b.pem"],"upstream_proxy":true},"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                RequestLine {
+                    query: Some("a=1".into()),
+                    bytes_in: 42,
+                    bytes_out: Some(7),
+                    duration_ms: 3,
+                    headers: vec![("user-agent".into(), "curl".into())],
+                    websocket: true,
+                    client_gone: true,
+                    ..RequestLine::test("stripe", "POST", "/v1/charges")
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"request","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/charges","query":"a=1","status":200,"http":"HTTP/1.1","tier":"explicit","bytes_in":42,"bytes_out":7,"duration_ms":3,"upstream":"http://127.0.0.1:41234/s/sbx_a1b2c3/stripe/v1/charges","headers":[["user-agent","curl"]],"websocket":true,"client_gone":true,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                PassthroughLine {
+                    bytes_in: 1,
+                    bytes_out: 2,
+                    duration_ms: 3,
+                    dst: Some("192.0.2.1:443".into()),
+                    ..PassthroughLine::test("example.com")
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"passthrough","host":"example.com","port":443,"tier":"explicit","bytes_in":1,"bytes_out":2,"duration_ms":3,"reason":"mode","dst":"192.0.2.1:443","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                BlockedLine {
+                    method: Some("GET".into()),
+                    path: Some("/x".into()),
+                    dst: Some("192.0.2.1:443".into()),
+                    ..BlockedLine::test("example.com")
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"blocked","host":"example.com","port":443,"tier":"explicit","method":"GET","path":"/x","reason":"strict mode: no service claims this host","dst":"192.0.2.1:443","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                UpstreamErrorLine {
+                    bytes_in: Some(4),
+                    declared_in: Some(10),
+                    error: "veris_request_body_incomplete".into(),
+                    ..UpstreamErrorLine::test("stripe", "POST", "/v1/charges")
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"upstream_error","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/charges","upstream":"http://127.0.0.1:41234/s/sbx_a1b2c3/stripe/v1/charges","status":502,"error":"veris_request_body_incomplete","tier":"explicit","duration_ms":0,"bytes_in":4,"declared_in":10,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                TrustFailureLine {
+                    service: Some("stripe".into()),
+                    ..TrustFailureLine::test("api.stripe.com")
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"trust_failure","host":"api.stripe.com","port":443,"tier":"explicit","service":"stripe","alert":"unknown_ca","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                ReservedPathLine::test("stripe", "/veris/state").into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"reserved_path","service":"stripe","host":"api.stripe.com","method":"GET","path":"/veris/state","status":404,"error":"veris_reserved_path","tier":"explicit","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                CheckLine {
+                    detail: "canary".into(),
+                    since_seq: 1,
+                    until_seq: 9,
+                    ..CheckLine::test("canary", "ok")
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"check","name":"canary","status":"ok","detail":"canary","since_seq":1,"until_seq":9,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                TlsAbandonedLine {
+                    service: Some("stripe".into()),
+                    stage: "no_request".into(),
+                    alert: Some("close_notify".into()),
+                    alpn: Some("h2".into()),
+                    ..TlsAbandonedLine::test("api.stripe.com")
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"tls_abandoned","host":"api.stripe.com","port":443,"tier":"explicit","service":"stripe","stage":"no_request","alert":"close_notify","alpn":"h2","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                ResponseIncompleteLine {
+                    bytes: 5,
+                    declared: Some(10),
+                    ..ResponseIncompleteLine::test(2, "stripe")
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"response_incomplete","of":2,"service":"stripe","bytes":5,"declared":10,"reason":"twin_cut","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                TunnelCloseLine {
+                    bytes_in: 1,
+                    bytes_out: 2,
+                    duration_ms: 3,
+                    error: Some("reset".into()),
+                    ..TunnelCloseLine::test(2)
+                }
+                .into(),
+                r#"{"v":5,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"tunnel_close","of":2,"bytes_in":1,"bytes_out":2,"duration_ms":3,"error":"reset","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+        ];
+        for (entry, want) in cases {
+            let kind = entry.kind();
+            let line = Line {
+                v: crate::entry::LEDGER_VERSION,
+                seq: 2,
+                ts: "2026-12-02T05:00:00.123Z".into(),
+                entry,
+                prev: crate::entry::GENESIS_PREV.into(),
+            };
+            let text = String::from_utf8(serde_line(&line)).unwrap();
+            assert_eq!(text, want, "{kind}");
+            assert_eq!(String::from_utf8(fast_line(&line)).unwrap(), want, "{kind}");
+            assert_eq!(serde_json::from_str::<Line>(want).unwrap(), line, "{kind}");
+            // `kind` last: read through the slow path, same line.
+            let kind_field = format!(",\"kind\":\"{kind}\"");
+            let late = want.replacen(&kind_field, "", 1).replacen(
+                ",\"prev\":",
+                &format!("{kind_field},\"prev\":"),
+                1,
+            );
+            assert_ne!(late, want);
+            assert_eq!(serde_json::from_str::<Line>(&late).unwrap(), line, "{kind}");
+            // On its own, externally tagged: `{"<kind>":{<fields>}}`.
+            let fields = &want[want.find(&kind_field).unwrap() + kind_field.len()..][1..]
+                .split(",\"prev\":")
+                .next()
+                .unwrap();
+            assert_eq!(
+                serde_json::to_string(&line.entry).unwrap(),
+                format!("{{\"{kind}\":{{{fields}}}}}"),
+                "{kind}"
             );
         }
     }

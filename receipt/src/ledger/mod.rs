@@ -330,7 +330,8 @@ fn save_torn(path: &Path, seq: u64, tail: &mut impl Read) -> Result<PathBuf, Led
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{Entry, ListenerTier, Mode, GENESIS_PREV};
+    use crate::entry::{Entry, ListenerTier, GENESIS_PREV};
+    use crate::entry::{RequestLine, SessionLine};
     use crate::seal::Sealer;
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -358,36 +359,19 @@ mod tests {
     }
 
     fn session() -> Entry {
-        Entry::Session {
+        Entry::Session(SessionLine {
             run_id: "run_1".into(),
-            sandbox_id: "sbx_a1b2c3".into(),
-            mode: Mode::Passthrough,
             tier: ListenerTier::Transparent,
             twin: "http://127.0.0.1:9/".into(),
             pid: 42,
-            version: "0.1.0".into(),
             listen: "127.0.0.1:8080".into(),
-            recovered_torn_tail: None,
-            key_id: None,
-            public_key: None,
-            key_storage: None,
-            proxy_uid: None,
-            workload_uid: None,
-            twin_heads: None,
-            moved_aside: None,
-            coverage: None,
-        }
+            ..SessionLine::test()
+        })
     }
 
     fn request(path: &str) -> Entry {
-        Entry::Request {
-            service: "stripe".into(),
-            host: "api.stripe.com".into(),
-            method: "POST".into(),
-            path: path.into(),
+        Entry::Request(RequestLine {
             query: Some("api_key=abc&limit=1".into()),
-            status: 200,
-            http: "HTTP/1.1".into(),
             tier: ListenerTier::Transparent,
             bytes_in: 10,
             bytes_out: Some(20),
@@ -397,9 +381,8 @@ mod tests {
                 ("authorization".into(), "Bearer sk_test_abcdefgh".into()),
                 ("idempotency-key".into(), "k1".into()),
             ],
-            websocket: false,
-            client_gone: false,
-        }
+            ..RequestLine::test("stripe", "POST", path)
+        })
     }
 
     #[test]
@@ -578,10 +561,10 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), good);
         assert_eq!(report.next_seq, 3);
         let mut s = session();
-        if let Entry::Session {
+        if let Entry::Session(SessionLine {
             recovered_torn_tail,
             ..
-        } = &mut s
+        }) = &mut s
         {
             *recovered_torn_tail = report.torn_tail;
         }
@@ -589,10 +572,10 @@ mod tests {
         let read = read(&path).unwrap();
         assert!(read.problems.is_empty(), "{:?}", read.problems);
         match &read.lines[2].entry {
-            Entry::Session {
+            Entry::Session(SessionLine {
                 recovered_torn_tail,
                 ..
-            } => assert_eq!(*recovered_torn_tail, report.torn_tail),
+            }) => assert_eq!(*recovered_torn_tail, report.torn_tail),
             other => panic!("{other:?}"),
         }
     }
@@ -712,7 +695,7 @@ mod tests {
         for ((path, seq), line) in got.iter().zip(&read.lines) {
             assert_eq!(line.seq, *seq);
             match &line.entry {
-                Entry::Request { path: p, .. } => assert_eq!(p, path),
+                Entry::Request(RequestLine { path: p, .. }) => assert_eq!(p, path),
                 other => panic!("{other:?}"),
             }
         }
@@ -769,25 +752,18 @@ mod tests {
         let path = dir.0.join("ledger.jsonl");
         let (ledger, _) = Ledger::open(&path).unwrap();
         let secret = "sk_live_51HqLyjWDarjtT1zdp7dcXYZ";
-        let leaky = |i: u64| Entry::Request {
-            service: "stripe".into(),
-            host: "api.stripe.com".into(),
-            method: "POST".into(),
-            path: format!("/v1/charges/{i}"),
-            query: Some(format!("api_key={secret}&limit=1")),
-            status: 200,
-            http: "HTTP/1.1".into(),
-            tier: ListenerTier::Explicit,
-            bytes_in: 1,
-            bytes_out: None,
-            duration_ms: 1,
-            upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
-            headers: vec![
-                ("authorization".into(), format!("Bearer {secret}")),
-                ("x-note".into(), "\"quoted\"\n\u{2028}é".into()),
-            ],
-            websocket: false,
-            client_gone: false,
+        let leaky = |i: u64| {
+            Entry::Request(RequestLine {
+                query: Some(format!("api_key={secret}&limit=1")),
+                bytes_in: 1,
+                duration_ms: 1,
+                upstream: "http://127.0.0.1:9/s/sbx/stripe/v1/charges".into(),
+                headers: vec![
+                    ("authorization".into(), format!("Bearer {secret}")),
+                    ("x-note".into(), "\"quoted\"\n\u{2028}é".into()),
+                ],
+                ..RequestLine::test("stripe", "POST", &format!("/v1/charges/{i}"))
+            })
         };
         // One batch of many, and one line on its own.
         ledger.pause_writes(true);
@@ -857,7 +833,7 @@ mod tests {
             .lines
             .iter()
             .filter_map(|l| match &l.entry {
-                Entry::Request { path, .. } => Some(path.as_str()),
+                Entry::Request(RequestLine { path, .. }) => Some(path.as_str()),
                 _ => None,
             })
             .collect();
@@ -1036,7 +1012,7 @@ mod tests {
         }
         assert!(matches!(
             line_at(&file, 1).unwrap().unwrap().entry,
-            Entry::Session { .. }
+            Entry::Session(_)
         ));
         assert!(line_at(&file, head + 1).unwrap().is_none());
         assert!(line_at(&file, 0).unwrap().is_none());

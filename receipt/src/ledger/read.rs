@@ -697,6 +697,7 @@ impl Verifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry::RequestLine;
     use crate::hash::line_hash;
 
     /// A small reader buffer makes lines cross chunk boundaries.
@@ -822,13 +823,9 @@ mod tests {
                 v: 4,
                 seq,
                 ts: "2026-11-29T07:28:19.123Z".into(),
-                entry: Entry::Request {
-                    service: format!("s{seq}"),
+                entry: Entry::Request(RequestLine {
                     host: "api.example.com".into(),
-                    method: "GET".into(),
-                    path: format!("/p/{seq}"),
                     query: seq.is_multiple_of(3).then(|| "a=1".to_string()),
-                    status: 200,
                     http: "HTTP/2".into(),
                     tier: crate::entry::ListenerTier::Transparent,
                     bytes_in: seq,
@@ -840,7 +837,8 @@ mod tests {
                         .collect(),
                     websocket: seq.is_multiple_of(5),
                     client_gone: seq.is_multiple_of(7),
-                },
+                    ..RequestLine::test(&format!("s{seq}"), "GET", &format!("/p/{seq}"))
+                }),
                 prev: GENESIS_PREV.into(),
             };
             serde_json::to_string(&line).unwrap()

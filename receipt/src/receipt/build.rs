@@ -9,6 +9,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::entry::{
+    BlockedLine, PassthroughLine, ReservedPathLine, ResponseIncompleteLine, SessionLine,
+    TunnelCloseLine,
+};
 use crate::entry::{Entry, Line};
 use crate::ledger::LedgerRead;
 
@@ -145,7 +149,7 @@ impl<'o> Builder<'o> {
         if line.seq > self.until {
             return;
         }
-        if let Entry::Session { .. } = &line.entry {
+        if let Entry::Session(_) = &line.entry {
             self.session = Some(line.clone());
             if self.options.scope == WindowSpec::LatestSession {
                 self.w = WindowFold {
@@ -155,7 +159,7 @@ impl<'o> Builder<'o> {
             }
         }
         if line.seq <= self.w.since {
-            if let Entry::Session { .. } = &line.entry {
+            if let Entry::Session(_) = &line.entry {
                 // A window that starts mid-session is sealed by this
                 // session's key.
                 self.w.evidence.enter_session(line);
@@ -169,16 +173,8 @@ impl<'o> Builder<'o> {
         let wanted = |service: &str| options.service.as_deref().is_none_or(|s| s == service);
         let w = &mut self.w;
         match &line.entry {
-            Entry::Request {
-                service,
-                host,
-                method,
-                path,
-                status,
-                tier,
-                client_gone,
-                ..
-            } if wanted(service) => {
+            Entry::Request(r) if wanted(&r.service) => {
+                let (service, host, status) = (&r.service, &r.host, r.status);
                 // Counted without allocating for keys already seen: most
                 // lines repeat a service, host and call.
                 if !w.services.contains_key(service.as_str()) {
@@ -194,63 +190,54 @@ impl<'o> Builder<'o> {
                 });
                 if plain {
                     count_key(&mut summary.hosts, host);
-                    count_status(&mut summary.host_statuses, host, *status);
+                    count_status(&mut summary.host_statuses, host, status);
                 } else {
                     let host = normalize_host(host);
                     count_key(&mut summary.hosts, &host);
-                    count_status(&mut summary.host_statuses, &host, *status);
+                    count_status(&mut summary.host_statuses, &host, status);
                 }
-                let path = strip_query(path);
+                let path = strip_query(&r.path);
                 let call = &mut self.call;
                 call.clear();
-                call.push_str(method);
+                call.push_str(&r.method);
                 call.push(' ');
                 call.push_str(path);
                 count_key(&mut summary.calls, call);
-                count_status(&mut summary.call_statuses, call, *status);
+                count_status(&mut summary.call_statuses, call, status);
                 if summary.entries.len() < JSON_ENTRY_CAP {
                     summary.entries.push(RequestEntry {
                         seq: line.seq,
-                        method: method.clone(),
+                        method: r.method.clone(),
                         path: path.to_string(),
-                        status: *status,
-                        tier: *tier,
-                        client_gone: *client_gone,
+                        status,
+                        tier: r.tier,
+                        client_gone: r.client_gone,
                         incomplete: None,
                     });
                 } else {
                     summary.capped = true;
                 }
             }
-            Entry::UpstreamError {
-                service,
-                host,
-                method,
-                path,
-                status,
-                error,
-                tier,
-                bytes_in,
-                declared_in,
-                ..
-            } if wanted(service) => w.upstream_errors.push(UpstreamErrorEntry {
-                seq: line.seq,
-                service: service.clone(),
-                host: normalize_host(host),
-                method: method.clone(),
-                path: strip_query(path).to_string(),
-                status: *status,
-                error: error.clone(),
-                tier: *tier,
-                bytes_in: *bytes_in,
-                declared_in: *declared_in,
-            }),
-            Entry::ReservedPath {
+            Entry::UpstreamError(e) if wanted(&e.service) => {
+                w.upstream_errors.push(UpstreamErrorEntry {
+                    seq: line.seq,
+                    service: e.service.clone(),
+                    host: normalize_host(&e.host),
+                    method: e.method.clone(),
+                    path: strip_query(&e.path).to_string(),
+                    status: e.status,
+                    error: e.error.clone(),
+                    tier: e.tier,
+                    bytes_in: e.bytes_in,
+                    declared_in: e.declared_in,
+                })
+            }
+            Entry::ReservedPath(ReservedPathLine {
                 service,
                 method,
                 path,
                 ..
-            } if wanted(service) => {
+            }) if wanted(service) => {
                 *w.reserved_paths
                     .entry(format!("{service} {method} {}", strip_query(path)))
                     .or_default() += 1;
@@ -260,7 +247,7 @@ impl<'o> Builder<'o> {
                 refused: true,
                 ..
             } => w.dns_refused.push(name.clone()),
-            Entry::Passthrough { host, dst, .. } => {
+            Entry::Passthrough(PassthroughLine { host, dst, .. }) => {
                 let host = normalize_host(host);
                 *w.passthrough.hosts.entry(host.clone()).or_default() += 1;
                 if dst.is_none() && w.undialed.len() < UNDIALED_CAP {
@@ -270,13 +257,13 @@ impl<'o> Builder<'o> {
             }
             // A passthrough that reached nothing: its dial failed, and the
             // close says why. It moves from the passed to the unreached.
-            Entry::TunnelClose {
+            Entry::TunnelClose(TunnelCloseLine {
                 of,
                 bytes_in: 0,
                 bytes_out: 0,
                 error: Some(error),
                 ..
-            } => {
+            }) => {
                 if let Some(host) = w.undialed.remove(of) {
                     if let Some(n) = w.passthrough.hosts.get_mut(&host) {
                         *n -= 1;
@@ -296,24 +283,24 @@ impl<'o> Builder<'o> {
                     failed.1 = error.clone();
                 }
             }
-            Entry::TunnelClose { of, .. } => {
+            Entry::TunnelClose(TunnelCloseLine { of, .. }) => {
                 w.undialed.remove(of);
             }
-            Entry::Blocked { host, dst, .. } => {
+            Entry::Blocked(BlockedLine { host, dst, .. }) => {
                 let host = normalize_host(host);
                 *w.blocked.hosts.entry(host.clone()).or_default() += 1;
                 *w.blocked_at.entry((host, dst.clone())).or_default() += 1;
             }
-            Entry::TrustFailure { .. } | Entry::TlsAbandoned { .. } => w.tls.add(&line.entry),
+            Entry::TrustFailure(_) | Entry::TlsAbandoned(_) => w.tls.add(&line.entry),
             // Follows its request line; one whose request is before the
             // window is not this window's.
-            Entry::ResponseIncomplete {
+            Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of,
                 service,
                 bytes,
                 declared,
                 reason,
-            } if wanted(service) => {
+            }) if wanted(service) => {
                 if let Some(summary) = w.services.get_mut(service) {
                     let listed = summary.entries.binary_search_by_key(of, |e| e.seq);
                     if let Ok(i) = listed {
@@ -339,7 +326,7 @@ impl<'o> Builder<'o> {
         let same = |l: &Line| -> bool {
             match (&l.entry, &line.entry) {
                 (Entry::RedirectChange { .. }, Entry::RedirectChange { .. })
-                | (Entry::Passthrough { .. }, Entry::Passthrough { .. })
+                | (Entry::Passthrough(_), Entry::Passthrough(_))
                 | (Entry::UdpDropped { .. }, Entry::UdpDropped { .. }) => true,
                 (Entry::Ech { host: a, .. }, Entry::Ech { host: b, .. }) => {
                     normalize_host(a) == normalize_host(b)
@@ -352,7 +339,7 @@ impl<'o> Builder<'o> {
         };
         match &line.entry {
             Entry::RedirectChange { .. }
-            | Entry::Passthrough { .. }
+            | Entry::Passthrough(_)
             | Entry::Ech { .. }
             | Entry::Quic { .. }
             | Entry::UdpDropped { .. } => {}
@@ -399,14 +386,14 @@ impl<'o> Builder<'o> {
             super::integrity::integrity(evidence, &self.keys, &facts, self.options, &window);
         let (twin, mode, interception, (isolation, bundles), seal_key) =
             match self.session.as_ref().map(|l| &l.entry) {
-                Some(Entry::Session {
+                Some(Entry::Session(SessionLine {
                     sandbox_id,
                     mode,
                     tier,
                     key_id,
                     coverage,
                     ..
-                }) => (
+                })) => (
                     Some(sandbox_id.clone()),
                     Some(*mode),
                     Some(Interception::of(
@@ -497,29 +484,21 @@ fn destinations(counts: BTreeMap<(String, Option<String>), u64>) -> Vec<Destinat
 mod tests {
     use super::*;
     use crate::entry::Line;
+    use crate::entry::{RequestLine, TrustFailureLine};
 
     fn req(seq: u64, path: &str) -> Line {
         Line {
             v: 1,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Request {
-                service: "stripe".into(),
+            entry: Entry::Request(RequestLine {
                 host: "API.Stripe.com:443".into(),
-                method: "GET".into(),
-                path: path.into(),
-                query: None,
-                status: 200,
                 http: "HTTP/2".into(),
                 tier: ListenerTier::Transparent,
-                bytes_in: 0,
-                bytes_out: None,
                 duration_ms: 1,
                 upstream: "http://twin/".into(),
-                headers: Vec::new(),
-                websocket: false,
-                client_gone: false,
-            },
+                ..RequestLine::test("stripe", "GET", path)
+            }),
             prev: String::new(),
         }
     }
@@ -601,16 +580,14 @@ mod tests {
             v: 2,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Passthrough {
-                host: host.into(),
-                port: 443,
+            entry: Entry::Passthrough(PassthroughLine {
                 tier: ListenerTier::Transparent,
                 bytes_in: 1,
                 bytes_out: 1,
                 duration_ms: 1,
-                reason: "mode".into(),
                 dst: dst.map(str::to_string),
-            },
+                ..PassthroughLine::test(host)
+            }),
             prev: String::new(),
         }
     }
@@ -620,15 +597,12 @@ mod tests {
             v: 2,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::Blocked {
-                host: host.into(),
-                port: 443,
+            entry: Entry::Blocked(BlockedLine {
                 tier: ListenerTier::Transparent,
-                method: None,
-                path: None,
                 reason: "strict mode: name does not match the destination".into(),
                 dst: dst.map(str::to_string),
-            },
+                ..BlockedLine::test(host)
+            }),
             prev: String::new(),
         }
     }
@@ -714,13 +688,12 @@ mod tests {
             v: 1,
             seq,
             ts: "2026-11-29T07:28:19.123Z".into(),
-            entry: Entry::TrustFailure {
-                host: host.into(),
-                port: 443,
+            entry: Entry::TrustFailure(TrustFailureLine {
                 tier: ListenerTier::Transparent,
                 service: service.map(str::to_string),
                 alert: alert.into(),
-            },
+                ..TrustFailureLine::test(host)
+            }),
             prev: String::new(),
         }
     }

@@ -12,6 +12,7 @@
 //! read the seal key), and `canary` and `twin_cross_check` (run by a live
 //! reader, or recorded by the proxy before its final seal).
 
+use crate::entry::{CheckLine, SessionLine};
 use crate::entry::{Entry, Line, TornTail};
 use crate::ledger::{LedgerRead, SealInfo};
 use crate::seal::{self, PublicKeys};
@@ -143,7 +144,7 @@ impl Keys {
 impl Evidence {
     /// The key a session line names seals the lines that follow it.
     pub(super) fn enter_session(&mut self, l: &Line) {
-        if let Entry::Session { public_key, .. } = &l.entry {
+        if let Entry::Session(SessionLine { public_key, .. }) = &l.entry {
             self.session_key = PublicKeys {
                 keys: public_key
                     .as_deref()
@@ -157,20 +158,20 @@ impl Evidence {
     /// One line of the window, in file order.
     pub(super) fn line(&mut self, l: &Line, keys: &Keys) {
         self.first_seq.get_or_insert(l.seq);
-        let starts_segment = matches!(l.entry, Entry::Session { .. }) || self.segments.is_empty();
+        let starts_segment = matches!(l.entry, Entry::Session(_)) || self.segments.is_empty();
         if starts_segment && self.segments.last().is_none_or(|s| s.first.is_some()) {
             self.segments.push(Segment::default());
         }
         if let Some(seg) = self.segments.last_mut() {
             seg.first
-                .get_or_insert((l.seq, matches!(l.entry, Entry::Session { .. })));
+                .get_or_insert((l.seq, matches!(l.entry, Entry::Session(_))));
         }
         match &l.entry {
-            Entry::Session {
+            Entry::Session(SessionLine {
                 recovered_torn_tail,
                 moved_aside,
                 ..
-            } => {
+            }) => {
                 self.enter_session(l);
                 if let Some(t) = recovered_torn_tail {
                     self.recovered.push(format!(
@@ -209,12 +210,12 @@ impl Evidence {
             Entry::RedirectChange { detail } => {
                 self.redirects.push(format!("seq {}: {detail}", l.seq));
             }
-            Entry::Check {
+            Entry::Check(CheckLine {
                 name,
                 status,
                 detail,
                 ..
-            } => {
+            }) => {
                 if let Some(seg) = self.segments.last_mut() {
                     let r = Some((status.clone(), detail.clone(), l.seq));
                     match name.as_str() {
@@ -259,7 +260,7 @@ impl Evidence {
                 }
                 self.last_was_final = reason == "shutdown";
             }
-            Entry::Session { .. } => {}
+            Entry::Session(_) => {}
             _ => self.last_was_final = false,
         }
     }
@@ -617,13 +618,13 @@ fn window_custody(ev: &Evidence, facts: &FileFacts<'_>, keys: &Keys) -> Option<C
 }
 
 fn custody_check(session: &Line, custody: &Custody) -> Option<Check> {
-    let Entry::Session {
+    let Entry::Session(SessionLine {
         key_storage,
         proxy_uid,
         workload_uid,
         coverage,
         ..
-    } = &session.entry
+    }) = &session.entry
     else {
         return None;
     };
@@ -748,7 +749,7 @@ mod tests {
     //! The verdict rules against a workload that edits the file: each attack
     //! is done to real ledger bytes written by [`Ledger`], then read back.
     use super::*;
-    use crate::entry::Mode;
+    use crate::entry::RequestLine;
     use crate::ledger::{read, read_bytes, Ledger, SealInfo};
     use crate::receipt::build;
     use crate::seal::{Pin, Sealer};
@@ -778,55 +779,37 @@ mod tests {
     }
 
     fn session(sealer: &Sealer, storage: &str, uids: (u32, u32)) -> Entry {
-        Entry::Session {
+        Entry::Session(SessionLine {
             run_id: "run_1".into(),
             sandbox_id: "sbx".into(),
-            mode: Mode::Passthrough,
-            tier: ListenerTier::Explicit,
             twin: "http://127.0.0.1:9".into(),
             pid: 1,
             version: "0".into(),
             listen: "127.0.0.1:1".into(),
-            recovered_torn_tail: None,
             key_id: Some(sealer.key_id().into()),
             public_key: Some(sealer.public_key_hex()),
             key_storage: Some(storage.into()),
             proxy_uid: Some(uids.0),
             workload_uid: Some(uids.1),
             twin_heads: Some(Default::default()),
-            moved_aside: None,
-            coverage: None,
-        }
+            ..SessionLine::test()
+        })
     }
 
     fn request(path: &str) -> Entry {
-        Entry::Request {
-            service: "stripe".into(),
-            host: "api.stripe.com".into(),
-            method: "POST".into(),
-            path: path.into(),
-            query: None,
-            status: 200,
-            http: "HTTP/1.1".into(),
-            tier: ListenerTier::Explicit,
-            bytes_in: 0,
-            bytes_out: None,
+        Entry::Request(RequestLine {
             duration_ms: 1,
             upstream: format!("http://127.0.0.1:9/s/sbx/stripe{path}"),
-            headers: Vec::new(),
-            websocket: false,
-            client_gone: false,
-        }
+            ..RequestLine::test("stripe", "POST", path)
+        })
     }
 
     fn recorded(name: &str, status: &str) -> Entry {
-        Entry::Check {
-            name: name.into(),
-            status: status.into(),
+        Entry::Check(CheckLine {
             detail: format!("{name} {status}"),
-            since_seq: 0,
             until_seq: 3,
-        }
+            ..CheckLine::test(name, status)
+        })
     }
 
     /// A finished `veris run` ledger: session, two requests, an interval
@@ -854,7 +837,7 @@ mod tests {
             .lines
             .iter()
             .filter_map(|l| match &l.entry {
-                Entry::Session { public_key, .. } => public_key.clone(),
+                Entry::Session(SessionLine { public_key, .. }) => public_key.clone(),
                 _ => None,
             })
             .collect();
@@ -1149,12 +1132,12 @@ mod tests {
 
     fn session_of(sealer: &Sealer, tier: ListenerTier, uids: (Option<u32>, Option<u32>)) -> Entry {
         let mut e = session(sealer, "memory", (0, 0));
-        if let Entry::Session {
+        if let Entry::Session(SessionLine {
             tier: t,
             proxy_uid,
             workload_uid,
             ..
-        } = &mut e
+        }) = &mut e
         {
             *t = tier;
             (*proxy_uid, *workload_uid) = uids;

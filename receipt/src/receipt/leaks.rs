@@ -1,6 +1,7 @@
 //! Leaks: evidence-based notes on how traffic could have bypassed the proxy
 //! in a window (DESIGN §7a.9, §8).
 
+use crate::entry::SessionLine;
 use crate::entry::{Coverage, Entry, ListenerTier};
 use crate::ledger::LedgerRead;
 
@@ -20,12 +21,12 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
         .rev()
         .filter(|l| l.seq <= until)
         .find_map(|l| match &l.entry {
-            Entry::Session {
+            Entry::Session(SessionLine {
                 tier,
                 coverage,
                 workload_uid,
                 ..
-            } => Some((*tier, coverage.as_deref(), *workload_uid)),
+            }) => Some((*tier, coverage.as_deref(), *workload_uid)),
             _ => None,
         });
     // An isolated run's passthroughs through an upstream proxy: it resolves
@@ -75,7 +76,7 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
     let tunnels = read
         .lines
         .iter()
-        .any(|l| l.seq > since && l.seq <= until && matches!(l.entry, Entry::Passthrough { .. }));
+        .any(|l| l.seq > since && l.seq <= until && matches!(l.entry, Entry::Passthrough(_)));
     if tunnels {
         out.push("ech-possible".to_string());
         if via_upstream {

@@ -295,7 +295,8 @@ pub fn render_text(r: &Receipt) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{Entry, Line, ListenerTier};
+    use crate::entry::UpstreamErrorLine;
+    use crate::entry::{Entry, Line};
     use crate::ledger::LedgerRead;
 
     fn upstream_error(seq: u64, error: &str, status: u16) -> Line {
@@ -303,19 +304,15 @@ mod tests {
             v: 2,
             seq,
             ts: "2026-11-30T00:00:00.000Z".into(),
-            entry: Entry::UpstreamError {
-                service: "stripe".into(),
-                host: "api.stripe.com".into(),
-                method: "POST".into(),
-                path: "/v1/charges".into(),
+            entry: Entry::UpstreamError(UpstreamErrorLine {
                 upstream: "http://twin/s/sbx/stripe/v1/charges".into(),
                 status,
                 error: error.into(),
-                tier: ListenerTier::Explicit,
                 duration_ms: 1,
                 bytes_in: (error == "veris_request_body_incomplete").then_some(5),
                 declared_in: (error == "veris_request_body_incomplete").then_some(100),
-            },
+                ..UpstreamErrorLine::test("stripe", "POST", "/v1/charges")
+            }),
             prev: String::new(),
         }
     }

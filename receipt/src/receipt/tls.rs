@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use crate::entry::{is_refusal_alert, Entry};
+use crate::entry::{TlsAbandonedLine, TrustFailureLine};
 
 use super::*;
 
@@ -23,12 +24,12 @@ impl TlsTally {
     /// Takes one in-window entry; other kinds are ignored.
     pub(super) fn add(&mut self, entry: &Entry) {
         match entry {
-            Entry::TrustFailure {
+            Entry::TrustFailure(TrustFailureLine {
                 host,
                 service,
                 alert,
                 ..
-            } if is_refusal_alert(alert) => {
+            }) if is_refusal_alert(alert) => {
                 let host = normalize_host(host);
                 let f = self
                     .refused
@@ -48,12 +49,12 @@ impl TlsTally {
                 *f.alerts.entry(alert.clone()).or_default() += 1;
             }
             // An old line without evidence of a refusal.
-            Entry::TrustFailure {
+            Entry::TrustFailure(TrustFailureLine {
                 host,
                 service,
                 alert,
                 ..
-            } => {
+            }) => {
                 let alert = alert.strip_prefix("other:").unwrap_or(alert);
                 let alert = (alert != "no_alert").then_some(alert);
                 self.abandon(host, service, "handshake", alert);
@@ -61,22 +62,22 @@ impl TlsTally {
             // An HTTP/2 connection closed unused: how an HTTP/2 client
             // that dialed several at once drops the extras (Go does). Not
             // trust evidence when the host completed requests (`finish`).
-            Entry::TlsAbandoned {
+            Entry::TlsAbandoned(TlsAbandonedLine {
                 host,
                 service,
                 stage,
                 alpn: Some(alpn),
                 ..
-            } if stage == "no_request" && alpn == "h2" => {
+            }) if stage == "no_request" && alpn == "h2" => {
                 self.entry(host, service).unused_h2 += 1;
             }
-            Entry::TlsAbandoned {
+            Entry::TlsAbandoned(TlsAbandonedLine {
                 host,
                 service,
                 stage,
                 alert,
                 ..
-            } => self.abandon(host, service, stage, alert.as_deref()),
+            }) => self.abandon(host, service, stage, alert.as_deref()),
             _ => {}
         }
     }
@@ -233,13 +234,11 @@ mod tests {
         line(
             seq,
             2,
-            Entry::TrustFailure {
-                host: "api.stripe.com".into(),
-                port: 443,
-                tier: ListenerTier::Explicit,
+            Entry::TrustFailure(TrustFailureLine {
                 service: Some("stripe".into()),
                 alert: alert.into(),
-            },
+                ..TrustFailureLine::test("api.stripe.com")
+            }),
         )
     }
 
@@ -247,15 +246,13 @@ mod tests {
         line(
             seq,
             3,
-            Entry::TlsAbandoned {
-                host: "api.stripe.com".into(),
-                port: 443,
+            Entry::TlsAbandoned(TlsAbandonedLine {
                 tier: ListenerTier::Transparent,
                 service: Some("stripe".into()),
                 stage: stage.into(),
                 alert: alert.map(str::to_string),
-                alpn: None,
-            },
+                ..TlsAbandonedLine::test("api.stripe.com")
+            }),
         )
     }
 

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tokio::net::TcpStream;
 use veris_proxy::request::recorder::UnrecordedCounts;
 use veris_receipt::ledger::SealInfo;
-use veris_receipt::{Entry, ListenerTier};
+use veris_receipt::{Entry, ListenerTier, SessionLine};
 
 use super::twin_check::ServiceRef;
 
@@ -72,9 +72,9 @@ impl LiveStatus {
                 self.session_seq
             ));
         };
-        let Entry::Session {
+        let Entry::Session(SessionLine {
             run_id, public_key, ..
-        } = &line.entry
+        }) = &line.entry
         else {
             return Err(format!(
                 "it says its session line is seq {}, but that line of {shown} is a {} line",

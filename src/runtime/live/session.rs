@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use veris_receipt::ledger::LedgerRead;
-use veris_receipt::Entry;
+use veris_receipt::{Entry, SessionLine};
 
 /// What the newest session line at or before a window's end says, and the
 /// public keys every session line offers.
@@ -24,11 +24,11 @@ pub struct SessionFacts {
 
 impl SessionFacts {
     fn add(&mut self, line: &veris_receipt::Line, until: u64) {
-        if let Entry::Session {
+        if let Entry::Session(SessionLine {
             twin_heads,
             public_key,
             ..
-        } = &line.entry
+        }) = &line.entry
         {
             if let Some(k) = public_key {
                 self.public_keys.push(k.clone());

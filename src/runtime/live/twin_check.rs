@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use veris_proxy::request::recorder::UnrecordedCounts;
 use veris_receipt::receipt::{Check, CheckStatus};
-use veris_receipt::{redact, Entry};
+use veris_receipt::{redact, Entry, RequestLine, UpstreamErrorLine};
 
 use super::client::http;
 
@@ -52,12 +52,12 @@ struct Expected {
 impl Expected {
     fn add(&mut self, line: &veris_receipt::Line) {
         match &line.entry {
-            Entry::Request {
+            Entry::Request(RequestLine {
                 service,
                 method,
                 path,
                 ..
-            } => {
+            }) => {
                 *self
                     .sure
                     .entry(service.clone())
@@ -65,13 +65,13 @@ impl Expected {
                     .entry((method.clone(), path.clone()))
                     .or_default() += 1;
             }
-            Entry::UpstreamError {
+            Entry::UpstreamError(UpstreamErrorLine {
                 service,
                 method,
                 path,
                 error,
                 ..
-            } if veris_receipt::entry::may_have_reached_twin(error) => {
+            }) if veris_receipt::entry::may_have_reached_twin(error) => {
                 *self
                     .maybe
                     .entry(service.clone())

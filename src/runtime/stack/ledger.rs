@@ -10,7 +10,7 @@ use tracing::warn;
 use veris_proxy::Identity;
 use veris_receipt::ledger::{Ledger, OpenReport};
 use veris_receipt::seal::{PublicKeys, Sealer, PUB_FILE};
-use veris_receipt::{Coverage, Entry};
+use veris_receipt::{Coverage, Entry, SessionLine};
 
 use super::*;
 
@@ -84,7 +84,7 @@ pub(super) struct SessionFacts<'a> {
 /// The session line: who runs, how traffic is intercepted, which key seals.
 pub(super) fn session_entry(f: SessionFacts<'_>) -> Entry {
     let t = &f.args.transparent;
-    Entry::Session {
+    Entry::Session(SessionLine {
         run_id: f.identity.run_id.clone(),
         sandbox_id: f.identity.sandbox_id.clone(),
         mode: f.identity.mode,
@@ -110,5 +110,5 @@ pub(super) fn session_entry(f: SessionFacts<'_>) -> Entry {
         twin_heads: Some(f.twin_heads.clone()),
         moved_aside: f.report.moved_aside.clone(),
         coverage: f.coverage.map(Box::new),
-    }
+    })
 }

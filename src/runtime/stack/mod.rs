@@ -24,7 +24,7 @@ use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::ledger::{Ledger, OpenReport, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::seal::Sealer;
-use veris_receipt::{Coverage, Entry, ListenerTier};
+use veris_receipt::{CheckLine, Coverage, Entry, ListenerTier};
 
 use crate::runtime::checks::{self, LiveRun, Reader};
 use crate::runtime::live::{AdminHandle, AdminListener, ServiceRef};
@@ -355,7 +355,7 @@ async fn drain(
 /// Records each check as a `check` line over the window `since..=head`.
 fn record_checks(ledger: &Ledger, checks: &[Check], since: u64, head: u64) {
     for c in checks {
-        let entry = Entry::Check {
+        let entry = Entry::Check(CheckLine {
             name: c.name.clone(),
             status: match c.status {
                 CheckStatus::Ok => "ok",
@@ -366,7 +366,7 @@ fn record_checks(ledger: &Ledger, checks: &[Check], since: u64, head: u64) {
             detail: c.detail.clone(),
             since_seq: since,
             until_seq: head,
-        };
+        });
         if let Err(e) = ledger.append(entry) {
             warn!(error = %e, check = %c.name, "cannot record a check in the ledger");
         }

@@ -7,7 +7,8 @@ use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 use veris_receipt::ledger::{encode, line_hash, read_bytes};
 use veris_receipt::receipt::{build, Check, CheckStatus, Integrity, IntegrityStatus, Options};
-use veris_receipt::{Entry, Line, ListenerTier, Mode, Receipt, GENESIS_PREV, LEDGER_VERSION};
+use veris_receipt::{BlockedLine, PassthroughLine, RequestLine, SessionLine, TrustFailureLine};
+use veris_receipt::{Entry, Line, Receipt, GENESIS_PREV, LEDGER_VERSION};
 use veris_tui::app::{parse_ts_ms, App, ConnState, Connection, Event};
 use veris_tui::render::render;
 
@@ -54,25 +55,7 @@ pub fn chain(entries: Vec<(i64, Entry)>) -> Vec<Line> {
 }
 
 pub fn session() -> Entry {
-    Entry::Session {
-        run_id: "a1b2c3d4e5f60718".into(),
-        sandbox_id: "sbx_a1b2c3".into(),
-        mode: Mode::Passthrough,
-        tier: ListenerTier::Explicit,
-        twin: "http://127.0.0.1:41234".into(),
-        pid: 4242,
-        version: "0.1.0".into(),
-        listen: "127.0.0.1:43210".into(),
-        recovered_torn_tail: None,
-        key_id: None,
-        public_key: None,
-        key_storage: None,
-        proxy_uid: None,
-        workload_uid: None,
-        twin_heads: None,
-        moved_aside: None,
-        coverage: None,
-    }
+    Entry::Session(SessionLine::test())
 }
 
 pub fn request(service: &str, method: &str, path: &str, status: u16, ms: u64) -> Entry {
@@ -85,16 +68,11 @@ pub fn request(service: &str, method: &str, path: &str, status: u16, ms: u64) ->
         Some((p, q)) => (p.to_string(), Some(q.to_string())),
         None => (path.to_string(), None),
     };
-    Entry::Request {
-        service: service.into(),
-        host: host.into(),
-        method: method.into(),
-        upstream: format!("http://127.0.0.1:41234/s/sbx_a1b2c3/{service}{path}"),
+    let base = RequestLine::test(service, method, &path);
+    RequestLine {
         path,
         query,
         status,
-        http: "HTTP/1.1".into(),
-        tier: ListenerTier::Explicit,
         bytes_in: if method == "POST" { 42 } else { 0 },
         bytes_out: Some(1536),
         duration_ms: ms,
@@ -106,44 +84,32 @@ pub fn request(service: &str, method: &str, path: &str, status: u16, ms: u64) ->
             ("user-agent".into(), "curl/7.88.1".into()),
             ("authorization".into(), "[redacted]".into()),
         ],
-        websocket: false,
-        client_gone: false,
+        host: host.into(),
+        ..base
     }
+    .into()
 }
 
 pub fn passthrough(host: &str) -> Entry {
-    Entry::Passthrough {
-        host: host.into(),
-        port: 443,
-        tier: ListenerTier::Explicit,
+    PassthroughLine {
         bytes_in: 812,
         bytes_out: 20480,
         duration_ms: 240,
-        reason: "mode".into(),
-        dst: None,
+        ..PassthroughLine::test(host)
     }
+    .into()
 }
 
 pub fn blocked(host: &str) -> Entry {
-    Entry::Blocked {
-        host: host.into(),
-        port: 443,
-        tier: ListenerTier::Explicit,
-        method: None,
-        path: None,
-        reason: "strict mode: no service claims this host".into(),
-        dst: None,
-    }
+    BlockedLine::test(host).into()
 }
 
 pub fn trust_failure(host: &str) -> Entry {
-    Entry::TrustFailure {
-        host: host.into(),
-        port: 443,
-        tier: ListenerTier::Explicit,
+    TrustFailureLine {
         service: Some("stripe".into()),
-        alert: "unknown_ca".into(),
+        ..TrustFailureLine::test(host)
     }
+    .into()
 }
 
 pub fn seal(seq: u64) -> Entry {
