@@ -1,5 +1,7 @@
 //! What a child inherits: a passed fd (the isolated run's control socket,
 //! `--report-fd`), the open-file limit, blocking stdio.
+
+// Unsafe: pre_exec hooks, and adopting an inherited fd as an OwnedFd.
 #![allow(unsafe_code)]
 
 /// Makes `fd` the child's file descriptor `target` (without close-on-exec).

@@ -1,5 +1,8 @@
 //! Namespaces and mounts, for the isolated run's init steps.
 
+// Unsafe: rustix's unshare_unsafe, never with CLONE_FILES (see `unshare`).
+#![allow(unsafe_code)]
+
 pub use rustix::mount::MountFlags;
 pub use rustix::thread::UnshareFlags;
 
@@ -11,7 +14,6 @@ pub fn unshare(flags: UnshareFlags) -> std::io::Result<()> {
     // then be left with fds of a table it no longer has), which the callers
     // never pass; and they are single-threaded (the hidden `__isolate` steps
     // run before any runtime or thread exists).
-    #[allow(unsafe_code)]
     unsafe {
         rustix::thread::unshare_unsafe(flags)?;
     }

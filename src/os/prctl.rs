@@ -3,6 +3,9 @@
 //! parent, every capability given up before exec, and trimming the heap
 //! after a large read.
 
+// Unsafe: a pre_exec hook that drops capabilities, and glibc's malloc_trim.
+#![allow(unsafe_code)]
+
 /// The effective uid of this process.
 pub fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
@@ -25,7 +28,6 @@ pub fn trim_heap() {
     // SAFETY: malloc_trim(3) takes an integer and only walks glibc's own
     // allocator state, under its locks; it is safe from any thread. A libc
     // function, not a system call: rustix has no counterpart.
-    #[allow(unsafe_code)]
     unsafe {
         libc::malloc_trim(0);
     }
@@ -80,7 +82,6 @@ pub fn drop_capabilities_at_exec(cmd: &mut std::process::Command) {
     };
     // SAFETY: the closure runs between fork and exec and makes raw
     // syscalls only (no allocation, no locks), which is async-signal-safe.
-    #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || drop_all().map_err(std::io::Error::from));
     }

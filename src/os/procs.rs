@@ -1,6 +1,9 @@
 //! Processes: signalling a process group, surviving and forwarding job
 //! signals, the subreaper, and ending every descendant found in `/proc`.
 
+// Unsafe: installing the job-signal handler; rustix has no safe way.
+#![allow(unsafe_code)]
+
 use rustix::process::{kill_process_group, Pid, Signal};
 
 /// Sends `signal` to every process in group `pgid`.
@@ -35,10 +38,7 @@ pub fn survive_job_signals() {
         // SAFETY: the handler only reads an atomic and calls kill(2), which
         // is async-signal-safe. rustix offers no safe way to install a
         // handler (its `runtime` sigaction is for libc-less programs).
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::signal(signal.as_raw(), pass_on as *const () as libc::sighandler_t)
-        };
+        unsafe { libc::signal(signal.as_raw(), pass_on as *const () as libc::sighandler_t) };
     }
 }
 

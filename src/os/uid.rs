@@ -1,6 +1,8 @@
 //! Uid switching for the transparent tier's privilege drop:
 //! setgroups/setgid/setuid, each call a plain syscall with integer
 //! arguments.
+
+// Unsafe: glibc's process-wide setgroups/setgid/setuid (see `drop_to`).
 #![allow(unsafe_code)]
 
 /// Drops every group, then gid, then uid (in that order: after setuid we
