@@ -304,7 +304,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     }
     let (confinement, isolation, bundles) = confine(&args).await?;
     let landlock = matches!(confinement, Confinement::Landlock);
-    let serve = ServeArgs::with_defaults(args.proxy.clone());
+    let serve = ServeArgs::with_defaults(args.proxy.clone())?;
     let stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, confinement).await?;
     // What `veris runs` shows as the command: beside the ledger, not under
     // its seals (the listing says so).

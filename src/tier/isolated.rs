@@ -73,7 +73,10 @@ pub const TRUST_STORES: &[&str] = &[
 
 /// The address the canary probe dials from inside: TEST-NET-1, which no
 /// route reaches, so only the redirect can answer it.
-const CANARY_DST: &str = "192.0.2.1:80";
+const CANARY_DST: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::new(192, 0, 2, 1),
+    80,
+));
 
 /// The init step's messages to the proxy, one JSON line each.
 #[derive(Debug, Serialize, Deserialize)]
@@ -966,8 +969,7 @@ fn bind_read_only(bundle: &Path, target: &Path) -> std::io::Result<()> {
 
 /// A plain-HTTP canary request through the redirect (TEST-NET, port 80).
 fn probe_canary() -> std::io::Result<String> {
-    let dst: SocketAddr = CANARY_DST.parse().expect("a valid address");
-    let mut tcp = TcpStream::connect_timeout(&dst, Duration::from_secs(5))?;
+    let mut tcp = TcpStream::connect_timeout(&CANARY_DST, Duration::from_secs(5))?;
     tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         tcp,
