@@ -21,6 +21,9 @@
 //! scenario has a deadline, and the serve process groups, the tmpfs mount and
 //! the temp dirs are removed on exit, on a panic and on Ctrl-C.
 
+// Prints figures, not veris: a failed unwrap or expect ends the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;

@@ -1,8 +1,8 @@
 //! The `veris` binary: parses the command line and dispatches to the command
 //! (`cmd`). Below the commands: the runtime they share (`runtime`), the
 //! interception tiers (`tier`), the OS glue (`os`) and helpers (`util`,
-//! `logging`); imports run only downward.
-#![deny(unsafe_code)]
+//! `logging`); imports run only downward. Unsafe code is denied
+//! (`[workspace.lints]`) but in the `os` modules that allow it, each saying why.
 
 mod cmd;
 mod logging;
@@ -69,7 +69,15 @@ enum Command {
     Doctor(cmd::doctor::DoctorArgs),
     /// Serve baseline, receipt and check as MCP tools on stdio, for an agent
     /// session (register `veris mcp` as a stdio server in the MCP client).
+    #[cfg(feature = "mcp")]
     Mcp(cmd::mcp::McpArgs),
+    /// Not in this build (built without the `mcp` feature): says so, exit 1.
+    #[cfg(not(feature = "mcp"))]
+    #[command(hide = true)]
+    Mcp {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Print a shell completion script, e.g. `veris completions bash > /etc/bash_completion.d/veris`.
     Completions {
         #[arg(value_enum)]
@@ -162,7 +170,13 @@ fn main() -> ExitCode {
             Command::Demo(args) => cmd::demo::demo(args).await,
             Command::DemoClient(args) => cmd::demo::client_main(args).await,
             Command::Tui(args) => cmd::tui::tui(args).await,
+            #[cfg(feature = "mcp")]
             Command::Mcp(args) => cmd::mcp::mcp(args).await,
+            #[cfg(not(feature = "mcp"))]
+            Command::Mcp { .. } => {
+                eprintln!("veris: this build has no MCP server (built without the `mcp` feature)");
+                Ok(util::EXIT_USAGE)
+            }
             Command::Doctor(args) => cmd::doctor::doctor(args).await,
             // Handled at the top of main, before the runtime exists.
             Command::Confine(_)

@@ -47,13 +47,11 @@ pub fn emit(args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// Random lower-case hex from the kernel's CSPRNG.
+/// Random lower-case hex (`bytes` random bytes) from the TLS provider's
+/// CSPRNG (aws-lc, seeded by the kernel).
 pub fn random_hex(bytes: usize) -> anyhow::Result<String> {
-    use std::io::Read;
     let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| anyhow::anyhow!("reading /dev/urandom: {e}"))?;
+    aws_lc_rs::rand::fill(&mut buf).map_err(|_| anyhow::anyhow!("no random bytes"))?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -72,15 +70,16 @@ pub fn read_bounded(path: &Path, cap: u64, follow: bool) -> std::io::Result<Stri
 
 /// [`read_bounded`], for a file that need not be text.
 pub fn read_bounded_bytes(path: &Path, cap: u64, follow: bool) -> std::io::Result<Vec<u8>> {
+    use rustix::fs::OFlags;
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut flags = libc::O_NONBLOCK;
+    let mut flags = OFlags::NONBLOCK;
     if !follow {
-        flags |= libc::O_NOFOLLOW;
+        flags |= OFlags::NOFOLLOW;
     }
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(flags)
+        .custom_flags(flags.bits() as i32)
         .open(path)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::new(
@@ -99,21 +98,20 @@ pub fn read_bounded_bytes(path: &Path, cap: u64, follow: bool) -> std::io::Resul
     Ok(bytes)
 }
 
-/// A name beside `path` for a file of this process (`.<name>.<tag>-<pid>-<nanos>`), not
-/// guessable ahead of time; create it with `create_new`.
-pub fn temp_beside(path: &Path, tag: &str) -> PathBuf {
+/// A name beside `path` for a file of this process (`.<name>.<tag>-<128 random
+/// bits>`), not guessable ahead of time (a same-uid workload knows the pid and
+/// can guess a clock); create it with `create_new`, so a link planted at it
+/// is never followed.
+pub fn temp_beside(path: &Path, tag: &str) -> std::io::Result<PathBuf> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    dir.join(format!(
-        ".{}.{tag}-{}-{nanos}",
+    let random = random_hex(16).map_err(std::io::Error::other)?;
+    Ok(dir.join(format!(
+        ".{}.{tag}-{random}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("veris"),
-        std::process::id()
-    ))
+    )))
 }
 
 /// A future that resolves once `rx` reads true.
@@ -123,5 +121,56 @@ pub fn until(
     let mut rx = rx.clone();
     async move {
         let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_hex_is_hex_of_the_length_asked_and_differs() {
+        let a = random_hex(16).unwrap();
+        assert_eq!(a.len(), 32);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(a, random_hex(16).unwrap());
+    }
+
+    #[test]
+    fn a_link_planted_at_the_old_temp_name_is_never_followed() {
+        let dir = std::env::temp_dir().join(format!("veris-util-plant-{}", random_hex(4).unwrap()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let report = dir.join("report.xml");
+        // The old name, `.<name>.<tag>-<pid>-<nanos>`, was known but for the
+        // clock: a same-uid workload plants links for every nanosecond it
+        // guesses. Here: every name with this pid and a nanosecond below 1000.
+        let pid = std::process::id();
+        for nanos in 0..1000 {
+            let planted = dir.join(format!(".report.xml.probe-{pid}-{nanos}"));
+            std::os::unix::fs::symlink(&victim, planted).unwrap();
+        }
+        let tmp = temp_beside(&report, "probe").unwrap();
+        let name = tmp.file_name().unwrap().to_str().unwrap().to_string();
+        assert!(!name.contains(&pid.to_string()), "{name}");
+        assert!(name.starts_with(".report.xml.probe-"), "{name}");
+        assert_eq!(name.len(), ".report.xml.probe-".len() + 32, "{name}");
+        assert_ne!(tmp, temp_beside(&report, "probe").unwrap());
+        // Created new (O_EXCL: a link there would be refused, never
+        // followed), written, renamed: it lands, the victim is untouched.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"report").unwrap();
+        drop(f);
+        std::fs::rename(&tmp, &report).unwrap();
+        assert_eq!(std::fs::read_to_string(&report).unwrap(), "report");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

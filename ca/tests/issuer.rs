@@ -1,5 +1,8 @@
 //! Leaf cache tests: the bound, hits without minting, and one mint for concurrent misses.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::{Arc, Barrier};

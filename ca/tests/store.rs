@@ -1,5 +1,8 @@
 //! Persistence tests: modes, reuse, refusal of readable keys, regeneration and its reasons.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

@@ -1,5 +1,8 @@
 //! Trust material and env file tests: modes, bundle order, keytool, golden env files, sh.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::HashMap;

@@ -1,6 +1,9 @@
 //! Inputs the fuzz targets (fuzz/, see fuzz/README.md) found, replayed on
 //! the path they broke, so the normal suite keeps them fixed.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use http::Uri;
 use veris_host::{is_loopback, Host};
 use veris_proxy::config::{Flags, Settings};

@@ -2,6 +2,9 @@
 //! or a local echo origin, and real clients (hyper over tokio-rustls trusting
 //! only the veris CA) going through CONNECT, on HTTP/1.1 and HTTP/2.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;

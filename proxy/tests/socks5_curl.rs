@@ -4,6 +4,9 @@
 //! plays the destination itself with a fixed HTTP response. Nothing is
 //! dialed: the targets only have to arrive as curl sent them.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::{Command, Output, Stdio};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -6,6 +6,9 @@
 //! text and JSON receipts equal their golden files. After a deliberate format
 //! change, regenerate with `VERIS_BLESS=1 cargo test -p veris-receipt`.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 
 use veris_receipt::entry::{Entry, Line, ListenerTier, Mode, TornTail, GENESIS_PREV};

@@ -93,6 +93,8 @@ pub async fn check(args: CheckArgs) -> Result<u8> {
 pub struct Outcome {
     pub exit_code: u8,
     pub message: String,
+    /// Read by the MCP server only.
+    #[cfg_attr(not(feature = "mcp"), allow(dead_code))]
     pub answer: Option<CanaryAnswer>,
 }
 

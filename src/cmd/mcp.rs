@@ -669,7 +669,7 @@ async fn stop(
         }
     }
     if let Some(pid) = pid {
-        let _ = crate::os::procs::kill_group(pid, libc::SIGKILL);
+        let _ = crate::os::procs::kill_group(pid, rustix::process::Signal::KILL);
     }
     Ok(child.wait().await?)
 }

@@ -10,6 +10,7 @@ pub mod demo;
 pub mod doctor;
 pub mod har;
 pub mod man;
+#[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod receipt;
 pub mod run;

@@ -300,7 +300,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         warn!(error = %e, "cannot become the subreaper of the command's processes");
     }
     let tier = confine(&args).await?;
-    let serve = ServeArgs::with_defaults(args.proxy.clone());
+    let serve = ServeArgs::with_defaults(args.proxy.clone())?;
     let mut stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, tier).await?;
     // What `veris runs` shows as the command: beside the ledger, not under
     // its seals (the listing says so).

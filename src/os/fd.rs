@@ -1,5 +1,7 @@
 //! What a child inherits: a passed fd (the isolated run's control socket,
 //! `--report-fd`), the open-file limit, blocking stdio.
+
+// Unsafe: pre_exec hooks, and adopting an inherited fd as an OwnedFd.
 #![allow(unsafe_code)]
 
 /// Makes `fd` the child's file descriptor `target` (without close-on-exec).
@@ -9,6 +11,8 @@ pub fn pass_fd(
     target: std::os::fd::RawFd,
 ) {
     // SAFETY: dup2(2) between fork and exec: a raw syscall, async-signal-safe.
+    // libc's, not rustix's: rustix's dup2 wants the target as an `OwnedFd`,
+    // which `target` is not (yet) in the child.
     unsafe {
         cmd.pre_exec(move || {
             if libc::dup2(fd, target) < 0 {
@@ -22,7 +26,8 @@ pub fn pass_fd(
 /// Takes ownership of an inherited file descriptor, if it is open.
 pub fn inherited_fd(fd: std::os::fd::RawFd) -> Option<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
-    // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open.
+    // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open. libc's, not
+    // rustix's: rustix takes a `BorrowedFd`, which must already be open.
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return None;
     }
@@ -55,33 +60,27 @@ pub fn raise_open_file_limit() -> (FileLimit, FileLimit) {
 /// Gives `cmd`'s child the open-file limit this process started with: the
 /// command under `veris run` sees its usual environment, not the proxy's.
 pub fn restore_file_limit_at_exec(cmd: &mut tokio::process::Command, limit: FileLimit) {
-    let to_rlim = |v: Option<u64>| v.unwrap_or(libc::RLIM_INFINITY);
-    let rlimit = libc::rlimit {
-        rlim_cur: to_rlim(limit.0),
-        rlim_max: to_rlim(limit.1),
+    use rustix::process::{setrlimit, Resource, Rlimit};
+    let rlimit = Rlimit {
+        current: limit.0,
+        maximum: limit.1,
     };
     // SAFETY: setrlimit(2) between fork and exec: a raw syscall on a value
     // copied into the closure, async-signal-safe.
     unsafe {
-        cmd.pre_exec(move || {
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || Ok(setrlimit(Resource::Nofile, rlimit)?));
     }
 }
 
 /// Clears O_NONBLOCK on stdout and stderr, which a child sharing them may
 /// have set: printing the receipt must not fail with EAGAIN.
 pub fn blocking_stdio() {
-    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
-        // SAFETY: fcntl(2) on the process's own standard descriptors, with
-        // integer arguments only.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
-                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+    use std::os::fd::AsFd;
+    for fd in [std::io::stdout().as_fd(), std::io::stderr().as_fd()] {
+        if let Ok(flags) = fcntl_getfl(fd) {
+            if flags.contains(OFlags::NONBLOCK) {
+                let _ = fcntl_setfl(fd, flags - OFlags::NONBLOCK);
             }
         }
     }

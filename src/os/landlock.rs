@@ -26,6 +26,9 @@
 //! Nothing is ever confined halfway: [`confine_connect`] fails unless the
 //! kernel enforces the network rules fully (ABI 4, Linux 6.7, or later).
 
+// Unsafe: the one raw landlock_create_ruleset syscall (see `probe`).
+#![allow(unsafe_code)]
+
 use anyhow::{bail, Context, Result};
 use landlock::{
     AccessNet, CompatLevel, Compatible, NetPort, Ruleset, RulesetAttr, RulesetCreatedAttr,
@@ -53,7 +56,6 @@ enum Probe {
 /// The landlock crate keeps its own probe private (it wants callers to ask
 /// for rights, not versions), and the ABI number is what the receipt and the
 /// tier decision report, so this is the one raw syscall of this module.
-#[allow(unsafe_code)]
 fn probe() -> Probe {
     // The flag's value in <linux/landlock.h>; libc does not export it.
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;

@@ -1,47 +1,58 @@
 //! Namespaces and mounts, for the isolated run's init steps.
+
+// Unsafe: rustix's unshare_unsafe, never with CLONE_FILES (see `unshare`).
 #![allow(unsafe_code)]
+
+pub use rustix::mount::MountFlags;
+pub use rustix::thread::UnshareFlags;
 
 /// Moves this (single-threaded) process into new namespaces (`CLONE_NEW*`
 /// flags); the isolated run's init step (`crate::tier::isolated`).
-pub fn unshare(flags: i32) -> std::io::Result<()> {
-    // SAFETY: unshare(2) takes flags only. Callers are single-threaded (the
-    // hidden `__isolate` steps run before any runtime or thread exists), so
-    // no other thread can observe a changed namespace or file table.
-    let rc = unsafe { libc::unshare(flags) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+pub fn unshare(flags: UnshareFlags) -> std::io::Result<()> {
+    debug_assert!(!flags.contains(UnshareFlags::FILES));
+    // SAFETY: unsafe only for `UnshareFlags::FILES` (another thread could
+    // then be left with fds of a table it no longer has), which the callers
+    // never pass; and they are single-threaded (the hidden `__isolate` steps
+    // run before any runtime or thread exists).
+    unsafe {
+        rustix::thread::unshare_unsafe(flags)?;
     }
+    Ok(())
 }
 
-/// mount(2) with C strings made here; `None` passes NULL.
-pub fn mount(
-    source: Option<&str>,
-    target: &str,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
+/// Makes every mount under `/` private, recursively: mounts made here stay here.
+pub fn make_private() -> std::io::Result<()> {
+    use rustix::mount::MountPropagationFlags as P;
+    rustix::mount::mount_change("/", P::PRIVATE | P::REC)?;
+    Ok(())
+}
+
+/// Mounts a fresh `fstype` file system (`tmpfs`, `proc`) at `target`.
+pub fn mount_fs(
+    fstype: &str,
+    target: impl rustix::path::Arg,
+    flags: MountFlags,
 ) -> std::io::Result<()> {
-    use std::ffi::CString;
-    let c = |s: &str| CString::new(s).map_err(|_| std::io::Error::other("NUL in a mount path"));
-    let source = source.map(c).transpose()?;
-    let target = c(target)?;
-    let fstype = fstype.map(c).transpose()?;
-    let ptr = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
-    // SAFETY: every pointer is a NUL-terminated string that outlives the
-    // call, or NULL where mount(2) allows it; no data argument is passed.
-    let rc = unsafe {
-        libc::mount(
-            ptr(&source),
-            target.as_ptr(),
-            ptr(&fstype),
-            flags,
-            std::ptr::null(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
+    rustix::mount::mount(fstype, target, fstype, flags, None)?;
+    Ok(())
+}
+
+/// Bind-mounts `source` at `target` (with what is mounted under it when `recursive`).
+pub fn bind(
+    source: impl rustix::path::Arg,
+    target: impl rustix::path::Arg,
+    recursive: bool,
+) -> std::io::Result<()> {
+    if recursive {
+        rustix::mount::mount_bind_recursive(source, target)?;
     } else {
-        Err(std::io::Error::last_os_error())
+        rustix::mount::mount_bind(source, target)?;
     }
+    Ok(())
+}
+
+/// Remounts the bind mount at `target` read-only.
+pub fn remount_read_only(target: impl rustix::path::Arg) -> std::io::Result<()> {
+    rustix::mount::mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, c"")?;
+    Ok(())
 }

@@ -2,26 +2,21 @@
 //! that keeps a same-uid workload out of the proxy's memory, dying with the
 //! parent, every capability given up before exec, and trimming the heap
 //! after a large read.
+
+// Unsafe: a pre_exec hook that drops capabilities, and glibc's malloc_trim.
 #![allow(unsafe_code)]
 
 /// The effective uid of this process.
 pub fn euid() -> u32 {
-    // SAFETY: geteuid(2) cannot fail and touches no memory.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// Makes this process non-dumpable (`PR_SET_DUMPABLE 0`): a process of the
 /// same uid (the workload under `veris run`) can then neither ptrace it nor
 /// read `/proc/<pid>/mem`, where the run's seal key and admin token live.
 pub fn set_non_dumpable() -> std::io::Result<()> {
-    // SAFETY: prctl(2) with integer arguments only; PR_SET_DUMPABLE reads none
-    // of the trailing arguments.
-    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    Ok(())
 }
 
 /// Hands the heap's free pages back to the kernel (glibc `malloc_trim`).
@@ -31,7 +26,8 @@ pub fn set_non_dumpable() -> std::io::Result<()> {
 pub fn trim_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim(3) takes an integer and only walks glibc's own
-    // allocator state, under its locks; it is safe from any thread.
+    // allocator state, under its locks; it is safe from any thread. A libc
+    // function, not a system call: rustix has no counterpart.
     unsafe {
         libc::malloc_trim(0);
     }
@@ -39,13 +35,8 @@ pub fn trim_heap() {
 
 /// Asks the kernel to SIGKILL this process when its parent exits.
 pub fn die_with_parent() -> std::io::Result<()> {
-    // SAFETY: prctl(2) with integer arguments only.
-    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+    Ok(())
 }
 
 /// Makes `cmd`'s child give up every capability before exec, for good:
@@ -55,63 +46,43 @@ pub fn die_with_parent() -> std::io::Result<()> {
 /// either). What runs then cannot change nftables rules, set a packet
 /// mark, mount, or enter another namespace.
 pub fn drop_capabilities_at_exec(cmd: &mut std::process::Command) {
+    use rustix::io::Errno;
+    use rustix::thread::{CapabilitiesSecureBits as Bits, CapabilitySet, CapabilitySets};
     use std::os::unix::process::CommandExt;
+    let drop_all = || -> rustix::io::Result<()> {
+        rustix::thread::set_capabilities_secure_bits(
+            Bits::NO_ROOT
+                | Bits::NO_ROOT_LOCKED
+                | Bits::NO_SETUID_FIXUP
+                | Bits::NO_SETUID_FIXUP_LOCKED
+                | Bits::KEEP_CAPS_LOCKED
+                | Bits::NO_CAP_AMBIENT_RAISE
+                | Bits::NO_CAP_AMBIENT_RAISE_LOCKED,
+        )?;
+        // Every bit, not only the capabilities rustix names: EINVAL marks
+        // the end of what this kernel knows.
+        for cap in 0..64 {
+            match rustix::thread::remove_capability_from_bounding_set(
+                CapabilitySet::from_bits_retain(1 << cap),
+            ) {
+                Ok(()) | Err(Errno::INVAL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        rustix::thread::clear_ambient_capability_set()?;
+        rustix::thread::set_capabilities(
+            None,
+            CapabilitySets {
+                effective: CapabilitySet::empty(),
+                permitted: CapabilitySet::empty(),
+                inheritable: CapabilitySet::empty(),
+            },
+        )?;
+        rustix::thread::set_no_new_privs(true)
+    };
     // SAFETY: the closure runs between fork and exec and makes raw
     // syscalls only (no allocation, no locks), which is async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| {
-            let fail = || Err(std::io::Error::last_os_error());
-            // SECBIT_NOROOT | _LOCKED | SECBIT_NO_SETUID_FIXUP | _LOCKED |
-            // SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED.
-            let bits: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
-            if libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) != 0 {
-                return fail();
-            }
-            for cap in 0..64 {
-                if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
-                    && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL)
-                {
-                    return fail();
-                }
-            }
-            if libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return fail();
-            }
-            #[repr(C)]
-            struct Header {
-                version: u32,
-                pid: libc::c_int,
-            }
-            #[repr(C)]
-            #[derive(Clone, Copy)]
-            struct Data {
-                effective: u32,
-                permitted: u32,
-                inheritable: u32,
-            }
-            let header = Header {
-                version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
-                pid: 0,
-            };
-            let data = [Data {
-                effective: 0,
-                permitted: 0,
-                inheritable: 0,
-            }; 2];
-            if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
-                return fail();
-            }
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return fail();
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || drop_all().map_err(std::io::Error::from));
     }
 }

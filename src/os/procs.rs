@@ -1,32 +1,31 @@
 //! Processes: signalling a process group, surviving and forwarding job
 //! signals, the subreaper, and ending every descendant found in `/proc`.
+
+// Unsafe: installing the job-signal handler; rustix has no safe way.
 #![allow(unsafe_code)]
 
+use rustix::process::{kill_process_group, Pid, Signal};
+
 /// Sends `signal` to every process in group `pgid`.
-pub fn kill_group(pgid: u32, signal: i32) -> std::io::Result<()> {
-    let pgid = i32::try_from(pgid).map_err(|_| std::io::Error::other("pid out of range"))?;
-    // SAFETY: kill(2) takes plain integers and has no memory effects; a negative
-    // pid addresses the process group, which we created for the child.
-    let rc = unsafe { libc::kill(-pgid, signal) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+pub fn kill_group(pgid: u32, signal: Signal) -> std::io::Result<()> {
+    let pgid = i32::try_from(pgid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::other("pid out of range"))?;
+    kill_process_group(pgid, signal)?;
+    Ok(())
 }
 
 /// The process group job signals are passed on to (0: none yet).
 static FORWARD_TO: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 extern "C" fn pass_on(signal: libc::c_int) {
-    let pgid = FORWARD_TO.load(std::sync::atomic::Ordering::Relaxed);
-    if pgid > 0 {
-        // SAFETY: kill(2) is async-signal-safe and takes integers only.
-        unsafe {
-            libc::kill(-pgid, signal);
-            // A stopped group would keep the signal pending forever.
-            libc::kill(-pgid, libc::SIGCONT);
-        }
+    let pgid = Pid::from_raw(FORWARD_TO.load(std::sync::atomic::Ordering::Relaxed));
+    // kill(2) is async-signal-safe; so are these integer conversions.
+    if let (Some(pgid), Some(signal)) = (pgid, Signal::from_named_raw(signal)) {
+        let _ = kill_process_group(pgid, signal);
+        // A stopped group would keep the signal pending forever.
+        let _ = kill_process_group(pgid, Signal::CONT);
     }
 }
 
@@ -35,10 +34,11 @@ extern "C" fn pass_on(signal: libc::c_int) {
 /// (until then, dropped). A handler rather than SIG_IGN: handlers reset at
 /// exec, so the commands this process starts still get the default action.
 pub fn survive_job_signals() {
-    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+    for signal in [Signal::INT, Signal::TERM, Signal::HUP, Signal::QUIT] {
         // SAFETY: the handler only reads an atomic and calls kill(2), which
-        // is async-signal-safe.
-        unsafe { libc::signal(signal, pass_on as *const () as libc::sighandler_t) };
+        // is async-signal-safe. rustix offers no safe way to install a
+        // handler (its `runtime` sigaction is for libc-less programs).
+        unsafe { libc::signal(signal.as_raw(), pass_on as *const () as libc::sighandler_t) };
     }
 }
 
@@ -86,7 +86,7 @@ pub struct Ending {
 /// only once the children this process waits for itself (tokio's) are
 /// reaped, as the zombies among its own children are collected here.
 pub fn end_descendants(grace: std::time::Duration, deadline: std::time::Duration) -> Ending {
-    use rustix::process::{kill_process, Pid, Signal};
+    use rustix::process::kill_process;
     use std::time::Instant;
     let me = std::process::id();
     let started = Instant::now();
@@ -132,7 +132,7 @@ fn reap(
     all: &std::collections::BTreeMap<u32, (u32, char, String)>,
     except: Option<u32>,
 ) {
-    use rustix::process::{waitpid, Pid, WaitOptions};
+    use rustix::process::{waitpid, WaitOptions};
     for (pid, (ppid, state, _)) in all {
         if *ppid == root && *state == 'Z' && Some(*pid) != except {
             if let Some(pid) = Pid::from_raw(*pid as i32) {

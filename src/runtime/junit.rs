@@ -61,7 +61,7 @@ impl Junit {
         // A file beside the report, created new (never through a link
         // planted at its name) and removed, as the atomic write's temp
         // file will be.
-        let probe = crate::util::temp_beside(&self.path, "probe");
+        let probe = crate::util::temp_beside(&self.path, "probe").with_context(cannot)?;
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -251,7 +251,7 @@ fn first_line(path: &Path) -> Option<serde_json::Value> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW).bits() as i32)
         .open(path)
         .ok()?;
     if !f.metadata().ok()?.is_file() {

@@ -304,7 +304,7 @@ fn open_checked(path: &Path) -> Option<(std::fs::Metadata, std::fs::File)> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
         .open(path)
         .ok()?;
     let meta = file.metadata().ok()?;

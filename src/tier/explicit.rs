@@ -67,8 +67,8 @@ pub async fn run(
         loop {
             tokio::select! {
                 status = child.wait() => break status?,
-                _ = term.recv() => super::forward(pgid, libc::SIGTERM),
-                _ = int.recv() => super::forward(pgid, libc::SIGINT),
+                _ = term.recv() => super::forward(pgid, rustix::process::Signal::TERM),
+                _ = int.recv() => super::forward(pgid, rustix::process::Signal::INT),
                 // Orphans of the command that ended while it runs are
                 // ours to reap (we are their subreaper); the command
                 // itself is tokio's.

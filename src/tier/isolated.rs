@@ -44,12 +44,14 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tracing::{info, warn};
 use veris_proxy::canary::{CanaryAnswer, ProbeError};
 use veris_receipt::Entry;
 
+use crate::os::ns::{MountFlags, UnshareFlags};
 use crate::tier::transparent::{ruleset, RulesetParams};
 use crate::tier::{Bound, Ran, Tier, Workload};
 use futures_util::future::BoxFuture;
@@ -73,7 +75,10 @@ pub const TRUST_STORES: &[&str] = &[
 
 /// The address the canary probe dials from inside: TEST-NET-1, which no
 /// route reaches, so only the redirect can answer it.
-const CANARY_DST: &str = "192.0.2.1:80";
+const CANARY_DST: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::new(192, 0, 2, 1),
+    80,
+));
 
 /// The init step's messages to the proxy, one JSON line each.
 #[derive(Debug, Serialize, Deserialize)]
@@ -488,7 +493,7 @@ fn enter_namespaces() -> Result<()> {
         rustix::process::geteuid().as_raw(),
         rustix::process::getegid().as_raw(),
     );
-    crate::os::ns::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET | libc::CLONE_NEWNS).map_err(|e| {
+    crate::os::ns::unshare(UnshareFlags::NEWUSER | UnshareFlags::NEWNET | UnshareFlags::NEWNS).map_err(|e| {
         anyhow!("cannot create a user and network namespace ({e}): unprivileged user namespaces are disabled here (sysctl user.max_user_namespaces, kernel.apparmor_restrict_unprivileged_userns) or blocked by a seccomp profile")
     })?;
     // Only our own uid and gid, as 0 inside (what `unshare -r` does).
@@ -496,8 +501,7 @@ fn enter_namespaces() -> Result<()> {
     std::fs::write("/proc/self/uid_map", format!("0 {uid} 1")).context("writing the uid map")?;
     std::fs::write("/proc/self/gid_map", format!("0 {gid} 1")).context("writing the gid map")?;
     // Bind mounts made here stay here.
-    crate::os::ns::mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE)
-        .context("making the mount namespace private")?;
+    crate::os::ns::make_private().context("making the mount namespace private")?;
     ip(&["link", "set", "lo", "up"])
 }
 
@@ -701,7 +705,7 @@ fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[Stri
     }
     let trust_stores = mount_trust(&sources, &extra_stores, &bundles)?;
     hide_daemon_sockets();
-    crate::os::ns::unshare(libc::CLONE_NEWPID).context("creating the PID namespace")?;
+    crate::os::ns::unshare(UnshareFlags::NEWPID).context("creating the PID namespace")?;
     // This very binary, wherever its path now leads (a private /tmp may
     // hide the copy it was started from).
     let exe = PathBuf::from("/proc/self/exe");
@@ -864,14 +868,9 @@ fn bind_over_checked(source: &Path, found: &crate::tier::bundles::Bundle) -> Res
         bail!("it changed since veris checked it");
     }
     let target = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    crate::os::ns::mount(source.to_str(), &target, None, libc::MS_BIND)?;
+    crate::os::ns::bind(source, &target, false)?;
     // The mount sits on the path now: the read-only remount names it there.
-    crate::os::ns::mount(
-        None,
-        &found.path.to_string_lossy(),
-        None,
-        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
-    )?;
+    crate::os::ns::remount_read_only(&found.path)?;
     Ok(())
 }
 
@@ -884,8 +883,8 @@ fn hide_daemon_sockets() {
     if !Path::new("/run").is_dir() {
         return;
     }
-    let flags = libc::MS_NOSUID | libc::MS_NODEV;
-    if let Err(e) = crate::os::ns::mount(Some("tmpfs"), "/run", Some("tmpfs"), flags) {
+    let flags = MountFlags::NOSUID | MountFlags::NODEV;
+    if let Err(e) = crate::os::ns::mount_fs("tmpfs", "/run", flags) {
         eprintln!("veris: cannot hide the host's /run from the command: {e}");
     }
 }
@@ -939,12 +938,7 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
             // The command works in the scratch dir itself: it stays shared.
             continue;
         }
-        crate::os::ns::mount(
-            Some("tmpfs"),
-            &real.to_string_lossy(),
-            Some("tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-        )
+        crate::os::ns::mount_fs("tmpfs", real, MountFlags::NOSUID | MountFlags::NODEV)
         .with_context(|| format!("cannot give the command a private {name}. Next: run with --share-tmp to let it use the host's"))?;
     }
     for (real, fd) in &carried {
@@ -962,13 +956,8 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
                 .and_then(|()| std::fs::File::create(real).map(drop))
         }
         .with_context(|| format!("carrying {} into the private /tmp", real.display()))?;
-        crate::os::ns::mount(
-            Some(&format!("/proc/self/fd/{}", fd.as_raw_fd())),
-            &real.to_string_lossy(),
-            None,
-            libc::MS_BIND | libc::MS_REC,
-        )
-        .with_context(|| format!("carrying {} into the private /tmp", real.display()))?;
+        crate::os::ns::bind(format!("/proc/self/fd/{}", fd.as_raw_fd()), real, true)
+            .with_context(|| format!("carrying {} into the private /tmp", real.display()))?;
     }
     Ok(())
 }
@@ -976,20 +965,13 @@ fn private_tmp(keep: &[PathBuf]) -> Result<()> {
 /// Bind-mounts `bundle` over `target`, read-only: a write through the
 /// system store's path must not land in the state dir's bundle.
 fn bind_read_only(bundle: &Path, target: &Path) -> std::io::Result<()> {
-    let target = target.to_string_lossy();
-    crate::os::ns::mount(bundle.to_str(), &target, None, libc::MS_BIND)?;
-    crate::os::ns::mount(
-        None,
-        &target,
-        None,
-        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
-    )
+    crate::os::ns::bind(bundle, target, false)?;
+    crate::os::ns::remount_read_only(target)
 }
 
 /// A plain-HTTP canary request through the redirect (TEST-NET, port 80).
 fn probe_canary() -> std::io::Result<String> {
-    let dst: SocketAddr = CANARY_DST.parse().expect("a valid address");
-    let mut tcp = TcpStream::connect_timeout(&dst, Duration::from_secs(5))?;
+    let mut tcp = TcpStream::connect_timeout(&CANARY_DST, Duration::from_secs(5))?;
     tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         tcp,
@@ -1062,12 +1044,11 @@ pub fn pid1_main(command: Vec<String>) -> u8 {
     // A /proc of this PID namespace, in a mount namespace of our own so the
     // init step keeps its view. Without it (a container masking /proc), the
     // command sees the host's process list, which it still cannot signal.
-    let fresh_proc = crate::os::ns::unshare(libc::CLONE_NEWNS).and_then(|()| {
-        crate::os::ns::mount(
-            Some("proc"),
+    let fresh_proc = crate::os::ns::unshare(UnshareFlags::NEWNS).and_then(|()| {
+        crate::os::ns::mount_fs(
+            "proc",
             "/proc",
-            Some("proc"),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
         )
     });
     if let Err(e) = fresh_proc {
@@ -1307,8 +1288,8 @@ async fn run(
                         break 1;
                     }
                 },
-                _ = term.recv() => libc::SIGTERM,
-                _ = int.recv() => libc::SIGINT,
+                _ = term.recv() => Signal::TERM,
+                _ = int.recv() => Signal::INT,
             };
             signals += 1;
             // The init step passes the first on to the command's group; a
@@ -1318,7 +1299,7 @@ async fn run(
                 if signals == 1 {
                     forwarded
                 } else {
-                    libc::SIGKILL
+                    Signal::KILL
                 },
             );
         }

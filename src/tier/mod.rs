@@ -124,7 +124,7 @@ pub fn for_serve(args: &transparent::TransparentArgs) -> Box<dyn Tier> {
 }
 
 /// Passes `signal` on to the command's process group.
-pub fn forward(pgid: Option<u32>, signal: i32) {
+pub fn forward(pgid: Option<u32>, signal: rustix::process::Signal) {
     if let Some(pgid) = pgid {
         if let Err(e) = crate::os::procs::kill_group(pgid, signal) {
             warn!(error = %e, "cannot forward the signal to the child");

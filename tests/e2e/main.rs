@@ -5,6 +5,9 @@
 //! and reaches only loopback or namespaces it creates. [`support`] holds
 //! what they share (see its module comment).
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 mod capture;

@@ -1,6 +1,9 @@
 //! Whole-screen snapshots on ratatui's TestBackend: the states a person
 //! watching the twin meets, at narrow and wide sizes.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

@@ -2,6 +2,9 @@
 //! that speaks the `/events` and `/receipt` contract, drops the stream, and
 //! checks that the client resumes with `Last-Event-ID`.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -1,6 +1,9 @@
 //! Event sequences through `App::update`: following the tail, scrolling,
 //! pausing, filtering, the ring buffer, and resuming after a reconnect.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

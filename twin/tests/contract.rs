@@ -1,5 +1,8 @@
 //! Contract tests over real HTTP: a twin served on 127.0.0.1:0 and a hyper client.
 
+// Test code: a failed unwrap or expect is the test's failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1084,6 +1084,7 @@ mod lifecycle_tests {
                 hello: Duration::from_millis(300),
                 server_first: Duration::from_millis(50),
             },
+            tier: ListenerTier::Transparent,
         });
         Fixture {
             state,

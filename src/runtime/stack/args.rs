@@ -123,7 +123,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// `proxy` with every serve-only flag at its default (`run` has none of
     /// them). The defaults come from clap itself, so they cannot drift.
-    pub fn with_defaults(proxy: ProxyArgs) -> ServeArgs {
+    pub fn with_defaults(proxy: ProxyArgs) -> anyhow::Result<ServeArgs> {
         #[derive(clap::Parser)]
         struct Defaults {
             #[command(flatten)]
@@ -131,12 +131,13 @@ impl ServeArgs {
         }
         use clap::Parser;
         // No flag of ServeArgs is required and none reads the environment,
-        // so parsing no arguments cannot fail.
+        // so parsing no arguments should not fail; if a new flag breaks
+        // that, `veris run` says so rather than panicking.
         let mut serve = Defaults::try_parse_from(["veris"])
-            .expect("serve flags without arguments parse")
+            .map_err(|e| anyhow::anyhow!("the serve flags' defaults do not parse: {e}"))?
             .serve;
         serve.proxy = proxy;
-        serve
+        Ok(serve)
     }
 }
 
