@@ -165,6 +165,12 @@ pub struct Proxy {
     connections: Arc<tokio::sync::Semaphore>,
     /// When the last "too many connections" warning was logged (Unix secs).
     refused_warned: std::sync::atomic::AtomicU64,
+    /// When a gateway sandbox's canary probe was last recorded (Unix secs).
+    canary_recorded: std::sync::atomic::AtomicU64,
+    /// When a gateway sandbox's limit line was last written (Unix secs),
+    /// and the refusals since.
+    limit_recorded: std::sync::atomic::AtomicU64,
+    limit_refused: std::sync::atomic::AtomicU64,
     /// Counts for the periodic `info` line (the per-request one is `debug`).
     summary: summary::Summary,
     /// Counts for `/metrics` (atomics; the rest is read when scraped).
@@ -219,6 +225,9 @@ impl Proxy {
             limits: options.limits,
             connections: Arc::new(tokio::sync::Semaphore::new(options.limits.max_connections)),
             refused_warned: std::sync::atomic::AtomicU64::new(0),
+            canary_recorded: std::sync::atomic::AtomicU64::new(0),
+            limit_recorded: std::sync::atomic::AtomicU64::new(0),
+            limit_refused: std::sync::atomic::AtomicU64::new(0),
             summary: summary::Summary::default(),
             stats,
             tls: tls::ServerConfigs::new(Issuer::DEFAULT_CAPACITY),
@@ -275,6 +284,24 @@ impl Proxy {
             }
         }
         permit
+    }
+
+    /// The tier a request sent to this proxy as a proxy names in its
+    /// lines: the gateway's for a sandbox's proxy, else the explicit tier.
+    pub(crate) fn proxy_tier(&self) -> ListenerTier {
+        match self.identity.tier {
+            ListenerTier::Gateway => ListenerTier::Gateway,
+            _ => ListenerTier::Explicit,
+        }
+    }
+
+    /// Stops this proxy's connections as [`inbound::explicit::serve`] does
+    /// when its listener closes: in-flight requests get the grace period and
+    /// every exchange still waiting is recorded (a gateway's sandboxes,
+    /// whose connections arrive on a listener the proxy does not own).
+    pub async fn shutdown(&self) {
+        self.summary.flush();
+        self.drain().await;
     }
 
     pub fn identity(&self) -> &Identity {

@@ -68,7 +68,7 @@ impl Proxy {
                 host,
                 port,
                 tls: false,
-                tier: ListenerTier::Explicit,
+                tier: self.proxy_tier(),
                 origin: None,
                 sni_host: false,
                 via: None,
@@ -76,7 +76,7 @@ impl Proxy {
             return self.handle(req, Arc::new(leg)).await;
         }
         if self.router.route("", req.uri().path()) == Route::Canary {
-            return self.canary();
+            return self.canary().await;
         }
         respond::error(
             StatusCode::BAD_REQUEST,
@@ -124,7 +124,7 @@ impl Proxy {
             tls: true,
             tier: match via {
                 Some(_) => ListenerTier::Transparent,
-                None => ListenerTier::Explicit,
+                None => self.proxy_tier(),
             },
             origin: None,
             sni_host: false,

@@ -204,6 +204,22 @@ pub async fn serve(
     Ok(())
 }
 
+/// The gateway tier: a sandbox's connection to `dst` whose platform named
+/// only the address (a SOCKS5 `CONNECT` to an IP, already answered),
+/// through phases 2 to 4 as a redirected connection: routed by its SNI or
+/// Host, a passthrough dialed under the gateway's dial policy, every line
+/// naming the gateway tier.
+pub async fn addressed<C: Client>(proxy: Arc<Proxy>, client: C, peer: SocketAddr, dst: SocketAddr) {
+    let state = Arc::new(Transparent {
+        proxy,
+        own_dials: OwnDials::default(),
+        listeners: Vec::new(),
+        waits: Waits::default(),
+        tier: ListenerTier::Gateway,
+    });
+    state.redirected(client, peer, canonical(dst)).await;
+}
+
 /// What a connection to `dst` is named by when it names nothing itself (no
 /// SNI, no Host): in an isolated run the name the client looked up (the DNS
 /// stub handed out `dst` for it), else the address.

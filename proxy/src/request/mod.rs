@@ -63,7 +63,7 @@ impl Proxy {
         }
         let path = req.uri().path().to_string();
         match self.router.route(&leg.host, &path) {
-            Route::Canary => self.canary(),
+            Route::Canary => self.canary().await,
             Route::Service(service) => {
                 // Its counters' slot, found once (a pointer compare per service).
                 let index = self.router.index_of(service).unwrap_or(usize::MAX);
