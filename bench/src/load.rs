@@ -27,7 +27,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
@@ -227,8 +226,9 @@ impl Endpoint {
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         tcp.set_nodelay(true)?;
-        if let Via::Proxy(_) = self.via {
-            connect_tunnel(&mut tcp).await?;
+        if let Via::Proxy(proxy) = self.via {
+            let target = format!("{VENDOR_HOST}:443");
+            veris_admin_client::connect_tunnel(&mut tcp, &proxy.to_string(), &target).await?;
         }
         let tls = if h2 { &self.h2 } else { &self.h1 };
         let stream = tls
@@ -467,36 +467,6 @@ impl Endpoint {
 /// Takes one request from the budget unless it is spent or the deadline passed.
 fn take(budget: &AtomicI64, deadline: Instant) -> bool {
     Instant::now() < deadline && budget.fetch_sub(1, Ordering::Relaxed) > 0
-}
-
-/// `CONNECT api.stripe.com:443` on `tcp`; Ok once the proxy answered 200.
-async fn connect_tunnel(tcp: &mut TcpStream) -> Result<()> {
-    let head = format!("CONNECT {VENDOR_HOST}:443 HTTP/1.1\r\nHost: {VENDOR_HOST}:443\r\n\r\n");
-    tcp.write_all(head.as_bytes()).await?;
-    // The proxy sends nothing after its answer head until the client speaks
-    // TLS, so reading up to the blank line consumes exactly the answer.
-    let mut buf = Vec::with_capacity(256);
-    let mut chunk = [0u8; 256];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tcp.read(&mut chunk).await?;
-        if n == 0 {
-            bail!("the proxy closed the connection during CONNECT");
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > 16 * 1024 {
-            bail!("the proxy's CONNECT answer has no end");
-        }
-    }
-    let status_line = String::from_utf8_lossy(&buf[..buf.len().min(64)]).to_string();
-    let mut words = status_line.split_whitespace();
-    words.next();
-    if words.next() != Some("200") {
-        bail!(
-            "CONNECT answered {:?}",
-            status_line.lines().next().unwrap_or("")
-        );
-    }
-    Ok(())
 }
 
 /// A TLS client trusting only the certificates in `ca`, offering one ALPN protocol.

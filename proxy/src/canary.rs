@@ -18,9 +18,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use tokio::net::TcpStream;
 use veris_receipt::{ListenerTier, Mode};
@@ -96,19 +93,12 @@ pub async fn probe(path: &ProbePath, timeout: Duration) -> Result<CanaryAnswer, 
         })
 }
 
+/// `host:port` of a proxy URL (any scheme, or none; port 80 unless given).
 fn proxy_addr(url: &str) -> Result<String, ProbeError> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|_| ProbeError::Unreachable(format!("bad proxy URL {url:?}")))?;
-    let host = uri
-        .host()
-        .ok_or_else(|| ProbeError::Unreachable(format!("proxy URL {url:?} has no host")))?;
-    let port = uri.port_u16().unwrap_or(80);
-    Ok(if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    })
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    veris_admin_client::HttpUrl::parse(&format!("http://{rest}"))
+        .map(|u| u.authority)
+        .map_err(|e| ProbeError::Unreachable(format!("bad proxy URL {url:?} ({})", e.what())))
 }
 
 async fn probe_explicit(url: &str) -> Result<CanaryAnswer, ProbeError> {
@@ -117,7 +107,7 @@ async fn probe_explicit(url: &str) -> Result<CanaryAnswer, ProbeError> {
         .await
         .map_err(|e| ProbeError::Unreachable(format!("{addr}: {e}")))?;
     let uri = format!("http://{CANARY_HOST}{CANARY_PATH}");
-    ask(TokioIo::new(tcp), &uri).await
+    ask(tcp, &addr, &uri).await
 }
 
 async fn probe_transparent(addr: SocketAddr) -> Result<CanaryAnswer, ProbeError> {
@@ -135,41 +125,29 @@ async fn probe_transparent(addr: SocketAddr) -> Result<CanaryAnswer, ProbeError>
         .connect(name, tcp)
         .await
         .map_err(|e| ProbeError::Unreachable(format!("TLS to {addr}: {e}")))?;
-    ask(TokioIo::new(tls), CANARY_PATH).await
+    ask(tls, &addr.to_string(), CANARY_PATH).await
 }
 
-/// One HTTP/1.1 GET of the canary over `io`.
-async fn ask<IO>(io: TokioIo<IO>, uri: &str) -> Result<CanaryAnswer, ProbeError>
+/// The most bytes a canary answer may have (it is a small JSON object).
+const MAX_ANSWER: usize = 64 << 10;
+
+/// One HTTP/1.1 GET of the canary over `io` (to `addr`).
+async fn ask<IO>(io: IO, addr: &str, target: &str) -> Result<CanaryAnswer, ProbeError>
 where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+    let req = veris_admin_client::Request::get(target, CANARY_HOST).header(
+        "user-agent",
+        concat!("veris-check/", env!("CARGO_PKG_VERSION")),
+    );
+    let answer = veris_admin_client::exchange(io, addr, &req, MAX_ANSWER)
         .await
-        .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
-    tokio::spawn(conn);
-    let req = http::Request::get(uri)
-        .header(http::header::HOST, CANARY_HOST)
-        .header(
-            http::header::USER_AGENT,
-            concat!("veris-check/", env!("CARGO_PKG_VERSION")),
-        )
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
-    let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| ProbeError::Unreachable(e.to_string()))?
-        .to_bytes();
-    if !status.is_success() {
+        .map_err(|e| ProbeError::Unreachable(e.what()))?;
+    let status = answer.status;
+    if !(200..300).contains(&status) {
         return Err(ProbeError::NotVeris(format!("HTTP {status}")));
     }
-    match serde_json::from_slice::<CanaryAnswer>(&body) {
+    match serde_json::from_slice::<CanaryAnswer>(&answer.body) {
         Ok(a) if a.veris_proxy => Ok(a),
         _ => Err(ProbeError::NotVeris(format!(
             "HTTP {status} without a canary body"

@@ -8,14 +8,10 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use bytes::Bytes;
 use clap::Args;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::cmd::run::{RunArgs, TierArg};
@@ -208,6 +204,9 @@ struct Client {
     ca: CertificateDer<'static>,
 }
 
+/// The most bytes of one twin answer the demo reads.
+const MAX_ANSWER: usize = 1 << 20;
+
 impl Client {
     async fn call(
         &self,
@@ -216,12 +215,16 @@ impl Client {
         path: &str,
         form: Option<&str>,
     ) -> Result<(u16, Value)> {
-        let tcp = match &self.proxy {
-            Some(proxy) => connect_through(proxy, host).await?,
+        let authority = format!("{host}:443");
+        let mut tcp = match &self.proxy {
+            Some(proxy) => veris_admin_client::connect(proxy).await?,
             None => TcpStream::connect((host, 443))
                 .await
                 .with_context(|| format!("connecting to {host}:443"))?,
         };
+        if let Some(proxy) = &self.proxy {
+            veris_admin_client::connect_tunnel(&mut tcp, proxy, &authority).await?;
+        }
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca.clone())?;
         let config = rustls::ClientConfig::builder()
@@ -232,53 +235,22 @@ impl Client {
             .connect(name, tcp)
             .await
             .with_context(|| format!("TLS to {host} through the proxy"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
-        tokio::spawn(conn);
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", host)
+        let mut req = veris_admin_client::Request::new(method, path, host)
             .header(
                 "user-agent",
                 concat!("veris-demo/", env!("CARGO_PKG_VERSION")),
             )
-            .header("authorization", "Bearer sk_test_demo0000000000000000");
-        if form.is_some() {
-            req = req.header("content-type", "application/x-www-form-urlencoded");
+            .bearer("sk_test_demo0000000000000000");
+        if let Some(form) = form {
+            req = req.body("application/x-www-form-urlencoded", form.as_bytes());
         }
-        let body = Full::new(Bytes::from(form.unwrap_or("").to_string()));
-        let resp = sender.send_request(req.body(body)?).await?;
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        let json: Value = serde_json::from_slice(&bytes)
+        let answer = veris_admin_client::exchange(tls, &authority, &req, MAX_ANSWER).await?;
+        let status = answer.status;
+        let json: Value = serde_json::from_slice(&answer.body)
             .with_context(|| format!("{method} {host}{path} answered {status} with non-JSON"))?;
         if !(200..300).contains(&status) {
             bail!("{method} https://{host}{path} -> {status}: {json}");
         }
         Ok((status, json))
     }
-}
-
-/// A TCP stream to `host:443` through the proxy's CONNECT.
-async fn connect_through(proxy: &str, host: &str) -> Result<TcpStream> {
-    let mut tcp = TcpStream::connect(proxy)
-        .await
-        .context("connecting to the proxy")?;
-    tcp.write_all(format!("CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n").as_bytes())
-        .await?;
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        if tcp.read(&mut byte).await? == 0 || head.len() > 8192 {
-            bail!("the proxy closed the CONNECT");
-        }
-        head.push(byte[0]);
-    }
-    if !head.starts_with(b"HTTP/1.1 200") {
-        bail!(
-            "CONNECT refused: {}",
-            String::from_utf8_lossy(&head).lines().next().unwrap_or("")
-        );
-    }
-    Ok(tcp)
 }

@@ -36,7 +36,7 @@
 
 use std::io::{BufRead, BufReader, IoSlice, IoSliceMut, Read, Write};
 use std::mem::MaybeUninit;
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -750,7 +750,7 @@ fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[Stri
     loop {
         match read_message(&mut reader)? {
             Some(ToInit::Canary) => {
-                let answer = probe_canary().map_err(|e| e.to_string());
+                let answer = probe_canary();
                 send(control, &FromInit::Canary { answer }, &[])?;
             }
             Some(ToInit::Done) | None => return Ok(code),
@@ -969,25 +969,24 @@ fn bind_read_only(bundle: &Path, target: &Path) -> std::io::Result<()> {
     crate::os::ns::remount_read_only(target)
 }
 
-/// A plain-HTTP canary request through the redirect (TEST-NET, port 80).
-fn probe_canary() -> std::io::Result<String> {
-    let mut tcp = TcpStream::connect_timeout(&CANARY_DST, Duration::from_secs(5))?;
-    tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        tcp,
-        "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+/// A plain-HTTP canary request through the redirect (TEST-NET, port 80),
+/// blocking: the init step runs no async runtime.
+fn probe_canary() -> std::result::Result<String, String> {
+    let dst = CANARY_DST;
+    let req = veris_admin_client::Request::get(
         veris_proxy::canary::CANARY_PATH,
-        veris_proxy::canary::CANARY_HOST
-    )?;
-    let mut response = Vec::new();
-    tcp.take(1 << 16).read_to_end(&mut response)?;
-    let text = String::from_utf8_lossy(&response);
-    match text.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
-        _ => Err(std::io::Error::other(format!(
-            "not a canary answer: {:?}",
-            text.chars().take(120).collect::<String>()
-        ))),
+        veris_proxy::canary::CANARY_HOST,
+    );
+    let limits = veris_admin_client::Limits {
+        body: 1 << 16,
+        time: Duration::from_secs(5),
+    };
+    match veris_admin_client::call_blocking(dst, &req, limits) {
+        Ok(answer) if answer.status == 200 => {
+            Ok(String::from_utf8_lossy(&answer.body).into_owned())
+        }
+        Ok(answer) => Err(format!("not a canary answer: HTTP {}", answer.status)),
+        Err(e) => Err(e.what()),
     }
 }
 

@@ -310,6 +310,45 @@ fn events_resume_with_last_event_id_without_loss_or_duplication() {
     );
 }
 
+/// A listener at the proxy URL that answers the canary with an endless
+/// body (here 64 MiB, then it stops): `veris check` refuses it after a
+/// small bound instead of holding whatever arrives before its timeout.
+#[test]
+fn check_refuses_an_endless_canary_answer() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut head = [0u8; 4096];
+        let _ = conn.read(&mut head);
+        let _ = conn.write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"veris_proxy\":true,",
+        );
+        let block = vec![b' '; 1 << 20];
+        for _ in 0..64 {
+            if conn.write_all(&block).is_err() {
+                break;
+            }
+        }
+    });
+    let url = format!("http://{addr}");
+    let out = output(&mut veris([
+        "check",
+        "--timeout",
+        "20s",
+        "--proxy",
+        &url,
+        "--any-run",
+    ]));
+    let (o, e) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{o}{e}");
+    assert!(
+        e.contains("over 65536 bytes") || o.contains("over 65536 bytes"),
+        "{o}{e}"
+    );
+    server.join().unwrap();
+}
+
 #[test]
 fn check_exit_codes() {
     let check = |args: &[&str], env: &[(&str, &str)]| {

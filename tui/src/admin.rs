@@ -3,16 +3,14 @@
 //! stream with one event per ledger line (`id: <seq>`, `data: <line JSON>`),
 //! resumable with `Last-Event-ID`; `GET /receipt` is the receipt JSON. Every
 //! call carries `Authorization: Bearer <token>`. Plain HTTP only: the admin
-//! listener is on loopback or reached through a forwarded port.
+//! listener is on loopback or reached through a forwarded port. Spoken with
+//! veris's one HTTP/1 client (`veris-admin-client`); this module adds the
+//! admin API's statuses and the event stream's framing.
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use veris_admin_client::{Answer, ErrorKind, HttpUrl, Request};
 use veris_receipt::receipt::Receipt;
 use veris_receipt::Line;
 
@@ -30,24 +28,14 @@ const MAX_RECEIPT: usize = 32 << 20;
 pub enum AdminError {
     #[error("bad admin URL {url:?}: {why}")]
     Url { url: String, why: String },
-    #[error("cannot connect to {addr}")]
-    Connect {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("timed out talking to {addr}")]
-    Timeout { addr: String },
-    #[error("http error")]
-    Http(#[from] hyper::Error),
-    #[error("building the request")]
-    Request(#[from] http::Error),
+    /// Connecting, sending, or reading the answer failed (the client's
+    /// error says which, and what to do).
+    #[error("{0}")]
+    Client(#[from] veris_admin_client::Error),
     #[error("the admin API rejected the token (HTTP {0})")]
     Unauthorized(u16),
     #[error("the admin API answered HTTP {0}")]
     Status(u16),
-    #[error("reading the response body: {0}")]
-    Body(String),
     #[error("the receipt is not valid JSON")]
     Json(#[source] serde_json::Error),
     #[error("the event stream was silent for {}s", IDLE_TIMEOUT.as_secs())]
@@ -60,7 +48,10 @@ impl AdminError {
     /// Short words for the header's connection state.
     pub fn short(&self) -> String {
         match self {
-            AdminError::Connect { source, .. } => source.to_string(),
+            AdminError::Client(e) => match e.kind() {
+                ErrorKind::Connect(source) => source.to_string(),
+                _ => e.what(),
+            },
             other => other.to_string(),
         }
     }
@@ -92,22 +83,14 @@ impl Target {
         } else {
             format!("http://{url}")
         };
-        let uri: Uri = base
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| AdminError::Url {
-                url: url.to_string(),
-                why: e.to_string(),
-            })?;
-        if uri.scheme_str() != Some("http") {
+        if let Err(e) = HttpUrl::parse(&base) {
+            let why = match e.kind() {
+                ErrorKind::Url(why) => why.clone(),
+                _ => e.what(),
+            };
             return Err(AdminError::Url {
                 url: url.to_string(),
-                why: "only http:// is supported; reach the admin port over a forwarded or loopback port".into(),
-            });
-        }
-        if uri.host().is_none() {
-            return Err(AdminError::Url {
-                url: url.to_string(),
-                why: "no host".into(),
+                why,
             });
         }
         Ok(Target {
@@ -116,90 +99,65 @@ impl Target {
         })
     }
 
+    fn url(&self) -> HttpUrl {
+        // `new` checked it; a `Target` built by hand with a bad base
+        // connects to the base as written and fails there.
+        HttpUrl::parse(&self.base).unwrap_or_else(|_| HttpUrl {
+            authority: self.base.clone(),
+            path: String::new(),
+        })
+    }
+
     /// `host:port` for display and for connecting.
     pub fn authority(&self) -> String {
-        self.base
-            .parse::<Uri>()
-            .ok()
-            .and_then(|u| {
-                let host = u.host()?.to_string();
-                Some(format!("{host}:{}", u.port_u16().unwrap_or(80)))
-            })
-            .unwrap_or_else(|| self.base.clone())
+        self.url().authority
     }
 
     async fn send(
         &self,
-        path_and_query: &str,
+        path: &str,
         last_event_id: Option<u64>,
-    ) -> Result<hyper::Response<Incoming>, AdminError> {
-        let addr = self.authority();
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr))
-            .await
-            .map_err(|_| AdminError::Timeout { addr: addr.clone() })?
-            .map_err(|source| AdminError::Connect {
-                addr: addr.clone(),
-                source,
-            })?;
-        let _ = stream.set_nodelay(true);
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "admin connection ended");
-            }
-        });
-        let prefix = self
-            .base
-            .parse::<Uri>()
-            .ok()
-            .map(|u| u.path().trim_end_matches('/').to_string())
-            .unwrap_or_default();
-        let mut req = Request::get(format!("{prefix}{path_and_query}"))
-            .header(http::header::HOST, &addr)
-            .header(
-                http::header::AUTHORIZATION,
-                format!("Bearer {}", self.token),
-            );
+    ) -> Result<Answer<TcpStream>, AdminError> {
+        let url = self.url();
+        let addr = url.authority.as_str();
+        let tcp =
+            veris_admin_client::within(addr, CONNECT_TIMEOUT, veris_admin_client::connect(addr))
+                .await?;
+        let target = format!("{}{path}", url.path.trim_end_matches('/'));
+        let mut req = Request::get(&target, addr).bearer(&self.token);
         if let Some(id) = last_event_id {
             req = req
-                .header(http::header::ACCEPT, "text/event-stream")
+                .header("accept", "text/event-stream")
                 .header("last-event-id", id.to_string());
         }
-        let req = req.body(Empty::<Bytes>::new())?;
-        let resp = tokio::time::timeout(CONNECT_TIMEOUT, sender.send_request(req))
-            .await
-            .map_err(|_| AdminError::Timeout { addr })??;
-        match resp.status() {
-            StatusCode::OK => Ok(resp),
-            s @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
-                Err(AdminError::Unauthorized(s.as_u16()))
-            }
-            s => Err(AdminError::Status(s.as_u16())),
+        let answer = veris_admin_client::within(
+            addr,
+            CONNECT_TIMEOUT,
+            veris_admin_client::send(tcp, addr, &req),
+        )
+        .await?;
+        match answer.status() {
+            200 => Ok(answer),
+            s @ (401 | 403) => Err(AdminError::Unauthorized(s)),
+            s => Err(AdminError::Status(s)),
         }
     }
 
     /// `GET /receipt`.
     pub async fn receipt(&self) -> Result<Receipt, AdminError> {
-        let resp = self.send("/receipt", None).await?;
-        let body = tokio::time::timeout(
-            Duration::from_secs(30),
-            Limited::new(resp.into_body(), MAX_RECEIPT).collect(),
-        )
-        .await
-        .map_err(|_| AdminError::Timeout {
-            addr: self.authority(),
-        })?
-        .map_err(|e| AdminError::Body(e.to_string()))?
-        .to_bytes();
+        let answer = self.send("/receipt", None).await?;
+        let addr = self.authority();
+        let body =
+            veris_admin_client::within(&addr, Duration::from_secs(30), answer.body(MAX_RECEIPT))
+                .await?;
         serde_json::from_slice(&body).map_err(AdminError::Json)
     }
 
     /// Opens `GET /events` resuming after `last_seq` (0: from the first line).
     pub async fn events(&self, last_seq: u64) -> Result<Events, AdminError> {
-        let resp = self.send("/events", Some(last_seq)).await?;
+        let answer = self.send("/events", Some(last_seq)).await?;
         Ok(Events {
-            body: resp.into_body(),
+            answer,
             parser: SseParser::default(),
         })
     }
@@ -207,7 +165,7 @@ impl Target {
 
 /// An open event stream.
 pub struct Events {
-    body: Incoming,
+    answer: Answer<TcpStream>,
     parser: SseParser,
 }
 
@@ -218,13 +176,10 @@ impl Events {
     /// are skipped and counted in `bad`.
     pub async fn next_batch(&mut self) -> Result<(Vec<Line>, usize), AdminError> {
         loop {
-            let frame = match tokio::time::timeout(IDLE_TIMEOUT, self.body.frame()).await {
+            let data = match tokio::time::timeout(IDLE_TIMEOUT, self.answer.chunk()).await {
                 Err(_) => return Err(AdminError::Idle),
-                Ok(None) => return Err(AdminError::Ended),
-                Ok(Some(f)) => f?,
-            };
-            let Ok(data) = frame.into_data() else {
-                continue;
+                Ok(Ok(None)) => return Err(AdminError::Ended),
+                Ok(result) => result?.unwrap_or_default(),
             };
             let skipped = self.parser.oversized();
             let events = self.parser.feed(&data);

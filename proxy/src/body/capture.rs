@@ -14,20 +14,18 @@
 //! `total_cap` and no longer buffered at all.
 
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use tracing::warn;
 use veris_receipt::capture::{self, Side};
 use veris_receipt::redact::{self, BodyText};
 use veris_receipt::{CapturedBody, Entry};
 
-use crate::body::BoxError;
+use crate::body::{End, Watch, Watched};
 use crate::request::recorder::Recorder;
 
 /// Exchanges waiting for the writer thread; more are dropped, not waited for.
@@ -216,15 +214,7 @@ impl Slot {
             slot: self.clone(),
             side,
         };
-        let mut tee = Tee {
-            inner,
-            sink: Some(sink),
-        };
-        // A body with nothing to send may never be polled.
-        if tee.inner.is_end_stream() {
-            tee.finish();
-        }
-        tee
+        Watched::watch(inner, Some(sink))
     }
 
     /// The request's ledger line was written as `seq`.
@@ -265,7 +255,8 @@ impl Slot {
     }
 }
 
-struct Sink {
+/// Where a [`Tee`] keeps its copy, and the slot it hands the copy to.
+pub struct Sink {
     part: Part,
     cap: usize,
     slot: Arc<Slot>,
@@ -275,70 +266,30 @@ struct Sink {
 /// A body that keeps a copy of its first bytes (up to the per-body cap) as
 /// they pass, counts the rest, and hands the part to its [`Slot`] when the
 /// body ends, fails or is dropped. Without a sink it is the body as is.
-pub struct Tee<B> {
-    inner: B,
-    sink: Option<Sink>,
-}
+pub type Tee<B> = Watched<B, Option<Sink>>;
 
-impl<B> Tee<B> {
+impl<B: Body> Tee<B> {
     /// A body that captures nothing.
     pub fn off(inner: B) -> Tee<B> {
-        Tee { inner, sink: None }
+        Watched::watch(inner, None)
     }
+}
 
-    fn finish(&mut self) {
-        if let Some(sink) = self.sink.take() {
+impl Watch for Option<Sink> {
+    fn data(&mut self, data: &Bytes) {
+        let Some(sink) = self else { return };
+        sink.part.seen += data.len() as u64;
+        if sink.part.skipped.is_none() {
+            let room = sink.cap.saturating_sub(sink.part.kept.len());
+            sink.part
+                .kept
+                .extend_from_slice(&data[..room.min(data.len())]);
+        }
+    }
+    fn end(&mut self, _: End) {
+        if let Some(sink) = self.take() {
             sink.slot.put(sink.side, sink.part);
         }
-    }
-}
-
-impl<B> Body for Tee<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(sink), Some(data)) = (self.sink.as_mut(), frame.data_ref()) {
-                    sink.part.seen += data.len() as u64;
-                    if sink.part.skipped.is_none() {
-                        let room = sink.cap.saturating_sub(sink.part.kept.len());
-                        sink.part
-                            .kept
-                            .extend_from_slice(&data[..room.min(data.len())]);
-                    }
-                }
-                if self.inner.is_end_stream() {
-                    self.finish();
-                }
-            }
-            Poll::Ready(_) => self.finish(),
-            Poll::Pending => {}
-        }
-        polled.map(|o| o.map(|r| r.map_err(Into::into)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl<B> Drop for Tee<B> {
-    fn drop(&mut self) {
-        self.finish();
     }
 }
 

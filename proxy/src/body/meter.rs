@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::body::BoxError;
+use crate::body::{End, Watch, Watched};
 
 /// Shared counters of a [`Metered`] stream.
 #[derive(Debug, Default)]
@@ -143,82 +143,38 @@ pub type OnShort = Box<dyn FnOnce(u64, Cut) + Send + Sync>;
 /// and calls `on_short` once if it ends with an error or is dropped before
 /// its end. A body that ends cleanly (or reports its end, as an empty body
 /// for `HEAD` does) calls nothing.
-pub struct Delivered<B> {
-    inner: B,
+pub type Delivered<B> = Watched<B, Short>;
+
+/// The watcher of a [`Delivered`] body.
+pub struct Short {
     bytes: u64,
     on_short: Option<OnShort>,
 }
 
 impl<B: Body> Delivered<B> {
     pub fn new(inner: B, on_short: OnShort) -> Delivered<B> {
-        // A body with nothing to send (`HEAD`, 204, 304) may never be polled.
-        let on_short = (!inner.is_end_stream()).then_some(on_short);
-        Delivered {
+        Watched::watch(
             inner,
-            bytes: 0,
-            on_short,
-        }
+            Short {
+                bytes: 0,
+                on_short: Some(on_short),
+            },
+        )
     }
 }
 
-impl<B> Delivered<B> {
-    fn short(&mut self, cut: Cut) {
-        if let Some(on_short) = self.on_short.take() {
+impl Watch for Short {
+    fn data(&mut self, data: &Bytes) {
+        self.bytes += data.len() as u64;
+    }
+    fn end(&mut self, end: End) {
+        let cut = match end {
+            End::Whole => None,
+            End::Failed => Some(Cut::Source),
+            End::Dropped => Some(Cut::Dropped),
+        };
+        if let (Some(on_short), Some(cut)) = (self.on_short.take(), cut) {
             on_short(self.bytes, cut);
-        }
-    }
-}
-
-impl<B> Body for Delivered<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.bytes += data.len() as u64;
-                }
-                // A connection may stop polling once the body says it has
-                // ended, without asking for the final `None`.
-                if self.inner.is_end_stream() {
-                    self.on_short = None;
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                self.short(Cut::Source);
-                Poll::Ready(Some(Err(e.into())))
-            }
-            Poll::Ready(None) => {
-                self.on_short = None;
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl<B> Drop for Delivered<B> {
-    fn drop(&mut self) {
-        // `on_short` is cleared at every clean end (`new`, `poll_frame`).
-        if self.on_short.is_some() {
-            self.short(Cut::Dropped);
         }
     }
 }
@@ -226,6 +182,7 @@ impl<B> Drop for Delivered<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::BoxError;
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

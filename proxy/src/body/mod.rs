@@ -1,5 +1,8 @@
-//! Body plumbing: one boxed body type for both legs, and a wrapper that counts
-//! the bytes a body yields without buffering it (streaming stays streaming).
+//! Body plumbing: one boxed body type for both legs, and [`Watched`], the
+//! one wrapper that sees a body's bytes and its end without buffering it
+//! (streaming stays streaming). Three watchers use it: [`Counted`] (bytes
+//! and end into a shared [`Tally`]), [`meter::Delivered`] (a response
+//! that ended short) and [`capture::Tee`] (a capped copy for capture).
 
 pub mod capture;
 pub mod meter;
@@ -29,6 +32,107 @@ pub fn empty() -> ProxyBody {
     full(Bytes::new())
 }
 
+/// How a [`Watched`] body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Its end was seen, or it said it had no more.
+    Whole,
+    /// The wrapped body produced an error (the client hung up mid-body,
+    /// the twin's body broke off).
+    Failed,
+    /// It was dropped before its end (its reader went).
+    Dropped,
+}
+
+/// What a [`Watched`] body tells its watcher: each data frame as it
+/// passes, then how the body ended, once.
+pub trait Watch {
+    fn data(&mut self, data: &Bytes);
+    fn end(&mut self, end: End);
+}
+
+/// A body passed on unchanged while `W` watches it: the one `poll_frame`
+/// behind the byte-counting wrappers ([`Counted`], [`meter::Delivered`],
+/// [`capture::Tee`]), which differ only in what they note.
+pub struct Watched<B, W: Watch> {
+    inner: B,
+    watch: W,
+    ended: bool,
+}
+
+impl<B: Body, W: Watch> Watched<B, W> {
+    /// `inner` watched by `watch`. A body with nothing to send (`HEAD`,
+    /// 204, 304) may never be polled, so one that says so already has
+    /// ended whole.
+    pub fn watch(inner: B, watch: W) -> Watched<B, W> {
+        let mut watched = Watched {
+            inner,
+            watch,
+            ended: false,
+        };
+        if watched.inner.is_end_stream() {
+            watched.end(End::Whole);
+        }
+        watched
+    }
+}
+
+impl<B, W: Watch> Watched<B, W> {
+    fn end(&mut self, end: End) {
+        if !std::mem::replace(&mut self.ended, true) {
+            self.watch.end(end);
+        }
+    }
+}
+
+impl<B, W> Body for Watched<B, W>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+    W: Watch + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.watch.data(data);
+                }
+                // A connection may stop polling once the body says it has
+                // ended, without asking for the final `None`.
+                if this.inner.is_end_stream() {
+                    this.end(End::Whole);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.end(End::Failed),
+            Poll::Ready(None) => this.end(End::Whole),
+            Poll::Pending => {}
+        }
+        polled.map(|o| o.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B, W: Watch> Drop for Watched<B, W> {
+    fn drop(&mut self) {
+        self.end(End::Dropped);
+    }
+}
+
 /// Shared counters of a [`Counted`] body.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -52,67 +156,25 @@ impl Tally {
     }
 }
 
-/// Counts data bytes flowing through a body.
-pub struct Counted<B> {
-    inner: B,
-    tally: Arc<Tally>,
+impl Watch for Arc<Tally> {
+    fn data(&mut self, data: &Bytes) {
+        self.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+    }
+    fn end(&mut self, end: End) {
+        match end {
+            End::Whole => self.ended.store(true, Ordering::Relaxed),
+            End::Failed => self.failed.store(true, Ordering::Relaxed),
+            End::Dropped => {}
+        }
+    }
 }
 
-impl<B> Counted<B> {
+/// Counts data bytes flowing through a body into a shared [`Tally`].
+pub type Counted<B> = Watched<B, Arc<Tally>>;
+
+impl<B: Body> Counted<B> {
     pub fn new(inner: B) -> (Counted<B>, Arc<Tally>) {
         let tally = Arc::new(Tally::default());
-        (
-            Counted {
-                inner,
-                tally: tally.clone(),
-            },
-            tally,
-        )
-    }
-}
-
-impl<B> Body for Counted<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.tally
-                        .bytes
-                        .fetch_add(data.len() as u64, Ordering::Relaxed);
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                self.tally.failed.store(true, Ordering::Relaxed);
-                Poll::Ready(Some(Err(e.into())))
-            }
-            Poll::Ready(None) => {
-                self.tally.ended.store(true, Ordering::Relaxed);
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        let end = self.inner.is_end_stream();
-        if end {
-            self.tally.ended.store(true, Ordering::Relaxed);
-        }
-        end
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        (Watched::watch(inner, tally.clone()), tally)
     }
 }

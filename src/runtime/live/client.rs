@@ -1,26 +1,27 @@
-//! A reader's side of the live proxy's admin API: `/status`, `/seal`, and
-//! the one bounded plain-HTTP exchange the admin API and twin logs are read
-//! with.
+//! A reader's side of the live proxy's admin API: `/status` and `/seal`,
+//! asked with the one HTTP/1 client (`veris-admin-client`), which also
+//! reads the twins' logs under the same [`LIMITS`].
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde::Deserialize;
-use tokio::net::TcpStream;
+use veris_admin_client::{Limits, Response};
 use veris_proxy::request::recorder::UnrecordedCounts;
 use veris_receipt::ledger::SealInfo;
 use veris_receipt::{Entry, ListenerTier, SessionLine};
 
 use super::twin_check::ServiceRef;
 
-/// Bound on one admin or twin HTTP exchange.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on one answer read by [`http`] (a page of 1000 twin rows is ~150 KB).
-const MAX_BODY: usize = 8 << 20;
+/// Bounds on one admin or twin exchange: whatever answers at a twin or
+/// admin address (a misconfigured upstream serving a large file) cannot
+/// make a reader hold it all or wait for ever. A page of 1000 twin rows
+/// is ~150 KB.
+pub(super) const LIMITS: Limits = Limits {
+    body: 8 << 20,
+    time: Duration::from_secs(10),
+};
 
 /// A live proxy found through its state dir.
 #[derive(Debug, Clone)]
@@ -101,9 +102,10 @@ impl LiveStatus {
 }
 
 impl LiveProxy {
-    async fn call(&self, method: &str, path: &str) -> Result<Bytes> {
+    async fn call(&self, method: &str, path: &str) -> Result<Vec<u8>> {
         let url = format!("{}{path}", self.base);
-        let (status, body) = http(method, &url, Some(&self.token)).await?;
+        let Response { status, body } =
+            veris_admin_client::call(method, &url, Some(&self.token), LIMITS).await?;
         if status != 200 {
             bail!(
                 "{method} {url} answered {status}: {}",
@@ -122,48 +124,4 @@ impl LiveProxy {
         let body = self.call("POST", "/seal").await?;
         serde_json::from_slice(&body).context("reading the admin /seal answer")
     }
-}
-
-/// One HTTP/1.1 exchange with a plain-HTTP server, bounded in time.
-pub async fn http(method: &str, url: &str, bearer: Option<&str>) -> Result<(u16, Bytes)> {
-    let work = async {
-        let uri: http::Uri = url.parse().with_context(|| format!("bad URL {url}"))?;
-        if uri.scheme_str() != Some("http") {
-            bail!("{url}: only http:// is supported here");
-        }
-        let host = uri.host().context("URL without host")?;
-        let port = uri.port_u16().unwrap_or(80);
-        let authority = uri
-            .authority()
-            .map(|a| a.as_str().to_string())
-            .unwrap_or_default();
-        let tcp = TcpStream::connect((host.trim_matches(|c| c == '[' || c == ']'), port))
-            .await
-            .with_context(|| format!("connecting to {authority}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-        tokio::spawn(conn);
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
-            .header(http::header::HOST, authority);
-        if let Some(token) = bearer {
-            req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let resp = sender
-            .send_request(req.body(Full::new(Bytes::new()))?)
-            .await?;
-        let status = resp.status().as_u16();
-        // A bounded read: whatever answers at a twin or admin address (a
-        // misconfigured upstream serving a large file) cannot make the proxy
-        // or a reader hold it all.
-        let body = http_body_util::Limited::new(resp.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| anyhow::anyhow!("{url}: reading the answer: {e}"))?
-            .to_bytes();
-        Ok((status, body))
-    };
-    tokio::time::timeout(HTTP_TIMEOUT, work)
-        .await
-        .unwrap_or_else(|_| bail!("{url}: no answer within {HTTP_TIMEOUT:?}"))
 }

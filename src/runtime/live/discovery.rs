@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::client::{http, LiveProxy};
+use super::client::{LiveProxy, LIMITS};
 
 /// Where the admin API's address is announced.
 pub const ADDR_FILE: &str = "admin.addr";
@@ -38,8 +38,9 @@ pub async fn discover(state_dir: &Path) -> Discovery {
             Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
             _ => {
                 // Only worth saying if something answers at the address.
-                return match http("GET", &format!("{base}/healthz"), None).await {
-                    Ok((200, _)) => Discovery::Unusable(format!(
+                let healthz = format!("{base}/healthz");
+                return match veris_admin_client::call("GET", &healthz, None, LIMITS).await {
+                    Ok(answer) if answer.status == 200 => Discovery::Unusable(format!(
                         "proxy live but {TOKEN_FILE} is unreadable ({}): run as the proxy uid or root, or set VERIS_ADMIN_TOKEN",
                         e.kind()
                     )),

@@ -13,7 +13,9 @@ use veris_proxy::request::recorder::UnrecordedCounts;
 use veris_receipt::receipt::{Check, CheckStatus};
 use veris_receipt::{redact, Entry, RequestLine, UpstreamErrorLine};
 
-use super::client::http;
+use veris_admin_client::{call, Response};
+
+use super::client::LIMITS;
 
 /// Bound on the twin rows read per service (pages of 1000).
 const TWIN_MAX_PAGES: usize = 100;
@@ -381,7 +383,7 @@ async fn twin_rows(base: &str, after: u64) -> Result<Calls> {
     let mut since_id = after;
     for _ in 0..TWIN_MAX_PAGES {
         let url = format!("{base}/veris/requests?order=asc&limit=1000&since_id={since_id}");
-        let (status, body) = http("GET", &url, None).await?;
+        let Response { status, body } = call("GET", &url, None, LIMITS).await?;
         if status != 200 {
             bail!("GET /veris/requests answered {status}");
         }
@@ -413,8 +415,8 @@ async fn twin_rows(base: &str, after: u64) -> Result<Calls> {
 pub async fn twin_newest_ids(services: &[ServiceRef]) -> BTreeMap<String, u64> {
     let asks = services.iter().map(|s| async move {
         let url = format!("{}/veris/requests?order=desc&limit=1", s.upstream);
-        match http("GET", &url, None).await {
-            Ok((200, body)) => serde_json::from_slice::<TwinPage>(&body)
+        match call("GET", &url, None, LIMITS).await {
+            Ok(Response { status: 200, body }) => serde_json::from_slice::<TwinPage>(&body)
                 .ok()
                 .map(|page| (s.name.clone(), page.requests.first().map_or(0, |r| r.id))),
             _ => None,
