@@ -120,6 +120,7 @@ fn request(out: &mut Vec<u8>, entry: &Entry) {
     out.extend_from_slice(match tier {
         ListenerTier::Explicit => b",\"tier\":\"explicit\"".as_slice(),
         ListenerTier::Transparent => b",\"tier\":\"transparent\"".as_slice(),
+        ListenerTier::Gateway => b",\"tier\":\"gateway\"".as_slice(),
     });
     out.extend_from_slice(b",\"bytes_in\":");
     out.extend_from_slice(n.format(*bytes_in).as_bytes());
@@ -304,10 +305,10 @@ mod tests {
             query: (r.below(2) == 0).then(|| r.text()),
             status: r.number() as u16,
             http: r.text(),
-            tier: if r.below(2) == 0 {
-                ListenerTier::Explicit
-            } else {
-                ListenerTier::Transparent
+            tier: match r.below(3) {
+                0 => ListenerTier::Explicit,
+                1 => ListenerTier::Transparent,
+                _ => ListenerTier::Gateway,
             },
             bytes_in: r.number(),
             bytes_out: (r.below(2) == 0).then(|| r.number()),
