@@ -108,7 +108,12 @@ pub async fn canary(run: &LiveRun<'_>) -> Check {
 /// redirect in the transparent tier.
 pub fn probe_path(tier: ListenerTier, proxy_url: &str) -> ProbePath {
     match tier {
-        ListenerTier::Explicit => ProbePath::Explicit(proxy_url.to_string()),
+        // A reader's probe of a gateway goes to it as to a proxy; it is
+        // not a probe from inside the sandbox, and the receipt never takes
+        // it for one.
+        ListenerTier::Explicit | ListenerTier::Gateway => {
+            ProbePath::Explicit(proxy_url.to_string())
+        }
         ListenerTier::Transparent => ProbePath::Transparent(
             std::env::var("VERIS_PROBE_ADDR")
                 .ok()
