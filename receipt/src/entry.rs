@@ -224,8 +224,21 @@ pub enum ListenerTier {
     Explicit,
     /// The kernel redirected the connection (nftables).
     Transparent,
-    /// A sandbox platform sent it to the gateway (SOCKS5 or CONNECT).
+    /// A sandbox platform tunneled the connection to a gateway outside the
+    /// sandbox (SOCKS5 or HTTP CONNECT, a credential per sandbox). Added
+    /// within ledger version 5: no earlier line changes meaning.
     Gateway,
+}
+
+impl ListenerTier {
+    /// The word a line's `tier` is written as.
+    pub fn word(self) -> &'static str {
+        match self {
+            ListenerTier::Explicit => "explicit",
+            ListenerTier::Transparent => "transparent",
+            ListenerTier::Gateway => "gateway",
+        }
+    }
 }
 
 /// One ledger line as it appears on disk: `{"v":1,"seq":..,"ts":..,"kind":..,<kind fields>,"prev":..}`.

@@ -546,6 +546,7 @@ fn read_request(c: &mut Cursor<'_>, line: &mut Line) -> Option<()> {
     *tier = match c.str()? {
         "explicit" => crate::entry::ListenerTier::Explicit,
         "transparent" => crate::entry::ListenerTier::Transparent,
+        "gateway" => crate::entry::ListenerTier::Gateway,
         _ => return None,
     };
     c.lit(b",\"bytes_in\":")?;
@@ -755,6 +756,13 @@ mod tests {
             ),
             line(3, request(None, None, &[], true)),
             line(u64::MAX, request(Some(""), Some(0), &[("a", "")], false)),
+            line(
+                4,
+                Entry::Request(RequestLine {
+                    tier: crate::entry::ListenerTier::Gateway,
+                    ..RequestLine::test("stripe", "GET", "/v1/balance")
+                }),
+            ),
         ]
     }
 

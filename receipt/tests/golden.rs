@@ -18,8 +18,8 @@ use veris_receipt::receipt::{
     EMPTY_SENTENCE,
 };
 use veris_receipt::{
-    BlockedLine, PassthroughLine, RequestLine, SessionLine, TlsAbandonedLine, TrustFailureLine,
-    UpstreamErrorLine,
+    BlockedLine, CheckLine, PassthroughLine, RequestLine, SessionLine, TlsAbandonedLine,
+    TrustFailureLine, UpstreamErrorLine,
 };
 
 fn golden_dir() -> PathBuf {
@@ -878,4 +878,81 @@ fn evidence_receipt_is_golden() {
     assert_eq!(verdict.exit_code, 3);
     assert_eq!(verdict.lines.len(), 1, "{:?}", verdict.lines);
     assert!(verdict.lines[0].contains("api.github.com"));
+}
+
+/// A gateway sandbox's session line: the platform sends the sandbox's TCP
+/// to the gateway (`installed_by: platform`); UDP is the platform's too.
+fn gateway_session(sandbox: &str) -> Entry {
+    let mut s = session(sandbox, Mode::Passthrough, ListenerTier::Gateway, None);
+    if let Entry::Session(SessionLine { coverage, .. }) = &mut s {
+        *coverage = Some(Box::new(veris_receipt::Coverage {
+            tcp_ports: None,
+            quic: "platform".into(),
+            dns: "platform".into(),
+            udp_other: "platform".into(),
+            ip_other: "platform".into(),
+            ipv6: true,
+            exempt: Vec::new(),
+            installed_by: "platform".into(),
+            isolation: Some("gateway".into()),
+            sockets_reachable: Vec::new(),
+            bundles: Vec::new(),
+            upstream_proxy: false,
+        }));
+    }
+    s
+}
+
+/// Two sessions of one sandbox's gateway ledger (version 5, unsealed): the
+/// first probed the canary from inside the sandbox, the latest did not, and
+/// tunneled to a host no service claims.
+fn gateway_ledger() -> String {
+    let probe = Entry::Check(CheckLine {
+        name: "canary".into(),
+        status: "ok".into(),
+        detail: "probed from inside sandbox sbx-gw through the gateway".into(),
+        since_seq: 0,
+        until_seq: 2,
+    });
+    let via = ListenerTier::Gateway;
+    chain_v(
+        vec![
+            gateway_session("sbx-gw"),
+            request_via(via, "stripe", "api.stripe.com", "GET", "/v1/balance", 200),
+            probe,
+            gateway_session("sbx-gw"),
+            request_via(via, "stripe", "api.stripe.com", "POST", "/v1/charges", 200),
+            Entry::Passthrough(PassthroughLine {
+                tier: via,
+                dst: Some("93.184.215.14:443".into()),
+                ..PassthroughLine::test("registry.npmjs.org")
+            }),
+        ],
+        5,
+    )
+}
+
+/// The latest session of a gateway sandbox: `interception: gateway`, the
+/// platform's word in the leaks, and no probe from the sandbox in its
+/// window (the first session's does not count for it).
+#[test]
+fn gateway_receipt_is_golden() {
+    let bytes = ledger_file("gateway.jsonl", gateway_ledger());
+    let read = ledger::read_bytes(&bytes);
+    assert!(read.problems.is_empty(), "{:?}", read.problems);
+    let r = build(&read, &Options::default());
+    let text = render_text(&r);
+    golden("gateway.txt", &text);
+    golden("gateway.json", &json(&r));
+    let back: receipt::Receipt = serde_json::from_str(&json(&r)).unwrap();
+    assert_eq!(back, r);
+    assert!(text.contains("  interception: gateway   integrity: unverified ("));
+    assert!(text.contains("no canary probe from the sandbox"));
+    assert_eq!(
+        r.leaks,
+        ["platform-enforced", "udp-not-tunneled", "ech-possible"]
+    );
+    let json: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+    assert_eq!(json["interception"], "gateway");
+    assert_eq!(json["services"]["stripe"]["entries"][0]["tier"], "gateway");
 }

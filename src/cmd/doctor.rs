@@ -22,7 +22,6 @@ use veris_ca::env::EnvSpec;
 use veris_ca::trust::TrustFiles;
 use veris_ca::{CaError, CertificateAuthority};
 use veris_receipt::receipt::CheckStatus;
-use veris_receipt::ListenerTier;
 
 use crate::outln;
 use crate::runtime::live::{Discovery, LiveStatus, ADDR_FILE, TOKEN_FILE};
@@ -970,11 +969,7 @@ async fn live(state: &Path) -> Live {
                             "live at {} (run {}, {} tier, proxy {})",
                             proxy.base,
                             status.run_id,
-                            match status.tier {
-                                ListenerTier::Explicit => "explicit",
-                                ListenerTier::Transparent => "transparent",
-                                ListenerTier::Gateway => "gateway",
-                            },
+                            status.tier.word(),
                             status.proxy_url
                         ),
                     ),

@@ -108,8 +108,9 @@ pub async fn canary(run: &LiveRun<'_>) -> Check {
 /// redirect in the transparent tier.
 pub fn probe_path(tier: ListenerTier, proxy_url: &str) -> ProbePath {
     match tier {
-        // A gateway's canary counts only from inside a sandbox, which
-        // records it; from here the proxy URL is all there is.
+        // A reader's probe of a gateway goes to it as to a proxy; it is
+        // not a probe from inside the sandbox, and the receipt never takes
+        // it for one.
         ListenerTier::Explicit | ListenerTier::Gateway => {
             ProbePath::Explicit(proxy_url.to_string())
         }

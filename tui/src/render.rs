@@ -14,7 +14,7 @@ use veris_receipt::{
     BlockedLine, CheckLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
     SessionLine, TlsAbandonedLine, TrustFailureLine, TunnelCloseLine, UpstreamErrorLine,
 };
-use veris_receipt::{Entry, ListenerTier, Mode};
+use veris_receipt::{Entry, Mode};
 
 use crate::app::{App, ConnState, Row, SPARK_SECONDS};
 use crate::layout::{self, WIDE};
@@ -39,14 +39,6 @@ fn mode_word(m: Mode) -> &'static str {
     match m {
         Mode::Passthrough => "passthrough",
         Mode::Strict => "strict",
-    }
-}
-
-fn tier_word(t: ListenerTier) -> &'static str {
-    match t {
-        ListenerTier::Explicit => "explicit",
-        ListenerTier::Transparent => "transparent",
-        ListenerTier::Gateway => "gateway",
     }
 }
 
@@ -737,7 +729,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                     }
                 )),
             ]));
-            lines.push(kv("tier", tier_word(*tier).to_string()));
+            lines.push(kv("tier", tier.word().to_string()));
             lines.push(kv(
                 "timing",
                 format!("{} to the twin's response head", latency(*duration_ms)),
@@ -795,7 +787,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 lines.push(kv("body", format!("{b}{of} bytes sent")));
             }
             lines.push(kv("status", format!("{status} · {error} ({meaning})")));
-            lines.push(kv("tier", tier_word(*tier).to_string()));
+            lines.push(kv("tier", tier.word().to_string()));
             lines.push(kv("timing", latency(*duration_ms)));
             lines.push(kv("upstream", quoted(upstream)));
         }
@@ -814,7 +806,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 lines.push(kv("dialed", token(dst).into_owned()));
             }
             lines.push(kv("why", format!("tunneled to the real host ({reason})")));
-            lines.push(kv("tier", tier_word(*tier).to_string()));
+            lines.push(kv("tier", tier.word().to_string()));
             lines.push(kv("timing", format!("{} open", latency(*duration_ms))));
             lines.push(kv(
                 "bytes",
@@ -842,7 +834,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 lines.push(kv("request", format!("{} {}", token(m), quoted(p))));
             }
             lines.push(kv("status", format!("421 refused ({reason})")));
-            lines.push(kv("tier", tier_word(*tier).to_string()));
+            lines.push(kv("tier", tier.word().to_string()));
         }
         Entry::BodyCapture { of, .. } => {
             lines.push(kv("request", format!("#{of}")));
@@ -896,7 +888,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             if let Some(alpn) = alpn {
                 lines.push(kv("alpn", token(alpn).into_owned()));
             }
-            lines.push(kv("tier", tier_word(*tier).to_string()));
+            lines.push(kv("tier", tier.word().to_string()));
         }
         Entry::TrustFailure(TrustFailureLine {
             host,
@@ -910,7 +902,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 lines.push(kv("service", token(s).into_owned()));
             }
             lines.push(kv("alert", token(alert).into_owned()));
-            lines.push(kv("tier", tier_word(*tier).to_string()));
+            lines.push(kv("tier", tier.word().to_string()));
             lines.push(kv(
                 "meaning",
                 "the client does not trust the veris CA for this host".into(),
@@ -933,7 +925,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             lines.push(kv("twin", format!("{sandbox_id} at {twin}")));
             lines.push(kv(
                 "mode",
-                format!("{} · {}", mode_word(*mode), tier_word(*tier)),
+                format!("{} · {}", mode_word(*mode), tier.word()),
             ));
             lines.push(kv(
                 "proxy",
@@ -972,7 +964,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             host, port, tier, ..
         } => {
             lines.push(kv("host", format!("{}:{port}", quoted(host))));
-            lines.push(kv("tier", tier_word(*tier).to_string()));
+            lines.push(kv("tier", tier.word().to_string()));
         }
         Entry::Seal { sealed_seq, .. } => lines.push(kv("sealed", sealed_seq.to_string())),
         Entry::ReservedPath(ReservedPathLine {
@@ -991,7 +983,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 "status",
                 format!("{status} · {error} (answered by the proxy, never sent to the twin)"),
             ));
-            lines.push(kv("tier", tier_word(*tier).to_string()));
+            lines.push(kv("tier", tier.word().to_string()));
         }
         Entry::RedirectChange { detail } => {
             lines.push(kv(

@@ -272,6 +272,27 @@ fn a_proxy_clock_that_is_off_still_shows_its_last_minute() {
 }
 
 #[test]
+fn a_gateway_sandboxs_session_reads_gateway() {
+    let mut gateway = session();
+    if let veris_receipt::Entry::Session(SessionLine { tier, coverage, .. }) = &mut gateway {
+        *tier = veris_receipt::ListenerTier::Gateway;
+        *coverage = Some(
+            serde_json::from_value(serde_json::json!({
+                "quic": "platform", "dns": "platform", "udp_other": "platform", "ipv6": true,
+                "exempt": [], "installed_by": "platform", "isolation": "gateway"
+            }))
+            .unwrap(),
+        );
+    }
+    let lines = chain(vec![
+        (50_000, gateway),
+        (40_000, request("stripe", "POST", "/v1/charges", 200, 5)),
+    ]);
+    let shown = screen(&app_with(lines, (100, 24)));
+    assert!(shown.contains("passthrough · gateway"), "{shown}");
+}
+
+#[test]
 fn a_finished_session_reads_ended_with_its_uptime_stopped_and_its_interception() {
     // An isolated run that lasted 30 s and ended 20 s ago, read from its file.
     let mut isolated = session();

@@ -305,10 +305,10 @@ mod tests {
             query: (r.below(2) == 0).then(|| r.text()),
             status: r.number() as u16,
             http: r.text(),
-            tier: if r.below(2) == 0 {
-                ListenerTier::Explicit
-            } else {
-                ListenerTier::Transparent
+            tier: match r.below(3) {
+                0 => ListenerTier::Explicit,
+                1 => ListenerTier::Transparent,
+                _ => ListenerTier::Gateway,
             },
             bytes_in: r.number(),
             bytes_out: (r.below(2) == 0).then(|| r.number()),

@@ -10,7 +10,10 @@
 //! (every seal of the window by the anchor key, the window covered, the
 //! session closed by its final seal), `custody` (could the workload have
 //! read the seal key), and `canary` and `twin_cross_check` (run by a live
-//! reader, or recorded by the proxy before its final seal).
+//! reader, or recorded by the proxy before its final seal). A gateway
+//! sandbox's `canary` is only ever a probe from inside the sandbox that the
+//! gateway recorded in the sandbox's window ([`NO_SANDBOX_PROBE`] without
+//! one).
 
 use crate::entry::{CheckLine, SessionLine};
 use crate::entry::{Entry, Line, TornTail};
@@ -45,6 +48,11 @@ struct Segment {
     /// The newest recorded `canary` and `twin_cross_check` lines.
     canary: Option<Recorded>,
     twin: Option<Recorded>,
+    /// A gateway sandbox's session: its canary is a probe from inside the
+    /// sandbox, recorded by the gateway ([`gateway_canary`]).
+    gateway: bool,
+    /// The newest recorded `canary` line with status `ok`.
+    canary_ok: Option<Recorded>,
     /// Other checks the proxy recorded (`veris run`'s `descendants`), the
     /// newest per name; a few names at most.
     other: Vec<(String, Recorded)>,
@@ -76,6 +84,8 @@ pub(super) struct Evidence {
     /// The key the current session's line names (none before the first
     /// session line of the window, or in a version 1 line).
     session_key: PublicKeys,
+    /// Whether the current session is a gateway sandbox's.
+    gateway: bool,
     /// The first session of the window sealed by its own key where the
     /// anchor is another: `(session seq, key_id)`.
     unpinned: Option<(u64, String)>,
@@ -144,7 +154,11 @@ impl Keys {
 impl Evidence {
     /// The key a session line names seals the lines that follow it.
     pub(super) fn enter_session(&mut self, l: &Line) {
-        if let Entry::Session(SessionLine { public_key, .. }) = &l.entry {
+        if let Entry::Session(SessionLine {
+            public_key, tier, ..
+        }) = &l.entry
+        {
+            self.gateway = *tier == ListenerTier::Gateway;
             self.session_key = PublicKeys {
                 keys: public_key
                     .as_deref()
@@ -158,13 +172,21 @@ impl Evidence {
     /// One line of the window, in file order.
     pub(super) fn line(&mut self, l: &Line, keys: &Keys) {
         self.first_seq.get_or_insert(l.seq);
-        let starts_segment = matches!(l.entry, Entry::Session(_)) || self.segments.is_empty();
+        let is_session = matches!(l.entry, Entry::Session(_));
+        if is_session {
+            self.enter_session(l);
+        }
+        let starts_segment = is_session || self.segments.is_empty();
         if starts_segment && self.segments.last().is_none_or(|s| s.first.is_some()) {
             self.segments.push(Segment::default());
         }
         if let Some(seg) = self.segments.last_mut() {
-            seg.first
-                .get_or_insert((l.seq, matches!(l.entry, Entry::Session(_))));
+            if seg.first.is_none() {
+                seg.first = Some((l.seq, is_session));
+                // A window that starts mid-session is in the session
+                // before it (`enter_session` took its line).
+                seg.gateway = self.gateway;
+            }
         }
         match &l.entry {
             Entry::Session(SessionLine {
@@ -172,7 +194,6 @@ impl Evidence {
                 moved_aside,
                 ..
             }) => {
-                self.enter_session(l);
                 if let Some(t) = recovered_torn_tail {
                     self.recovered.push(format!(
                         "torn line {} ({} bytes) set aside at restart (seq {})",
@@ -219,7 +240,12 @@ impl Evidence {
                 if let Some(seg) = self.segments.last_mut() {
                     let r = Some((status.clone(), detail.clone(), l.seq));
                     match name.as_str() {
-                        "canary" => seg.canary = r,
+                        "canary" => {
+                            if status == "ok" {
+                                seg.canary_ok.clone_from(&r);
+                            }
+                            seg.canary = r;
+                        }
                         "twin_cross_check" => seg.twin = r,
                         _ => {
                             if let Some(r) = r {
@@ -688,20 +714,28 @@ fn network_check(name: &str, segments: &[Segment], options: &Options) -> Check {
     let last = segments.len() - 1;
     let mut results = Vec::new();
     for (i, segment) in segments.iter().enumerate() {
-        if i == last {
-            if let Some(c) = options.external_checks.iter().find(|c| c.name == name) {
-                results.push(c.clone());
-                continue;
-            }
-        }
-        let recorded = match name {
-            "canary" => segment.canary.as_ref(),
-            _ => segment.twin.as_ref(),
-        };
+        let external = options
+            .external_checks
+            .iter()
+            .find(|c| c.name == name)
+            .filter(|_| i == last);
         let what = match segment.first {
             Some((seq, true)) => format!("the session at seq {seq}"),
             Some((seq, false)) => format!("the lines from seq {seq}"),
             None => "an empty window".into(),
+        };
+        if name == "canary" && segment.gateway {
+            let what = (i < last).then_some(what.as_str());
+            results.push(gateway_canary(segment, external, anchored, what));
+            continue;
+        }
+        if let Some(c) = external {
+            results.push(c.clone());
+            continue;
+        }
+        let recorded = match name {
+            "canary" => segment.canary.as_ref(),
+            _ => segment.twin.as_ref(),
         };
         results.push(match recorded {
             Some((status, detail, seq)) if anchored => {
@@ -742,6 +776,56 @@ fn network_check(name: &str, segments: &[Segment], options: &Options) -> Check {
         c.detail = format!("{} sessions: {}", segments.len(), c.detail);
     }
     c
+}
+
+/// Why a gateway sandbox's window without a probe from inside it is not
+/// verified.
+pub const NO_SANDBOX_PROBE: &str = "no canary probe from the sandbox";
+
+/// The canary of a gateway sandbox's session. Only the gateway writes a
+/// `canary` line into a sandbox's ledger, and only when a probe that came
+/// through the platform's tunnel with that sandbox's credential reached its
+/// canary host: that line, under an anchored seal, is the one proof that
+/// the sandbox's egress goes through the gateway. Without it, a sandbox
+/// whose traffic bypasses the gateway reads the same as one that made no
+/// calls. A live reader's own probe (from the reader's host, not the
+/// sandbox) cannot stand in for it; it can only fail the window.
+/// `earlier` names the session when it is not the window's latest.
+fn gateway_canary(
+    segment: &Segment,
+    external: Option<&Check>,
+    anchored: bool,
+    earlier: Option<&str>,
+) -> Check {
+    let name = "canary";
+    if let Some(c) = external.filter(|c| c.status == CheckStatus::Failed) {
+        return c.clone();
+    }
+    let recorded =
+        |detail: &str, seq: u64| format!("{detail} (recorded by the gateway at seq {seq})");
+    match (&segment.canary, &segment.canary_ok) {
+        (Some((status, detail, seq)), _) if anchored && status == "failed" => {
+            check(name, CheckStatus::Failed, recorded(detail, *seq))
+        }
+        (_, Some((_, detail, seq))) if anchored => {
+            check(name, CheckStatus::Ok, recorded(detail, *seq))
+        }
+        (_, Some((_, _, seq))) => check(
+            name,
+            CheckStatus::Unverified,
+            format!(
+                "the sandbox's canary probe recorded at seq {seq} counts only under seals of a pinned key or the live gateway"
+            ),
+        ),
+        (_, None) => check(
+            name,
+            CheckStatus::Unverified,
+            format!(
+                "{NO_SANDBOX_PROBE}{}: the gateway cannot tell a sandbox whose egress bypasses it from one that made no calls. Next: from inside the sandbox, probe the gateway's canary host (`veris check --gateway`)",
+                earlier.map_or(String::new(), |w| format!(" in {w}"))
+            ),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -1407,5 +1491,222 @@ mod tests {
         assert!(!moved.why.is_empty());
         drop(ledger);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+    }
+
+    /// A gateway sandbox's session line: the platform sends the sandbox's
+    /// TCP to the gateway; the sandbox has no uid on the gateway's host.
+    fn gateway_session(sealer: &Sealer) -> Entry {
+        let Entry::Session(line) = session(sealer, "memory", (0, 0)) else {
+            unreachable!("session() builds a session line")
+        };
+        Entry::Session(SessionLine {
+            sandbox_id: "sbx-gw".into(),
+            tier: ListenerTier::Gateway,
+            workload_uid: None,
+            coverage: Some(Box::new(crate::entry::Coverage {
+                tcp_ports: None,
+                quic: "platform".into(),
+                dns: "platform".into(),
+                udp_other: "platform".into(),
+                ip_other: "platform".into(),
+                ipv6: true,
+                exempt: Vec::new(),
+                installed_by: "platform".into(),
+                isolation: Some("gateway".into()),
+                sockets_reachable: Vec::new(),
+                bundles: Vec::new(),
+                upstream_proxy: false,
+            })),
+            ..line
+        })
+    }
+
+    fn gateway_request() -> Entry {
+        Entry::Request(RequestLine {
+            tier: ListenerTier::Gateway,
+            duration_ms: 1,
+            upstream: "http://127.0.0.1:9/s/sbx-gw/stripe/v1/charges".into(),
+            ..RequestLine::test("stripe", "POST", "/v1/charges")
+        })
+    }
+
+    /// What the gateway appends when a probe from inside the sandbox
+    /// reaches its canary host.
+    fn sandbox_probe() -> Entry {
+        Entry::Check(CheckLine {
+            detail: "probed from inside sandbox sbx-gw through the gateway".into(),
+            ..CheckLine::test("canary", "ok")
+        })
+    }
+
+    /// A gateway sandbox's ledger, a session per item of `probes`: its
+    /// line, a request, that many probes from the sandbox, the recorded
+    /// twin cross-check and the final seal. Returns the text and the last
+    /// seal (a live reader's anchor).
+    fn gateway_ledger(dir: &Dir, sealer: &Sealer, probes: &[usize]) -> (String, SealInfo) {
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        let mut last = None;
+        for &n in probes {
+            ledger.append(gateway_session(sealer)).unwrap();
+            ledger.append(gateway_request()).unwrap();
+            for _ in 0..n {
+                ledger.append(sandbox_probe()).unwrap();
+            }
+            ledger.append(recorded("twin_cross_check", "ok")).unwrap();
+            last = Some(ledger.seal(sealer, "shutdown").unwrap());
+        }
+        drop(ledger);
+        (std::fs::read_to_string(&path).unwrap(), last.unwrap())
+    }
+
+    /// The only doubt of `i` is the missing probe from the sandbox.
+    fn no_probe_is_the_only_doubt(i: &Integrity) {
+        assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+        let reason = i.reason.as_deref().unwrap_or_default();
+        assert!(reason.starts_with(NO_SANDBOX_PROBE), "{reason}");
+        let doubts: Vec<&str> = i
+            .checks
+            .iter()
+            .filter(|c| c.status != CheckStatus::Ok)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(doubts, ["canary"], "{i:?}");
+    }
+
+    /// The gateway sees only what the platform sends it: without a probe
+    /// from inside the sandbox, a sandbox whose egress bypasses it reads
+    /// like one that made no calls. A reader's own probe of the gateway,
+    /// from outside the sandbox, is no such probe.
+    #[test]
+    fn a_gateway_window_without_a_probe_from_the_sandbox_is_unverified() {
+        let dir = Dir::new();
+        let sealer = Sealer::generate().unwrap();
+        let (text, last) = gateway_ledger(&dir, &sealer, &[0]);
+        let mut live = in_process(live_read(&sealer, &last));
+        live.external_checks = vec![check(
+            "canary",
+            CheckStatus::Ok,
+            "the live gateway answered its canary",
+        )];
+        for options in [pinned(&sealer, &text), live] {
+            no_probe_is_the_only_doubt(&verdict_of(&text, &options));
+        }
+        let r = build(&read_bytes(text.as_bytes()), &pinned(&sealer, &text));
+        let out = crate::receipt::render_text(&r);
+        assert!(
+            out.contains("  interception: gateway   integrity: unverified (no canary probe from the sandbox: "),
+            "{out}"
+        );
+    }
+
+    /// An ok probe from the sandbox inside the session, under seals of a
+    /// pinned key or the live gateway: `verified`, with what the platform
+    /// still vouches for alone in the leaks.
+    #[test]
+    fn a_gateway_window_with_a_probe_from_the_sandbox_is_verified() {
+        for probes in [1, 3] {
+            let dir = Dir::new();
+            let sealer = Sealer::generate().unwrap();
+            let (text, last) = gateway_ledger(&dir, &sealer, &[probes]);
+            for options in [
+                pinned(&sealer, &text),
+                in_process(live_read(&sealer, &last)),
+            ] {
+                let r = build(&read_bytes(text.as_bytes()), &options);
+                assert_eq!(r.integrity.status, IntegrityStatus::Verified, "{r:?}");
+                let canary = r.integrity.checks.iter().find(|c| c.name == "canary");
+                let detail = canary.map(|c| c.detail.as_str()).unwrap_or_default();
+                assert!(
+                    detail.starts_with("probed from inside sandbox sbx-gw through the gateway (recorded by the gateway at seq"),
+                    "{detail}"
+                );
+                assert_eq!(r.interception, Some(Interception::Gateway));
+                assert_eq!(r.leaks, ["platform-enforced", "udp-not-tunneled"]);
+                let out = crate::receipt::render_text(&r);
+                assert!(
+                    out.contains("\n  interception: gateway   integrity: verified\n  leaks: platform-enforced, udp-not-tunneled\n"),
+                    "{out}"
+                );
+                let json = serde_json::to_value(&r).unwrap();
+                assert_eq!(json["interception"], "gateway");
+                assert_eq!(json["isolation"], "gateway");
+            }
+            // Unanchored, the probe line is only the file's word.
+            let i = verdict_of(&text, &Options::default());
+            assert_eq!(i.status, IntegrityStatus::Unverified, "{i:?}");
+            // A live reader whose own canary failed fails the window.
+            let mut failed = in_process(live_read(&sealer, &last));
+            failed.external_checks = vec![check("canary", CheckStatus::Failed, "not ours")];
+            assert_eq!(verdict_of(&text, &failed).status, IntegrityStatus::Failed);
+        }
+    }
+
+    /// A probe counts for its own session's window only: never for a later
+    /// session of the same file, nor when it is before a baseline or after
+    /// the window's end.
+    #[test]
+    fn only_a_probe_inside_the_sessions_window_counts() {
+        let sealer = Sealer::generate().unwrap();
+        // The earlier session probed; the latest did not.
+        let dir = Dir::new();
+        let (text, _) = gateway_ledger(&dir, &sealer, &[1, 0]);
+        let latest = pinned(&sealer, &text);
+        no_probe_is_the_only_doubt(&verdict_of(&text, &latest));
+        let every = Options {
+            scope: WindowSpec::All,
+            ..latest.clone()
+        };
+        no_probe_is_the_only_doubt(&verdict_of(&text, &every));
+        // The latest probed, the earlier did not: the whole file names it.
+        let dir = Dir::new();
+        let (text, _) = gateway_ledger(&dir, &sealer, &[0, 1]);
+        let latest = pinned(&sealer, &text);
+        let i = verdict_of(&text, &latest);
+        assert_eq!(i.status, IntegrityStatus::Verified, "{i:?}");
+        let every = Options {
+            scope: WindowSpec::All,
+            ..latest
+        };
+        let i = verdict_of(&text, &every);
+        no_probe_is_the_only_doubt(&i);
+        let reason = i.reason.unwrap();
+        assert!(
+            reason.starts_with("no canary probe from the sandbox in the session at seq 1: "),
+            "{reason}"
+        );
+
+        // Session 1, request 2, probe 3, cross-check 4, final seal 5.
+        let dir = Dir::new();
+        let (text, _) = gateway_ledger(&dir, &sealer, &[1]);
+        let from = |since| Options {
+            scope: WindowSpec::Since(since),
+            ..pinned(&sealer, &text)
+        };
+        assert_eq!(
+            verdict_of(&text, &from(2)).status,
+            IntegrityStatus::Verified
+        );
+        no_probe_is_the_only_doubt(&verdict_of(&text, &from(3)));
+
+        // A probe after the window's end: session 1, request 2,
+        // cross-check 3, final seal 4, probe 5, seal 6.
+        let dir = Dir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let (ledger, _) = Ledger::open(&path).unwrap();
+        ledger.append(gateway_session(&sealer)).unwrap();
+        ledger.append(gateway_request()).unwrap();
+        ledger.append(recorded("twin_cross_check", "ok")).unwrap();
+        ledger.seal(&sealer, "shutdown").unwrap();
+        ledger.append(sandbox_probe()).unwrap();
+        ledger.seal(&sealer, "shutdown").unwrap();
+        drop(ledger);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let to = |until| Options {
+            until: Some(until),
+            ..pinned(&sealer, &text)
+        };
+        no_probe_is_the_only_doubt(&verdict_of(&text, &to(4)));
+        assert_eq!(verdict_of(&text, &to(6)).status, IntegrityStatus::Verified);
     }
 }

@@ -61,8 +61,7 @@ pub(super) fn leaks(read: &LedgerRead, since: u64, until: u64) -> Vec<String> {
         Some((ListenerTier::Transparent, Some(c), workload_uid)) => {
             out.extend(coverage_leaks(c, workload_uid));
         }
-        // The receipt side of the gateway is the g1-receipt branch's.
-        Some((ListenerTier::Gateway, _, _)) => {}
+        Some((ListenerTier::Gateway, _, _)) => out.extend(GATEWAY.map(String::from)),
         None => {}
     }
     let changed = read.lines.iter().any(|l| {
@@ -156,6 +155,16 @@ fn confined_leaks(c: &Coverage) -> Vec<String> {
     out.push(HOST_DAEMONS.to_string());
     out
 }
+
+/// What a gateway cannot see from outside the sandbox, whatever its
+/// session line says: the gateway proves what passed through it; that the
+/// platform sent all of the sandbox's TCP there is the platform's word (a
+/// canary probe shows the route is used, not that nothing goes around it),
+/// and SOCKS5/CONNECT platforms do not tunnel UDP, so DNS and QUIC leave the
+/// sandbox as the platform allows. The sandbox runs on the platform's
+/// hosts, not this one: the uid and host notes of the other tiers do not
+/// apply.
+const GATEWAY: [&str; 2] = ["platform-enforced", "udp-not-tunneled"];
 
 /// The explicit and confined tiers run the command in the host's
 /// namespaces, where it can ask a daemon of its uid that is already running
@@ -301,5 +310,53 @@ mod tests {
                 "host-daemon-escape-possible"
             ]
         );
+    }
+
+    /// A gateway proves what passed through it: that nothing went around
+    /// it, and what UDP did, is the platform's word, whatever the session
+    /// line records of uids or coverage; open egress still shows.
+    #[test]
+    fn a_gateway_says_what_is_the_platforms_word() {
+        use crate::entry::{Line, PassthroughLine};
+        let line = |seq, entry| Line {
+            v: 5,
+            seq,
+            ts: String::new(),
+            entry,
+            prev: String::new(),
+        };
+        let gateway = Coverage {
+            exempt: Vec::new(),
+            installed_by: "platform".into(),
+            isolation: Some("gateway".into()),
+            ..coverage()
+        };
+        for (coverage, workload_uid) in [(Some(Box::new(gateway)), None), (None, Some(0))] {
+            let mut read = LedgerRead::default();
+            read.lines.push(line(
+                1,
+                Entry::Session(SessionLine {
+                    tier: ListenerTier::Gateway,
+                    coverage,
+                    workload_uid,
+                    ..SessionLine::test()
+                }),
+            ));
+            assert_eq!(
+                leaks(&read, 0, 1),
+                ["platform-enforced", "udp-not-tunneled"]
+            );
+            read.lines.push(line(
+                2,
+                Entry::Passthrough(PassthroughLine {
+                    tier: ListenerTier::Gateway,
+                    ..PassthroughLine::test("example.org")
+                }),
+            ));
+            assert_eq!(
+                leaks(&read, 0, 2),
+                ["platform-enforced", "udp-not-tunneled", "ech-possible"]
+            );
+        }
     }
 }

@@ -35,7 +35,7 @@ mod text;
 mod tls;
 
 pub use build::{build, build_file, build_file_with, Builder};
-pub use integrity::PROXY_NOT_LIVE;
+pub use integrity::{NO_SANDBOX_PROBE, PROXY_NOT_LIVE};
 pub use junit::{render_junit, render_junit_error, JunitContext};
 pub use require::{
     evaluate, split_status, Assertion, Outcome, Requirement, RequirementError, RequirementResult,
@@ -66,6 +66,10 @@ pub use text::{integrity_text, render_text};
 /// (`isolated`, `transparent`, `explicit`, `confined`: the words of the
 /// text receipt, the TUI and the docs) where version 3 gave the listener's
 /// `tier`, which read `transparent` for an isolated run.
+///
+/// Still version 4, with additions only: the interception `gateway` (and
+/// the listener tier `gateway` of a request entry), for a gateway
+/// sandbox's window.
 pub const RECEIPT_VERSION: u32 = 4;
 
 /// Requests listed per service in the text receipt.
@@ -94,7 +98,8 @@ pub struct Receipt {
     /// session line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interception: Option<Interception>,
-    /// How the run confined its workload (`netns`, `landlock`), from the
+    /// How the run confined its workload (`netns`, `landlock`; `gateway`
+    /// for a sandbox the platform sends through a gateway), from the
     /// session's coverage; absent when nothing confined it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
@@ -161,7 +166,9 @@ pub enum Interception {
     Explicit,
     /// Explicit, with TCP connects confined to the proxy by Landlock.
     Confined,
-    /// A gateway outside the sandbox, where its platform sends its egress.
+    /// A gateway outside the sandbox, to which the sandbox platform sends
+    /// the sandbox's TCP (SOCKS5 or HTTP CONNECT): what went around it is
+    /// the platform's word.
     Gateway,
 }
 
