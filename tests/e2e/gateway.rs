@@ -188,6 +188,22 @@ fn redsocks_forwards_a_namespaces_tcp_as_socks5_with_credentials() {
         "curl in A without proxy flags: {stdout:?} {stderr}; redsocks: {}",
         std::fs::read_to_string(&a.log).unwrap_or_default()
     );
+    // Python's urllib (no proxy handler) and Node's fetch, proxy-unaware
+    // too, resolve the vendor name through the namespace's hosts file.
+    let out = a.output(a.command("python3").args([
+        "-c",
+        "import urllib.request as u; print(u.build_opener(u.ProxyHandler({})).open('http://api.stripe.com/v1/charges', timeout=10).read().decode())",
+    ]));
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout.trim(), want, "python urllib in A: {stderr}");
+    if which("node").is_some() {
+        let out = a.output(a.command("node").args([
+            "-e",
+            "fetch('http://api.stripe.com/v1/charges').then(r => r.text()).then(t => console.log(t)).catch(e => { console.error(e, e.cause); process.exit(1); })",
+        ]));
+        let (stdout, stderr) = text(&out);
+        assert_eq!(stdout.trim(), want, "node fetch in A: {stderr}");
+    }
     let out = curl(&b);
     let (stdout, _) = text(&out);
     assert!(
@@ -195,9 +211,10 @@ fn redsocks_forwards_a_namespaces_tcp_as_socks5_with_credentials() {
         "B's wrong password got through: {stdout}"
     );
     let log = socks.log();
+    let tunnels = format!("connect sbx-a {}:80", netns::VENDOR_V4);
     assert!(
-        log.contains(&format!("connect sbx-a {}:80", netns::VENDOR_V4)),
-        "{log}"
+        log.matches(&tunnels).count() >= 2,
+        "curl's and python's connections each tunneled with A's login: {log}"
     );
     assert!(log.contains("refused sbx-b"), "{log}");
     assert!(!log.contains("connect sbx-b"), "{log}");
