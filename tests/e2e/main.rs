@@ -24,6 +24,7 @@ mod egress_env;
 mod explicit;
 mod faults;
 mod forgery;
+mod gateway;
 mod har;
 mod integrity;
 mod isolated;

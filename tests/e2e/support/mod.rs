@@ -8,11 +8,13 @@
 //!
 //! Every module of the e2e test binary uses it (`use crate::support;`). Submodules by
 //! job: [`netns`] (network namespaces, the transparent tier and its local
-//! origin and fake vendor), [`fake_twin`] (a twin whose request log lies),
+//! origin and fake vendor), [`gateway`] (`veris gateway`, its sandboxes
+//! and receipts, and redsocks as the sandbox platform), [`fake_twin`] (a twin whose request log lies),
 //! [`tmux`] (a private tmux server for the TUI).
 #![allow(dead_code)]
 
 pub mod fake_twin;
+pub mod gateway;
 pub mod netns;
 pub mod tmux;
 
