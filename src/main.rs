@@ -34,6 +34,10 @@ enum Command {
     /// Run the interception proxy (explicit tier; with --transparent also the
     /// redirected one) until SIGINT/SIGTERM.
     Serve(runtime::stack::ServeArgs),
+    /// Run a gateway: one veris outside many sandboxes, reached through
+    /// their platform's SOCKS5 or CONNECT egress setting, each sandbox with
+    /// its own credential, ledger and receipt; or manage its sandboxes.
+    Gateway(cmd::gateway::GatewayCmd),
     /// Run a command behind the proxy, then print this run's receipt to stderr.
     ///
     /// The run writes a ledger of its own (<state>/runs/<run_id>/ledger.jsonl), sealed by a key
@@ -134,6 +138,7 @@ fn main() -> ExitCode {
     };
     let default_level = match cli.command {
         Command::Serve(_) | Command::Twin(_) => "info",
+        Command::Gateway(ref g) if g.action.is_none() => "info",
         _ => "warn",
     };
     match &cli.command {
@@ -154,6 +159,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => cmd::serve::serve(args).await,
+            Command::Gateway(args) => cmd::gateway::gateway(args).await,
             // After the privilege drop the child would run as the exempt proxy uid.
             Command::Run(args) if args.transparent => Err(tier::transparent::only_for_serve("run")),
             Command::Demo(args) if args.transparent => {

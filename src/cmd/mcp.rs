@@ -188,6 +188,9 @@ pub struct ReceiptParams {
     /// Only this service.
     #[serde(default)]
     pub service: Option<String>,
+    /// A gateway's sandbox (its id): that sandbox's receipt, read through the live gateway of the state dir.
+    #[serde(default)]
+    pub sandbox: Option<String>,
     /// Require at least N requests of a service answered 2xx: "SERVICE" (N = 1) or "SERVICE:N", e.g. "stripe:1"; a last word "status=CODE", "status=Nxx" or "status=any" counts other answers, e.g. "stripe:1 status=4xx".
     #[serde(default)]
     pub require: Vec<String>,
@@ -287,6 +290,7 @@ impl Veris {
                 all: p.all,
                 key: self.key.clone(),
                 service: p.service,
+                sandbox: p.sandbox,
             },
             json: true,
             junit: None,

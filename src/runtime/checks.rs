@@ -81,6 +81,15 @@ pub async fn live_checks(
 /// The canary along the run's interception path, as `run.reader` can ask
 /// for it.
 pub async fn canary(run: &LiveRun<'_>) -> Check {
+    if run.tier == ListenerTier::Gateway {
+        // Only a probe from inside the sandbox shows its egress goes
+        // through the gateway; the gateway records each in the ledger.
+        return Check {
+            name: "canary".into(),
+            status: CheckStatus::Unverified,
+            detail: "a gateway's canary counts only when probed from inside the sandbox (recorded in its ledger)".into(),
+        };
+    }
     if run.reader == Reader::Proxy && run.tier == ListenerTier::Transparent {
         // The proxy's own uid is exempt from the redirect: only a reader
         // in the sandbox can probe the transparent path.

@@ -96,6 +96,24 @@ pub struct WindowArgs {
     /// Only this service.
     #[arg(long, value_name = "NAME")]
     pub service: Option<String>,
+    /// A gateway's sandbox: its ledger in the gateway's state dir
+    /// (<state>/sandboxes/ID), read through the live gateway.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["ledger", "run"])]
+    pub sandbox: Option<String>,
+}
+
+impl WindowArgs {
+    /// The state dir to read: a gateway sandbox's own (`--sandbox`).
+    pub fn state_dir(&self) -> Result<PathBuf> {
+        let dir = crate::util::state_dir(self.state_dir.clone());
+        match &self.sandbox {
+            Some(id) => {
+                crate::tier::gateway::valid_id(id)?;
+                Ok(dir.join(crate::tier::gateway::SANDBOXES_DIR).join(id))
+            }
+            None => Ok(dir),
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -183,7 +201,7 @@ pub async fn build_with(
         Some(k) => Some(parse_pin(k)?),
         None => None,
     };
-    let state_dir = crate::util::state_dir(args.window.state_dir.clone());
+    let state_dir = args.window.state_dir()?;
     // A live serve for this state dir makes the full set of checks possible.
     let discovery = match (&args.window.ledger, &args.window.run) {
         (None, None) => Some(crate::runtime::live::discover(&state_dir).await),
@@ -317,7 +335,13 @@ pub async fn build_with(
             options.anchor = Anchor::Live {
                 seal: fresh,
                 public_key: status.public_key.clone().unwrap_or_default(),
-                channel: LiveChannel::StateDir,
+                // `--sandbox`: the reader names the state dir a gateway's,
+                // whose sandboxes run elsewhere (it counts only for a
+                // gateway's session).
+                channel: match args.window.sandbox {
+                    Some(_) => LiveChannel::Gateway,
+                    None => LiveChannel::StateDir,
+                },
             };
         }
         // What must be known before the fold: the ledger id a baseline

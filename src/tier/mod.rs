@@ -12,6 +12,7 @@
 pub mod bundles;
 pub mod confined;
 pub mod explicit;
+pub mod gateway;
 pub mod handover;
 pub mod isolated;
 pub mod transparent;

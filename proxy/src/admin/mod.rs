@@ -120,7 +120,7 @@ pub async fn serve_admin(
             let service = service_fn(move |req: Request<Incoming>| {
                 let admin = admin.clone();
                 let cancel = cancel.clone();
-                async move { Ok::<_, Infallible>(route(admin, req, cancel).await) }
+                async move { Ok::<_, Infallible>(handle(admin, req, cancel).await) }
             });
             if let Err(e) = crate::inbound::http::serve_http1(
                 stream,
@@ -142,7 +142,9 @@ pub async fn serve_admin(
     Ok(())
 }
 
-async fn route(
+/// One admin request: what [`serve_admin`] answers, for a server that
+/// routes to several (a gateway's sandboxes, each an [`Admin`] of its own).
+pub async fn handle(
     admin: Arc<Admin>,
     req: Request<Incoming>,
     cancel: CancellationToken,

@@ -110,6 +110,8 @@ enum Custody {
     InProcess,
     /// A live proxy reached through state-dir files.
     StateDir,
+    /// A live gateway reached through its state dir, named so by the reader.
+    Gateway,
     /// A pinned key, and the private key file it sat in, if any.
     Pin(Option<String>),
 }
@@ -133,6 +135,7 @@ impl Keys {
                 custody: match channel {
                     LiveChannel::InProcess => Custody::InProcess,
                     LiveChannel::StateDir => Custody::StateDir,
+                    LiveChannel::Gateway => Custody::Gateway,
                 },
             },
             Anchor::Pinned(keys) => Keys {
@@ -643,6 +646,13 @@ fn window_custody(ev: &Evidence, facts: &FileFacts<'_>, keys: &Keys) -> Option<C
     }
 }
 
+/// A gateway's session: its line names the gateway tier and coverage.
+fn walled_off_gateway(session: &Line) -> bool {
+    matches!(&session.entry, Entry::Session(SessionLine { tier, coverage, .. })
+        if *tier == ListenerTier::Gateway
+            && coverage.as_ref().and_then(|c| c.isolation.as_deref()) == Some("gateway"))
+}
+
 fn custody_check(session: &Line, custody: &Custody) -> Option<Check> {
     let Entry::Session(SessionLine {
         key_storage,
@@ -680,7 +690,11 @@ fn custody_check(session: &Line, custody: &Custody) -> Option<Check> {
         Custody::Pin(Some(file)) => unverified(format!(
             "the pinned key sits in the private key file {file}: whoever could read it could have re-signed the ledger. Next: pin the fingerprint veris printed for the session (its `seal key`)"
         )),
-        Custody::StateDir => {
+        // The reader named the state dir a gateway's, and the session is a
+        // gateway's: its workload runs in a sandbox elsewhere, which cannot
+        // write the gateway's files to answer in its place.
+        Custody::Gateway if walled_off_gateway(session) => None,
+        Custody::StateDir | Custody::Gateway => {
             // Only a uid the proxy was told (`--workload-uid`) counts: the
             // redirect exempting the proxy's uid does not show that the
             // workload runs as another (one started as the proxy's uid is
@@ -821,7 +835,7 @@ fn gateway_canary(
             name,
             CheckStatus::Unverified,
             format!(
-                "{NO_SANDBOX_PROBE}{}: the gateway cannot tell a sandbox whose egress bypasses it from one that made no calls. Next: from inside the sandbox, probe the gateway's canary host (`veris check --gateway`)",
+                "{NO_SANDBOX_PROBE}{}: the gateway cannot tell a sandbox whose egress bypasses it from one that made no calls. Next: from inside the sandbox, fetch https://canary.veris.internal/__veris/canary through its egress (e.g. `curl https://canary.veris.internal/__veris/canary`)",
                 earlier.map_or(String::new(), |w| format!(" in {w}"))
             ),
         ),

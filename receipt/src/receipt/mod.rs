@@ -519,6 +519,11 @@ pub enum LiveChannel {
     /// checks the proxy recorded before its final seal count instead.
     #[default]
     StateDir,
+    /// Through a gateway's state dir, named as such by the reader
+    /// (`veris receipt --sandbox`): the workload runs in a sandbox on
+    /// other infrastructure, out of reach of the gateway's files. Counts
+    /// only for a gateway session; any other reads as [`LiveChannel::StateDir`].
+    Gateway,
 }
 
 impl Receipt {

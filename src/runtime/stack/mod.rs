@@ -38,10 +38,11 @@ mod routing;
 
 use announce::Announce;
 pub use announce::{merged_no_proxy, EnvBase};
-pub use args::{EnvFormatArg, ProxyArgs, ServeArgs, DEFAULT_SANDBOX};
+pub use args::{EnvFormatArg, ModeArg, ProxyArgs, ServeArgs, DEFAULT_SANDBOX};
 use ledger::{open_ledger, session_entry, SessionFacts};
 pub use routing::routed_services;
-use routing::{routing, upstream_roots, warn_unreachable_twins, Routing};
+use routing::{routing, warn_unreachable_twins, Routing};
+pub(crate) use routing::{start_builtin_twin, upstream_roots};
 
 /// Which command the stack serves; it decides where the ledger and the seal
 /// key live and who may talk to the proxy (DESIGN §7a.2).

@@ -40,7 +40,7 @@ pub(super) async fn routing(
     let mut builtin_url = None;
     if args.config.is_none() && args.twin.is_none() {
         let sandbox = args.sandbox.as_deref().unwrap_or(DEFAULT_SANDBOX);
-        let (url, task, credential) = start_builtin_twin(sandbox, shutdown_rx).await?;
+        let (url, task, credential) = start_builtin_twin(Some(sandbox), shutdown_rx).await?;
         twin_task = Some(task);
         builtin_twin_credential = Some(credential);
         builtin_url = Some(url);
@@ -172,7 +172,7 @@ pub(super) const TWIN_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Roots for TLS upstreams: for the twin, the system roots and the veris CA
 /// (a twin served with a veris leaf); for passthrough to real hosts, the
 /// system roots alone.
-pub(super) fn upstream_roots(
+pub(crate) fn upstream_roots(
     system_bundle: Option<&Path>,
     ca: &CertificateAuthority,
 ) -> (rustls::RootCertStore, rustls::RootCertStore) {
@@ -193,15 +193,15 @@ pub(super) fn upstream_roots(
 /// vendor requests that carry it, so a workload calling the twin's port
 /// directly can neither fake a call nor add a row to the log the receipt's
 /// cross-check reads. Returns (base URL, task, credential).
-pub(super) async fn start_builtin_twin(
-    sandbox: &str,
+pub(crate) async fn start_builtin_twin(
+    sandbox: Option<&str>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(String, JoinHandle<()>, String)> {
     let credential =
         crate::util::random_hex(32).context("minting the built-in twin's credential")?;
     let twin = veris_twin::Twin::new(veris_twin::TwinOptions {
         fixtures: veris_twin::Fixtures::builtin(),
-        sandbox: Some(sandbox.to_string()),
+        sandbox: sandbox.map(str::to_string),
         log: None,
         credential: Some(credential.clone()),
     })?;

@@ -1,0 +1,282 @@
+//! `veris gateway`: one veris outside many sandboxes (DESIGN §13), and the
+//! subcommands that register, remove and list its sandboxes through its
+//! admin API (found through `<state>/admin.addr` and `admin.token`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use veris_admin_client::{connect, exchange, within, HttpUrl, Limits, Request};
+
+use crate::runtime::gateway::{GatewayConfig, Registered};
+use crate::runtime::live::discovery::{ADDR_FILE, TOKEN_FILE};
+use crate::runtime::stack::ModeArg;
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct GatewayCmd {
+    #[command(subcommand)]
+    pub action: Option<Action>,
+    #[command(flatten)]
+    pub serve: GatewayArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Action {
+    /// Register a sandbox with the live gateway; prints its proxy URL
+    /// (`socks5h://USER:PASS@HOST:PORT`) as the last line.
+    AddSandbox(AddArgs),
+    /// Remove a sandbox: its ledger gets its final seal, its credential is refused.
+    RemoveSandbox(IdArgs),
+    /// List the live gateway's sandboxes.
+    ListSandboxes(StateArgs),
+    /// Print the path of the gateway's CA certificate, the one file a sandbox needs.
+    Ca(StateArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct GatewayArgs {
+    /// State dir [default: $VERIS_STATE_DIR, else ~/.veris].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// The SOCKS5 and HTTP proxy listener sandboxes' platforms connect to.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:1080")]
+    pub listen: String,
+    /// The admin API (add and remove sandboxes, read receipts).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub admin: String,
+    /// Write JSON with `listen`, `admin` and `ca` here once serving.
+    #[arg(long, value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
+    /// Twin base URL [default: the built-in twin, serving every sandbox].
+    #[arg(long, value_name = "URL")]
+    pub twin: Option<String>,
+    /// What unmapped hosts get, unless a sandbox says otherwise.
+    #[arg(long, value_enum, default_value = "passthrough")]
+    pub mode: ModeArg,
+    /// Let sandboxes' passthrough dials reach this address block although
+    /// the dial policy refuses it (loopback, private, link-local, CGNAT,
+    /// the gateway's own). Repeat for more.
+    #[arg(long, value_name = "CIDR")]
+    pub allow_dial: Vec<String>,
+    /// Connections open at once over all sandboxes.
+    #[arg(long, value_name = "N", default_value_t = 16384)]
+    pub max_connections: usize,
+    /// Connections one sandbox may have open at once.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub sandbox_connections: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct StateArgs {
+    /// The gateway's state dir.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct IdArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// The sandbox id.
+    pub id: String,
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// The sandbox id: 1 to 64 of a-z, 0-9, _ and -.
+    pub id: String,
+    /// Services routed to the twin (comma-separated) [default: all the catalog's].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub services: Vec<String>,
+    /// Its mode [default: the gateway's].
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// Its twin base URL [default: the gateway's].
+    #[arg(long, value_name = "URL")]
+    pub twin: Option<String>,
+    /// How long it is served, e.g. 3600, 90m, 2h [default: until removed].
+    #[arg(long, value_name = "DURATION")]
+    pub ttl: Option<String>,
+    /// Print every field (address, username, password, read token, CA,
+    /// canary) as JSON instead.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn gateway(cmd: GatewayCmd) -> Result<u8> {
+    match cmd.action {
+        None => serve(cmd.serve).await,
+        Some(Action::AddSandbox(a)) => add(a).await,
+        Some(Action::RemoveSandbox(a)) => {
+            let answer = admin(&a.state, "DELETE", &format!("/sandboxes/{}", a.id), None).await?;
+            crate::outln!("{}", answer["removed"].as_str().unwrap_or(&a.id));
+            Ok(0)
+        }
+        Some(Action::ListSandboxes(a)) => {
+            let answer = admin(&a, "GET", "/sandboxes", None).await?;
+            for s in answer["sandboxes"].as_array().into_iter().flatten() {
+                crate::outln!(
+                    "{}\t{}\t{}",
+                    s["id"].as_str().unwrap_or_default(),
+                    s["mode"].as_str().unwrap_or_default(),
+                    s["services"]
+                        .as_array()
+                        .map(|v| v
+                            .iter()
+                            .filter_map(|x| x.as_str())
+                            .collect::<Vec<_>>()
+                            .join(","))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(0)
+        }
+        Some(Action::Ca(a)) => {
+            let dir = crate::util::state_dir(a.state_dir);
+            let ca = veris_ca::trust::TrustFiles::at(&dir.join("trust")).ca_pem;
+            if !ca.exists() {
+                bail!(
+                    "no gateway CA in {}. Next: start `veris gateway --state-dir {}` once",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+            crate::outln!("{}", ca.display());
+            Ok(0)
+        }
+    }
+}
+
+async fn serve(args: GatewayArgs) -> Result<u8> {
+    let allow_dial = args
+        .allow_dial
+        .iter()
+        .map(|c| {
+            c.parse()
+                .map_err(|e| anyhow::anyhow!("--allow-dial {c:?}: {e}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let config = GatewayConfig {
+        state_dir: crate::util::state_dir(args.state_dir),
+        listen: args.listen,
+        admin: args.admin,
+        ready_file: args.ready_file,
+        twin: args.twin,
+        mode: args.mode.into(),
+        allow_dial,
+        max_connections: args.max_connections,
+        per_sandbox_connections: args.sandbox_connections,
+    };
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let stop = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    };
+    crate::runtime::gateway::run(config, stop).await?;
+    Ok(0)
+}
+
+async fn add(a: AddArgs) -> Result<u8> {
+    let ttl_secs = a.ttl.as_deref().map(parse_duration).transpose()?;
+    let body = serde_json::json!({
+        "id": a.id,
+        "services": a.services,
+        "mode": a.mode.map(veris_receipt::Mode::from),
+        "twin": a.twin,
+        "ttl_secs": ttl_secs,
+    });
+    let answer = admin(&a.state, "POST", "/sandboxes", Some(body.to_string())).await?;
+    let registered: Registered =
+        serde_json::from_value(answer).context("reading the gateway's answer")?;
+    if a.json {
+        crate::outln!("{}", serde_json::to_string_pretty(&registered)?);
+    } else {
+        eprintln!(
+            "veris: sandbox {} registered (services {}; read token in <state>/sandboxes/{}/admin.token); its proxy URL:",
+            registered.id,
+            registered.services.join(","),
+            registered.id
+        );
+        crate::outln!("{}", registered.proxy_url);
+    }
+    Ok(0)
+}
+
+/// `3600`, `90s`, `90m`, `2h`, `1d` in seconds.
+fn parse_duration(text: &str) -> Result<u64> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let n: u64 = digits.parse().with_context(|| {
+        format!("--ttl {text:?}: not a duration. Next: give seconds, or 90m, 2h, 1d")
+    })?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => bail!("--ttl {text:?}: unknown unit {unit:?}. Next: s, m, h or d"),
+    };
+    Ok(n.saturating_mul(scale))
+}
+
+/// A call to the live gateway's admin API with its token; its JSON answer.
+async fn admin(
+    state: &StateArgs,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> Result<serde_json::Value> {
+    let dir = crate::util::state_dir(state.state_dir.clone());
+    let read = |name: &str| crate::util::read_bounded(&dir.join(name), 4096, false);
+    let addr = read(ADDR_FILE).with_context(|| {
+        format!(
+            "no live gateway announced in {}. Next: start `veris gateway --state-dir {}`",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    let token = read(TOKEN_FILE).with_context(|| {
+        format!(
+            "cannot read {} (run as the gateway's uid or root)",
+            dir.join(TOKEN_FILE).display()
+        )
+    })?;
+    let url = HttpUrl::parse(&format!("http://{}{path}", addr.trim()))?;
+    let target = url.target();
+    let mut req = Request::new(method, &target, &url.authority).bearer(token.trim());
+    if let Some(body) = &body {
+        req = req.body("application/json", body.as_bytes());
+    }
+    let limits = Limits {
+        body: 1 << 20,
+        time: std::time::Duration::from_secs(15),
+    };
+    let answer = within(&url.authority, limits.time, async {
+        let tcp = connect(&url.authority).await?;
+        exchange(tcp, &url.authority, &req, limits.body).await
+    })
+    .await?;
+    let json: serde_json::Value = serde_json::from_slice(&answer.body).with_context(|| {
+        format!(
+            "the gateway answered {method} {path} with {} and no JSON",
+            answer.status
+        )
+    })?;
+    if !(200..300).contains(&answer.status) {
+        bail!(
+            "the gateway refused {method} {path} ({}): {}",
+            answer.status,
+            json["message"].as_str().unwrap_or("no reason given")
+        );
+    }
+    Ok(json)
+}
