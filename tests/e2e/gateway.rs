@@ -356,7 +356,7 @@ fn proxy_unaware_clients_in_redsocks_sandboxes_are_received_by_the_gateway() {
     assert!(reason(&rb).contains(NO_PROBE), "{rb}");
     let text_b = gw.receipt_text("sbx-b");
     assert!(
-        text_b.contains(&format!("unverified ({NO_PROBE})")),
+        text_b.contains(&format!("unverified ({NO_PROBE}")),
         "{text_b}"
     );
     gw.stop();
