@@ -16,12 +16,13 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::support::gateway::*;
 use crate::support::netns::{self, python_with_requests, which, Netns};
-use crate::support::{self, command, euid, skip, text, TempDir};
+use crate::support::{self, command, euid, output, skip, text, wait_for, TempDir, DEADLINE};
 
 /// Why the namespace (platform) tests cannot run here: they need root
 /// (veth pairs to the host, `ip netns`), nftables, curl, python3, redsocks.
@@ -473,4 +474,621 @@ fn a_sandbox_cannot_make_the_gateway_dial_loopback_or_the_metadata_address() {
         "the listener saw the allowed dial"
     );
     allowing.stop();
+}
+
+/// `add-sandbox ID --services stripe EXTRA…` (plain output, the URL last).
+fn add_with(gw: &Gateway, id: &str, extra: &[&str]) -> Sandbox {
+    let mut args = vec![id, "--services", "stripe"];
+    args.extend_from_slice(extra);
+    let out = gw.admin_command("add-sandbox", &args);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "add-sandbox {id} {extra:?}: {stdout}{stderr}"
+    );
+    Sandbox::from_url(id, stdout.lines().last().unwrap_or_default().trim())
+}
+
+/// The ledger's `request` lines.
+fn requests(lines: &[Value]) -> usize {
+    lines.iter().filter(|l| l["kind"] == "request").count()
+}
+
+/// `curl -X METHOD http://ADMIN/PATH` with `token` as bearer (if any): the
+/// HTTP status.
+fn admin_status(gw: &Gateway, method: &str, path: &str, token: Option<&str>) -> String {
+    let admin = gw.ready["admin"].as_str().unwrap();
+    let mut cmd = command("curl");
+    cmd.args([
+        "-sS",
+        "--max-time",
+        "10",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+    ])
+    .args(["-X", method]);
+    if let Some(token) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    if method == "POST" {
+        cmd.args(["-H", "Content-Type: application/json"])
+            .args(["--data", r#"{"id":"sbx-c","services":["stripe"]}"#]);
+    }
+    cmd.arg(format!("http://{admin}{path}"));
+    let out = output(&mut cmd);
+    text(&out).0.trim().to_string()
+}
+
+/// The gateway's own admin token (`<state>/admin.token`).
+fn admin_token(gw: &Gateway) -> String {
+    std::fs::read_to_string(gw.state.join("admin.token"))
+        .expect("<state>/admin.token")
+        .trim()
+        .to_string()
+}
+
+/// Attack: a sandbox keeps using its URL after its `--ttl` ran out. One
+/// call within the TTL works; once the gateway lists it expired, the same
+/// URL is refused and A's ledger gains no request line.
+#[test]
+fn an_expired_sandbox_is_refused() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let mut gw = Gateway::start("gw-ttl", "127.0.0.1:0", &[]);
+    let added = std::time::Instant::now();
+    let a = add_with(&gw, "sbx-a", &["--ttl", "2"]);
+    let ca = gw.ca();
+    charge_ok(&a.url("socks5h"), HTTPS_CHARGES, &ca, "A within its TTL");
+    let served = requests(&gw.ledger("sbx-a"));
+    assert_eq!(served, 1, "A's one call is a request line");
+
+    // Poll the admin API until it lists A expired (bounded by DEADLINE).
+    let token = admin_token(&gw);
+    let admin = gw.ready["admin"].as_str().unwrap().to_string();
+    support::wait_for("A listed as expired", support::DEADLINE, || {
+        let out = output(command("curl").args([
+            "-sS",
+            "--max-time",
+            "5",
+            "-H",
+            &format!("Authorization: Bearer {token}"),
+            &format!("http://{admin}/sandboxes"),
+        ]));
+        let list: Value = serde_json::from_str(&text(&out).0).ok()?;
+        let expired = list["sandboxes"]
+            .as_array()?
+            .iter()
+            .any(|s| s["id"] == "sbx-a" && s["expired"] == true);
+        // Expiry is time itself: never earlier than the TTL.
+        expired.then_some(())
+    });
+    assert!(
+        added.elapsed() >= Duration::from_secs(2),
+        "A was listed expired before its 2 s TTL ran out"
+    );
+    for scheme in ["socks5h", "http"] {
+        let (ok, status, stderr) = curl_charge(&a.url(scheme), HTTPS_CHARGES, &ca);
+        assert!(
+            !ok,
+            "an expired sandbox's {scheme} URL must be refused, curl got {status}: {stderr}"
+        );
+    }
+    assert_eq!(
+        requests(&gw.ledger("sbx-a")),
+        served,
+        "a refused expired sandbox gained request lines in its ledger"
+    );
+    gw.stop();
+}
+
+/// Attack: CI holding A's read token reads B, lists or adds sandboxes, or
+/// deletes B. A's token reads A's status and ledger (200) and nothing
+/// else (401/404, never 2xx); with no token everything is 401; B is still
+/// served afterwards.
+#[test]
+fn a_read_token_reads_only_its_own_sandbox() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let mut gw = Gateway::start("gw-read", "127.0.0.1:0", &[]);
+    let a = gw.add_sandbox_json("sbx-a", "stripe");
+    let b = gw.add_sandbox("sbx-b", "stripe");
+    let ca = gw.ca();
+    charge_ok(&b.url("socks5h"), HTTPS_CHARGES, &ca, "B");
+    let token = a.json.as_ref().unwrap()["read_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let on_disk = std::fs::read_to_string(gw.state.join("sandboxes/sbx-a/admin.token"))
+        .expect("<state>/sandboxes/sbx-a/admin.token");
+    assert_eq!(on_disk.trim(), token, "the read token on disk is --json's");
+
+    for path in ["/sandboxes/sbx-a/status", "/sandboxes/sbx-a/ledger"] {
+        assert_eq!(
+            admin_status(&gw, "GET", path, Some(&token)),
+            "200",
+            "A's read token on {path}"
+        );
+        assert_eq!(
+            admin_status(&gw, "GET", path, None),
+            "401",
+            "no token on {path}"
+        );
+    }
+    for (method, path) in [
+        ("GET", "/sandboxes/sbx-b/ledger"),
+        ("GET", "/sandboxes/sbx-b/receipt"),
+        ("GET", "/sandboxes/sbx-b/status"),
+        ("POST", "/sandboxes/sbx-b/seal"),
+        ("GET", "/sandboxes"),
+        ("POST", "/sandboxes"),
+        ("DELETE", "/sandboxes/sbx-b"),
+        ("DELETE", "/sandboxes/sbx-a"),
+    ] {
+        let status = admin_status(&gw, method, path, Some(&token));
+        assert!(
+            status == "401" || status == "404",
+            "A's read token on {method} {path} answered {status} (want 401 or 404)"
+        );
+        let status = admin_status(&gw, method, path, None);
+        assert_eq!(status, "401", "no token on {method} {path}");
+    }
+    charge_ok(
+        &b.url("socks5h"),
+        HTTPS_CHARGES,
+        &ca,
+        "B after A's token tried",
+    );
+    charge_ok(
+        &a.url("socks5h"),
+        HTTPS_CHARGES,
+        &ca,
+        "A after its token tried",
+    );
+    assert!(
+        !gw.state.join("sandboxes/sbx-c").exists(),
+        "A's read token registered a sandbox"
+    );
+    assert_eq!(charges(&gw.receipt_json("sbx-b")).len(), 2);
+    gw.stop();
+}
+
+/// A raw SOCKS5 client: argv HOST PORT USER PASS CMD…; per CMD (decimal)
+/// one connection that logs in and asks CMD for api.stripe.com:443;
+/// prints `CMD REP` (REP in hex, or `closed`).
+const SOCKS5_COMMANDS_PY: &str = r#"
+import socket, sys
+host, port, user, password = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), sys.argv[4].encode()
+def exact(c, n):
+    b = b""
+    while len(b) < n:
+        piece = c.recv(n - len(b))
+        if not piece:
+            raise EOFError
+        b += piece
+    return b
+for cmd in sys.argv[5:]:
+    c = socket.create_connection((host, port), timeout=10)
+    c.sendall(b"\x05\x01\x02")
+    assert exact(c, 2) == b"\x05\x02"
+    c.sendall(bytes([1, len(user)]) + user + bytes([len(password)]) + password)
+    assert exact(c, 2) == b"\x01\x00", "login refused"
+    name = b"api.stripe.com"
+    c.sendall(bytes([5, int(cmd), 0, 3, len(name)]) + name + b"\x01\xbb")
+    try:
+        rep = "%02x" % exact(c, 2)[1]
+    except (EOFError, OSError):
+        rep = "closed"
+    print(cmd, rep, flush=True)
+    c.close()
+"#;
+
+/// Attack: a sandbox asks for BIND (an inbound port on the gateway) or UDP
+/// ASSOCIATE (a UDP relay around the TCP ledger). Both are answered with
+/// REP 0x07 (command not supported) and are blocked lines in its ledger.
+#[test]
+fn bind_and_udp_associate_are_refused_with_0x07_and_recorded() {
+    if let Some(why) = missing(&["python3"]) {
+        return skip(&why);
+    }
+    let mut gw = Gateway::start("gw-bind", "127.0.0.1:0", &[]);
+    let a = gw.add_sandbox("sbx-a", "stripe");
+    let script = gw.dir.join("socks5_commands.py");
+    std::fs::write(&script, SOCKS5_COMMANDS_PY).unwrap();
+    let port = gw.listen.port().to_string();
+    let out = output(command("python3").arg(&script).args([
+        "127.0.0.1",
+        &port,
+        &a.username,
+        &a.password,
+        "2",
+        "3",
+    ]));
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "the SOCKS5 client: {stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "2 07\n3 07",
+        "BIND and UDP ASSOCIATE must be answered REP 0x07"
+    );
+    let methods: Vec<String> = wait_for("two blocked lines in A's ledger", DEADLINE, || {
+        let m: Vec<String> = gw
+            .ledger("sbx-a")
+            .iter()
+            .filter(|l| l["kind"] == "blocked")
+            .map(|l| l["method"].as_str().unwrap_or_default().to_string())
+            .collect();
+        (m.len() >= 2).then_some(m)
+    });
+    assert_eq!(
+        methods,
+        ["SOCKS5 BIND", "SOCKS5 UDP ASSOCIATE"],
+        "A's blocked lines name the refused commands"
+    );
+    gw.stop();
+}
+
+/// argv HOST PORT USER N: N SOCKS5 logins as USER with wrong passwords
+/// over 4 threads; prints `refused R of N`.
+const LOGIN_FLOOD_PY: &str = r#"
+import socket, sys, threading
+host, port, user, n = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), int(sys.argv[4])
+lock = threading.Lock()
+count = {"refused": 0, "other": 0}
+def one(i):
+    password = ("wrong-%d" % i).encode()
+    try:
+        c = socket.create_connection((host, port), timeout=10)
+        c.sendall(b"\x05\x01\x02")
+        if c.recv(2) != b"\x05\x02":
+            raise OSError("no auth method")
+        c.sendall(bytes([1, len(user)]) + user + bytes([len(password)]) + password)
+        reply = c.recv(2)
+        c.close()
+        ok = len(reply) == 2 and reply[1] != 0
+    except OSError:
+        ok = False
+    with lock:
+        count["refused" if ok else "other"] += 1
+def worker(k):
+    for i in range(k, n, 4):
+        one(i)
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("refused %d of %d" % (count["refused"], n), flush=True)
+"#;
+
+/// Attack: a sandbox (or an outsider) floods A's username with wrong
+/// passwords, to fill A's ledger with noise, or to lock A out. 2,000
+/// refusals: none in any ledger, A's URL still works, and the gateway's
+/// own log holds rate-limited refusal lines, far fewer than 2,000.
+#[test]
+fn failed_logins_never_reach_a_ledger_and_do_not_lock_out_the_real_sandbox() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    if let Some(why) = missing(&["python3"]) {
+        return skip(&why);
+    }
+    let mut gw = Gateway::start("gw-flood", "127.0.0.1:0", &[]);
+    let a = gw.add_sandbox("sbx-a", "stripe");
+    let b = gw.add_sandbox("sbx-b", "stripe");
+    let ca = gw.ca();
+    charge_ok(&a.url("socks5h"), HTTPS_CHARGES, &ca, "A before the flood");
+    let before = (gw.ledger("sbx-a").len(), gw.ledger("sbx-b").len());
+
+    let script = gw.dir.join("login_flood.py");
+    std::fs::write(&script, LOGIN_FLOOD_PY).unwrap();
+    let port = gw.listen.port().to_string();
+    let out = support::output_within(
+        command("python3")
+            .arg(&script)
+            .args(["127.0.0.1", &port, &a.username, "2000"]),
+        Duration::from_secs(300),
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        stdout.trim(),
+        "refused 2000 of 2000",
+        "every wrong password is refused: {stderr}"
+    );
+    assert_eq!(
+        (gw.ledger("sbx-a").len(), gw.ledger("sbx-b").len()),
+        before,
+        "failed logins left lines in a sandbox's ledger"
+    );
+
+    charge_ok(&a.url("socks5h"), HTTPS_CHARGES, &ca, "A after the flood");
+    charge_ok(&b.url("http"), HTTPS_CHARGES, &ca, "B after the flood");
+    let lines_a = gw.ledger("sbx-a");
+    assert_eq!(
+        requests(&lines_a),
+        2,
+        "A's ledger: its own two calls only: {lines_a:?}"
+    );
+    for l in &lines_a {
+        let s = l.to_string();
+        assert!(
+            !s.contains("wrong-") && !s.contains("credential"),
+            "a ledger line about the failed logins: {s}"
+        );
+    }
+    let log = gw.stderr();
+    let refusal_lines = log
+        .lines()
+        .filter(|l| l.contains("refused a sandbox credential"))
+        .count();
+    println!("gateway stderr: {refusal_lines} refusal lines for 2000 failed logins");
+    assert!(
+        (1..200).contains(&refusal_lines),
+        "the gateway logs refusals rate-limited: {refusal_lines} lines for 2000"
+    );
+    assert!(
+        !log.contains("wrong-1"),
+        "the gateway's log shows a tried password"
+    );
+    gw.stop();
+}
+
+/// argv HOST PORT USER PASS: opens SOCKS5 CONNECTs to api.stripe.com:443
+/// one after another and holds them idle; prints `tunnel REP` per
+/// connection (3 of them), then `holding`, and waits for stdin to close.
+const HOLD_TUNNELS_PY: &str = r#"
+import socket, sys
+host, port, user, password = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), sys.argv[4].encode()
+held = []
+def exact(c, n):
+    b = b""
+    while len(b) < n:
+        piece = c.recv(n - len(b))
+        if not piece:
+            raise EOFError
+        b += piece
+    return b
+for i in range(3):
+    c = socket.create_connection((host, port), timeout=10)
+    try:
+        c.sendall(b"\x05\x01\x02")
+        exact(c, 2)
+        c.sendall(bytes([1, len(user)]) + user + bytes([len(password)]) + password)
+        exact(c, 2)
+        name = b"api.stripe.com"
+        c.sendall(bytes([5, 1, 0, 3, len(name)]) + name + b"\x01\xbb")
+        rep = "%02x" % exact(c, 10)[1]
+    except (EOFError, OSError):
+        rep = "closed"
+    print("tunnel", rep, flush=True)
+    held.append(c)
+print("holding", flush=True)
+sys.stdin.read()
+"#;
+
+/// Attack: sandbox A holds its connection limit open (idle tunnels) to
+/// starve the gateway. With `--sandbox-connections 2`, A's third tunnel is
+/// refused (REP 0x01 or closed) and recorded as a `limit` blocked line in
+/// A's ledger, while B's request meanwhile returns 200.
+#[test]
+fn a_sandbox_at_its_connection_limit_does_not_block_another() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    if let Some(why) = missing(&["python3"]) {
+        return skip(&why);
+    }
+    let mut gw = Gateway::start("gw-limit", "127.0.0.1:0", &["--sandbox-connections", "2"]);
+    let a = gw.add_sandbox("sbx-a", "stripe");
+    let b = gw.add_sandbox("sbx-b", "stripe");
+    let ca = gw.ca();
+    let script = gw.dir.join("hold_tunnels.py");
+    std::fs::write(&script, HOLD_TUNNELS_PY).unwrap();
+    let port = gw.listen.port().to_string();
+    let mut holder = support::Guard::spawn(
+        command("python3")
+            .arg(&script)
+            .args(["127.0.0.1", &port, &a.username, &a.password])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null()),
+    );
+    let stdout = holder.child().stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    while seen.last().map(String::as_str) != Some("holding") {
+        let line = rx
+            .recv_timeout(DEADLINE)
+            .unwrap_or_else(|_| panic!("the tunnel holder stopped after {seen:?}"));
+        seen.push(line);
+    }
+    assert_eq!(
+        &seen[..2],
+        ["tunnel 00", "tunnel 00"],
+        "A's two tunnels open"
+    );
+    assert!(
+        seen[2] == "tunnel 01" || seen[2] == "tunnel closed",
+        "A's third tunnel over its limit must be refused: {seen:?}"
+    );
+    // While A holds its two: B is served.
+    charge_ok(
+        &b.url("socks5h"),
+        HTTPS_CHARGES,
+        &ca,
+        "B while A is at its limit",
+    );
+    let reasons: Vec<String> = wait_for("a limit line in A's ledger", DEADLINE, || {
+        let r: Vec<String> = gw
+            .ledger("sbx-a")
+            .iter()
+            .filter(|l| l["kind"] == "blocked")
+            .map(|l| l["reason"].as_str().unwrap_or_default().to_string())
+            .collect();
+        r.iter().any(|r| r.contains("limit")).then_some(r)
+    });
+    println!("A's blocked reasons: {reasons:?}");
+    assert!(
+        gw.ledger("sbx-b").iter().all(|l| l["kind"] != "blocked"),
+        "B's ledger has no blocked line"
+    );
+    drop(holder);
+    gw.stop();
+}
+
+/// A plain-HTTP twin stand-in that appends every request it receives
+/// (head and body, raw) to argv[2] and answers `200 {}`; listens on
+/// argv[1] port 0 and prints `ready PORT`.
+const RECORDING_TWIN_PY: &str = r#"
+import socket, sys, threading
+addr, log = sys.argv[1], sys.argv[2]
+lock = threading.Lock()
+def serve(c):
+    try:
+        c.settimeout(10)
+        data = b""
+        while b"\r\n\r\n" not in data and len(data) < 65536:
+            piece = c.recv(4096)
+            if not piece:
+                break
+            data += piece
+        head, _, body = data.partition(b"\r\n\r\n")
+        n = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                n = int(line.split(b":", 1)[1])
+        while len(body) < n:
+            piece = c.recv(4096)
+            if not piece:
+                break
+            body += piece
+        with lock:
+            with open(log, "ab") as f:
+                f.write(head + b"\r\n\r\n" + body + b"\n")
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+    except (OSError, ValueError):
+        pass
+    c.close()
+s = socket.socket()
+s.bind((addr, 0))
+s.listen(16)
+print("ready", s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Attack: the gateway forwards the sandbox's proxy credential
+/// (`Proxy-Authorization: Basic …`, or the password itself) to the twin or
+/// writes it into a ledger, where whoever reads those can log in as the
+/// sandbox. A (built-in twin) and B (a recording twin that logs raw
+/// requests) each POST a charge over the HTTP proxy form, absolute-form
+/// plain HTTP and CONNECT + HTTPS; neither password appears in any ledger,
+/// the twin's request log, the recording twin's raw log, or anywhere in
+/// the state dir.
+#[test]
+fn a_credential_in_proxy_authorization_never_reaches_the_twin_or_the_ledger() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    if let Some(why) = missing(&["python3"]) {
+        return skip(&why);
+    }
+    let mut gw = Gateway::start("gw-cred", "127.0.0.1:0", &[]);
+    let recorder = PyServer::start(
+        command("python3"),
+        &gw.dir,
+        "recording-twin",
+        RECORDING_TWIN_PY,
+        &["127.0.0.1"],
+    );
+    let a = gw.add_sandbox("sbx-a", "stripe");
+    let b = add_with(
+        &gw,
+        "sbx-b",
+        &["--twin", &format!("http://127.0.0.1:{}", recorder.port)],
+    );
+    let ca = gw.ca();
+    for sandbox in [&a, &b] {
+        for target in ["http://api.stripe.com/v1/charges", HTTPS_CHARGES] {
+            charge_ok(&sandbox.url("http"), target, &ca, &sandbox.id);
+        }
+    }
+    assert_eq!(charges(&gw.receipt_json("sbx-a")).len(), 2);
+    assert_eq!(charges(&gw.receipt_json("sbx-b")).len(), 2);
+
+    let raw = recorder.log();
+    assert_eq!(
+        raw.matches("POST ").count(),
+        2,
+        "the recording twin saw B's two charges: {raw}"
+    );
+    assert!(
+        !raw.to_ascii_lowercase().contains("proxy-authorization"),
+        "the twin received a Proxy-Authorization header: {raw}"
+    );
+    let twin = gw.ready["twin"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_end_matches('/');
+    let view = output(command("curl").args([
+        "-sS",
+        "--max-time",
+        "10",
+        &format!("{twin}/s/sbx-a/stripe/veris/requests"),
+    ]));
+    let view = text(&view).0;
+    assert!(view.contains("/v1/charges"), "the twin's view of A: {view}");
+
+    for sandbox in [&a, &b] {
+        let secret = sandbox.password.as_str();
+        for (what, body) in [
+            ("the recording twin's raw log", raw.clone()),
+            ("the built-in twin's view of A", view.clone()),
+            ("the gateway's stderr", gw.stderr()),
+        ] {
+            assert!(
+                !body.contains(secret),
+                "{}'s password in {what}",
+                sandbox.id
+            );
+        }
+        let mut files = Vec::new();
+        all_files(&gw.state, 0, &mut files);
+        for file in files {
+            let bytes = std::fs::read(&file).unwrap_or_default();
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains(secret),
+                "{}'s password in {}",
+                sandbox.id,
+                file.display()
+            );
+        }
+    }
+    gw.stop();
+}
+
+/// Every regular file under `dir` (bounded depth).
+fn all_files(dir: &Path, depth: usize, out: &mut Vec<std::path::PathBuf>) {
+    if depth > 5 {
+        return;
+    }
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => all_files(&path, depth + 1, out),
+            Ok(t) if t.is_file() => out.push(path),
+            _ => {}
+        }
+    }
 }
