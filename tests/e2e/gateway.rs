@@ -473,6 +473,37 @@ fn a_sandbox_cannot_make_the_gateway_dial_loopback_or_the_metadata_address() {
         listener.log().contains("hit"),
         "the listener saw the allowed dial"
     );
+
+    // A platform tunnel that knows only the address (`socks5://`: curl
+    // resolves, here to a TEST-NET address no route reaches): the request
+    // names `localhost`, and the gateway dials what that name resolves to,
+    // never the address the platform gave (which would not answer).
+    let hits = listener.log().matches("hit").count();
+    let port = listener.port;
+    let out = ns.output(
+        ns.command("curl")
+            .args(["-sS", "--max-time", "10", "--proxy", &b.url("socks5")])
+            .args(["--resolve", &format!("localhost:{port}:203.0.113.9")])
+            .arg(format!("http://localhost:{port}/")),
+        netns::DEADLINE,
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success() && stdout == "reached",
+        "an address-only CONNECT whose request names localhost reaches what localhost resolves to: {stdout:?} {stderr}"
+    );
+    assert_eq!(listener.log().matches("hit").count(), hits + 1);
+    let dialed: Vec<String> = allowing
+        .ledger("sbx-b")
+        .iter()
+        .filter(|l| l["kind"] == "passthrough" && l["host"] == "localhost")
+        .map(|l| l["dst"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        dialed,
+        [format!("127.0.0.1:{port}")],
+        "the line names the address the name resolved to, not 203.0.113.9"
+    );
     allowing.stop();
 }
 

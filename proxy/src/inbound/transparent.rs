@@ -415,6 +415,27 @@ impl Transparent {
         }
     }
 
+    /// Dials `dst`, or with `by_name` the name a gateway sandbox's client
+    /// gave; bounded, registered as our own.
+    async fn dial_for(&self, leg: &Leg, dst: SocketAddr, by_name: bool) -> io::Result<OwnDial> {
+        if !by_name {
+            return self.dial(dst).await;
+        }
+        match tokio::time::timeout(
+            self.proxy.connect_timeout,
+            dial::connect_host_for_client(&leg.host, leg.port, None),
+        )
+        .await
+        {
+            Ok(Ok(stream)) => Ok(OwnDial::new(stream, &self.own_dials)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {:?}", self.proxy.connect_timeout),
+            )),
+        }
+    }
+
     /// Phase 3 for TLS: the rest of the ClientHello, then route by its SNI
     /// (or the original IP without one) and terminate, pass or refuse. A
     /// hello that turns out unusable is opaque after all.
@@ -579,16 +600,22 @@ impl Transparent {
                 if req.method() == Method::CONNECT {
                     return Ok::<_, Infallible>(proxy.connect(req, peer, Some(dst)).await);
                 }
-                let host = request_host(&req)
+                let named = request_host(&req)
                     .map(|h| Host::new(&h).into_string())
-                    .filter(|h| !h.is_empty())
-                    .unwrap_or_else(|| dst_name(dst));
+                    .filter(|h| !h.is_empty());
+                // A gateway sandbox's request that names its host is passed
+                // to that name (resolved here, checked by the dial policy),
+                // never to an address the name does not resolve to.
+                let origin = match (&named, tier) {
+                    (Some(_), ListenerTier::Gateway) => None,
+                    _ => Some(dst),
+                };
                 let leg = Leg {
-                    host,
+                    host: named.unwrap_or_else(|| dst_name(dst)),
                     port: dst.port(),
                     tls: false,
                     tier,
-                    origin: Some(dst),
+                    origin,
                     sni_host: false,
                     via: None,
                 };
@@ -727,9 +754,14 @@ impl Transparent {
         let Some(dst) = leg.origin else {
             return;
         };
+        // The gateway tier, a client that named its host: the platform gave
+        // only an address, and the name is what is dialed (resolved here,
+        // each address checked by the dial policy), never an address the
+        // name does not resolve to.
+        let by_name = self.tier == ListenerTier::Gateway && leg.sni_host;
         let mut origin = match dial {
             Some(dial) => dial,
-            None => match self.dial(dst).await {
+            None => match self.dial_for(leg, dst, by_name).await {
                 Ok(dial) => dial,
                 Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                     // Refused by policy (the host's loopback from an
@@ -767,12 +799,16 @@ impl Transparent {
                 }
             },
         };
-        // The address the bytes go to: for a synthetic destination, the
-        // real one its name resolved to. Recorded when the tunnel opens (a
+        let at = match by_name {
+            true => origin.stream.peer_addr().map(canonical).unwrap_or(dst),
+            false => reached(dst, &origin),
+        };
+        // The address the bytes go to: for a synthetic destination (or a
+        // gateway's dial by name), the real one its name resolved to. Recorded when the tunnel opens (a
         // tunnel still open when the proxy stops is in the ledger too); no
         // byte passes unrecorded.
         let Ok(open) = proxy
-            .record_passthrough(leg, reason, Some(reached(dst, &origin)), (0, 0), started)
+            .record_passthrough(leg, reason, Some(at), (0, 0), started)
             .await
         else {
             return;
