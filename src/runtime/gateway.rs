@@ -481,14 +481,7 @@ async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, stop: watch::Re
 }
 
 fn error(status: StatusCode, code: &str, message: String) -> Response<ProxyBody> {
-    let body = json!({"error": code, "message": message});
-    let mut resp = Response::new(veris_proxy::body::full(body.to_string()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    resp
+    ok_json(status, json!({"error": code, "message": message}))
 }
 
 fn ok_json(status: StatusCode, body: serde_json::Value) -> Response<ProxyBody> {

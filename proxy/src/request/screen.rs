@@ -277,26 +277,20 @@ impl Proxy {
     /// so the answer is recorded in its ledger as a `canary` check (at most
     /// one line a second: a probe loop cannot flood the ledger).
     pub(crate) async fn canary(&self) -> Response<ProxyBody> {
-        if self.identity.tier == veris_receipt::ListenerTier::Gateway {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            let last = self
-                .canary_recorded
-                .swap(now, std::sync::atomic::Ordering::Relaxed);
-            if last != now {
-                self.record_or_log(Entry::Check(veris_receipt::CheckLine {
-                    name: "canary".into(),
-                    status: "ok".into(),
-                    detail: format!(
-                        "probed from inside sandbox {} through the gateway",
-                        self.identity.sandbox_id
-                    ),
-                    since_seq: 0,
-                    until_seq: 0,
-                }))
-                .await;
-            }
+        if self.identity.tier == veris_receipt::ListenerTier::Gateway
+            && crate::inbound::gateway::once_a_second(&self.canary_recorded)
+        {
+            self.record_or_log(Entry::Check(veris_receipt::CheckLine {
+                name: "canary".into(),
+                status: "ok".into(),
+                detail: format!(
+                    "probed from inside sandbox {} through the gateway",
+                    self.identity.sandbox_id
+                ),
+                since_seq: 0,
+                until_seq: 0,
+            }))
+            .await;
         }
         respond::json(
             StatusCode::OK,
