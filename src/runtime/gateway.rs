@@ -451,24 +451,46 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     })
 }
 
-/// The admin API until `stop` says true.
+/// The admin API until `stop` says true. As serve's ([`veris_proxy::admin`]):
+/// a client that takes longer than [`Limits::request_head`] for a request
+/// head (a slowloris, or an idle connection) is closed; and at most
+/// [`Limits::max_connections`] are open at once (a new one over that is
+/// closed), so a flood of idle connections cannot take the descriptors the
+/// sandboxes' listener needs.
 async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, stop: watch::Receiver<bool>) {
     let tasks = tokio_util::task::TaskTracker::new();
+    let limits = Limits::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let warned = std::sync::atomic::AtomicU64::new(0);
+    let head_timeout = limits.request_head;
     let accepted = veris_accept::accept_until(
         listener,
         crate::util::until(&stop),
         veris_accept::OnError::Retry,
-        |stream, _peer| {
+        |stream, peer| {
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                if veris_proxy::inbound::gateway::once_a_second(&warned) {
+                    warn!(
+                        max = limits.max_connections,
+                        "too many admin API connections open; closing new ones until some end"
+                    );
+                }
+                return;
+            };
             let shared = shared.clone();
             tasks.spawn(async move {
+                let cancel = shared.cancel.clone();
                 let service = hyper::service::service_fn(move |req| {
                     let shared = shared.clone();
                     async move { Ok::<_, Infallible>(admin_request(shared, req).await) }
                 });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .with_upgrades();
-                let _ = conn.await;
+                let served =
+                    veris_proxy::inbound::http::serve_http1(stream, service, &cancel, head_timeout)
+                        .await;
+                if let Err(e) = served {
+                    tracing::debug!(error = %e, %peer, "admin connection ended with an error");
+                }
+                drop(permit);
             });
         },
     )
