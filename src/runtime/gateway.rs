@@ -234,6 +234,13 @@ async fn close(sandbox: &Sandbox, sealer: &Sealer) {
     }
 }
 
+/// Sets `path`'s mode to exactly `mode`.
+fn private(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {} to {mode:o}", path.display()))
+}
+
 /// What `POST /sandboxes` takes.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -303,10 +310,16 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     })?;
     let dir = shared.state_dir.join(SANDBOXES_DIR).join(&new.id);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // A sandbox's ledger holds one tenant's request paths and hosts: only
+    // the gateway's uid reads it on this host (other tenants read theirs
+    // through the admin API with their read token). Unlike serve's state
+    // dir, no workload on this host needs to read it.
+    private(&dir, 0o700)?;
     let mut own = PublicKeys::load(&dir.join(PUB_FILE))?;
     own.keys.push(shared.sealer.public_key());
     shared.sealer.publish(&dir)?;
     let (ledger, report) = Ledger::open_sealed_by(&dir.join("ledger.jsonl"), &own)?;
+    private(ledger.path(), 0o600)?;
     let ledger = Arc::new(ledger);
     let identity = Identity {
         run_id: crate::util::random_hex(8)?,
