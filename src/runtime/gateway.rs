@@ -40,10 +40,12 @@ use veris_proxy::config::{Flags, Settings};
 use veris_proxy::outbound::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Limits, Proxy, ProxyOptions};
 use veris_receipt::ledger::Ledger;
+use veris_receipt::receipt::CheckStatus;
 use veris_receipt::seal::{PublicKeys, Sealer, PUB_FILE};
-use veris_receipt::{Entry, ListenerTier, Mode, SessionLine};
+use veris_receipt::{CheckLine, Entry, ListenerTier, Mode, SessionLine};
 
 use crate::runtime::live::discovery::{ADDR_FILE, TOKEN_FILE};
+use crate::runtime::live::ServiceRef;
 use crate::tier::gateway::{self as tier, Sandbox, Sandboxes, SANDBOXES_DIR};
 
 /// `veris gateway`'s settings.
@@ -219,10 +221,52 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     Ok(())
 }
 
-/// Ends a sandbox's session: its connections drain, then the final seal.
+/// Ends a sandbox's session: its connections drain, the twin cross-check
+/// of its session is recorded, then the final seal. As at the end of a
+/// `serve`, the check line is what a reader finds once the gateway is gone
+/// (`veris receipt --sandbox ID --key <seal_key>`): without it the window
+/// could never read verified.
 async fn close(sandbox: &Sandbox, sealer: &Sealer) {
     sandbox.timer.abort();
     sandbox.proxy.shutdown().await;
+    // No traffic can arrive now: the window is exact.
+    let since = sandbox.admin.session_seq.saturating_sub(1);
+    let head = sandbox.ledger.head().0;
+    let services: Vec<ServiceRef> = sandbox
+        .admin
+        .services
+        .iter()
+        .map(|(name, upstream)| ServiceRef {
+            name: name.clone(),
+            upstream: upstream.clone(),
+        })
+        .collect();
+    let unrecorded = sandbox.admin.unrecorded.counts();
+    let twin = crate::runtime::live::twin_cross_check_file(
+        sandbox.ledger.path(),
+        since,
+        head,
+        &services,
+        Some(&sandbox.twin_heads),
+        false,
+        Some(&unrecorded),
+    )
+    .await;
+    let line = Entry::Check(CheckLine {
+        name: twin.name,
+        status: match twin.status {
+            CheckStatus::Ok => "ok",
+            CheckStatus::Failed => "failed",
+            _ => "unverified",
+        }
+        .into(),
+        detail: twin.detail,
+        since_seq: since,
+        until_seq: head,
+    });
+    if let Err(e) = sandbox.ledger.append(line) {
+        warn!(sandbox = %sandbox.id, error = %e, "cannot record the sandbox's twin cross-check");
+    }
     if let Err(e) = sandbox.ledger.seal(sealer, "shutdown") {
         warn!(sandbox = %sandbox.id, error = %e, "cannot append the sandbox's final seal");
     }
@@ -345,7 +389,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         key_storage: Some("memory".into()),
         proxy_uid: Some(crate::os::prctl::euid()),
         workload_uid: None,
-        twin_heads: Some(twin_heads),
+        twin_heads: Some(twin_heads.clone()),
         moved_aside: report.moved_aside.clone(),
         coverage: Some(Box::new(tier::coverage())),
     });
@@ -424,6 +468,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         services: services_refs.iter().map(|s| s.name.clone()).collect(),
         mode,
         expires,
+        twin_heads,
         proxy,
         ledger,
         admin,
