@@ -40,10 +40,12 @@ use veris_proxy::config::{Flags, Settings};
 use veris_proxy::outbound::upstream::UpstreamOptions;
 use veris_proxy::{Identity, Limits, Proxy, ProxyOptions};
 use veris_receipt::ledger::Ledger;
+use veris_receipt::receipt::CheckStatus;
 use veris_receipt::seal::{PublicKeys, Sealer, PUB_FILE};
-use veris_receipt::{Entry, ListenerTier, Mode, SessionLine};
+use veris_receipt::{CheckLine, Entry, ListenerTier, Mode, SessionLine};
 
 use crate::runtime::live::discovery::{ADDR_FILE, TOKEN_FILE};
+use crate::runtime::live::ServiceRef;
 use crate::tier::gateway::{self as tier, Sandbox, Sandboxes, SANDBOXES_DIR};
 
 /// `veris gateway`'s settings.
@@ -219,10 +221,52 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     Ok(())
 }
 
-/// Ends a sandbox's session: its connections drain, then the final seal.
+/// Ends a sandbox's session: its connections drain, the twin cross-check
+/// of its session is recorded, then the final seal. As at the end of a
+/// `serve`, the check line is what a reader finds once the gateway is gone
+/// (`veris receipt --sandbox ID --key <seal_key>`): without it the window
+/// could never read verified.
 async fn close(sandbox: &Sandbox, sealer: &Sealer) {
     sandbox.timer.abort();
     sandbox.proxy.shutdown().await;
+    // No traffic can arrive now: the window is exact.
+    let since = sandbox.admin.session_seq.saturating_sub(1);
+    let head = sandbox.ledger.head().0;
+    let services: Vec<ServiceRef> = sandbox
+        .admin
+        .services
+        .iter()
+        .map(|(name, upstream)| ServiceRef {
+            name: name.clone(),
+            upstream: upstream.clone(),
+        })
+        .collect();
+    let unrecorded = sandbox.admin.unrecorded.counts();
+    let twin = crate::runtime::live::twin_cross_check_file(
+        sandbox.ledger.path(),
+        since,
+        head,
+        &services,
+        Some(&sandbox.twin_heads),
+        false,
+        Some(&unrecorded),
+    )
+    .await;
+    let line = Entry::Check(CheckLine {
+        name: twin.name,
+        status: match twin.status {
+            CheckStatus::Ok => "ok",
+            CheckStatus::Failed => "failed",
+            _ => "unverified",
+        }
+        .into(),
+        detail: twin.detail,
+        since_seq: since,
+        until_seq: head,
+    });
+    if let Err(e) = sandbox.ledger.append(line) {
+        warn!(sandbox = %sandbox.id, error = %e, "cannot record the sandbox's twin cross-check");
+    }
     if let Err(e) = sandbox.ledger.seal(sealer, "shutdown") {
         warn!(sandbox = %sandbox.id, error = %e, "cannot append the sandbox's final seal");
     }
@@ -232,6 +276,13 @@ async fn close(sandbox: &Sandbox, sealer: &Sealer) {
             let _ = std::fs::remove_file(dir.join(f));
         }
     }
+}
+
+/// Sets `path`'s mode to exactly `mode`.
+fn private(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {} to {mode:o}", path.display()))
 }
 
 /// What `POST /sandboxes` takes.
@@ -303,10 +354,16 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     })?;
     let dir = shared.state_dir.join(SANDBOXES_DIR).join(&new.id);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // A sandbox's ledger holds one tenant's request paths and hosts: only
+    // the gateway's uid reads it on this host (other tenants read theirs
+    // through the admin API with their read token). Unlike serve's state
+    // dir, no workload on this host needs to read it.
+    private(&dir, 0o700)?;
     let mut own = PublicKeys::load(&dir.join(PUB_FILE))?;
     own.keys.push(shared.sealer.public_key());
     shared.sealer.publish(&dir)?;
     let (ledger, report) = Ledger::open_sealed_by(&dir.join("ledger.jsonl"), &own)?;
+    private(ledger.path(), 0o600)?;
     let ledger = Arc::new(ledger);
     let identity = Identity {
         run_id: crate::util::random_hex(8)?,
@@ -332,7 +389,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         key_storage: Some("memory".into()),
         proxy_uid: Some(crate::os::prctl::euid()),
         workload_uid: None,
-        twin_heads: Some(twin_heads),
+        twin_heads: Some(twin_heads.clone()),
         moved_aside: report.moved_aside.clone(),
         coverage: Some(Box::new(tier::coverage())),
     });
@@ -411,6 +468,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         services: services_refs.iter().map(|s| s.name.clone()).collect(),
         mode,
         expires,
+        twin_heads,
         proxy,
         ledger,
         admin,
@@ -451,24 +509,46 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     })
 }
 
-/// The admin API until `stop` says true.
+/// The admin API until `stop` says true. As serve's ([`veris_proxy::admin`]):
+/// a client that takes longer than [`Limits::request_head`] for a request
+/// head (a slowloris, or an idle connection) is closed; and at most
+/// [`Limits::max_connections`] are open at once (a new one over that is
+/// closed), so a flood of idle connections cannot take the descriptors the
+/// sandboxes' listener needs.
 async fn serve_admin(listener: TcpListener, shared: Arc<Shared>, stop: watch::Receiver<bool>) {
     let tasks = tokio_util::task::TaskTracker::new();
+    let limits = Limits::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let warned = std::sync::atomic::AtomicU64::new(0);
+    let head_timeout = limits.request_head;
     let accepted = veris_accept::accept_until(
         listener,
         crate::util::until(&stop),
         veris_accept::OnError::Retry,
-        |stream, _peer| {
+        |stream, peer| {
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                if veris_proxy::inbound::gateway::once_a_second(&warned) {
+                    warn!(
+                        max = limits.max_connections,
+                        "too many admin API connections open; closing new ones until some end"
+                    );
+                }
+                return;
+            };
             let shared = shared.clone();
             tasks.spawn(async move {
+                let cancel = shared.cancel.clone();
                 let service = hyper::service::service_fn(move |req| {
                     let shared = shared.clone();
                     async move { Ok::<_, Infallible>(admin_request(shared, req).await) }
                 });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .with_upgrades();
-                let _ = conn.await;
+                let served =
+                    veris_proxy::inbound::http::serve_http1(stream, service, &cancel, head_timeout)
+                        .await;
+                if let Err(e) = served {
+                    tracing::debug!(error = %e, %peer, "admin connection ended with an error");
+                }
+                drop(permit);
             });
         },
     )

@@ -64,6 +64,9 @@ pub struct Sandbox {
     pub mode: veris_receipt::Mode,
     /// When it stops being served (`--ttl`), if ever.
     pub expires: Option<SystemTime>,
+    /// The twin's newest log id per service when its session started (the
+    /// start of the twin cross-check recorded when it closes).
+    pub twin_heads: BTreeMap<String, u64>,
     pub proxy: Arc<Proxy>,
     pub ledger: Arc<Ledger>,
     pub admin: Arc<veris_proxy::admin::Admin>,

@@ -763,7 +763,7 @@ fn bind_and_udp_associate_are_refused_with_0x07_and_recorded() {
 }
 
 /// argv HOST PORT USER N: N SOCKS5 logins as USER with wrong passwords
-/// over 4 threads; prints `refused R of N`.
+/// over 16 threads; prints `refused R of N`.
 const LOGIN_FLOOD_PY: &str = r#"
 import socket, sys, threading
 host, port, user, n = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), int(sys.argv[4])
@@ -785,18 +785,18 @@ def one(i):
     with lock:
         count["refused" if ok else "other"] += 1
 def worker(k):
-    for i in range(k, n, 4):
+    for i in range(k, n, 16):
         one(i)
-threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
 for t in threads: t.start()
 for t in threads: t.join()
 print("refused %d of %d" % (count["refused"], n), flush=True)
 "#;
 
 /// Attack: a sandbox (or an outsider) floods A's username with wrong
-/// passwords, to fill A's ledger with noise, or to lock A out. 2,000
+/// passwords, to fill A's ledger with noise, or to lock A out. 10,000
 /// refusals: none in any ledger, A's URL still works, and the gateway's
-/// own log holds rate-limited refusal lines, far fewer than 2,000.
+/// own log holds rate-limited refusal lines, far fewer than 10,000.
 #[test]
 fn failed_logins_never_reach_a_ledger_and_do_not_lock_out_the_real_sandbox() {
     if let Err(why) = support::curl() {
@@ -825,13 +825,13 @@ fn failed_logins_never_reach_a_ledger_and_do_not_lock_out_the_real_sandbox() {
     let out = support::output_within(
         command("python3")
             .arg(&script)
-            .args(["127.0.0.1", &port, &a.username, "2000"]),
+            .args(["127.0.0.1", &port, &a.username, "10000"]),
         Duration::from_secs(300),
     );
     let (stdout, stderr) = text(&out);
     assert_eq!(
         stdout.trim(),
-        "refused 2000 of 2000",
+        "refused 10000 of 10000",
         "every wrong password is refused: {stderr}"
     );
     assert_eq!(
@@ -862,10 +862,10 @@ fn failed_logins_never_reach_a_ledger_and_do_not_lock_out_the_real_sandbox() {
         .lines()
         .filter(|l| l.contains("refused a sandbox credential"))
         .count();
-    println!("gateway stderr: {refusal_lines} refusal lines for 2000 failed logins");
+    println!("gateway stderr: {refusal_lines} refusal lines for 10000 failed logins");
     assert!(
         (1..200).contains(&refusal_lines),
-        "the gateway logs refusals rate-limited: {refusal_lines} lines for 2000"
+        "the gateway logs refusals rate-limited: {refusal_lines} lines for 10000"
     );
     assert!(
         !log.contains("wrong-1"),

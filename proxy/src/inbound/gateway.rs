@@ -121,7 +121,7 @@ pub async fn serve(
 }
 
 /// True at most once a second per `last` (Unix seconds).
-pub(crate) fn once_a_second(last: &AtomicU64) -> bool {
+pub fn once_a_second(last: &AtomicU64) -> bool {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

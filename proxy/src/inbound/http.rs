@@ -129,7 +129,7 @@ where
 /// until a request head (or the next one, on an idle keep-alive
 /// connection) takes longer than `head_timeout`; once `cancel` fires,
 /// in-flight requests finish and the connection closes.
-pub(crate) async fn serve_http1<IO, S, B>(
+pub async fn serve_http1<IO, S, B>(
     stream: IO,
     service: S,
     cancel: &CancellationToken,
