@@ -78,6 +78,39 @@ fn reason(receipt: &Value) -> String {
         .to_string()
 }
 
+/// `veris receipt --json --all` of sandbox `id`, the seal keys `keys`
+/// (each run's, from its ready file) pinned.
+fn receipt_pinned(gw: &Gateway, id: &str, keys: &[String]) -> Value {
+    let file = gw.dir.join(format!("keys-{id}"));
+    std::fs::write(&file, keys.join("\n") + "\n").unwrap();
+    let out = output(
+        gw.veris(&["receipt", "--json", "--all", "--key"])
+            .arg(&file)
+            .arg("--state-dir")
+            .arg(&gw.state)
+            .args(["--sandbox", id]),
+    );
+    let (stdout, stderr) = text(&out);
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("receipt --sandbox {id} is not JSON ({e}): {stdout}{stderr}"))
+}
+
+/// The status of the receipt's integrity check `name`.
+fn check(receipt: &Value, name: &str) -> String {
+    receipt["integrity"]["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == name)
+        .map(|c| c["status"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}
+
+/// The seal key of the gateway's current run.
+fn seal_key(gw: &Gateway) -> String {
+    gw.ready["seal_key"].as_str().expect("seal_key").to_string()
+}
+
 fn sessions(lines: &[Value]) -> Vec<&Value> {
     lines.iter().filter(|l| l["kind"] == "session").collect()
 }
@@ -135,10 +168,11 @@ fn after_a_restart_the_same_urls_and_read_tokens_work_and_removed_ones_stay_refu
         .as_str()
         .unwrap()
         .to_string();
-    let first_key = gw.ready["seal_key"].clone();
+    let first_key = seal_key(&gw);
 
     gw.restart(&[]);
-    assert_ne!(gw.ready["seal_key"], first_key, "a new run, a new seal key");
+    let keys = [first_key, seal_key(&gw)];
+    assert_ne!(keys[0], keys[1], "a new run, a new seal key");
     charge_ok(&a.url("socks5h"), &ca, "A after the restart");
     charge_ok(&b.url("http"), &ca, "B after the restart");
     charge_ok(&b.url("socks5h"), &ca, "B after the restart (socks5h)");
@@ -199,29 +233,36 @@ fn after_a_restart_the_same_urls_and_read_tokens_work_and_removed_ones_stay_refu
         "one session per run"
     );
 
-    let ra = gw.receipt_json("sbx-a");
-    assert_eq!(charges(&ra).len(), 2, "A's calls of both runs: {ra}");
-    assert_eq!(
-        ra["integrity"]["status"],
-        "verified",
-        "A's ledger, sealed by both runs and probed in each: {}",
-        reason(&ra)
-    );
-    let rb = gw.receipt_json("sbx-b");
-    assert_eq!(charges(&rb).len(), 3, "B's calls of both runs: {rb}");
-    assert!(
-        !reason(&rb).contains("final seal"),
-        "B's runs both ended with their final seal: {}",
-        reason(&rb)
-    );
+    // Both runs' seals verify under their pinned keys; each run ended
+    // with its final seal.
+    for (id, calls) in [("sbx-a", 2), ("sbx-b", 3)] {
+        let r = receipt_pinned(&gw, id, &keys);
+        assert_eq!(charges(&r).len(), calls, "{id}'s calls of both runs: {r}");
+        for name in ["chain", "seals"] {
+            assert_eq!(check(&r, name), "ok", "{id}'s {name} check: {r}");
+        }
+        assert!(
+            !reason(&r).contains("final seal"),
+            "{id}'s runs both ended with their final seal: {}",
+            reason(&r)
+        );
+        assert!(
+            r["set_aside"].as_array().is_none_or(|a| a.is_empty()),
+            "{r}"
+        );
+    }
+    let ra = receipt_pinned(&gw, "sbx-a", &keys);
+    assert_eq!(check(&ra, "canary"), "ok", "A probed in each run: {ra}");
     let rg = gw.receipt_json("sbx-gone");
     assert_eq!(charges(&rg).len(), 1, "the removed one's call only: {rg}");
 }
 
-/// Attack: the gateway is SIGKILLed right after a call (no final seal,
-/// perhaps an unsealed tail). After the restart the same URL works, the
-/// receipt holds both calls and never reads verified: it names the
-/// crashed session.
+/// Attack: the gateway is SIGKILLed twice: once after its interval seal
+/// covered A's call (the session has no final seal), once right after a
+/// call (perhaps an unsealed tail). Each time the same URL works after the
+/// restart; the receipt (read after a stop, every run's key pinned) never
+/// reads verified: it names the crashed session, and a ledger the restart
+/// set aside for its unsealed tail is listed with its requests.
 #[test]
 fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash() {
     if let Err(why) = support::curl() {
@@ -230,23 +271,56 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
     let mut gw = Gateway::start("gw-kill", "127.0.0.1:0", &[]);
     let a = gw.add_sandbox_json("sbx-a", "stripe");
     let ca = gw.ca();
+    let mut keys = vec![seal_key(&gw)];
     assert_eq!(probe(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     charge_ok(&a.url("socks5h"), &ca, "A");
+    wait_for("A's call under an interval seal", DEADLINE, || {
+        (gw.ledger("sbx-a").last()?["kind"] == "seal").then_some(())
+    });
     gw.kill_and_restart(&[]);
-    charge_ok(&a.url("socks5h"), &ca, "A after the SIGKILL");
+    keys.push(seal_key(&gw));
+    charge_ok(&a.url("socks5h"), &ca, "A after the first SIGKILL");
+    gw.stop();
+    let r = receipt_pinned(&gw, "sbx-a", &keys);
+    assert_eq!(charges(&r).len(), 2, "both calls: {r}");
+    assert_eq!(check(&r, "chain"), "ok", "one chain across the runs: {r}");
+    assert_ne!(r["integrity"]["status"], "verified", "{r}");
+    assert!(
+        reason(&r).contains("no final seal"),
+        "the receipt names the crashed session: {}",
+        reason(&r)
+    );
+
+    // Killed right after a call: its line may be past the last seal.
+    gw.restart(&[]);
+    keys.push(seal_key(&gw));
+    charge_ok(&a.url("socks5h"), &ca, "A before the second SIGKILL");
+    gw.kill_and_restart(&[]);
+    keys.push(seal_key(&gw));
+    charge_ok(&a.url("socks5h"), &ca, "A after the second SIGKILL");
     assert_eq!(probe(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     gw.stop();
-    let ra = gw.receipt_json("sbx-a");
-    assert_eq!(charges(&ra).len(), 2, "both calls: {ra}");
+    let r = receipt_pinned(&gw, "sbx-a", &keys);
+    let set_aside: u64 = r["set_aside"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| s["requests"].as_u64().unwrap_or(0))
+        .sum();
     assert_ne!(
-        ra["integrity"]["status"], "verified",
-        "a crashed session read verified: {ra}"
+        r["integrity"]["status"], "verified",
+        "a receipt over crashed sessions read verified: {r}"
     );
-    assert!(
-        reason(&ra).contains("no final seal"),
-        "the receipt names the crash: {}",
-        reason(&ra)
-    );
+    if set_aside == 0 {
+        assert_eq!(charges(&r).len(), 4, "every call: {r}");
+        assert!(reason(&r).contains("no final seal"), "{}", reason(&r));
+    } else {
+        // The unsealed tail was moved aside: listed, never counted.
+        assert!(
+            reason(&r).contains("moved") || !check(&r, "moved_aside").is_empty(),
+            "the receipt names the set-aside tail: {r}"
+        );
+    }
 }
 
 /// Attack: records a workload could plant in the state dir while the
