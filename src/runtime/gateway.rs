@@ -8,15 +8,26 @@
 //! (`<state>/sandboxes/<id>/`: `ledger.jsonl`, `ledger.pub`, `admin.addr`
 //! naming its part of the admin API, `admin.token` its read token), so
 //! `veris receipt`, `har` and the TUI read a sandbox as they read a serve.
+//! Its registration record (`sandbox.json`, [`crate::tier::gateway_record`])
+//! brings it back when the gateway starts again on the same state dir: same
+//! credentials and read token, its ledger continued under the new run's key
+//! (a new session line; `ledger.pub` keeps the earlier keys).
+//!
+//! A sandbox is served by the same steps whether added or restored
+//! ([`start`]: [`routes`], [`open_ledger`], its proxy and admin part,
+//! [`write_files`], [`seal_timer`]); at shutdown every sandbox drains at
+//! once ([`close`]).
 //!
 //! Admin API (bearer token from `<state>/admin.token`):
 //! - `POST /sandboxes` `{"id","services":[..],"mode","twin","ttl_secs"}`:
 //!   registers one; answers its credentials (the password only here);
-//! - `GET /sandboxes`; `DELETE /sandboxes/{id}` (final seal, then refused);
+//! - `GET /sandboxes`; `DELETE /sandboxes/{id}` (refused from then on, its
+//!   record revoked, its final seal);
 //! - `/sandboxes/{id}/…`: that sandbox's `/status`, `/ledger`, `/events`,
 //!   `/seal`, `/receipt` ([`veris_proxy::admin`]), with the admin token or
 //!   the sandbox's read token, which reads nothing else.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,6 +40,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -47,6 +59,7 @@ use veris_receipt::{CheckLine, Entry, ListenerTier, Mode, SessionLine};
 use crate::runtime::live::discovery::{ADDR_FILE, TOKEN_FILE};
 use crate::runtime::live::ServiceRef;
 use crate::tier::gateway::{self as tier, Sandbox, Sandboxes, SANDBOXES_DIR};
+use crate::tier::gateway_record::{self as record, Record, RecordLimits};
 
 /// `veris gateway`'s settings.
 pub struct GatewayConfig {
@@ -76,6 +89,8 @@ struct Shared {
     ca_pem: PathBuf,
     per_sandbox_connections: usize,
     sandboxes: Arc<Sandboxes>,
+    /// Ids being added or removed right now ([`reserve`]).
+    busy: std::sync::Mutex<std::collections::BTreeSet<String>>,
     admin_token: String,
     cancel: CancellationToken,
 }
@@ -164,9 +179,13 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         ca_pem: trust.ca_pem.clone(),
         per_sandbox_connections: config.per_sandbox_connections.max(1),
         sandboxes: sandboxes.clone(),
+        busy: std::sync::Mutex::default(),
         admin_token,
         cancel: CancellationToken::new(),
     });
+    // Before the first connection is served: a sandbox the platform holds
+    // is never refused for having been restarted.
+    restore_all(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = tokio::spawn(serve_admin(admin_listener, shared.clone(), stop_rx.clone()));
     let gateway = tokio::spawn(veris_proxy::inbound::gateway::serve(
@@ -205,9 +224,9 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     shared.cancel.cancel();
     let _ = gateway.await;
     let _ = admin.await;
-    for sandbox in sandboxes.all() {
-        close(&sandbox, &shared.sealer).await;
-    }
+    // Every sandbox drains at once: a stop takes one grace, not one each.
+    let all = sandboxes.all();
+    futures_util::future::join_all(all.iter().map(|s| close(s, &shared.sealer))).await;
     let _ = shutdown.send(true);
     if let Some(t) = twin_task {
         let _ = t.await;
@@ -320,88 +339,192 @@ pub struct Registered {
     pub expires: Option<String>,
 }
 
-/// Registers a sandbox: its directory, ledger, session line, proxy and
-/// seal timer.
+/// Registers a sandbox from `POST /sandboxes`: its credentials (the
+/// password only in the answer, its digest in the record), its record
+/// (written before the credentials are answered, so a sandbox the
+/// platform holds survives a restart), then [`start`].
 async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     tier::valid_id(&new.id)?;
-    if shared.sandboxes.get(&new.id).is_some() {
-        bail!(
-            "sandbox {} is registered already. Next: remove it first, or pick another id",
-            new.id
-        );
-    }
-    let twin = new.twin.clone().unwrap_or_else(|| shared.twin.clone());
-    let twin_auth = match &new.twin {
-        Some(_) => None,
-        None => shared.twin_auth.clone(),
+    let _reserved = reserve(shared, &new.id)?;
+    let password = crate::util::random_hex(24)?;
+    let read_token = crate::util::random_hex(32)?;
+    let now = SystemTime::now();
+    let record = Record {
+        v: record::RECORD_VERSION,
+        id: new.id.clone(),
+        password_sha256: record::hex(&tier::digest(&password)),
+        read_token_sha256: record::hex(&tier::digest(&read_token)),
+        services: new
+            .services
+            .iter()
+            .flat_map(|s| s.split(','))
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        mode: new.mode.unwrap_or(shared.default_mode),
+        twin: new.twin.clone(),
+        limits: RecordLimits {
+            max_connections: shared.per_sandbox_connections,
+        },
+        created_ms: record::unix_ms(now),
+        expires_ms: new
+            .ttl_secs
+            .map(|s| record::unix_ms(now + Duration::from_secs(s))),
+        revoked_ms: None,
     };
-    let mode = new.mode.unwrap_or(shared.default_mode);
-    let services: Vec<String> = new
-        .services
-        .iter()
-        .flat_map(|s| s.split(','))
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let settings = Settings::from_flags(Flags {
-        listen: "127.0.0.1:0",
-        twin: &twin,
-        sandbox_id: &new.id,
-        services: &services,
-        routes: &[],
-        mode,
-        allow_passthrough: &[],
-    })?;
-    let dir = shared.state_dir.join(SANDBOXES_DIR).join(&new.id);
+    // The sandbox's dir reads as a live serve's: at registration its
+    // admin.token is the read token itself.
+    let sandbox = start(shared, record, read_token.clone()).await?;
+    let saved = sandbox.record.save(&sandbox_dir(shared, &sandbox.id));
+    if let Err(e) = saved.and_then(|()| shared.sandboxes.insert(sandbox.clone())) {
+        close(&sandbox, &shared.sealer).await;
+        let _ = std::fs::remove_file(sandbox_dir(shared, &sandbox.id).join(record::RECORD_FILE));
+        return Err(e);
+    }
+    info!(sandbox = %new.id, services = ?sandbox.services, mode = ?sandbox.mode, "sandbox registered");
+    let expires = sandbox.expires.map(|e| {
+        time::OffsetDateTime::from(e)
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default()
+    });
+    Ok(Registered {
+        username: new.id.clone(),
+        proxy_url: format!("socks5h://{}:{password}@{}", new.id, shared.listen),
+        http_proxy_url: format!("http://{}:{password}@{}", new.id, shared.listen),
+        address: shared.listen.to_string(),
+        id: new.id,
+        password,
+        read_token,
+        canary: sandbox.admin.identity.canary.clone(),
+        ca: shared.ca_pem.display().to_string(),
+        services: sandbox.services.clone(),
+        mode: sandbox.mode,
+        expires,
+    })
+}
+
+/// Serves every stored record again at start ([`record::load_all`] skips,
+/// with a log line, the removed, the expired and the unreadable). The read
+/// token is kept as a digest only, so the sandbox's `admin.token` is a token
+/// of this run that reads only it; the platform's read token still reads it.
+async fn restore_all(shared: &Arc<Shared>) {
+    let records = record::load_all(&shared.state_dir.join(SANDBOXES_DIR), SystemTime::now());
+    let mut restored = 0usize;
+    for record in records {
+        let id = record.id.clone();
+        let started = match crate::util::random_hex(32) {
+            Ok(local) => start(shared, record, local).await,
+            Err(e) => Err(e),
+        };
+        match started.and_then(|s| shared.sandboxes.insert(s)) {
+            Ok(()) => restored += 1,
+            Err(e) => {
+                warn!(sandbox = %id, error = %format!("{e:#}"), "cannot restore a stored sandbox; it stays refused")
+            }
+        }
+    }
+    if restored > 0 {
+        info!(restored, "sandboxes restored from their records");
+    }
+}
+
+/// Whether `id` is being added or removed right now: such an id is busy
+/// until the guard drops, so that one ledger has one writer.
+struct Reserved<'a> {
+    shared: &'a Shared,
+    id: String,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut busy) = self.shared.busy.lock() {
+            busy.remove(&self.id);
+        }
+    }
+}
+
+/// Reserves `id` for an add: refused when it is registered or busy.
+fn reserve<'a>(shared: &'a Shared, id: &str) -> Result<Reserved<'a>> {
+    let mut busy = shared
+        .busy
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the busy table is poisoned"))?;
+    if busy.contains(id) || shared.sandboxes.get(id).is_some() {
+        bail!("sandbox {id} is registered already. Next: remove it first, or pick another id");
+    }
+    busy.insert(id.to_string());
+    Ok(Reserved {
+        shared,
+        id: id.to_string(),
+    })
+}
+
+/// Removes `id`: refused from now on, its record rewritten `revoked` (so a
+/// restart never serves it again; deleted when it cannot be rewritten),
+/// then its final seal. None: no such sandbox (or one being added or
+/// removed); Err: its record may bring it back after a restart.
+async fn remove(shared: &Arc<Shared>, id: &str) -> Option<Result<()>> {
+    let _reserved = {
+        let mut busy = shared.busy.lock().ok()?;
+        // Being added (not registered yet) or being removed: no such sandbox.
+        if !busy.insert(id.to_string()) {
+            return None;
+        }
+        Reserved {
+            shared,
+            id: id.to_string(),
+        }
+    };
+    let sandbox = shared.sandboxes.remove(id)?;
+    let dir = sandbox_dir(shared, id);
+    let mut revoked = sandbox.record.clone();
+    revoked.revoked_ms = Some(record::unix_ms(SystemTime::now()));
+    let stored = revoked.save(&dir).or_else(|e| {
+        std::fs::remove_file(dir.join(record::RECORD_FILE))
+            .with_context(|| format!("{e:#}; deleting the record instead"))
+    });
+    close(&sandbox, &shared.sealer).await;
+    Some(stored.context("the sandbox is refused now, but its record could not be revoked: a restart would serve it again. Next: delete that file"))
+}
+
+/// `<state>/sandboxes/<id>`.
+fn sandbox_dir(shared: &Shared, id: &str) -> PathBuf {
+    shared.state_dir.join(SANDBOXES_DIR).join(id)
+}
+
+/// Starts serving `record`: routes, ledger and session line, proxy, admin
+/// part (read with `admin_token` or the record's read token), files, seal
+/// timer. Shared by [`add`] and [`restore_all`]; the caller registers it.
+async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Result<Arc<Sandbox>> {
+    record.check(&record.id)?;
+    let (password, read_token) = record
+        .password()
+        .zip(record.read_token())
+        .context("the record's digests are not hex")?;
+    let route = routes(shared, &record)?;
+    let dir = sandbox_dir(shared, &record.id);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     // A sandbox's ledger holds one tenant's request paths and hosts: only
     // the gateway's uid reads it on this host (other tenants read theirs
     // through the admin API with their read token). Unlike serve's state
     // dir, no workload on this host needs to read it.
     private(&dir, 0o700)?;
-    let mut own = PublicKeys::load(&dir.join(PUB_FILE))?;
-    own.keys.push(shared.sealer.public_key());
-    shared.sealer.publish(&dir)?;
-    let (ledger, report) = Ledger::open_sealed_by(&dir.join("ledger.jsonl"), &own)?;
-    private(ledger.path(), 0o600)?;
-    let ledger = Arc::new(ledger);
     let identity = Identity {
         run_id: crate::util::random_hex(8)?,
-        sandbox_id: new.id.clone(),
+        sandbox_id: record.id.clone(),
         canary: format!("cnry_{}", crate::util::random_hex(16)?),
-        mode,
+        mode: record.mode,
         tier: ListenerTier::Gateway,
     };
-    let services_refs = crate::runtime::live::service_refs(&settings.router);
-    let twin_heads = crate::runtime::live::twin_newest_ids(&services_refs).await;
-    let session = Entry::Session(SessionLine {
-        run_id: identity.run_id.clone(),
-        sandbox_id: new.id.clone(),
-        mode,
-        tier: ListenerTier::Gateway,
-        twin: twin.clone(),
-        pid: std::process::id(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        listen: shared.listen.to_string(),
-        recovered_torn_tail: report.torn_tail,
-        key_id: Some(shared.sealer.key_id().to_string()),
-        public_key: Some(shared.sealer.public_key_hex()),
-        key_storage: Some("memory".into()),
-        proxy_uid: Some(crate::os::prctl::euid()),
-        workload_uid: None,
-        twin_heads: Some(twin_heads.clone()),
-        moved_aside: report.moved_aside.clone(),
-        coverage: Some(Box::new(tier::coverage())),
-    });
-    let session_seq = ledger
-        .append(session)
-        .context("writing the sandbox's session line")?;
+    let services_refs = crate::runtime::live::service_refs(&route.settings.router);
+    let (ledger, session_seq, twin_heads) =
+        open_ledger(shared, &dir, &identity, &route.twin, &services_refs).await?;
     let proxy = Proxy::new(
         ProxyOptions {
-            router: settings.router,
+            router: route.settings.router,
             identity: identity.clone(),
-            twin_base: twin.clone(),
-            twin_auth,
+            twin_base: route.twin.clone(),
+            twin_auth: route.twin_auth,
             upstream: UpstreamOptions {
                 roots: shared.roots.clone(),
                 passthrough_roots: Some(shared.passthrough_roots.clone()),
@@ -409,7 +532,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
             },
             grace: Duration::from_secs(5),
             limits: Limits {
-                max_connections: shared.per_sandbox_connections,
+                max_connections: record.limits.max_connections,
                 ..Limits::default()
             },
             capture: None,
@@ -417,14 +540,11 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         shared.issuer.clone(),
         ledger.clone(),
     );
-    let password = crate::util::random_hex(24)?;
-    let read_token = crate::util::random_hex(32)?;
-    let proxy_url = format!("http://{}", shared.listen);
     let admin = Arc::new(veris_proxy::admin::Admin {
-        token: read_token.clone(),
-        identity: identity.clone(),
-        proxy_url: proxy_url.clone(),
-        twin: twin.clone(),
+        token: admin_token.clone(),
+        identity,
+        proxy_url: format!("http://{}", shared.listen),
+        twin: route.twin,
         services: services_refs
             .iter()
             .map(|s| (s.name.clone(), s.upstream.clone()))
@@ -440,73 +560,134 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         metrics_open: false,
         unrecorded: proxy.unrecorded().clone(),
     });
-    let timer = {
-        let (ledger, sealer, cancel) =
-            (ledger.clone(), shared.sealer.clone(), shared.cancel.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    () = cancel.cancelled() => return,
-                    _ = tick.tick() => {}
-                    () = ledger.seal_due() => {}
-                }
-                if let Err(e) = ledger.seal_if_unsealed(&sealer, "interval") {
-                    warn!(error = %e, "cannot append an interval seal");
-                }
-            }
-        })
-    };
-    let expires = new
-        .ttl_secs
-        .map(|s| SystemTime::now() + Duration::from_secs(s));
     let sandbox = Arc::new(Sandbox {
-        id: new.id.clone(),
-        password: tier::digest(&password),
-        read_token: read_token.clone(),
+        id: record.id.clone(),
+        password,
+        read_token_sha256: read_token,
         services: services_refs.iter().map(|s| s.name.clone()).collect(),
-        mode,
-        expires,
+        mode: record.mode,
+        expires: record.expires(),
         twin_heads,
         proxy,
+        timer: seal_timer(shared, &ledger),
         ledger,
         admin,
-        timer,
+        record,
     });
-    // The sandbox's dir reads as a live serve's: its part of the admin API
-    // and the token that reads only it.
+    if let Err(e) = write_files(shared, &dir, &sandbox.id, &admin_token) {
+        close(&sandbox, &shared.sealer).await;
+        return Err(e);
+    }
+    Ok(sandbox)
+}
+
+/// A sandbox's routes and twin.
+struct Route {
+    settings: Settings,
+    twin: String,
+    twin_auth: Option<String>,
+}
+
+/// Its services' routes to its twin (its own, or the gateway's with the
+/// gateway's credential).
+fn routes(shared: &Shared, record: &Record) -> Result<Route> {
+    let twin = record.twin.clone().unwrap_or_else(|| shared.twin.clone());
+    let twin_auth = match &record.twin {
+        Some(_) => None,
+        None => shared.twin_auth.clone(),
+    };
+    let settings = Settings::from_flags(Flags {
+        listen: "127.0.0.1:0",
+        twin: &twin,
+        sandbox_id: &record.id,
+        services: &record.services,
+        routes: &[],
+        mode: record.mode,
+        allow_passthrough: &[],
+    })?;
+    Ok(Route {
+        settings,
+        twin,
+        twin_auth,
+    })
+}
+
+/// Opens (or continues) the sandbox's ledger in `dir` under this run's seal
+/// key — `ledger.pub` keeps the keys of earlier runs, so their seals still
+/// verify — and appends this run's session line; its seq.
+async fn open_ledger(
+    shared: &Shared,
+    dir: &Path,
+    identity: &Identity,
+    twin: &str,
+    services: &[crate::runtime::live::ServiceRef],
+) -> Result<(Arc<Ledger>, u64, BTreeMap<String, u64>)> {
+    let mut own = PublicKeys::load(&dir.join(PUB_FILE))?;
+    own.keys.push(shared.sealer.public_key());
+    shared.sealer.publish(dir)?;
+    let (ledger, report) = Ledger::open_sealed_by(&dir.join("ledger.jsonl"), &own)?;
+    private(ledger.path(), 0o600)?;
+    let ledger = Arc::new(ledger);
+    let twin_heads = crate::runtime::live::twin_newest_ids(services).await;
+    let session = Entry::Session(SessionLine {
+        run_id: identity.run_id.clone(),
+        sandbox_id: identity.sandbox_id.clone(),
+        mode: identity.mode,
+        tier: ListenerTier::Gateway,
+        twin: twin.to_string(),
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        listen: shared.listen.to_string(),
+        recovered_torn_tail: report.torn_tail,
+        key_id: Some(shared.sealer.key_id().to_string()),
+        public_key: Some(shared.sealer.public_key_hex()),
+        key_storage: Some("memory".into()),
+        proxy_uid: Some(crate::os::prctl::euid()),
+        workload_uid: None,
+        twin_heads: Some(twin_heads.clone()),
+        moved_aside: report.moved_aside.clone(),
+        coverage: Some(Box::new(tier::coverage())),
+    });
+    let seq = ledger
+        .append(session)
+        .context("writing the sandbox's session line")?;
+    Ok((ledger, seq, twin_heads))
+}
+
+/// Seals the ledger's unsealed lines once a second (or when due) until the
+/// gateway stops.
+fn seal_timer(shared: &Shared, ledger: &Arc<Ledger>) -> tokio::task::JoinHandle<()> {
+    let (ledger, sealer, cancel) = (ledger.clone(), shared.sealer.clone(), shared.cancel.clone());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+                () = ledger.seal_due() => {}
+            }
+            if let Err(e) = ledger.seal_if_unsealed(&sealer, "interval") {
+                warn!(error = %e, "cannot append an interval seal");
+            }
+        }
+    })
+}
+
+/// The sandbox's dir reads as a live serve's: its part of the admin API
+/// (`admin.addr`) and a token that reads only it (`admin.token`).
+fn write_files(shared: &Shared, dir: &Path, id: &str, token: &str) -> Result<()> {
     write_file(
         &dir.join(TOKEN_FILE),
-        format!("{read_token}\n").as_bytes(),
+        format!("{token}\n").as_bytes(),
         0o600,
     )?;
     write_file(
         &dir.join(ADDR_FILE),
-        format!("{}/sandboxes/{}\n", shared.admin_addr, new.id).as_bytes(),
+        format!("{}/sandboxes/{id}\n", shared.admin_addr).as_bytes(),
         0o644,
     )?;
-    shared.sandboxes.insert(sandbox.clone())?;
-    info!(sandbox = %new.id, services = ?sandbox.services, ?mode, "sandbox registered");
-    let expires = expires.map(|e| {
-        time::OffsetDateTime::from(e)
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default()
-    });
-    Ok(Registered {
-        username: new.id.clone(),
-        proxy_url: format!("socks5h://{}:{password}@{}", new.id, shared.listen),
-        http_proxy_url: format!("http://{}:{password}@{}", new.id, shared.listen),
-        address: shared.listen.to_string(),
-        id: new.id,
-        password,
-        read_token,
-        canary: identity.canary,
-        ca: shared.ca_pem.display().to_string(),
-        services: sandbox.services.clone(),
-        mode,
-        expires,
-    })
+    Ok(())
 }
 
 /// The admin API until `stop` says true. As serve's ([`veris_proxy::admin`]):
@@ -584,7 +765,6 @@ fn bearer<B>(req: &Request<B>) -> Option<&str> {
 }
 
 fn same(a: &str, b: &str) -> bool {
-    use subtle::ConstantTimeEq;
     bool::from(tier::digest(a).ct_eq(&tier::digest(b)))
 }
 
@@ -649,11 +829,18 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                 ),
             }
         }
-        (Method::DELETE, ["sandboxes", id]) if is_admin => match shared.sandboxes.remove(id) {
-            Some(sandbox) => {
-                close(&sandbox, &shared.sealer).await;
+        (Method::DELETE, ["sandboxes", id]) if is_admin => match remove(&shared, id).await {
+            Some(Ok(())) => {
                 info!(sandbox = %id, "sandbox removed");
                 ok_json(StatusCode::OK, json!({"removed": id}))
+            }
+            Some(Err(e)) => {
+                warn!(sandbox = %id, error = %format!("{e:#}"), "sandbox removed, its record not revoked");
+                error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "veris_sandbox_not_revoked",
+                    format!("{e:#}"),
+                )
             }
             None => error(
                 StatusCode::NOT_FOUND,
@@ -669,11 +856,15 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                     format!("no sandbox {id:?}"),
                 );
             };
-            // The gateway's token reads every sandbox: it stands in for
-            // this one's read token, which alone reads nothing else.
-            if is_admin {
+            // The gateway's token reads every sandbox, and the read token
+            // (kept as its digest) reads this one: each stands in for the
+            // token of its admin part, which alone reads nothing else.
+            let is_reader = bearer(&req).is_some_and(|t| {
+                bool::from(tier::digest(t.trim()).ct_eq(&sandbox.read_token_sha256))
+            });
+            if is_admin || is_reader {
                 if let Ok(v) =
-                    http::HeaderValue::from_str(&format!("Bearer {}", sandbox.read_token))
+                    http::HeaderValue::from_str(&format!("Bearer {}", sandbox.admin.token))
                 {
                     req.headers_mut().insert(http::header::AUTHORIZATION, v);
                 }

@@ -6,7 +6,8 @@
 //! - the **sandboxes** ([`Sandboxes`]): each a tenant with its own
 //!   credential (the password kept only as its SHA-256, compared in
 //!   constant time), read token, routes, mode, twin base, connection cap,
-//!   expiry, proxy and ledger;
+//!   expiry, proxy and ledger; its registration record
+//!   ([`crate::tier::gateway_record`]) is what survives a restart;
 //! - what a sandbox's **session line** records: the gateway tier, and the
 //!   coverage that is the platform's word ([`coverage`]);
 //! - the **credential check** the listener asks
@@ -58,8 +59,9 @@ pub struct Sandbox {
     /// SHA-256 of its password (a high-entropy secret: a plain digest is
     /// enough, no password-hardening needed).
     pub password: [u8; 32],
-    /// Reads its receipt and ledger from the admin API, and nothing else.
-    pub read_token: String,
+    /// SHA-256 of its read token, which reads its receipt and ledger from
+    /// the admin API, and nothing else.
+    pub read_token_sha256: [u8; 32],
     pub services: Vec<String>,
     pub mode: veris_receipt::Mode,
     /// When it stops being served (`--ttl`), if ever.
@@ -72,6 +74,8 @@ pub struct Sandbox {
     pub admin: Arc<veris_proxy::admin::Admin>,
     /// Its seal timer.
     pub timer: tokio::task::JoinHandle<()>,
+    /// Its registration as stored ([`crate::tier::gateway_record`]).
+    pub record: crate::tier::gateway_record::Record,
 }
 
 impl Sandbox {

@@ -13,6 +13,7 @@ pub mod bundles;
 pub mod confined;
 pub mod explicit;
 pub mod gateway;
+pub mod gateway_record;
 pub mod handover;
 pub mod isolated;
 pub mod transparent;

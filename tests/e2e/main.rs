@@ -26,6 +26,7 @@ mod faults;
 mod forgery;
 mod gateway;
 mod gateway_attacks;
+mod gateway_restart;
 mod har;
 mod integrity;
 mod isolated;

@@ -780,3 +780,65 @@ impl Drop for PyServer {
         let _ = self.child.wait();
     }
 }
+
+impl Gateway {
+    /// SIGTERM, then `veris gateway` again on the same state dir and
+    /// listen address (its ready file read anew).
+    pub fn restart(&mut self, extra: &[&str]) {
+        self.stop();
+        self.respawn(extra);
+    }
+
+    /// SIGKILL (no final seal, files left behind), then the same as
+    /// [`Gateway::restart`].
+    pub fn kill_and_restart(&mut self, extra: &[&str]) {
+        self.process.signal("KILL");
+        if self.process.wait_timeout(DEADLINE).is_none() {
+            panic!("veris gateway did not die on SIGKILL");
+        }
+        self.respawn(extra);
+    }
+
+    /// Starts the gateway again in this one's place; the earlier run's
+    /// stderr stays in `gateway.stderr.N`.
+    fn respawn(&mut self, extra: &[&str]) {
+        let ready_file = self.dir.join("ready.json");
+        let _ = std::fs::remove_file(&ready_file);
+        let mut n = 1;
+        while self.dir.join(format!("gateway.stderr.{n}")).exists() {
+            n += 1;
+        }
+        let _ = std::fs::rename(
+            &self.stderr_file,
+            self.dir.join(format!("gateway.stderr.{n}")),
+        );
+        let listen = self.listen.to_string();
+        let mut cmd = veris_in(self.netns.as_deref());
+        cmd.args(["gateway", "--state-dir"])
+            .arg(&self.state)
+            .args(["--listen", &listen, "--ready-file"])
+            .arg(&ready_file)
+            .args(extra)
+            .env("VERIS_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(self.dir.join("gateway.stdout")).expect("stdout file"))
+            .stderr(std::fs::File::create(&self.stderr_file).expect("stderr file"));
+        self.process = Guard::spawn(&mut cmd);
+        let stderr_file = self.stderr_file.clone();
+        let process = &mut self.process;
+        self.ready = wait_for("the restarted gateway's ready file", DEADLINE, || {
+            if let Ok(Some(status)) = process.child().try_wait() {
+                let stderr = std::fs::read_to_string(&stderr_file).unwrap_or_default();
+                panic!("the restarted veris gateway exited early ({status}): {stderr}");
+            }
+            let text = std::fs::read_to_string(&ready_file).ok()?;
+            serde_json::from_str::<Value>(&text).ok()
+        });
+        assert_eq!(
+            self.ready["listen"].as_str(),
+            Some(listen.as_str()),
+            "the restarted gateway listens where it did: {}",
+            self.ready
+        );
+    }
+}
