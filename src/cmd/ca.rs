@@ -147,30 +147,49 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
         }
         CaCommand::Env(args) => {
             let l = load(&args.dirs)?;
-            // No routes here: every catalog host is kept out of NO_PROXY.
-            let catalog: Vec<String> = veris_proxy::catalog::CATALOG
-                .iter()
-                .flat_map(|s| s.claims.iter().map(|(host, _)| host.to_string()))
-                .collect();
-            // Trust only: no NO_PROXY is written, so nothing to warn about.
-            let no_proxy = if args.trust_only {
-                Vec::new()
-            } else {
-                merged_no_proxy(&catalog)
-            };
-            let base = EnvBase::from_env();
-            let spec = EnvSpec {
-                proxy_url: &args.proxy,
-                no_proxy: &no_proxy,
-                sandbox_id: &args.sandbox,
-                canary: &args.canary,
-                trust: &l.trust,
-                trust_only: args.trust_only,
-                java_tool_options_base: base.java_tool_options.as_deref(),
-                php_ini_scan_dir_base: base.php_ini_scan_dir.as_deref(),
-            };
-            crate::out!("{}", env::render(&env::vars(&spec), args.format.into()));
+            let text = env_file(
+                &l.trust,
+                (!args.trust_only).then_some(args.proxy.as_str()),
+                &args.sandbox,
+                &args.canary,
+                args.format,
+            );
+            crate::out!("{text}");
         }
     }
     Ok(0)
+}
+
+/// The client env file for the trust files `trust`: the trust variables,
+/// and the proxy variables for `proxy` unless it is `None` (trust only).
+/// `veris ca env` and `veris gateway ca --env` print it.
+pub fn env_file(
+    trust: &veris_ca::trust::TrustFiles,
+    proxy: Option<&str>,
+    sandbox: &str,
+    canary: &str,
+    format: EnvFormatArg,
+) -> String {
+    // No routes here: every catalog host is kept out of NO_PROXY.
+    let catalog: Vec<String> = veris_proxy::catalog::CATALOG
+        .iter()
+        .flat_map(|s| s.claims.iter().map(|(host, _)| host.to_string()))
+        .collect();
+    // Trust only: no NO_PROXY is written, so nothing to warn about.
+    let no_proxy = match proxy {
+        Some(_) => merged_no_proxy(&catalog),
+        None => Vec::new(),
+    };
+    let base = EnvBase::from_env();
+    let spec = EnvSpec {
+        proxy_url: proxy.unwrap_or_default(),
+        no_proxy: &no_proxy,
+        sandbox_id: sandbox,
+        canary,
+        trust,
+        trust_only: proxy.is_none(),
+        java_tool_options_base: base.java_tool_options.as_deref(),
+        php_ini_scan_dir_base: base.php_ini_scan_dir.as_deref(),
+    };
+    env::render(&env::vars(&spec), format.into())
 }

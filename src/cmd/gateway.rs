@@ -30,8 +30,10 @@ pub enum Action {
     RemoveSandbox(IdArgs),
     /// List the live gateway's sandboxes.
     ListSandboxes(StateArgs),
-    /// Print the path of the gateway's CA certificate, the one file a sandbox needs.
-    Ca(StateArgs),
+    /// Print the path of the gateway's CA certificate, the one file a
+    /// sandbox needs; or the certificate, or the env and Java trust files
+    /// that make a sandbox's clients trust it.
+    Ca(CaArgs),
 }
 
 #[derive(Args, Debug)]
@@ -72,6 +74,35 @@ pub struct StateArgs {
     /// The gateway's state dir.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct CaArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Print the CA certificate itself (PEM), to copy into a sandbox.
+    #[arg(long, conflicts_with_all = ["env", "java"])]
+    pub pem: bool,
+    /// Print the env file that makes clients trust the gateway's CA, as
+    /// `veris ca env --trust-only` does (SSL_CERT_FILE, REQUESTS_CA_BUNDLE,
+    /// NODE_EXTRA_CA_CERTS, JAVA_TOOL_OPTIONS, …), naming the files in
+    /// <state>/trust. No proxy variables: the platform sends the
+    /// sandbox's traffic to the gateway.
+    #[arg(long, conflicts_with = "java")]
+    pub env: bool,
+    /// Print the path of the Java trust store (JKS) that holds the CA.
+    #[arg(long)]
+    pub java: bool,
+    /// With --env: the sandbox's id, as VERIS_SANDBOX_ID.
+    #[arg(long, value_name = "ID", requires = "env")]
+    pub sandbox: Option<String>,
+    /// With --env: the sandbox's canary (`add-sandbox --json`), as
+    /// VERIS_CANARY, which `veris check --gateway` compares.
+    #[arg(long, value_name = "TOKEN", requires = "env")]
+    pub canary: Option<String>,
+    /// With --env: the env file's format.
+    #[arg(long, value_enum, default_value = "posix")]
+    pub format: crate::runtime::stack::EnvFormatArg,
 }
 
 #[derive(Args, Debug)]
@@ -134,20 +165,51 @@ pub async fn gateway(cmd: GatewayCmd) -> Result<u8> {
             }
             Ok(0)
         }
-        Some(Action::Ca(a)) => {
-            let dir = crate::util::state_dir(a.state_dir);
-            let ca = veris_ca::trust::TrustFiles::at(&dir.join("trust")).ca_pem;
-            if !ca.exists() {
-                bail!(
-                    "no gateway CA in {}. Next: start `veris gateway --state-dir {}` once",
-                    dir.display(),
-                    dir.display()
-                );
-            }
-            crate::outln!("{}", ca.display());
-            Ok(0)
-        }
+        Some(Action::Ca(a)) => ca(a),
     }
+}
+
+/// `veris gateway ca`: the trust files the gateway published when it
+/// started (it alone writes them; this reads).
+fn ca(a: CaArgs) -> Result<u8> {
+    let dir = crate::util::state_dir(a.state.state_dir);
+    let trust = veris_ca::trust::TrustFiles::at(&dir.join("trust"));
+    let wanted = if a.java {
+        &trust.truststore
+    } else {
+        &trust.ca_pem
+    };
+    if !wanted.is_file() {
+        bail!(
+            "no gateway trust files in {} ({} is missing). Next: start `veris gateway --state-dir {}` once",
+            trust.dir.display(),
+            wanted.display(),
+            dir.display()
+        );
+    }
+    if a.pem {
+        let pem = crate::util::read_bounded(&trust.ca_pem, 64 << 10, false)
+            .with_context(|| format!("reading {}", trust.ca_pem.display()))?;
+        crate::out!("{pem}");
+    } else if a.env {
+        let text = crate::cmd::ca::env_file(
+            &trust,
+            None,
+            a.sandbox.as_deref().unwrap_or_default(),
+            a.canary.as_deref().unwrap_or_default(),
+            a.format,
+        );
+        crate::out!("{text}");
+    } else if a.java {
+        eprintln!(
+            "veris: Java trust store ({}, password {:?}); JAVA_TOOL_OPTIONS in `veris gateway ca --env` names it",
+            trust.truststore_type, trust.truststore_password
+        );
+        crate::outln!("{}", trust.truststore.display());
+    } else {
+        crate::outln!("{}", trust.ca_pem.display());
+    }
+    Ok(0)
 }
 
 async fn serve(args: GatewayArgs) -> Result<u8> {

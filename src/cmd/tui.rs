@@ -34,6 +34,11 @@ pub struct TuiArgs {
     /// Follow this run's ledger in the state dir (`veris runs` lists them).
     #[arg(long, value_name = "ID", conflicts_with_all = ["admin", "ledger"])]
     pub run: Option<String>,
+    /// Follow a gateway's sandbox (--state-dir is the gateway's): live
+    /// through the gateway's admin API with the sandbox's read token, its
+    /// ledger file while the gateway is down.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["admin", "ledger", "run"])]
+    pub sandbox: Option<String>,
     /// Rows kept in memory; older ones are counted, not shown.
     #[arg(long, default_value_t = DEFAULT_CAPACITY, value_name = "N")]
     pub rows: usize,
@@ -87,10 +92,14 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
         let source = crate::runtime::ledgers::resolve(&state_dir, None, Some(id), false)?;
         SourceSpec::Ledger(source.path().to_path_buf())
     } else {
-        SourceSpec::StateDir(
-            crate::util::state_dir(args.state_dir.clone()),
-            crate::runtime::ledgers::followed,
-        )
+        // A sandbox's dir reads as a serve's state dir (its admin.addr
+        // names its part of the gateway's admin API).
+        let window = crate::runtime::receipt::WindowArgs {
+            state_dir: args.state_dir.clone(),
+            sandbox: args.sandbox.clone(),
+            ..Default::default()
+        };
+        SourceSpec::StateDir(window.state_dir()?, crate::runtime::ledgers::followed)
     };
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!("veris tui needs an interactive terminal. Next: run it in a terminal, or use `veris receipt` for a one-shot summary");

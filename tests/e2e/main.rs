@@ -27,6 +27,7 @@ mod forgery;
 mod gateway;
 mod gateway_attacks;
 mod gateway_restart;
+mod gateway_inside;
 mod har;
 mod integrity;
 mod isolated;
