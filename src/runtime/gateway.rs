@@ -10,8 +10,10 @@
 //! `veris receipt`, `har` and the TUI read a sandbox as they read a serve.
 //!
 //! Admin API (bearer token from `<state>/admin.token`):
-//! - `POST /sandboxes` `{"id","services":[..],"mode","twin","ttl_secs"}`:
-//!   registers one; answers its credentials (the password only here);
+//! - `POST /sandboxes` `{"id","services":[..],"mode","twin","ttl_secs",
+//!   "max_connections","max_rps","max_bytes_per_sec"}`: registers one (a
+//!   limit left out is the gateway's `--sandbox-…` default, 0 a rate
+//!   without limit); answers its credentials (the password only here);
 //! - `GET /sandboxes`; `DELETE /sandboxes/{id}` (final seal, then refused);
 //! - `/sandboxes/{id}/…`: that sandbox's `/status`, `/ledger`, `/events`,
 //!   `/seal`, `/receipt` ([`veris_proxy::admin`]), with the admin token or
@@ -56,7 +58,17 @@ pub struct GatewayConfig {
     pub mode: Mode,
     pub allow_dial: Vec<veris_proxy::outbound::policy::Cidr>,
     pub max_connections: usize,
-    pub per_sandbox_connections: usize,
+    /// Each sandbox's limits unless it names its own.
+    pub sandbox_limits: SandboxLimits,
+}
+
+/// A sandbox's limits: connections open at once, requests and bytes a
+/// second (0: no limit on that rate).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct SandboxLimits {
+    pub max_connections: usize,
+    pub max_rps: u32,
+    pub max_bytes_per_sec: u64,
 }
 
 /// What every sandbox's proxy shares.
@@ -72,7 +84,7 @@ struct Shared {
     roots: rustls::RootCertStore,
     passthrough_roots: rustls::RootCertStore,
     ca_pem: PathBuf,
-    per_sandbox_connections: usize,
+    sandbox_limits: SandboxLimits,
     sandboxes: Arc<Sandboxes>,
     admin_token: String,
     cancel: CancellationToken,
@@ -160,7 +172,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         roots,
         passthrough_roots,
         ca_pem: trust.ca_pem.clone(),
-        per_sandbox_connections: config.per_sandbox_connections.max(1),
+        sandbox_limits: config.sandbox_limits,
         sandboxes: sandboxes.clone(),
         admin_token,
         cancel: CancellationToken::new(),
@@ -247,6 +259,12 @@ pub struct NewSandbox {
     pub twin: Option<String>,
     #[serde(default)]
     pub ttl_secs: Option<u64>,
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    #[serde(default)]
+    pub max_rps: Option<u32>,
+    #[serde(default)]
+    pub max_bytes_per_sec: Option<u64>,
 }
 
 /// What `POST /sandboxes` answers: everything a platform needs, once.
@@ -267,6 +285,9 @@ pub struct Registered {
     pub services: Vec<String>,
     pub mode: Mode,
     pub expires: Option<String>,
+    /// Its limits, its own or the gateway's defaults.
+    #[serde(default)]
+    pub limits: Option<SandboxLimits>,
 }
 
 /// Registers a sandbox: its directory, ledger, session line, proxy and
@@ -285,6 +306,15 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         None => shared.twin_auth.clone(),
     };
     let mode = new.mode.unwrap_or(shared.default_mode);
+    let defaults = shared.sandbox_limits;
+    let limits = SandboxLimits {
+        max_connections: new
+            .max_connections
+            .unwrap_or(defaults.max_connections)
+            .max(1),
+        max_rps: new.max_rps.unwrap_or(defaults.max_rps),
+        max_bytes_per_sec: new.max_bytes_per_sec.unwrap_or(defaults.max_bytes_per_sec),
+    };
     let services: Vec<String> = new
         .services
         .iter()
@@ -352,7 +382,9 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
             },
             grace: Duration::from_secs(5),
             limits: Limits {
-                max_connections: shared.per_sandbox_connections,
+                max_connections: limits.max_connections,
+                max_rps: limits.max_rps,
+                max_bytes_per_sec: limits.max_bytes_per_sec,
                 ..Limits::default()
             },
             capture: None,
@@ -448,6 +480,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         services: sandbox.services.clone(),
         mode,
         expires,
+        limits: Some(limits),
     })
 }
 
@@ -534,6 +567,9 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                         "services": s.services,
                         "mode": s.mode,
                         "open_connections": s.proxy.open_connections(),
+                        "max_connections": s.proxy.limits().max_connections,
+                        "max_rps": s.proxy.limits().max_rps,
+                        "max_bytes_per_sec": s.proxy.limits().max_bytes_per_sec,
                         "expired": s.expired(SystemTime::now()),
                     })
                 })
