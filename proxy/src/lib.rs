@@ -10,7 +10,9 @@
 //! - [`outbound`]: how veris dials out — its own dials, the upstream client,
 //!   passthrough;
 //! - [`body`]: the wrappers that count, meter and capture bodies;
-//! - [`admin`]: the admin API, `/metrics` and the traffic summary.
+//! - [`admin`]: the admin API, `/metrics` and the traffic summary;
+//! - [`limit`]: a gateway sandbox's request and byte rates, and the lines
+//!   that record their hits.
 //!
 //! This file holds the [`Proxy`] every connection shares and its wiring.
 //!
@@ -58,6 +60,7 @@ pub mod canary;
 pub mod catalog;
 pub mod config;
 pub mod inbound;
+pub mod limit;
 pub mod outbound;
 pub mod request;
 mod sys;
@@ -126,6 +129,12 @@ pub struct Limits {
     /// Client connections open at once, over every listener; more are
     /// closed as soon as they are accepted.
     pub max_connections: usize,
+    /// A gateway sandbox's requests (and tunnel opens) a second, with a
+    /// second's worth as a burst; 0 is unlimited ([`limit`]).
+    pub max_rps: u32,
+    /// A gateway sandbox's bytes a second, both directions of every
+    /// connection together; 0 is unlimited ([`limit::throttle`]).
+    pub max_bytes_per_sec: u64,
 }
 
 impl Default for Limits {
@@ -134,6 +143,8 @@ impl Default for Limits {
             handshake: Duration::from_secs(10),
             request_head: Duration::from_secs(30),
             max_connections: 4096,
+            max_rps: 0,
+            max_bytes_per_sec: 0,
         }
     }
 }
@@ -167,10 +178,8 @@ pub struct Proxy {
     refused_warned: std::sync::atomic::AtomicU64,
     /// When a gateway sandbox's canary probe was last recorded (Unix secs).
     canary_recorded: std::sync::atomic::AtomicU64,
-    /// When a gateway sandbox's limit line was last written (Unix secs),
-    /// and the refusals since.
-    limit_recorded: std::sync::atomic::AtomicU64,
-    limit_refused: std::sync::atomic::AtomicU64,
+    /// A gateway sandbox's rate limits and the lines of every limit's hits.
+    limiter: Arc<limit::Limiter>,
     /// Counts for the periodic `info` line (the per-request one is `debug`).
     summary: summary::Summary,
     /// Counts for `/metrics` (atomics; the rest is read when scraped).
@@ -201,6 +210,14 @@ impl Proxy {
     ) -> Arc<Proxy> {
         let connect_timeout = options.upstream.connect_timeout;
         let stats = Arc::new(metrics::Stats::new(options.router.services().len()));
+        let (tasks, cancel) = (TaskTracker::new(), CancellationToken::new());
+        let limiter = limit::Limiter::new(
+            options.limits,
+            recorder.clone(),
+            tasks.clone(),
+            cancel.clone(),
+            options.identity.sandbox_id.clone(),
+        );
         Arc::new(Proxy {
             router: options.router,
             identity: options.identity,
@@ -218,16 +235,15 @@ impl Proxy {
             issuer,
             recorder,
             resolve,
-            tasks: TaskTracker::new(),
-            cancel: CancellationToken::new(),
+            tasks,
+            cancel,
             exchanges: TaskTracker::new(),
             abandon: CancellationToken::new(),
             limits: options.limits,
             connections: Arc::new(tokio::sync::Semaphore::new(options.limits.max_connections)),
             refused_warned: std::sync::atomic::AtomicU64::new(0),
             canary_recorded: std::sync::atomic::AtomicU64::new(0),
-            limit_recorded: std::sync::atomic::AtomicU64::new(0),
-            limit_refused: std::sync::atomic::AtomicU64::new(0),
+            limiter,
             summary: summary::Summary::default(),
             stats,
             tls: tls::ServerConfigs::new(Issuer::DEFAULT_CAPACITY),
@@ -302,6 +318,15 @@ impl Proxy {
     pub async fn shutdown(&self) {
         self.summary.flush();
         self.drain().await;
+    }
+
+    /// Its limits, as configured.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn limiter(&self) -> &Arc<limit::Limiter> {
+        &self.limiter
     }
 
     pub fn identity(&self) -> &Identity {

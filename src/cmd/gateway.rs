@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use veris_admin_client::{connect, exchange, within, HttpUrl, Limits, Request};
 
-use crate::runtime::gateway::{GatewayConfig, Registered};
+use crate::runtime::gateway::{GatewayConfig, Registered, SandboxLimits};
 use crate::runtime::live::discovery::{ADDR_FILE, TOKEN_FILE};
 use crate::runtime::stack::ModeArg;
 
@@ -67,6 +67,18 @@ pub struct GatewayArgs {
     /// Connections one sandbox may have open at once.
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub sandbox_connections: usize,
+    /// Requests (and tunnel opens) one sandbox may make a second, a
+    /// second's worth at once; more are answered 429 (0: no limit). The
+    /// default is a tenth of what the gateway serves on one core: one busy
+    /// sandbox cannot starve the others, a test suite is never near it.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub sandbox_rps: u32,
+    /// Bytes one sandbox may move a second, both directions of all its
+    /// connections together; more wait, nothing is dropped. Default 0 (no
+    /// limit): the right figure is a share of the gateway's link, which
+    /// veris cannot know.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub sandbox_bytes_per_sec: u64,
 }
 
 #[derive(Args, Debug)]
@@ -131,6 +143,18 @@ pub struct AddArgs {
     /// How long it is served, e.g. 3600, 90m, 2h [default: until removed].
     #[arg(long, value_name = "DURATION")]
     pub ttl: Option<String>,
+    /// Connections it may have open at once [default: the gateway's
+    /// --sandbox-connections].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Requests it may make a second, 0 for no limit [default: the
+    /// gateway's --sandbox-rps].
+    #[arg(long, value_name = "N")]
+    pub max_rps: Option<u32>,
+    /// Bytes it may move a second, 0 for no limit [default: the gateway's
+    /// --sandbox-bytes-per-sec].
+    #[arg(long, value_name = "N")]
+    pub max_bytes_per_sec: Option<u64>,
     /// Print every field (address, username, password, read token, CA,
     /// canary) as JSON instead.
     #[arg(long)]
@@ -148,9 +172,10 @@ pub async fn gateway(cmd: GatewayCmd) -> Result<u8> {
         }
         Some(Action::ListSandboxes(a)) => {
             let answer = admin(&a, "GET", "/sandboxes", None).await?;
+            // id, mode, services, then its limits (0: no limit).
             for s in answer["sandboxes"].as_array().into_iter().flatten() {
                 crate::outln!(
-                    "{}\t{}\t{}",
+                    "{}\t{}\t{}\tconnections={} rps={} bytes_per_sec={}",
                     s["id"].as_str().unwrap_or_default(),
                     s["mode"].as_str().unwrap_or_default(),
                     s["services"]
@@ -160,7 +185,10 @@ pub async fn gateway(cmd: GatewayCmd) -> Result<u8> {
                             .filter_map(|x| x.as_str())
                             .collect::<Vec<_>>()
                             .join(","))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    s["max_connections"],
+                    s["max_rps"],
+                    s["max_bytes_per_sec"],
                 );
             }
             Ok(0)
@@ -230,7 +258,11 @@ async fn serve(args: GatewayArgs) -> Result<u8> {
         mode: args.mode.into(),
         allow_dial,
         max_connections: args.max_connections,
-        per_sandbox_connections: args.sandbox_connections,
+        sandbox_limits: SandboxLimits {
+            max_connections: args.sandbox_connections.max(1),
+            max_rps: args.sandbox_rps,
+            max_bytes_per_sec: args.sandbox_bytes_per_sec,
+        },
     };
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
@@ -253,6 +285,9 @@ async fn add(a: AddArgs) -> Result<u8> {
         "mode": a.mode.map(veris_receipt::Mode::from),
         "twin": a.twin,
         "ttl_secs": ttl_secs,
+        "max_connections": a.max_connections,
+        "max_rps": a.max_rps,
+        "max_bytes_per_sec": a.max_bytes_per_sec,
     });
     let answer = admin(&a.state, "POST", "/sandboxes", Some(body.to_string())).await?;
     let registered: Registered =

@@ -19,8 +19,10 @@
 //! once ([`close`]).
 //!
 //! Admin API (bearer token from `<state>/admin.token`):
-//! - `POST /sandboxes` `{"id","services":[..],"mode","twin","ttl_secs"}`:
-//!   registers one; answers its credentials (the password only here);
+//! - `POST /sandboxes` `{"id","services":[..],"mode","twin","ttl_secs",
+//!   "max_connections","max_rps","max_bytes_per_sec"}`: registers one (a
+//!   limit left out is the gateway's `--sandbox-…` default, 0 a rate
+//!   without limit); answers its credentials (the password only here);
 //! - `GET /sandboxes`; `DELETE /sandboxes/{id}` (refused from then on, its
 //!   record revoked, its final seal);
 //! - `/sandboxes/{id}/…`: that sandbox's `/status`, `/ledger`, `/events`,
@@ -59,7 +61,7 @@ use veris_receipt::{CheckLine, Entry, ListenerTier, Mode, SessionLine};
 use crate::runtime::live::discovery::{ADDR_FILE, TOKEN_FILE};
 use crate::runtime::live::ServiceRef;
 use crate::tier::gateway::{self as tier, Sandbox, Sandboxes, SANDBOXES_DIR};
-use crate::tier::gateway_record::{self as record, Record, RecordLimits};
+use crate::tier::gateway_record::{self as record, Record};
 
 /// `veris gateway`'s settings.
 pub struct GatewayConfig {
@@ -71,8 +73,12 @@ pub struct GatewayConfig {
     pub mode: Mode,
     pub allow_dial: Vec<veris_proxy::outbound::policy::Cidr>,
     pub max_connections: usize,
-    pub per_sandbox_connections: usize,
+    /// Each sandbox's limits unless it names its own.
+    pub sandbox_limits: SandboxLimits,
 }
+
+/// A sandbox's limits, as its record keeps them.
+pub use crate::tier::gateway_record::RecordLimits as SandboxLimits;
 
 /// What every sandbox's proxy shares.
 struct Shared {
@@ -87,7 +93,7 @@ struct Shared {
     roots: rustls::RootCertStore,
     passthrough_roots: rustls::RootCertStore,
     ca_pem: PathBuf,
-    per_sandbox_connections: usize,
+    sandbox_limits: SandboxLimits,
     sandboxes: Arc<Sandboxes>,
     /// Ids being added or removed right now ([`reserve`]).
     busy: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -177,7 +183,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         roots,
         passthrough_roots,
         ca_pem: trust.ca_pem.clone(),
-        per_sandbox_connections: config.per_sandbox_connections.max(1),
+        sandbox_limits: config.sandbox_limits,
         sandboxes: sandboxes.clone(),
         busy: std::sync::Mutex::default(),
         admin_token,
@@ -317,6 +323,12 @@ pub struct NewSandbox {
     pub twin: Option<String>,
     #[serde(default)]
     pub ttl_secs: Option<u64>,
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    #[serde(default)]
+    pub max_rps: Option<u32>,
+    #[serde(default)]
+    pub max_bytes_per_sec: Option<u64>,
 }
 
 /// What `POST /sandboxes` answers: everything a platform needs, once.
@@ -337,6 +349,9 @@ pub struct Registered {
     pub services: Vec<String>,
     pub mode: Mode,
     pub expires: Option<String>,
+    /// Its limits, its own or the gateway's defaults.
+    #[serde(default)]
+    pub limits: Option<SandboxLimits>,
 }
 
 /// Registers a sandbox from `POST /sandboxes`: its credentials (the
@@ -363,8 +378,15 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
             .collect(),
         mode: new.mode.unwrap_or(shared.default_mode),
         twin: new.twin.clone(),
-        limits: RecordLimits {
-            max_connections: shared.per_sandbox_connections,
+        limits: SandboxLimits {
+            max_connections: new
+                .max_connections
+                .unwrap_or(shared.sandbox_limits.max_connections)
+                .max(1),
+            max_rps: new.max_rps.unwrap_or(shared.sandbox_limits.max_rps),
+            max_bytes_per_sec: new
+                .max_bytes_per_sec
+                .unwrap_or(shared.sandbox_limits.max_bytes_per_sec),
         },
         created_ms: record::unix_ms(now),
         expires_ms: new
@@ -400,6 +422,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         services: sandbox.services.clone(),
         mode: sandbox.mode,
         expires,
+        limits: Some(sandbox.record.limits),
     })
 }
 
@@ -533,6 +556,8 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
             grace: Duration::from_secs(5),
             limits: Limits {
                 max_connections: record.limits.max_connections,
+                max_rps: record.limits.max_rps,
+                max_bytes_per_sec: record.limits.max_bytes_per_sec,
                 ..Limits::default()
             },
             capture: None,
@@ -794,6 +819,9 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                         "services": s.services,
                         "mode": s.mode,
                         "open_connections": s.proxy.open_connections(),
+                        "max_connections": s.proxy.limits().max_connections,
+                        "max_rps": s.proxy.limits().max_rps,
+                        "max_bytes_per_sec": s.proxy.limits().max_bytes_per_sec,
                         "expired": s.expired(SystemTime::now()),
                     })
                 })

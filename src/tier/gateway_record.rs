@@ -58,12 +58,17 @@ pub struct Record {
     pub revoked_ms: Option<u64>,
 }
 
-/// A sandbox's own limits, as registered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A sandbox's own limits, as registered: connections open at once,
+/// requests and bytes a second (0: no limit on that rate).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordLimits {
     /// Its open connections at most.
     pub max_connections: usize,
+    #[serde(default)]
+    pub max_rps: u32,
+    #[serde(default)]
+    pub max_bytes_per_sec: u64,
 }
 
 /// Unix milliseconds of `t` (0 before 1970).
@@ -220,7 +225,11 @@ mod tests {
             services: vec!["stripe".into()],
             mode: Mode::Strict,
             twin: None,
-            limits: RecordLimits { max_connections: 8 },
+            limits: RecordLimits {
+                max_connections: 8,
+                max_rps: 0,
+                max_bytes_per_sec: 0,
+            },
             created_ms: 1,
             expires_ms: None,
             revoked_ms: None,

@@ -28,6 +28,7 @@ mod gateway;
 mod gateway_attacks;
 mod gateway_restart;
 mod gateway_inside;
+mod gateway_limits;
 mod har;
 mod integrity;
 mod isolated;

@@ -12,9 +12,12 @@
 //! 3. **authenticate**: the credential names the sandbox ([`Tenants`]). An
 //!    unknown, wrong, revoked or expired one is refused before any byte is
 //!    forwarded and never reaches a sandbox's ledger (the binary logs it);
-//! 4. **hand over** to that sandbox's [`Proxy`], within its own connection
-//!    cap: a SOCKS5 target named by a host is the explicit tier's
-//!    `CONNECT` (vendor hosts terminated, the rest tunneled or refused);
+//! 4. **hand over** to that sandbox's [`Proxy`], within its own limits
+//!    ([`crate::limit`]: connections open, requests and bytes a second; an
+//!    HTTP proxy connection belongs to the sandbox its first request
+//!    names, and a switch is refused): a SOCKS5 target named by a host is
+//!    the explicit tier's `CONNECT` (vendor hosts terminated, the rest
+//!    tunneled or refused);
 //!    one named only by its address — a platform tunnel that knows nothing
 //!    else — is a redirected connection, routed by its SNI or Host
 //!    ([`crate::inbound::transparent::addressed`]); an HTTP proxy request
@@ -32,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{header, Request, Response};
+use http::{header, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use serde_json::json;
@@ -49,7 +52,10 @@ use crate::inbound::http::serve_http1;
 use crate::inbound::proxy_auth;
 use crate::inbound::socks5::{self, Credentials, Inbound, Reply, Request as SocksRequest, Target};
 use crate::inbound::transparent::{self, Client, Rewind};
+use crate::limit::throttle::{Tenancy, Throttled};
+use crate::limit::{self, Limit};
 use crate::outbound::dial;
+use crate::request::respond;
 use crate::request::route::Route;
 use crate::request::Leg;
 use crate::Proxy;
@@ -231,12 +237,22 @@ async fn socks<C: Client>(
         }
         SocksRequest::Connect(target) => {
             let Some(permit) = proxy.admit() else {
-                proxy.record_limit("connections").await;
+                proxy.limiter().hit(Limit::Connections, Duration::ZERO);
                 let _ = socks5::reply(&mut io, Reply::GeneralFailure, socks5::UNSPECIFIED).await;
                 return;
             };
-            proxy.socks_connect(io, peer, target).await;
-            drop(permit);
+            // A tunnel opened is one of the sandbox's requests.
+            if proxy.limiter().request().is_err() {
+                let _ = socks5::reply(&mut io, Reply::NotAllowed, socks5::UNSPECIFIED).await;
+                return;
+            }
+            let tenancy = Tenancy {
+                limiter: proxy.limiter().clone(),
+                _permit: permit,
+            };
+            proxy
+                .socks_connect(Throttled::seated(io, tenancy), peer, target)
+                .await;
         }
     }
 }
@@ -250,7 +266,12 @@ fn target_host(target: &Target) -> String {
 }
 
 /// An HTTP proxy client: every request carries the sandbox's credentials
-/// (`Proxy-Authorization: Basic`), which never travel further.
+/// (`Proxy-Authorization: Basic`), which never travel further. The
+/// connection belongs to the sandbox its first authenticated request names
+/// ([`Tenancy`]): it counts against that sandbox's connection cap and its
+/// bytes against its byte limit for as long as it lives, and a later
+/// request naming another sandbox is refused — riding on A's connection,
+/// B would escape its own limits and spend A's.
 async fn http<C: Client>(
     tenants: Arc<dyn Tenants>,
     options: &Options,
@@ -258,8 +279,9 @@ async fn http<C: Client>(
     peer: SocketAddr,
     cancel: CancellationToken,
 ) {
+    let (io, seat) = Throttled::unseated(io);
     let service = service_fn(move |mut req: Request<Incoming>| {
-        let tenants = tenants.clone();
+        let (tenants, seat) = (tenants.clone(), seat.clone());
         async move {
             let credentials = match proxy_auth::basic_credentials(req.headers()) {
                 Ok(credentials) => credentials,
@@ -271,6 +293,44 @@ async fn http<C: Client>(
             let Some(proxy) = tenants.authenticate(&credentials, peer) else {
                 return Ok(challenge());
             };
+            match seat.get() {
+                Some(tenancy) if Arc::ptr_eq(&tenancy.limiter, proxy.limiter()) => {}
+                Some(_) => {
+                    info!(%peer, "an HTTP proxy connection's request named another sandbox than its first; refused and closed");
+                    return Ok(closing(respond::error(
+                        StatusCode::FORBIDDEN,
+                        "veris_sandbox_switch",
+                        "this connection belongs to the sandbox its first request named; a request with another sandbox's credentials needs a connection of its own. Next: open a new connection for it".into(),
+                        json!({}),
+                    )));
+                }
+                None => {
+                    let Some(permit) = proxy.admit() else {
+                        proxy.limiter().hit(Limit::Connections, Duration::ZERO);
+                        return Ok(closing(respond::error(
+                            StatusCode::TOO_MANY_REQUESTS,
+                            "veris_sandbox_connections",
+                            format!(
+                                "this sandbox has {} connections open through the veris gateway, its limit; this one is closed. Next: close idle connections, or raise the limit (`add-sandbox --max-connections`, `veris gateway --sandbox-connections`)",
+                                proxy.limits().max_connections
+                            ),
+                            json!({}),
+                        )));
+                    };
+                    let _ = seat.set(Tenancy {
+                        limiter: proxy.limiter().clone(),
+                        _permit: permit,
+                    });
+                }
+            }
+            // A CONNECT is one of the sandbox's requests (the requests
+            // inside a terminated one count on their own, as every other
+            // request does where it is handled).
+            if req.method() == Method::CONNECT {
+                if let Err(wait) = proxy.limiter().request() {
+                    return Ok(limit::too_many_requests(proxy.limits(), wait));
+                }
+            }
             req.headers_mut().remove(header::PROXY_AUTHORIZATION);
             Ok(proxy.on_proxy_request(req, peer).await)
         }
@@ -278,6 +338,14 @@ async fn http<C: Client>(
     if let Err(e) = serve_http1(io, service, &cancel, options.request_head).await {
         debug!(error = %e, %peer, "gateway HTTP connection ended with an error");
     }
+}
+
+/// `response`, after which the connection closes.
+fn closing(mut response: Response<ProxyBody>) -> Response<ProxyBody> {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    response
 }
 
 /// The 407 for a request whose credentials name no sandbox.
@@ -434,29 +502,5 @@ impl Proxy {
             .map(|e| e.to_string());
         self.record_tunnel_close(open, (meter.read(), meter.written()), started, error)
             .await;
-    }
-
-    /// A sandbox hit one of its limits (`what`): a blocked line in its
-    /// ledger at most once a second, counting the refusals since the last.
-    pub(crate) async fn record_limit(&self, what: &str) {
-        let refused = self.limit_refused.fetch_add(1, Ordering::Relaxed) + 1;
-        if !once_a_second(&self.limit_recorded) {
-            return;
-        }
-        self.limit_refused.fetch_sub(refused, Ordering::Relaxed);
-        let max = self.limits.max_connections;
-        warn!(sandbox = %self.identity.sandbox_id, what, max, refused, "a sandbox hit its limit");
-        self.record_or_log(Entry::Blocked(BlockedLine {
-            host: String::new(),
-            port: 0,
-            tier: ListenerTier::Gateway,
-            method: None,
-            path: None,
-            reason: format!(
-                "gateway: sandbox limit of {max} open {what} reached ({refused} refused since the last such line)"
-            ),
-            dst: None,
-        }))
-        .await;
     }
 }

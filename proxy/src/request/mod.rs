@@ -56,6 +56,10 @@ impl Proxy {
         req: Request<Incoming>,
         leg: Arc<Leg>,
     ) -> Response<ProxyBody> {
+        // A gateway sandbox over its requests a second: refused, unread.
+        if let Err(wait) = self.limiter.request() {
+            return crate::limit::too_many_requests(&self.limits, wait);
+        }
         if leg.sni_host {
             if let Some(refusal) = self.sni_host_mismatch(&req, &leg).await {
                 return refusal;

@@ -737,5 +737,6 @@ fn client_limits(args: &ProxyArgs, open_files: Option<u64>) -> veris_proxy::Limi
                     .clamp(64, 16384)
             })
             .max(1),
+        ..veris_proxy::Limits::default()
     }
 }
