@@ -166,12 +166,15 @@ impl Tally {
 }
 
 /// How requests reach the twin.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Via {
     /// TLS straight to the twin at this address.
     Direct(SocketAddr),
     /// CONNECT through the proxy at this address.
     Proxy(SocketAddr),
+    /// SOCKS5 through the gateway at this address, as this sandbox
+    /// (username, password).
+    Socks5(SocketAddr, Arc<(String, String)>),
 }
 
 /// One path to the twin, with the TLS settings of its trust anchor.
@@ -213,7 +216,19 @@ impl Endpoint {
         })
     }
 
-    /// TCP, CONNECT when proxied, then the TLS handshake.
+    /// This endpoint's TLS settings, reached through the gateway at
+    /// `gateway` by SOCKS5 as sandbox `username` (`crate::gateway`).
+    pub fn via_socks5(&self, gateway: SocketAddr, username: &str, password: &str) -> Endpoint {
+        Endpoint {
+            via: Via::Socks5(
+                gateway,
+                Arc::new((username.to_string(), password.to_string())),
+            ),
+            ..self.clone()
+        }
+    }
+
+    /// TCP, CONNECT when proxied (SOCKS5 through a gateway), then the TLS handshake.
     pub async fn dial(&self, h2: bool) -> Result<TlsStream<TcpStream>> {
         tokio::time::timeout(STUCK, self.dial_now(h2))
             .await
@@ -221,14 +236,21 @@ impl Endpoint {
     }
 
     async fn dial_now(&self, h2: bool) -> Result<TlsStream<TcpStream>> {
-        let (Via::Direct(addr) | Via::Proxy(addr)) = self.via;
+        let (Via::Direct(addr) | Via::Proxy(addr) | Via::Socks5(addr, _)) = self.via;
         let mut tcp = TcpStream::connect(addr)
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         tcp.set_nodelay(true)?;
-        if let Via::Proxy(proxy) = self.via {
-            let target = format!("{VENDOR_HOST}:443");
-            veris_admin_client::connect_tunnel(&mut tcp, &proxy.to_string(), &target).await?;
+        match &self.via {
+            Via::Direct(_) => {}
+            Via::Proxy(proxy) => {
+                let target = format!("{VENDOR_HOST}:443");
+                veris_admin_client::connect_tunnel(&mut tcp, &proxy.to_string(), &target).await?;
+            }
+            Via::Socks5(_, login) => {
+                crate::gateway::socks5_connect(&mut tcp, &login.0, &login.1, VENDOR_HOST, 443)
+                    .await?;
+            }
         }
         let tls = if h2 { &self.h2 } else { &self.h1 };
         let stream = tls
@@ -310,15 +332,19 @@ impl Endpoint {
             .map_err(|_| anyhow!("no answer after {STUCK:?}"))?
     }
 
-    /// A few requests that mint the proxy's leaf and fill its upstream pool,
-    /// so the first measured run does not pay for them.
-    pub async fn warm_up(&self) -> Result<()> {
+    /// A new keep-alive connection and its first request, whose answer must
+    /// be the twin's (an empty customer list), not a 200 the proxy made up.
+    /// Bounded like every dial and request.
+    pub async fn first_answer(&self) -> Result<hyper::client::conn::http1::SendRequest<Body>> {
         let mut h1 = self.h1().await?;
-        // The first answer must be the twin's (an empty customer list), not
-        // a 200 the proxy made up.
-        h1.ready().await?;
-        let res = h1.send_request(self.request(false)?).await?;
-        let body = res.into_body().collect().await?.to_bytes();
+        let exchange = async {
+            h1.ready().await?;
+            let res = h1.send_request(self.request(false)?).await?;
+            Ok::<_, anyhow::Error>(res.into_body().collect().await?.to_bytes())
+        };
+        let body = tokio::time::timeout(STUCK, exchange)
+            .await
+            .map_err(|_| anyhow!("no answer after {STUCK:?}"))??;
         let list = b"\"object\":\"list\"";
         if !body.windows(list.len()).any(|w| w == list) {
             bail!(
@@ -326,6 +352,13 @@ impl Endpoint {
                 String::from_utf8_lossy(&body[..body.len().min(200)])
             );
         }
+        Ok(h1)
+    }
+
+    /// A few requests that mint the proxy's leaf and fill its upstream pool,
+    /// so the first measured run does not pay for them.
+    pub async fn warm_up(&self) -> Result<()> {
+        let mut h1 = self.first_answer().await?;
         let mut h2 = self.h2().await?;
         for _ in 0..20 {
             let status = self.get_h1(&mut h1).await?;
@@ -353,37 +386,8 @@ impl Endpoint {
         let clock;
         match scenario {
             Scenario::KeepAlive | Scenario::Latency => {
-                let mut senders = Vec::with_capacity(workers);
-                for _ in 0..workers {
-                    senders.push(self.h1().await.context("opening a keep-alive connection")?);
-                }
-                started();
-                clock = Instant::now();
-                let deadline = clock + limit;
-                for mut sender in senders {
-                    let (this, budget) = (self.clone(), budget.clone());
-                    tasks.spawn(async move {
-                        let mut tally = Tally::default();
-                        while take(&budget, deadline) {
-                            let t = Instant::now();
-                            match this.get_h1(&mut sender).await {
-                                Ok(status) => tally.answer(status, t),
-                                Err(e) => {
-                                    tally.error(e);
-                                    // The connection is likely gone: dial again.
-                                    match this.h1().await {
-                                        Ok(s) => sender = s,
-                                        Err(e) => {
-                                            tally.error(e);
-                                            break;
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                        tally
-                    });
-                }
+                let conns = vec![self.clone(); workers];
+                return keep_alive(&conns, requests, limit, started).await;
             }
             Scenario::NewConnection => {
                 started();
@@ -434,13 +438,7 @@ impl Endpoint {
                 }
             }
         }
-        let mut result = RunResult::default();
-        while let Some(tally) = tasks.join_next().await {
-            result.merge(tally.map_err(|e| anyhow!("a load task panicked: {e}"))?);
-        }
-        result.elapsed = clock.elapsed();
-        result.latencies.sort_unstable();
-        Ok(result)
+        collect(tasks, clock).await
     }
 
     /// Opens `n` TLS connections (CONNECT and handshake, then nothing), at
@@ -462,6 +460,67 @@ impl Endpoint {
         }
         Ok(held)
     }
+}
+
+/// HTTP/1.1 keep-alive: one connection per entry of `conns` (one endpoint
+/// repeated, or one per gateway sandbox), each with one request in flight,
+/// until `requests` are answered or `limit` has passed. The connections are
+/// dialed before the clock starts; `started` is called right then.
+pub async fn keep_alive(
+    conns: &[Endpoint],
+    requests: u64,
+    limit: Duration,
+    started: impl FnOnce(),
+) -> Result<RunResult> {
+    let budget = Arc::new(AtomicI64::new(requests as i64));
+    let mut senders = Vec::with_capacity(conns.len());
+    for endpoint in conns {
+        let sender = endpoint
+            .h1()
+            .await
+            .context("opening a keep-alive connection")?;
+        senders.push((endpoint.clone(), sender));
+    }
+    started();
+    let clock = Instant::now();
+    let deadline = clock + limit;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (this, mut sender) in senders {
+        let budget = budget.clone();
+        tasks.spawn(async move {
+            let mut tally = Tally::default();
+            while take(&budget, deadline) {
+                let t = Instant::now();
+                match this.get_h1(&mut sender).await {
+                    Ok(status) => tally.answer(status, t),
+                    Err(e) => {
+                        tally.error(e);
+                        // The connection is likely gone: dial again.
+                        match this.h1().await {
+                            Ok(s) => sender = s,
+                            Err(e) => {
+                                tally.error(e);
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            tally
+        });
+    }
+    collect(tasks, clock).await
+}
+
+/// Every task's tally, and the wall time since `clock`.
+async fn collect(mut tasks: tokio::task::JoinSet<Tally>, clock: Instant) -> Result<RunResult> {
+    let mut result = RunResult::default();
+    while let Some(tally) = tasks.join_next().await {
+        result.merge(tally.map_err(|e| anyhow!("a load task panicked: {e}"))?);
+    }
+    result.elapsed = clock.elapsed();
+    result.latencies.sort_unstable();
+    Ok(result)
 }
 
 /// Takes one request from the budget unless it is spent or the deadline passed.

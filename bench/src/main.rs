@@ -1,13 +1,16 @@
 //! `veris-bench`: prints figures, asserts nothing (BENCHMARKS.md).
 //!
-//!     cargo build --release && cargo run --release -p veris-bench -- [proxy|ledger|all] [ARGS]
+//!     cargo build --release && cargo run --release -p veris-bench -- [proxy|ledger|gateway|all] [ARGS]
 //!
 //! `proxy` runs veris against direct and peer proxies (`proxy.rs`; `--help`
-//! for its flags), `ledger` the ledger at scale (`ledger.rs`), `all` both.
+//! for its flags), `ledger` the ledger at scale (`ledger.rs`), `all` both;
+//! `gateway` one `veris gateway` serving many sandboxes against `veris
+//! serve` (`gateway.rs`).
 
 // Prints figures, not veris: a failed unwrap or expect ends the run with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod gateway;
 mod ledger;
 mod load;
 mod peers;
@@ -21,6 +24,7 @@ fn main() {
     let rest: Vec<String> = args.collect();
     let ok = match what.as_str() {
         "proxy" => proxy::main(&rest),
+        "gateway" => gateway::main(&rest),
         "ledger" => {
             ledger::main(&rest);
             true
@@ -32,7 +36,9 @@ fn main() {
             ok
         }
         other => {
-            eprintln!("veris-bench: unknown scenario group {other:?} (proxy, ledger, all)");
+            eprintln!(
+                "veris-bench: unknown scenario group {other:?} (proxy, ledger, gateway, all)"
+            );
             false
         }
     };

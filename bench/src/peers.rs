@@ -52,7 +52,7 @@ pub struct Child {
 }
 
 impl Child {
-    fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Result<Child> {
+    pub fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Result<Child> {
         let err =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err);
@@ -89,7 +89,7 @@ impl Child {
     }
 
     /// Stdout drained and dropped (for children whose output means nothing).
-    fn drain_stdout(&mut self) {
+    pub fn drain_stdout(&mut self) {
         if let Some(mut stdout) = self.inner.stdout.take() {
             std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
@@ -112,6 +112,22 @@ impl Child {
             self.name,
             tail.join("\n  ")
         )
+    }
+
+    /// The JSON of the ready file the child writes at `path` once it serves.
+    pub fn ready_file(&mut self, path: &Path) -> Result<serde_json::Value> {
+        let started = Instant::now();
+        let text = loop {
+            // Written whole (a rename), so a file that parses is complete.
+            if let Ok(text) = std::fs::read_to_string(path) {
+                break text;
+            }
+            if self.exited() || started.elapsed() > START_TIMEOUT {
+                return Err(self.failed("wrote no ready file"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
     fn exited(&mut self) -> bool {
@@ -204,18 +220,7 @@ pub fn start_veris(bin: &Path, state: &Path, dir: &Path, twin: &Twin) -> Result<
         .env("VERIS_LOG", "warn");
     let mut child = Child::spawn("veris", cmd, dir.join("veris.log"))?;
     child.drain_stdout();
-    let started = Instant::now();
-    let text = loop {
-        if let Ok(text) = std::fs::read_to_string(&ready) {
-            break text;
-        }
-        if child.exited() || started.elapsed() > START_TIMEOUT {
-            return Err(child.failed("wrote no ready file"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let json: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", ready.display()))?;
+    let json = child.ready_file(&ready)?;
     let url = json["proxy_url"].as_str().unwrap_or_default();
     let addr = url
         .strip_prefix("http://")

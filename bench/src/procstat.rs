@@ -35,6 +35,12 @@ pub fn peak_rss_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmHWM:")
 }
 
+/// `Threads`: how many the process has now.
+pub fn threads(pid: u32) -> Option<u64> {
+    status_kib(pid, "Threads:")
+}
+
+/// The first number of a `/proc/PID/status` line (KiB for the `Vm` ones).
 fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;
@@ -50,6 +56,7 @@ mod tests {
         let pid = std::process::id();
         assert!(cpu_time(pid).is_some());
         assert!(rss_kib(pid).unwrap_or(0) > 0);
+        assert!(threads(pid).unwrap_or(0) >= 1);
         // RSS first: the peak read after it can only be as high or higher
         // (other tests' threads allocate in between).
         let rss = rss_kib(pid).unwrap_or(0);

@@ -148,7 +148,7 @@ pub fn main(args: &[String]) -> bool {
     }
 }
 
-async fn interrupted() -> &'static str {
+pub(crate) async fn interrupted() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::interrupt()),
@@ -492,7 +492,7 @@ fn sanity(paths: &[PathUnderTest]) {
     }
 }
 
-fn count_request_lines(ledger: &Path) -> Result<u64> {
+pub(crate) fn count_request_lines(ledger: &Path) -> Result<u64> {
     use std::io::BufRead;
     let file =
         std::fs::File::open(ledger).with_context(|| format!("opening {}", ledger.display()))?;
@@ -537,7 +537,7 @@ fn built(bin: &Path) -> String {
 }
 
 /// The 1, 5 and 15 minute load averages: how busy the shared machine was.
-fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     text.split_whitespace()
         .take(3)

@@ -80,7 +80,7 @@ use crate::body::capture;
 use crate::inbound::tls;
 use crate::outbound::dial;
 use crate::outbound::dial::Resolve;
-use crate::outbound::upstream::{Upstream, UpstreamOptions};
+use crate::outbound::upstream::Upstream;
 use crate::request::recorder::{Recorder, Unrecorded};
 use crate::request::route::Router;
 
@@ -105,7 +105,11 @@ pub struct ProxyOptions {
     /// Bearer value sent to the twin as `Authorization` (the client's own
     /// `Authorization` then travels as `X-Veris-Original-Authorization`).
     pub twin_auth: Option<String>,
-    pub upstream: UpstreamOptions,
+    /// The pooled clients to the twin and for passthrough: one per proxy
+    /// (`Arc::new(Upstream::new(options))`), or one a gateway's sandboxes
+    /// share (their root stores, TLS session caches and pooled connections
+    /// to the twin, which each sandbox's own would hold for nothing).
+    pub upstream: Arc<Upstream>,
     /// How long in-flight requests may run after shutdown is asked for.
     pub grace: Duration,
     /// Client timeouts and the connection cap.
@@ -155,7 +159,7 @@ pub struct Proxy {
     identity: Identity,
     twin_base: String,
     twin_auth: Option<HeaderValue>,
-    upstream: Upstream,
+    upstream: Arc<Upstream>,
     connect_timeout: Duration,
     grace: Duration,
     issuer: Arc<Issuer>,
@@ -208,7 +212,7 @@ impl Proxy {
         recorder: Arc<dyn Recorder>,
         resolve: Resolve,
     ) -> Arc<Proxy> {
-        let connect_timeout = options.upstream.connect_timeout;
+        let connect_timeout = options.upstream.connect_timeout();
         let stats = Arc::new(metrics::Stats::new(options.router.services().len()));
         let (tasks, cancel) = (TaskTracker::new(), CancellationToken::new());
         let limiter = limit::Limiter::new(
@@ -229,7 +233,7 @@ impl Proxy {
                     v.set_sensitive(true);
                     v
                 }),
-            upstream: Upstream::new(options.upstream),
+            upstream: options.upstream,
             connect_timeout,
             grace: options.grace,
             issuer,

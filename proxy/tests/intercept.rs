@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use veris_ca::{CertificateAuthority, Issuer};
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::outbound::upstream::UpstreamOptions;
+use veris_proxy::outbound::upstream::{Upstream, UpstreamOptions};
 use veris_proxy::request::recorder::MemoryRecorder;
 use veris_proxy::request::route::{Claim, HostPattern, Router, Service};
 use veris_proxy::{Identity, Proxy, ProxyOptions};
@@ -79,10 +79,10 @@ async fn start_proxy(setup: Setup, tag: &str) -> Harness {
             },
             twin_base: setup.twin_base,
             twin_auth: setup.twin_auth,
-            upstream: UpstreamOptions {
+            upstream: Arc::new(Upstream::new(UpstreamOptions {
                 response_timeout: setup.response_timeout,
                 ..UpstreamOptions::default()
-            },
+            })),
             grace: Duration::from_secs(2),
             limits: veris_proxy::Limits::default(),
             capture: None,

@@ -51,7 +51,7 @@ use veris_ca::fsutil::write_file;
 use veris_ca::{CertificateAuthority, Issuer};
 use veris_proxy::body::ProxyBody;
 use veris_proxy::config::{Flags, Settings};
-use veris_proxy::outbound::upstream::UpstreamOptions;
+use veris_proxy::outbound::upstream::{Upstream, UpstreamOptions};
 use veris_proxy::{Identity, Limits, Proxy, ProxyOptions};
 use veris_receipt::ledger::Ledger;
 use veris_receipt::receipt::CheckStatus;
@@ -90,8 +90,11 @@ struct Shared {
     default_mode: Mode,
     sealer: Arc<Sealer>,
     issuer: Arc<Issuer>,
-    roots: rustls::RootCertStore,
-    passthrough_roots: rustls::RootCertStore,
+    /// One upstream client for every sandbox: its root stores, session
+    /// caches and pooled connections (to the twin, and to the hosts of
+    /// passthrough requests) would otherwise be held per sandbox. Requests
+    /// stay each sandbox's own; only connections are reused.
+    upstream: Arc<Upstream>,
     ca_pem: PathBuf,
     sandbox_limits: SandboxLimits,
     sandboxes: Arc<Sandboxes>,
@@ -180,8 +183,11 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         default_mode: config.mode,
         sealer,
         issuer: Arc::new(Issuer::new(ca, Issuer::DEFAULT_CAPACITY)),
-        roots,
-        passthrough_roots,
+        upstream: Arc::new(Upstream::new(UpstreamOptions {
+            roots,
+            passthrough_roots: Some(passthrough_roots),
+            ..UpstreamOptions::default()
+        })),
         ca_pem: trust.ca_pem.clone(),
         sandbox_limits: config.sandbox_limits,
         sandboxes: sandboxes.clone(),
@@ -548,11 +554,7 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
             identity: identity.clone(),
             twin_base: route.twin.clone(),
             twin_auth: route.twin_auth,
-            upstream: UpstreamOptions {
-                roots: shared.roots.clone(),
-                passthrough_roots: Some(shared.passthrough_roots.clone()),
-                ..UpstreamOptions::default()
-            },
+            upstream: shared.upstream.clone(),
             grace: Duration::from_secs(5),
             limits: Limits {
                 max_connections: record.limits.max_connections,

@@ -1033,7 +1033,7 @@ mod lifecycle_tests {
     use veris_receipt::{Entry, PassthroughLine, RequestLine, TlsAbandonedLine, TunnelCloseLine};
 
     use crate::config::{Flags, Settings};
-    use crate::outbound::upstream::UpstreamOptions;
+    use crate::outbound::upstream::{Upstream, UpstreamOptions};
     use crate::request::recorder::MemoryRecorder;
     use crate::{Identity, ProxyOptions};
 
@@ -1119,7 +1119,7 @@ mod lifecycle_tests {
                 },
                 twin_base: twin,
                 twin_auth: None,
-                upstream: UpstreamOptions::default(),
+                upstream: Arc::new(Upstream::new(UpstreamOptions::default())),
                 grace: Duration::from_secs(1),
                 limits: crate::Limits::default(),
                 capture: None,

@@ -188,6 +188,11 @@ impl Upstream {
     }
 
     /// The upstream proxy clients' dials go through, if any.
+    /// How long a dial may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     pub fn upstream_proxy(&self) -> Option<&ChainProxy> {
         self.via.as_deref()
     }

@@ -203,8 +203,11 @@ struct Shared {
     /// A second handle to the same file, so fsync never holds the write lock.
     sync_file: File,
     path: PathBuf,
-    /// Every committed line, for live readers (admin `/events`).
-    committed: tokio::sync::broadcast::Sender<Committed>,
+    /// Every committed line, for live readers (admin `/events`); made by
+    /// the first [`Ledger::subscribe`]: its buffer is `SUBSCRIBER_BUFFER`
+    /// slots allocated at once (about 200 KB), which a gateway's idle
+    /// sandboxes would each hold for nothing.
+    committed: std::sync::OnceLock<tokio::sync::broadcast::Sender<Committed>>,
     /// Notified when [`SEAL_EVERY_LINES`] lines wait for a seal.
     seal_due: tokio::sync::Notify,
 }
@@ -596,7 +599,7 @@ impl Ledger {
             stop: Condvar::new(),
             sync_file,
             path: path.to_path_buf(),
-            committed: tokio::sync::broadcast::channel(SUBSCRIBER_BUFFER).0,
+            committed: std::sync::OnceLock::new(),
             seal_due: tokio::sync::Notify::new(),
         });
         let bg = Arc::clone(&shared);
@@ -859,7 +862,10 @@ impl Ledger {
     /// more than a few thousand lines behind gets `Lagged` and should re-read
     /// the file from the last seq it saw.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Committed> {
-        self.shared.committed.subscribe()
+        self.shared
+            .committed
+            .get_or_init(|| tokio::sync::broadcast::channel(SUBSCRIBER_BUFFER).0)
+            .subscribe()
     }
 
     /// Fsyncs now.
@@ -1058,18 +1064,18 @@ impl Writer {
             shared.seal_due.notify_one();
         }
         // Only live readers need the text of each line.
-        let announce = shared.committed.receiver_count() > 0;
+        let announce = shared.committed.get().filter(|c| c.receiver_count() > 0);
         let base = self.good_len - buf.len() as u64;
         for (ack, seq, start, end, kind) in written {
             if seq % INDEX_EVERY == 1 {
                 self.index.push((seq, base + start as u64));
             }
             count(&mut self.counters, kind);
-            if announce {
+            if let Some(committed) = announce {
                 // Sent under the lock so live readers see lines in seq
                 // order; a receiver gone meanwhile is not an error.
                 let text = String::from_utf8_lossy(&buf[start..end]);
-                let _ = shared.committed.send(Committed {
+                let _ = committed.send(Committed {
                     seq,
                     text: Arc::from(text),
                 });

@@ -19,7 +19,7 @@ use veris_ca::trust::TrustFiles;
 use veris_ca::{CertificateAuthority, Issuer, LoadOutcome};
 use veris_proxy::body::capture::{Capture, CaptureOptions};
 use veris_proxy::config::Settings;
-use veris_proxy::outbound::upstream::UpstreamOptions;
+use veris_proxy::outbound::upstream::{Upstream, UpstreamOptions};
 use veris_proxy::{Identity, Proxy, ProxyOptions};
 use veris_receipt::ledger::{Ledger, OpenReport, SealInfo};
 use veris_receipt::receipt::{Check, CheckStatus};
@@ -663,14 +663,14 @@ async fn proxy(
             identity: identity.clone(),
             twin_base: twin_base.clone(),
             twin_auth,
-            upstream: UpstreamOptions {
+            upstream: Arc::new(Upstream::new(UpstreamOptions {
                 roots: tls.roots,
                 passthrough_roots: Some(tls.passthrough_roots),
                 insecure_skip_verify: settings.insecure_skip_verify,
                 response_timeout: Duration::from_secs(args.proxy.upstream_timeout),
                 upstream_proxy: host.upstream_proxy.take(),
                 ..UpstreamOptions::default()
-            },
+            })),
             grace: Duration::from_secs(args.proxy.grace),
             limits: client_limits(&args.proxy, host.raised.0),
             capture: capture.clone(),
