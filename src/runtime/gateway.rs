@@ -57,6 +57,8 @@ pub struct GatewayConfig {
     pub allow_dial: Vec<veris_proxy::outbound::policy::Cidr>,
     pub max_connections: usize,
     pub per_sandbox_connections: usize,
+    /// `--tls-listen` and its certificate.
+    pub tls: Option<crate::runtime::gateway_tls::TlsSettings>,
 }
 
 /// What every sandbox's proxy shares.
@@ -73,6 +75,8 @@ struct Shared {
     passthrough_roots: rustls::RootCertStore,
     ca_pem: PathBuf,
     per_sandbox_connections: usize,
+    /// The TLS listener's address and the CA file that verifies it, if any.
+    tls: Option<(SocketAddr, Option<PathBuf>)>,
     sandboxes: Arc<Sandboxes>,
     admin_token: String,
     cancel: CancellationToken,
@@ -113,7 +117,14 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     let sealer = Arc::new(Sealer::generate().context("generating the gateway's seal key")?);
     info!(seal_key = %sealer.key_id(), "the gateway's seal key for this run; pin it to verify its sandboxes later: veris receipt --key <seal_key>");
 
+    let tls = match &config.tls {
+        Some(settings) => {
+            Some(crate::runtime::gateway_tls::bind(settings, &ca, trust.ca_pem.clone()).await?)
+        }
+        None => None,
+    };
     let mut own = veris_proxy::outbound::policy::own_addresses().unwrap_or_default();
+    own.extend(tls.as_ref().map(|t| t.addr.ip()));
     let listener = TcpListener::bind(&config.listen).await.with_context(|| {
         format!(
             "binding the gateway to {}. Next: pick a free address with --listen (port 0 picks one)",
@@ -161,23 +172,34 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         passthrough_roots,
         ca_pem: trust.ca_pem.clone(),
         per_sandbox_connections: config.per_sandbox_connections.max(1),
+        tls: tls.as_ref().map(|t| (t.addr, t.ca.clone())),
         sandboxes: sandboxes.clone(),
         admin_token,
         cancel: CancellationToken::new(),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = tokio::spawn(serve_admin(admin_listener, shared.clone(), stop_rx.clone()));
+    let options = |tls| veris_proxy::inbound::gateway::Options {
+        tls,
+        handshake: Duration::from_secs(10),
+        request_head: Limits::default().request_head,
+        max_connections: config.max_connections.max(1),
+    };
     let gateway = tokio::spawn(veris_proxy::inbound::gateway::serve(
         listener,
         sandboxes.clone(),
-        veris_proxy::inbound::gateway::Options {
-            tls: None,
-            handshake: Duration::from_secs(10),
-            request_head: Limits::default().request_head,
-            max_connections: config.max_connections.max(1),
-        },
+        options(None),
         crate::util::until(&stop_rx),
     ));
+    // The TLS listener: the same sandboxes, TLS only.
+    let tls_gateway = tls.map(|t| {
+        tokio::spawn(veris_proxy::inbound::gateway::serve(
+            t.listener,
+            sandboxes.clone(),
+            options(Some(t.config)),
+            crate::util::until(&stop_rx),
+        ))
+    });
     if let Some(ready) = &config.ready_file {
         let body = json!({
             "listen": listen.to_string(),
@@ -187,6 +209,8 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
             "twin": shared.twin,
             "seal_key": shared.sealer.key_id(),
             "pid": std::process::id(),
+            "tls_address": shared.tls.as_ref().map(|(addr, _)| addr.to_string()),
+            "tls_ca": shared.tls.as_ref().and_then(|(_, ca)| ca.as_ref()).map(|p| p.display().to_string()),
         });
         write_file(ready, format!("{body}\n").as_bytes(), 0o644)
             .with_context(|| format!("writing the ready file {}", ready.display()))?;
@@ -202,6 +226,9 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     let _ = stop_tx.send(true);
     shared.cancel.cancel();
     let _ = gateway.await;
+    if let Some(t) = tls_gateway {
+        let _ = t.await;
+    }
     let _ = admin.await;
     for sandbox in sandboxes.all() {
         close(&sandbox, &shared.sealer).await;
@@ -267,6 +294,19 @@ pub struct Registered {
     pub services: Vec<String>,
     pub mode: Mode,
     pub expires: Option<String>,
+    /// `HOST:PORT` of the TLS listener (`--tls-listen`), where SOCKS5 and
+    /// HTTP proxy requests are served inside TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_address: Option<String>,
+    /// `https://USER:PASS@HOST:PORT`: HTTP CONNECT inside TLS (curl's
+    /// `--proxy https://…`). SOCKS5 inside TLS has no URL scheme: give the
+    /// platform `tls_address`, `username` and `password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https_proxy_url: Option<String>,
+    /// The CA file that verifies the TLS listener (the gateway's CA); absent
+    /// with an operator's certificate, which the client's usual roots verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<String>,
 }
 
 /// Registers a sandbox: its directory, ledger, session line, proxy and
@@ -435,6 +475,10 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default()
     });
+    let https_proxy_url = shared
+        .tls
+        .as_ref()
+        .map(|(addr, _)| format!("https://{}:{password}@{addr}", new.id));
     Ok(Registered {
         username: new.id.clone(),
         proxy_url: format!("socks5h://{}:{password}@{}", new.id, shared.listen),
@@ -448,6 +492,13 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         services: sandbox.services.clone(),
         mode,
         expires,
+        tls_address: shared.tls.as_ref().map(|(addr, _)| addr.to_string()),
+        https_proxy_url,
+        tls_ca: shared
+            .tls
+            .as_ref()
+            .and_then(|(_, ca)| ca.as_ref())
+            .map(|p| p.display().to_string()),
     })
 }
 

@@ -25,6 +25,7 @@ mod explicit;
 mod faults;
 mod forgery;
 mod gateway;
+mod gateway_tls;
 mod har;
 mod integrity;
 mod isolated;
