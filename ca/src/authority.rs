@@ -304,18 +304,34 @@ impl CertificateAuthority {
     /// Mints a leaf for `host` (DNS name, IPv4 or IPv6 literal without brackets) with its own
     /// fresh P-256 key. The leaf never outlives the CA.
     pub fn mint_leaf(&self, host: &str) -> Result<Leaf, CaError> {
-        let host = normalize_host(host)?;
+        self.mint_leaf_for(&[host])
+    }
+
+    /// Mints one leaf naming every host of `hosts` (DNS names or IP literals; the first is
+    /// its common name), as [`CertificateAuthority::mint_leaf`] does for one.
+    pub fn mint_leaf_for(&self, hosts: &[&str]) -> Result<Leaf, CaError> {
+        let hosts = hosts
+            .iter()
+            .map(|h| normalize_host(h))
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(host) = hosts.first().cloned() else {
+            return Err(CaError::InvalidHost {
+                host: String::new(),
+            });
+        };
         let mint_err = |source| CaError::MintLeaf {
             host: host.clone(),
             source,
         };
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(mint_err)?;
         let mut params = CertificateParams::default();
-        let san = match host.parse::<IpAddr>() {
-            Ok(ip) => SanType::IpAddress(ip),
-            Err(_) => SanType::DnsName(host.clone().try_into().map_err(mint_err)?),
-        };
-        params.subject_alt_names = vec![san];
+        for name in &hosts {
+            let san = match name.parse::<IpAddr>() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName(name.clone().try_into().map_err(mint_err)?),
+            };
+            params.subject_alt_names.push(san);
+        }
         let mut dn = DistinguishedName::new();
         // ub-common-name is 64; longer hosts live only in the SAN, which is what clients check.
         if host.len() <= 64 {

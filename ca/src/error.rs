@@ -61,6 +61,19 @@ pub enum CaError {
         #[source]
         source: rustls::Error,
     },
+    /// A listener's own certificate or key file is unusable (`reason` says why).
+    #[error(
+        "{path} {reason}; next: give the PEM certificate chain (leaf first) with --tls-cert \
+         and its PEM private key with --tls-key, or leave both out to use a leaf of the gateway's CA"
+    )]
+    ServerCert { path: PathBuf, reason: String },
+    /// The private key given for a listener's certificate belongs to another certificate.
+    #[error(
+        "the key {key} does not belong to the certificate {cert}; next: give the key the \
+         certificate was issued for (compare `openssl x509 -pubkey -noout -in CERT` with \
+         `openssl pkey -pubout -in KEY`)"
+    )]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
     /// An env value cannot be represented in the chosen format (e.g. a newline in docker format).
     #[error("env variable {name} cannot be written in {format} format: {why}")]
     EnvValue {

@@ -17,7 +17,7 @@ use crate::{CaError, CertificateAuthority};
 
 /// Leaves are re-minted this long before they expire, so a long-running proxy never serves
 /// an expired leaf from its cache.
-const RENEW_BEFORE: Duration = Duration::days(1);
+pub(crate) const RENEW_BEFORE: Duration = Duration::days(1);
 
 /// A minted leaf and when it must be replaced.
 struct Minted {

@@ -1,7 +1,8 @@
 //! veris-ca mints and stores certificates and publishes trust material. It does no network I/O.
 //!
-//! The crate owns four things: the persisted interception CA ([`CertificateAuthority`]), the
-//! per-host leaves minted from it and cached for the proxy ([`Issuer`]), the trust material the
+//! The crate owns five things: the persisted interception CA ([`CertificateAuthority`]), the
+//! per-host leaves minted from it and cached for the proxy ([`Issuer`]), the certificate a
+//! listener presents as itself ([`ServerCert`]), the trust material the
 //! workload reads ([`trust`]), and the env file that points clients at the proxy and that trust
 //! material ([`env`]). It never reads environment variables itself: callers pass what they mean.
 #![forbid(unsafe_code)]
@@ -11,8 +12,10 @@ pub mod env;
 mod error;
 pub mod fsutil;
 mod issuer;
+mod server;
 pub mod trust;
 
 pub use authority::{CertificateAuthority, Leaf, LoadOutcome};
 pub use error::CaError;
 pub use issuer::Issuer;
+pub use server::ServerCert;

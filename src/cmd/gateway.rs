@@ -79,6 +79,34 @@ pub struct GatewayArgs {
     /// veris cannot know.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub sandbox_bytes_per_sec: u64,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct TlsArgs {
+    /// Also serve SOCKS5 and HTTP CONNECT inside TLS, on this address and
+    /// only TLS there: for platforms that reach the gateway over the
+    /// internet (plaintext clients are closed before their credential is read).
+    #[arg(long, value_name = "ADDR")]
+    pub tls_listen: Option<String>,
+    /// The TLS listener's certificate chain, PEM, leaf first (e.g. a public
+    /// one for the gateway's DNS name) [default: a leaf of the gateway's CA].
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_listen"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// A name (DNS name or IP) the TLS listener's minted leaf carries; repeat
+    /// for more [default: the --tls-listen address, or every interface
+    /// address for 0.0.0.0 or ::, and localhost].
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "tls_listen",
+        conflicts_with = "tls_cert"
+    )]
+    pub tls_name: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -263,6 +291,14 @@ async fn serve(args: GatewayArgs) -> Result<u8> {
             max_rps: args.sandbox_rps,
             max_bytes_per_sec: args.sandbox_bytes_per_sec,
         },
+        tls: args
+            .tls
+            .tls_listen
+            .map(|listen| crate::runtime::gateway_tls::TlsSettings {
+                listen,
+                cert: args.tls.tls_cert.zip(args.tls.tls_key),
+                names: args.tls.tls_name,
+            }),
     };
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
@@ -301,6 +337,12 @@ async fn add(a: AddArgs) -> Result<u8> {
             registered.services.join(","),
             registered.id
         );
+        if let Some(url) = &registered.https_proxy_url {
+            eprintln!(
+                "veris: over TLS (SOCKS5 or CONNECT at {}): {url}",
+                registered.tls_address.as_deref().unwrap_or_default()
+            );
+        }
         crate::outln!("{}", registered.proxy_url);
     }
     Ok(0)

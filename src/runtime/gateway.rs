@@ -75,6 +75,8 @@ pub struct GatewayConfig {
     pub max_connections: usize,
     /// Each sandbox's limits unless it names its own.
     pub sandbox_limits: SandboxLimits,
+    /// `--tls-listen` and its certificate.
+    pub tls: Option<crate::runtime::gateway_tls::TlsSettings>,
 }
 
 /// A sandbox's limits, as its record keeps them.
@@ -97,6 +99,8 @@ struct Shared {
     upstream: Arc<Upstream>,
     ca_pem: PathBuf,
     sandbox_limits: SandboxLimits,
+    /// The TLS listener's address and the CA file that verifies it, if any.
+    tls: Option<(SocketAddr, Option<PathBuf>)>,
     sandboxes: Arc<Sandboxes>,
     /// Ids being added or removed right now ([`reserve`]).
     busy: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -139,7 +143,14 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     let sealer = Arc::new(Sealer::generate().context("generating the gateway's seal key")?);
     info!(seal_key = %sealer.key_id(), "the gateway's seal key for this run; pin it to verify its sandboxes later: veris receipt --key <seal_key>");
 
+    let tls = match &config.tls {
+        Some(settings) => {
+            Some(crate::runtime::gateway_tls::bind(settings, &ca, trust.ca_pem.clone()).await?)
+        }
+        None => None,
+    };
     let mut own = veris_proxy::outbound::policy::own_addresses().unwrap_or_default();
+    own.extend(tls.as_ref().map(|t| t.addr.ip()));
     let listener = TcpListener::bind(&config.listen).await.with_context(|| {
         format!(
             "binding the gateway to {}. Next: pick a free address with --listen (port 0 picks one)",
@@ -190,6 +201,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         })),
         ca_pem: trust.ca_pem.clone(),
         sandbox_limits: config.sandbox_limits,
+        tls: tls.as_ref().map(|t| (t.addr, t.ca.clone())),
         sandboxes: sandboxes.clone(),
         busy: std::sync::Mutex::default(),
         admin_token,
@@ -200,17 +212,27 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     restore_all(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = tokio::spawn(serve_admin(admin_listener, shared.clone(), stop_rx.clone()));
+    let options = |tls| veris_proxy::inbound::gateway::Options {
+        tls,
+        handshake: Duration::from_secs(10),
+        request_head: Limits::default().request_head,
+        max_connections: config.max_connections.max(1),
+    };
     let gateway = tokio::spawn(veris_proxy::inbound::gateway::serve(
         listener,
         sandboxes.clone(),
-        veris_proxy::inbound::gateway::Options {
-            tls: None,
-            handshake: Duration::from_secs(10),
-            request_head: Limits::default().request_head,
-            max_connections: config.max_connections.max(1),
-        },
+        options(None),
         crate::util::until(&stop_rx),
     ));
+    // The TLS listener: the same sandboxes, TLS only.
+    let tls_gateway = tls.map(|t| {
+        tokio::spawn(veris_proxy::inbound::gateway::serve(
+            t.listener,
+            sandboxes.clone(),
+            options(Some(t.config)),
+            crate::util::until(&stop_rx),
+        ))
+    });
     if let Some(ready) = &config.ready_file {
         let body = json!({
             "listen": listen.to_string(),
@@ -220,6 +242,8 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
             "twin": shared.twin,
             "seal_key": shared.sealer.key_id(),
             "pid": std::process::id(),
+            "tls_address": shared.tls.as_ref().map(|(addr, _)| addr.to_string()),
+            "tls_ca": shared.tls.as_ref().and_then(|(_, ca)| ca.as_ref()).map(|p| p.display().to_string()),
         });
         write_file(ready, format!("{body}\n").as_bytes(), 0o644)
             .with_context(|| format!("writing the ready file {}", ready.display()))?;
@@ -235,6 +259,9 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     let _ = stop_tx.send(true);
     shared.cancel.cancel();
     let _ = gateway.await;
+    if let Some(t) = tls_gateway {
+        let _ = t.await;
+    }
     let _ = admin.await;
     // Every sandbox drains at once: a stop takes one grace, not one each.
     let all = sandboxes.all();
@@ -358,6 +385,19 @@ pub struct Registered {
     /// Its limits, its own or the gateway's defaults.
     #[serde(default)]
     pub limits: Option<SandboxLimits>,
+    /// `HOST:PORT` of the TLS listener (`--tls-listen`), where SOCKS5 and
+    /// HTTP proxy requests are served inside TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_address: Option<String>,
+    /// `https://USER:PASS@HOST:PORT`: HTTP CONNECT inside TLS (curl's
+    /// `--proxy https://…`). SOCKS5 inside TLS has no URL scheme: give the
+    /// platform `tls_address`, `username` and `password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https_proxy_url: Option<String>,
+    /// The CA file that verifies the TLS listener (the gateway's CA); absent
+    /// with an operator's certificate, which the client's usual roots verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<String>,
 }
 
 /// Registers a sandbox from `POST /sandboxes`: its credentials (the
@@ -415,6 +455,10 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default()
     });
+    let https_proxy_url = shared
+        .tls
+        .as_ref()
+        .map(|(addr, _)| format!("https://{}:{password}@{addr}", new.id));
     Ok(Registered {
         username: new.id.clone(),
         proxy_url: format!("socks5h://{}:{password}@{}", new.id, shared.listen),
@@ -429,6 +473,13 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         mode: sandbox.mode,
         expires,
         limits: Some(sandbox.record.limits),
+        tls_address: shared.tls.as_ref().map(|(addr, _)| addr.to_string()),
+        https_proxy_url,
+        tls_ca: shared
+            .tls
+            .as_ref()
+            .and_then(|(_, ca)| ca.as_ref())
+            .map(|p| p.display().to_string()),
     })
 }
 

@@ -5,6 +5,7 @@
 pub mod baseline;
 pub mod checks;
 pub mod gateway;
+pub mod gateway_tls;
 pub mod junit;
 pub mod ledgers;
 pub mod live;

@@ -29,6 +29,7 @@ mod gateway_attacks;
 mod gateway_restart;
 mod gateway_inside;
 mod gateway_limits;
+mod gateway_tls;
 mod har;
 mod integrity;
 mod isolated;

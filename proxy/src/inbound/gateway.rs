@@ -2,13 +2,13 @@
 //! platform sends its sandboxes' TCP egress, as SOCKS5 (RFC 1928 with RFC
 //! 1929 username/password, [`socks5`]) or as HTTP proxy requests with
 //! `Proxy-Authorization: Basic` ([`proxy_auth`]), told apart by the first
-//! byte, optionally inside TLS (`--tls`).
+//! byte, or the same inside TLS on a listener of its own (`--tls-listen`).
 //!
 //! One connection, phase by phase ([`serve`]):
 //!
 //! 1. **accept**, bounded by a gateway-wide connection cap;
-//! 2. **protocol**: the first byte (TLS first, when `--tls`, then the byte
-//!    inside);
+//! 2. **protocol**: the first byte (on the TLS listener, `--tls-listen`,
+//!    a TLS handshake and nothing else, then the byte inside);
 //! 3. **authenticate**: the credential names the sandbox ([`Tenants`]). An
 //!    unknown, wrong, revoked or expired one is refused before any byte is
 //!    forwarded and never reaches a sandbox's ledger (the binary logs it);
@@ -70,8 +70,10 @@ pub trait Tenants: Send + Sync + 'static {
 
 /// How the listener treats its clients.
 pub struct Options {
-    /// `--tls`: SOCKS5 and HTTP proxy requests inside TLS with this config
-    /// (a plain client is still served).
+    /// `--tls-listen`: SOCKS5 and HTTP proxy requests inside TLS with this
+    /// config, and nothing else: a plaintext client is closed at its first
+    /// byte, before it could send (SOCKS5) or have checked (HTTP) a
+    /// credential.
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// How long a client may take for its first byte, TLS handshake, and
     /// SOCKS5 handshake each.
@@ -161,9 +163,18 @@ async fn connection(
             let tls = Rewind::new(vec![inner], tls);
             dispatch(tenants, &options, tls, inner, peer, cancel).await;
         }
-        _ => dispatch(tenants, &options, stream, first, peer, cancel).await,
+        (_, Some(_)) => {
+            debug!(%peer, "a plaintext client on the gateway's TLS listener; closed");
+            if once_a_second(&PLAIN_ON_TLS_WARNED) {
+                info!(%peer, "a plaintext client on the gateway's TLS listener; closed (its credential unread). Next: the platform must speak TLS to this address, or use the plain --listen address");
+            }
+        }
+        (_, None) => dispatch(tenants, &options, stream, first, peer, cancel).await,
     }
 }
+
+/// When a plaintext client on the TLS listener was last logged at info.
+static PLAIN_ON_TLS_WARNED: AtomicU64 = AtomicU64::new(0);
 
 /// The first byte a client sends, within `wait`.
 async fn first_byte<C: Client>(io: &mut C, wait: Duration) -> Option<u8> {
@@ -187,7 +198,7 @@ async fn dispatch<C: Client>(
         Inbound::Socks5 => socks(tenants, options, io, peer).await,
         Inbound::Http => http(tenants, options, io, peer, cancel).await,
         Inbound::Tls => {
-            debug!(%peer, "a TLS client on a gateway without --tls; closed")
+            debug!(%peer, "a TLS handshake on a plain listener, or inside TLS; closed")
         }
         Inbound::Other => debug!(
             %peer,
