@@ -164,7 +164,8 @@ fn a_sandbox_over_its_request_rate_is_refused_and_counted_while_another_is_serve
     }
     let mut gw = Gateway::start("gw-rps", "127.0.0.1:0", &[]);
     let a = add(&gw, "sbx-a", &["--max-rps", "5"]);
-    let b = add(&gw, "sbx-b", &[]);
+    // B's own limit is far above its burst: only A's limit could refuse it.
+    let b = add(&gw, "sbx-b", &["--max-rps", "1000000"]);
     let ca = gw.ca();
     // A's probe from inside (one of its requests): its receipt can verify.
     let probe = output(
