@@ -461,6 +461,16 @@ fn an_address_only_connect_is_dialed_by_its_sni_name_under_the_dial_policy() {
         "meta.example's refusal is recorded: {reasons:?}; ledger: {:?}",
         gw.ledger("sbx-b")
     );
+    let refused_dst: Vec<String> = gw
+        .ledger("sbx-b")
+        .iter()
+        .filter(|l| l["kind"] == "blocked" && l["host"] == "meta.example")
+        .filter_map(|l| l["dst"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        refused_dst.iter().all(|d| !d.starts_with("127.0.0.1:")),
+        "a refusal by name names the CONNECT's address as its destination: {refused_dst:?}"
+    );
     let (url, resolve) = via("good.example");
     let _ = curl_in(&ns, &b.url("socks5"), &url, Some(&resolve));
     let log = listeners.log();

@@ -775,7 +775,10 @@ impl Transparent {
                             method: None,
                             path: None,
                             reason: e.to_string(),
-                            dst: Some(dst.to_string()),
+                            // Dialed by name: the platform's address was
+                            // never a destination (the reason names the
+                            // one the name resolved to).
+                            dst: (!by_name).then(|| dst.to_string()),
                         }))
                         .await;
                     return;
