@@ -421,6 +421,42 @@ mod tests {
         assert_eq!(super::write::count_requests(&path), Some(1001));
     }
 
+    /// The threads of this process named `name` (as the kernel keeps it:
+    /// its first 15 bytes).
+    fn threads_named(name: &str) -> usize {
+        let name = &name[..name.len().min(15)];
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter(|t| {
+                let comm = t.as_ref().unwrap().path().join("comm");
+                std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == name)
+            })
+            .count()
+    }
+
+    #[test]
+    fn many_ledgers_share_one_sync_thread_and_a_closed_one_reopens_at_once() {
+        let dir = TempDir::new();
+        let mut ledgers = Vec::new();
+        for i in 0..20 {
+            let (l, _) = Ledger::open(&dir.0.join(format!("l{i}.jsonl"))).unwrap();
+            // Written, so queued for the sync thread's next round.
+            l.append(session()).unwrap();
+            ledgers.push(l);
+        }
+        // One sync thread for the process (other tests' ledgers share it).
+        assert_eq!(threads_named("veris-ledger-sync"), 1);
+        // Closed while its file waits for a round: the sync thread keeps
+        // no handle (nor the file's lock) of it, so it opens again at once.
+        let path = ledgers[0].path().to_path_buf();
+        drop(ledgers.remove(0));
+        let (again, report) = Ledger::open(&path).unwrap();
+        assert_eq!(report.next_seq, 2);
+        again.append(request("/v1/charges")).unwrap();
+        again.sync().unwrap();
+        drop(ledgers);
+    }
+
     #[test]
     fn appends_chain_and_verify() {
         let dir = TempDir::new();

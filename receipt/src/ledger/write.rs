@@ -14,8 +14,11 @@
 //! to the writer thread, so that no caller writes for others without end;
 //! an [`Appending`] dropped before it led hands its line over the same way. A
 //! thread fsyncs at most every [`SYNC_INTERVAL`] while there are unsynced
-//! writes; an append marks the file dirty and wakes that thread only when it
-//! sleeps with nothing to do, never cutting its pause short.
+//! writes: one thread for every ledger of the process ([`SYNCER`]), so a
+//! gateway's hundred sandboxes cost one thread and one round of fsyncs, not
+//! a hundred threads waking on their own clocks. An append marks its file
+//! dirty and wakes that thread only when it sleeps with nothing to do,
+//! never cutting its pause short; a ledger closed syncs itself one last time.
 //!
 //! Seals and file checks take the same write-side lock directly (they are
 //! rare and need the head they sign), so a seal signs the line right before
@@ -29,6 +32,7 @@ use std::future::Future;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
@@ -183,25 +187,123 @@ impl Queue {
     }
 }
 
-#[derive(Default)]
-struct SyncState {
-    dirty: bool,
-    /// The sync thread waits for a dirty file (only then is it woken).
+/// The one sync thread of the process and the files waiting for it.
+struct Syncer {
+    queue: Mutex<SyncQueue>,
+    /// Wakes the thread when it waits for a dirty file.
+    dirty: Condvar,
+}
+
+struct SyncQueue {
+    /// Files written since their last fsync, each once.
+    files: Vec<Arc<SyncTarget>>,
+    /// The thread waits for a dirty file (only then is it woken).
     idle: bool,
-    shutdown: bool,
+    running: bool,
+}
+
+static SYNCER: Syncer = Syncer {
+    queue: Mutex::new(SyncQueue {
+        files: Vec::new(),
+        idle: false,
+        running: false,
+    }),
+    dirty: Condvar::new(),
+};
+
+impl Syncer {
+    /// Starts the thread unless it runs: the first ledger opened does.
+    fn start(&'static self) -> std::io::Result<()> {
+        let mut q = lock(&self.queue);
+        if !q.running {
+            std::thread::Builder::new()
+                .name("veris-ledger-sync".into())
+                .spawn(move || self.run())?;
+            q.running = true;
+        }
+        Ok(())
+    }
+
+    /// Queues a file for the next round; wakes the thread only if it
+    /// sleeps idle.
+    fn mark(&self, target: &Arc<SyncTarget>) {
+        if target.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut q = lock(&self.queue);
+        q.files.push(Arc::clone(target));
+        // Once: until it runs again, it has been told.
+        if std::mem::take(&mut q.idle) {
+            self.dirty.notify_one();
+        }
+    }
+
+    /// Fsyncs every file written since the last round, then pauses
+    /// [`SYNC_INTERVAL`] so that the writes meanwhile share the next round.
+    fn run(&self) {
+        loop {
+            let files = {
+                let mut q = lock(&self.queue);
+                while q.files.is_empty() {
+                    q.idle = true;
+                    q = self.dirty.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+                q.idle = false;
+                std::mem::take(&mut q.files)
+            };
+            for target in files {
+                // Cleared first: a write during this fsync queues it again.
+                target.queued.store(false, Ordering::Release);
+                if let Err(e) = target.sync() {
+                    tracing::error!(ledger = %target.path.display(), error = %e, "ledger fsync failed");
+                    // Try again on the next round rather than forget the writes.
+                    self.mark(&target);
+                }
+            }
+            std::thread::sleep(SYNC_INTERVAL);
+        }
+    }
+}
+
+/// A ledger's handle for fsync, its own (so fsync never holds the write
+/// lock); `None` once the ledger is closed, so the sync thread never keeps
+/// a closed ledger's file (and its lock) open.
+struct SyncTarget {
+    file: Mutex<Option<File>>,
+    path: PathBuf,
+    /// Waiting in [`SYNCER`]'s queue.
+    queued: AtomicBool,
+}
+
+impl SyncTarget {
+    fn sync(&self) -> Result<(), LedgerError> {
+        match &*lock(&self.file) {
+            Some(file) => file.sync_data().map_err(|source| LedgerError::Sync {
+                path: self.path.clone(),
+                source,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The final fsync, then the handle is closed.
+    fn close(&self) {
+        let mut file = lock(&self.file);
+        if let Some(f) = file.take() {
+            if let Err(e) = f.sync_data() {
+                tracing::error!(ledger = %self.path.display(), error = %e, "ledger fsync failed");
+            }
+        }
+    }
 }
 
 struct Shared {
     writer: Mutex<Writer>,
     queue: Mutex<Queue>,
     work: Condvar,
-    sync_state: Mutex<SyncState>,
-    /// Wakes the sync thread when it waits for a dirty file.
-    dirty: Condvar,
-    /// Ends the sync thread's pause; notified on shutdown only.
-    stop: Condvar,
-    /// A second handle to the same file, so fsync never holds the write lock.
-    sync_file: File,
+    sync: Arc<SyncTarget>,
+    /// A second handle to the same file, to read it without the write lock.
+    read_file: File,
     path: PathBuf,
     /// Every committed line, for live readers (admin `/events`); made by
     /// the first [`Ledger::subscribe`]: its buffer is `SUBSCRIBER_BUFFER`
@@ -224,12 +326,7 @@ impl Shared {
     }
 
     fn sync_now(&self) -> Result<(), LedgerError> {
-        self.sync_file
-            .sync_data()
-            .map_err(|source| LedgerError::Sync {
-                path: self.path.clone(),
-                source,
-            })
+        self.sync.sync()
     }
 
     /// Takes the lead of the queue when nobody holds it and lines wait.
@@ -273,14 +370,9 @@ impl Shared {
         self.work.notify_one();
     }
 
-    /// Marks the file dirty; wakes the sync thread only if it sleeps idle.
+    /// Marks the file dirty for the sync thread.
     fn mark_dirty(&self) {
-        let mut st = lock(&self.sync_state);
-        st.dirty = true;
-        // Once: until it runs again, it has been told.
-        if std::mem::take(&mut st.idle) {
-            self.dirty.notify_one();
-        }
+        SYNCER.mark(&self.sync);
     }
 }
 
@@ -419,7 +511,6 @@ impl std::fmt::Debug for Appending {
 pub struct Ledger {
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
-    syncer: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -469,8 +560,8 @@ struct Found {
 impl Ledger {
     /// Opens or creates the ledger (mode 0644), finds the head (last seq and
     /// line hash), moves a torn last line aside into `<path>.torn-<seq>`
-    /// (kept, never deleted) and reports it, and starts the writer and sync
-    /// threads. The file is read once, a line at a time, for its problems,
+    /// (kept, never deleted) and reports it, starts its writer thread
+    /// and the process's sync thread if none runs. The file is read once, a line at a time, for its problems,
     /// counters and index.
     pub fn open(path: &Path) -> Result<(Ledger, OpenReport), LedgerError> {
         Ledger::open_checking(path, None).map(|(l, r, _)| (l, r))
@@ -571,7 +662,13 @@ impl Ledger {
         if let Some(p) = read.first_problem() {
             tracing::warn!(ledger = %path.display(), problem = %p, problems = read.problem_count, "existing ledger does not verify");
         }
-        let sync_file = file.try_clone().map_err(open_err)?;
+        SYNCER.start().map_err(open_err)?;
+        let sync = Arc::new(SyncTarget {
+            file: Mutex::new(Some(file.try_clone().map_err(open_err)?)),
+            path: path.to_path_buf(),
+            queued: AtomicBool::new(false),
+        });
+        let read_file = file.try_clone().map_err(open_err)?;
         let identity = file_identity(&file);
         let shared = Arc::new(Shared {
             writer: Mutex::new(Writer {
@@ -594,23 +691,15 @@ impl Ledger {
             }),
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
-            sync_state: Mutex::new(SyncState::default()),
-            dirty: Condvar::new(),
-            stop: Condvar::new(),
-            sync_file,
+            sync,
+            read_file,
             path: path.to_path_buf(),
             committed: std::sync::OnceLock::new(),
             seal_due: tokio::sync::Notify::new(),
         });
-        let bg = Arc::clone(&shared);
-        let syncer = std::thread::Builder::new()
-            .name("veris-ledger-sync".into())
-            .spawn(move || sync_loop(&bg))
-            .map_err(open_err)?;
         let mut ledger = Ledger {
             shared: Arc::clone(&shared),
             writer: None,
-            syncer: Some(syncer),
         };
         let bg = Arc::clone(&shared);
         ledger.writer = Some(
@@ -916,7 +1005,7 @@ impl Ledger {
             // Between the history's end and this writer's first index entry.
             (None, Some((last, history_len))) if target > last => history_len,
             (None, Some((_, history_len))) => {
-                tail::offset_of_seq(&self.shared.sync_file, history_len, target).unwrap_or(0)
+                tail::offset_of_seq(&self.shared.read_file, history_len, target).unwrap_or(0)
             }
             (None, None) => 0,
         };
@@ -1103,12 +1192,7 @@ impl Drop for Ledger {
         if let Some(handle) = self.writer.take() {
             let _ = handle.join();
         }
-        lock(&self.shared.sync_state).shutdown = true;
-        self.shared.dirty.notify_all();
-        self.shared.stop.notify_all();
-        if let Some(handle) = self.syncer.take() {
-            let _ = handle.join();
-        }
+        self.shared.sync.close();
     }
 }
 
@@ -1142,37 +1226,5 @@ fn write_loop(shared: &Shared) {
         } else {
             q.handoff = true;
         }
-    }
-}
-
-/// Fsyncs while there are unsynced writes, at most once per
-/// [`SYNC_INTERVAL`]; a final fsync on shutdown.
-fn sync_loop(shared: &Shared) {
-    loop {
-        let mut st = lock(&shared.sync_state);
-        while !st.dirty && !st.shutdown {
-            st.idle = true;
-            st = shared.dirty.wait(st).unwrap_or_else(|e| e.into_inner());
-            st.idle = false;
-        }
-        let shutdown = st.shutdown;
-        let dirty = std::mem::take(&mut st.dirty);
-        drop(st);
-        if dirty {
-            if let Err(e) = shared.sync_now() {
-                tracing::error!(ledger = %shared.path.display(), error = %e, "ledger fsync failed");
-                // Try again on the next round rather than forget the writes.
-                lock(&shared.sync_state).dirty = true;
-            }
-        }
-        if shutdown {
-            return;
-        }
-        // Batch: writes arriving during the pause share the next fsync.
-        // Appends do not notify `stop`, so only shutdown ends it early.
-        let st = lock(&shared.sync_state);
-        let _ = shared
-            .stop
-            .wait_timeout_while(st, SYNC_INTERVAL, |s| !s.shutdown);
     }
 }
