@@ -61,7 +61,7 @@ pub struct GatewayArgs {
     /// the gateway's own). Repeat for more.
     #[arg(long, value_name = "CIDR")]
     pub allow_dial: Vec<String>,
-    /// Connections open at once over all sandboxes.
+    /// Connections open at once over all sandboxes, both listeners together.
     #[arg(long, value_name = "N", default_value_t = 16384)]
     pub max_connections: usize,
     /// Connections one sandbox may have open at once.

@@ -212,11 +212,13 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     restore_all(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = tokio::spawn(serve_admin(admin_listener, shared.clone(), stop_rx.clone()));
+    // One cap for both listeners: --max-connections is the gateway's.
+    let connections = veris_proxy::inbound::gateway::Connections::new(config.max_connections);
     let options = |tls| veris_proxy::inbound::gateway::Options {
         tls,
         handshake: Duration::from_secs(10),
         request_head: Limits::default().request_head,
-        max_connections: config.max_connections.max(1),
+        connections: connections.clone(),
     };
     let gateway = tokio::spawn(veris_proxy::inbound::gateway::serve(
         listener,

@@ -26,6 +26,7 @@ mod faults;
 mod forgery;
 mod gateway;
 mod gateway_attacks;
+mod gateway_cap;
 mod gateway_inside;
 mod gateway_limits;
 mod gateway_restart;

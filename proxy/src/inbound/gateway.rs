@@ -80,9 +80,27 @@ pub struct Options {
     pub handshake: Duration,
     /// How long an HTTP proxy connection may wait for a request head.
     pub request_head: Duration,
-    /// Connections open at once over all sandboxes (each sandbox has its
-    /// own cap besides, [`crate::Limits::max_connections`]).
-    pub max_connections: usize,
+    /// Connections open at once over all sandboxes and both listeners
+    /// (each sandbox has its own cap besides,
+    /// [`crate::Limits::max_connections`]).
+    pub connections: Connections,
+}
+
+/// The gateway's cap on open connections, one for its listeners together.
+#[derive(Clone)]
+pub struct Connections {
+    slots: Arc<tokio::sync::Semaphore>,
+    max: usize,
+}
+
+impl Connections {
+    pub fn new(max: usize) -> Connections {
+        let max = max.max(1);
+        Connections {
+            slots: Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+        }
+    }
 }
 
 /// Accepts connections until `shutdown` resolves, then lets the open ones
@@ -97,12 +115,11 @@ pub async fn serve(
     let options = Arc::new(options);
     let tasks = TaskTracker::new();
     let cancel = CancellationToken::new();
-    let slots = Arc::new(tokio::sync::Semaphore::new(options.max_connections));
     let warned = Arc::new(AtomicU64::new(0));
     accept_until(listener, shutdown, OnError::Retry, |stream, peer| {
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
+        let Ok(permit) = options.connections.slots.clone().try_acquire_owned() else {
             if once_a_second(&warned) {
-                warn!(max = options.max_connections, "too many gateway connections open; closing new ones until some end. Next: raise --max-connections (and the open-file limit)");
+                warn!(max = options.connections.max, "too many gateway connections open; closing new ones until some end. Next: raise --max-connections (and the open-file limit)");
             }
             return;
         };
