@@ -1,0 +1,111 @@
+//! What a gateway sandbox's readers show (DESIGN §13, issue G1): `veris
+//! tui --sandbox` and `veris receipt --sandbox` must say the same of one
+//! sandbox, before and after its canary probe.
+//!
+//! The attack: a reader who trusts the TUI's header is told something
+//! other than the receipt (a custody doubt the receipt does not have, or
+//! a "verified" the receipt does not give).
+
+use crate::support::gateway::*;
+use crate::support::tmux::{sh_quote, Tmux, TUI_DEADLINE};
+use crate::support::{self, bin, command, output, skip, text, tool_works, TempDir};
+
+/// What follows `integrity: ` on the receipt's interception line, and the
+/// interception word before it.
+fn receipt_words(receipt: &str) -> (String, String) {
+    let line = receipt
+        .lines()
+        .find(|l| l.trim_start().starts_with("interception: "))
+        .unwrap_or_else(|| panic!("no interception line in the receipt:\n{receipt}"));
+    let (interception, integrity) = line
+        .trim_start()
+        .trim_start_matches("interception: ")
+        .split_once("   integrity: ")
+        .unwrap_or_else(|| panic!("no integrity on the interception line: {line}"));
+    (interception.to_string(), integrity.trim_end().to_string())
+}
+
+/// Whether the TUI's header says what the receipt says: its integrity line
+/// (cut at the pane's width) is the start of the receipt's, and its first
+/// line names the receipt's interception.
+fn screen_agrees(screen: &str, interception: &str, integrity: &str) -> bool {
+    let mut lines = screen.lines();
+    let first = lines.next().unwrap_or_default();
+    let Some(shown) = lines.find_map(|l| l.trim_start().strip_prefix("integrity: ")) else {
+        return false;
+    };
+    let shown = shown.trim_end();
+    first.contains(&format!("· {interception} "))
+        && !shown.is_empty()
+        && integrity.starts_with(shown)
+        && shown.len() >= integrity.len().min(60)
+}
+
+/// A gateway sandbox seen by `veris tui --sandbox` and `veris receipt
+/// --sandbox` while the gateway is live: with no canary probe both read
+/// `unverified (no canary probe from the sandbox …)`; after a probe through
+/// the sandbox's credential both read `verified`. (The TUI used to show the
+/// gateway's own `GET /receipt`, which judged custody as for a serve whose
+/// workload may share its uid.)
+#[test]
+fn tui_and_receipt_of_a_sandbox_agree_before_and_after_its_probe() {
+    if !tool_works("tmux", &["-V"]) {
+        return skip("tmux is not installed (apt-get install tmux)");
+    }
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("gwv-tui");
+    let mut gw = Gateway::start("gwv-tui", "127.0.0.1:0", &[]);
+    let a = gw.add_sandbox_json("sbx-a", "stripe");
+    let ca = gw.ca();
+    let log = dir.join("tui.log");
+    let tmux = Tmux::start(dir.path(), 200, 30);
+    tmux.respawn(&format!(
+        "{} tui --state-dir {} --sandbox sbx-a --receipt-every 1 --log-file {}",
+        sh_quote(&bin().display().to_string()),
+        sh_quote(&gw.state.display().to_string()),
+        sh_quote(&log.display().to_string()),
+    ));
+    tmux.wait_screen("the TUI live on A", TUI_DEADLINE, |s| {
+        s.contains("twin sbx-a") && s.contains("live")
+    });
+
+    let receipt = gw.receipt_text("sbx-a");
+    let (interception, integrity) = receipt_words(&receipt);
+    assert_eq!(interception, "gateway", "{receipt}");
+    assert!(
+        integrity.starts_with(&format!("unverified ({NO_PROBE}")),
+        "no probe yet: {receipt}"
+    );
+    tmux.keys(&["r"]);
+    tmux.wait_screen(
+        &format!("the TUI's header to read as the receipt: `{integrity}`"),
+        TUI_DEADLINE,
+        |s| screen_agrees(s, &interception, &integrity),
+    );
+
+    // The canary probe, through A's credential as its platform sends it.
+    let out = output(
+        command("curl")
+            .args(["-sS", "--max-time", "15", "--proxy", &a.url("socks5h")])
+            .arg("--cacert")
+            .arg(&ca)
+            .arg(CANARY_URL),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "canary probe: {stdout}{stderr}");
+    assert_eq!(support::json(&stdout)["sandbox_id"], "sbx-a", "{stdout}");
+
+    let receipt = gw.receipt_text("sbx-a");
+    let (interception, integrity) = receipt_words(&receipt);
+    assert_eq!(integrity, "verified", "after the probe: {receipt}");
+    tmux.keys(&["r"]);
+    tmux.wait_screen(
+        "the TUI's header to read `integrity: verified` as the receipt does",
+        TUI_DEADLINE,
+        |s| screen_agrees(s, &interception, &integrity),
+    );
+    tmux.keys(&["q"]);
+    gw.stop();
+}
