@@ -86,16 +86,8 @@ fn tui_and_receipt_of_a_sandbox_agree_before_and_after_its_probe() {
     );
 
     // The canary probe, through A's credential as its platform sends it.
-    let out = output(
-        command("curl")
-            .args(["-sS", "--max-time", "15", "--proxy", &a.url("socks5h")])
-            .arg("--cacert")
-            .arg(&ca)
-            .arg(CANARY_URL),
-    );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "canary probe: {stdout}{stderr}");
-    assert_eq!(support::json(&stdout)["sandbox_id"], "sbx-a", "{stdout}");
+    let answer = probe_canary(&a.url("socks5h"), &ca);
+    assert_eq!(answer["sandbox_id"], "sbx-a", "{answer}");
 
     let receipt = gw.receipt_text("sbx-a");
     let (interception, integrity) = receipt_words(&receipt);
