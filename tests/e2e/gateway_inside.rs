@@ -13,7 +13,7 @@ use std::path::Path;
 
 use crate::support::gateway::*;
 use crate::support::netns::{python_with_requests, which, Netns};
-use crate::support::tmux::{sh_quote, Tmux, TUI_DEADLINE};
+use crate::support::tmux::{sh_quote, TUI_DEADLINE};
 use crate::support::{self, bin, command, output, skip, text, tool_works, TempDir};
 
 /// `veris check --gateway ARGS` inside `net` (its environment cleared but
@@ -440,16 +440,9 @@ fn tui_for_one_sandbox_shows_its_requests_and_never_anothers() {
     let a = gw.add_sandbox("sbx-a", "stripe");
     let b = gw.add_sandbox("sbx-b", "github");
     let ca = gw.ca();
-    let log = dir.join("tui.log");
-    let tmux = Tmux::start(dir.path(), 140, 36);
-    tmux.respawn(&format!(
-        "{} tui --state-dir {} --sandbox sbx-a --log-file {}",
-        sh_quote(&bin().display().to_string()),
-        sh_quote(&gw.state.display().to_string()),
-        sh_quote(&log.display().to_string()),
-    ));
+    let tmux = gw.tui(&dir, "sbx-a", (140, 36), &[]);
     tmux.wait_screen("the TUI live on A", TUI_DEADLINE, |s| {
-        s.contains("twin sbx-a") && s.contains("live") && s.contains("proxy started")
+        s.contains("proxy started")
     });
 
     let out = output(
@@ -468,8 +461,7 @@ fn tui_for_one_sandbox_shows_its_requests_and_never_anothers() {
             .arg("https://api.github.com/user"),
     );
     assert!(out.status.success(), "B's call: {:?}", text(&out));
-    let (ok, status, stderr) = curl_charge(&a.url("socks5h"), HTTPS_CHARGES, &ca);
-    assert!(ok && status == "200", "A's call: {status} {stderr}");
+    charge_ok(&a.url("socks5h"), &ca, "A's call");
 
     let screen = tmux.wait_screen("A's request row", TUI_DEADLINE, |s| {
         s.lines().any(|l| {

