@@ -408,4 +408,19 @@ mod tests {
         let path = ProbePath::Explicit("http://sbx-a:secret@10.0.0.1:1080".into());
         assert!(!path.describe().contains("secret"));
     }
+
+    /// The receipt crate cannot see these constants; the probe its hint
+    /// prints must still be the one this module answers.
+    #[test]
+    fn the_receipts_probe_hint_names_the_canary_and_the_probe_address() {
+        let addr: SocketAddr = DEFAULT_PROBE_ADDR.parse().unwrap();
+        let curl = format!(
+            "`curl --resolve {CANARY_HOST}:{}:{} https://{CANARY_HOST}{CANARY_PATH}`",
+            addr.port(),
+            addr.ip()
+        );
+        let hint = veris_receipt::receipt::SANDBOX_PROBE_HINT;
+        assert!(hint.contains(&curl), "{hint}");
+        assert!(hint.contains("`veris check --gateway "), "{hint}");
+    }
 }

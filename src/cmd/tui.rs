@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use veris_tui::admin::Target;
-use veris_tui::{RunOptions, SourceSpec, DEFAULT_CAPACITY};
+use veris_tui::{ReceiptHook, RunOptions, SourceSpec, DEFAULT_CAPACITY};
 
 #[derive(Args, Debug)]
 pub struct TuiArgs {
@@ -101,6 +101,10 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
         };
         SourceSpec::StateDir(window.state_dir()?, crate::runtime::ledgers::followed)
     };
+    let receipt = args
+        .sandbox
+        .is_some()
+        .then(|| sandbox_receipt(args.state_dir.clone(), args.sandbox.clone()));
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!("veris tui needs an interactive terminal. Next: run it in a terminal, or use `veris receipt` for a one-shot summary");
     }
@@ -113,10 +117,36 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
             spec,
             capacity: args.rows.max(1),
             receipt_every: Duration::from_secs(args.receipt_every.max(1)),
+            receipt,
         },
     )
     .await;
     veris_tui::leave_terminal();
     result.with_context(|| format!("the TUI stopped; see {}", args.log_path().display()))?;
     Ok(0)
+}
+
+/// A sandbox's header receipt is the one `veris receipt --state-dir S
+/// --sandbox ID` builds, by the same function: the gateway's own `GET
+/// /receipt` cannot know the reader named S a gateway's state dir, so it
+/// would judge custody as for a serve whose workload may share its uid.
+fn sandbox_receipt(state_dir: Option<PathBuf>, sandbox: Option<String>) -> ReceiptHook {
+    ReceiptHook::new(move || {
+        let args = crate::runtime::receipt::ReceiptArgs {
+            window: crate::runtime::receipt::WindowArgs {
+                state_dir: state_dir.clone(),
+                sandbox: sandbox.clone(),
+                ..Default::default()
+            },
+            json: false,
+            junit: None,
+            require: Default::default(),
+        };
+        Box::pin(async move {
+            crate::runtime::receipt::build(&args)
+                .await
+                .map(|report| report.receipt)
+                .map_err(|e| format!("{e:#}"))
+        })
+    })
 }

@@ -16,71 +16,7 @@ use serde_json::Value;
 
 use crate::support::gateway::*;
 use crate::support::netns::{self, Netns, NetnsHosts};
-use crate::support::{self, command, euid, output, skip, text, Guard, TempDir};
-
-/// Why the tests that run the gateway in a namespace of their own (so a
-/// dial that slipped through reaches nothing real) cannot run here.
-fn netns_unavailable() -> Option<String> {
-    if let Some(why) = netns::unavailable() {
-        return Some(why);
-    }
-    if euid() != 0 {
-        return Some("the gateway runs in an `ip netns` namespace (root)".into());
-    }
-    missing(&["python3", "curl"])
-}
-
-/// The gateway's own admin token (`<state>/admin.token`).
-fn admin_token(gw: &Gateway) -> String {
-    std::fs::read_to_string(gw.state.join("admin.token"))
-        .expect("<state>/admin.token")
-        .trim()
-        .to_string()
-}
-
-/// `curl -X METHOD http://ADMIN<path>` (the path sent as written) with
-/// `token` as bearer: (HTTP status, body).
-fn admin_call(gw: &Gateway, method: &str, path: &str, token: &str) -> (String, String) {
-    let admin = gw.ready["admin"].as_str().unwrap();
-    let out = output(command("curl").args([
-        "-sS",
-        "--path-as-is",
-        "--max-time",
-        "10",
-        "-w",
-        "\n%{http_code}",
-        "-X",
-        method,
-        "-H",
-        &format!("Authorization: Bearer {token}"),
-        &format!("http://{admin}{path}"),
-    ]));
-    let stdout = text(&out).0;
-    let (body, status) = stdout.rsplit_once('\n').unwrap_or(("", stdout.as_str()));
-    (status.trim().to_string(), body.to_string())
-}
-
-/// One curl call through `proxy` that must succeed with 200.
-fn charge_ok(proxy: &str, ca: &Path, who: &str) {
-    let (ok, status, stderr) = curl_charge(proxy, HTTPS_CHARGES, ca);
-    assert!(
-        ok && status == "200",
-        "{who}: curl ok={ok} status={status:?}: {stderr}"
-    );
-}
-
-/// The sandbox's canary, probed through its own URL.
-fn probe_canary(proxy: &str, ca: &Path) -> Value {
-    let out = output(
-        command("curl")
-            .args(["-sS", "--max-time", "10", "--proxy", proxy, "--cacert"])
-            .arg(ca)
-            .arg(CANARY_URL),
-    );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "canary probe: {stderr}");
-    support::json(&stdout)
-}
+use crate::support::{self, command, output, skip, text, Guard, TempDir};
 
 /// Lines of `kind` in `lines`.
 fn count(lines: &[Value], kind: &str) -> usize {
@@ -313,7 +249,7 @@ fn a_canary_probe_flood_adds_at_most_a_line_a_second_and_keeps_the_receipt_true(
 
 /// A listener on argv[1] port 0 and on argv[2] with the same port, that
 /// appends `hit ADDR` to argv[3] per connection and answers `200 reached`;
-/// prints `ready PORT`.
+/// prints `ready PORT`. Run after [`PY_LIB`].
 const TWO_LISTENERS_PY: &str = r#"
 import socket, sys, threading
 first, second, log = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -324,12 +260,7 @@ def serve(c, addr):
         f.write("hit %s\n" % addr)
     try:
         c.settimeout(3)
-        head = b""
-        while b"\r\n\r\n" not in head and len(head) < 65536:
-            piece = c.recv(4096)
-            if not piece:
-                break
-            head += piece
+        read_head(c)
     except OSError:
         pass
     try:
@@ -385,7 +316,7 @@ fn blocked_for(gw: &Gateway, id: &str, host: &str) -> Vec<String> {
 /// name for an allowed address reaches that address, never the CONNECT's.
 #[test]
 fn an_address_only_connect_is_dialed_by_its_sni_name_under_the_dial_policy() {
-    if let Some(why) = netns_unavailable() {
+    if let Some(why) = platform_unavailable(&["python3", "curl"]) {
         return skip(&why);
     }
     let dir = TempDir::new("gwa-sni");
@@ -499,27 +430,17 @@ fn an_address_only_connect_is_dialed_by_its_sni_name_under_the_dial_policy() {
 /// argv HOST PORT USER PASS then `ADDR:PORT` targets: per target a SOCKS5
 /// CONNECT by IPv6 address (ATYP 4), then an HTTP/1.0 request without a
 /// Host header (nothing names another host); prints `TARGET REP BODY`
-/// (REP in hex or `closed`, BODY the answer's last line or `-`).
+/// (REP in hex or `closed`, BODY the answer's last line or `-`). Run
+/// after [`PY_LIB`].
 const SOCKS5_V6_PY: &str = r#"
 import socket, sys
 host, port, user, password = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), sys.argv[4].encode()
-def exact(c, n):
-    b = b""
-    while len(b) < n:
-        piece = c.recv(n - len(b))
-        if not piece:
-            raise EOFError
-        b += piece
-    return b
 for target in sys.argv[5:]:
     addr, p = target.rsplit(":", 1)
     c = socket.create_connection((host, port), timeout=15)
     body = "-"
     try:
-        c.sendall(b"\x05\x01\x02")
-        exact(c, 2)
-        c.sendall(bytes([1, len(user)]) + user + bytes([len(password)]) + password)
-        assert exact(c, 2) == b"\x01\x00", "login refused"
+        assert socks5_login(c, user, password)[1] == b"\x01\x00", "login refused"
         c.sendall(b"\x05\x01\x00\x04" + socket.inet_pton(socket.AF_INET6, addr) + int(p).to_bytes(2, "big"))
         rep = "%02x" % exact(c, 10)[1]
         if rep == "00":
@@ -546,7 +467,7 @@ for target in sys.argv[5:]:
 /// while the embedded forms stay refused.
 #[test]
 fn ipv6_and_ipv4_embedding_targets_obey_the_dial_policy() {
-    if let Some(why) = netns_unavailable() {
+    if let Some(why) = platform_unavailable(&["python3", "curl"]) {
         return skip(&why);
     }
     let dir = TempDir::new("gwa-v6");
@@ -560,8 +481,7 @@ fn ipv6_and_ipv4_embedding_targets_obey_the_dial_policy() {
     );
     let port = listeners.port;
     let v6_url = format!("http://[::1]:{port}/");
-    let script = dir.join("socks5_v6.py");
-    std::fs::write(&script, SOCKS5_V6_PY).unwrap();
+    let script = py_script(dir.path(), "socks5_v6", SOCKS5_V6_PY);
     let targets = [
         format!("::1:{port}"),
         format!("::ffff:127.0.0.1:{port}"),
@@ -866,7 +786,7 @@ fn admin_paths_and_stale_read_tokens_reach_no_other_sandbox() {
     let a = gw.add_sandbox("sbx-a", "stripe");
     let b = gw.add_sandbox_json("sbx-b", "stripe");
     let ca = gw.ca();
-    let token = admin_token(&gw);
+    let token = gw.admin_token();
     let b_token = b.json.as_ref().unwrap()["read_token"]
         .as_str()
         .unwrap()
@@ -881,7 +801,7 @@ fn admin_paths_and_stale_read_tokens_reach_no_other_sandbox() {
         ("GET", "/sandboxes/sbx-a%2F..%2Fsbx-b/status"),
         ("GET", "/sandboxes/sbx-b/..%2F..%2Fadmin.token"),
     ] {
-        let (status, body) = admin_call(&gw, method, path, &token);
+        let (status, body) = gw.admin_api(method, path, Some(&token), None);
         assert!(
             status == "404" || status == "400",
             "admin {method} {path}: {status} {body}"
@@ -891,7 +811,7 @@ fn admin_paths_and_stale_read_tokens_reach_no_other_sandbox() {
             "{method} {path} answered the admin token"
         );
         // B's read token on a path that names A through dot-segments.
-        let (status, body) = admin_call(&gw, method, path, &b_token);
+        let (status, body) = gw.admin_api(method, path, Some(&b_token), None);
         assert!(
             status == "404" || status == "400" || status == "401",
             "B's read token on {method} {path}: {status} {body}"
@@ -907,7 +827,7 @@ fn admin_paths_and_stale_read_tokens_reach_no_other_sandbox() {
 
     // B removed: its read token reads nothing, nor the B registered next.
     gw.remove_sandbox("sbx-b");
-    let (status, _) = admin_call(&gw, "GET", "/sandboxes/sbx-b/status", &b_token);
+    let (status, _) = gw.admin_api("GET", "/sandboxes/sbx-b/status", Some(&b_token), None);
     assert_eq!(status, "404", "a removed sandbox's token");
     let again = gw.add_sandbox_json("sbx-b", "stripe");
     for path in [
@@ -915,7 +835,7 @@ fn admin_paths_and_stale_read_tokens_reach_no_other_sandbox() {
         "/sandboxes/sbx-b/ledger",
         "/sandboxes/sbx-b/receipt",
     ] {
-        let (status, body) = admin_call(&gw, "GET", path, &b_token);
+        let (status, body) = gw.admin_api("GET", path, Some(&b_token), None);
         assert_eq!(
             status, "401",
             "the old B's read token on the new B's {path}: {body}"
@@ -926,7 +846,7 @@ fn admin_paths_and_stale_read_tokens_reach_no_other_sandbox() {
         .unwrap()
         .to_string();
     assert_ne!(new_token, b_token);
-    let (status, _) = admin_call(&gw, "GET", "/sandboxes/sbx-b/status", &new_token);
+    let (status, _) = gw.admin_api("GET", "/sandboxes/sbx-b/status", Some(&new_token), None);
     assert_eq!(status, "200");
     gw.stop();
 }

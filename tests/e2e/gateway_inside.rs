@@ -11,34 +11,10 @@
 
 use std::path::Path;
 
-use serde_json::Value;
-
 use crate::support::gateway::*;
-use crate::support::netns::{self, python_with_requests, which, Netns};
-use crate::support::tmux::{sh_quote, Tmux, TUI_DEADLINE};
-use crate::support::{self, bin, command, euid, output, skip, text, tool_works, TempDir};
-
-/// Why the namespace (platform) tests cannot run here.
-fn platform_unavailable() -> Option<String> {
-    if let Some(why) = netns::unavailable() {
-        return Some(why);
-    }
-    if euid() != 0 {
-        return Some("the gateway platform tests need root (veth pairs between the host and `ip netns` namespaces)".into());
-    }
-    missing(&["redsocks", "python3"])
-}
-
-/// The receipt's integrity status and reason.
-fn integrity(receipt: &Value) -> (String, String) {
-    let word = |k: &str| {
-        receipt["integrity"][k]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    };
-    (word("status"), word("reason"))
-}
+use crate::support::netns::{python_with_requests, which, Netns};
+use crate::support::tmux::{sh_quote, TUI_DEADLINE};
+use crate::support::{self, bin, command, output, skip, text, tool_works, TempDir};
 
 /// `veris check --gateway ARGS` inside `net` (its environment cleared but
 /// for `env`); (exit code, stdout, stderr).
@@ -69,7 +45,7 @@ fn canary_lines(gw: &Gateway, id: &str) -> usize {
 /// canary, another sandbox's id or a wrong password it fails and says why.
 #[test]
 fn check_gateway_inside_a_sandbox_proves_its_egress_and_verifies_its_receipt() {
-    if let Some(why) = platform_unavailable() {
+    if let Some(why) = platform_unavailable(&["redsocks", "python3"]) {
         return skip(&why);
     }
     let dir = TempDir::new("gwin-check");
@@ -166,11 +142,8 @@ fn check_gateway_inside_a_sandbox_proves_its_egress_and_verifies_its_receipt() {
 /// that say so, and no probe reaches any ledger.
 #[test]
 fn check_gateway_fails_where_the_egress_does_not_reach_a_gateway() {
-    if let Some(why) = netns::unavailable() {
+    if let Some(why) = platform_unavailable(&[]) {
         return skip(&why);
-    }
-    if euid() != 0 {
-        return skip("the namespace test needs root (`ip netns`)");
     }
     let ns = Netns::create("gwinno");
     let out = ns.output(
@@ -195,31 +168,21 @@ fn check_gateway_fails_where_the_egress_does_not_reach_a_gateway() {
 
 /// A python3 HTTP server on argv[1] (port 0) answering every request with
 /// the canary JSON argv[2] (a workload's fake canary); prints `ready PORT`.
+/// Run after [`PY_LIB`].
 const FAKE_CANARY_PY: &str = r#"
 import socket, sys, threading
 addr, body, log = sys.argv[1], sys.argv[2].encode(), sys.argv[3]
 def serve(c):
     try:
         c.settimeout(5)
-        head = b""
-        while b"\r\n\r\n" not in head and len(head) < 65536:
-            piece = c.recv(4096)
-            if not piece:
-                break
-            head += piece
+        read_head(c)
         with open(log, "a") as f:
             f.write("asked\n")
         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
     except OSError:
         pass
     c.close()
-s = socket.socket()
-s.bind((addr, 0))
-s.listen(16)
-print("ready", s.getsockname()[1], flush=True)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
+serve_forever(addr, serve)
 "#;
 
 /// Item 1, attack: a workload inside its sandbox answers the canary itself
@@ -229,7 +192,7 @@ while True:
 /// probe …)`: only a probe line the gateway itself recorded counts.
 #[test]
 fn a_canary_served_inside_the_sandbox_never_verifies_its_receipt() {
-    if let Some(why) = platform_unavailable() {
+    if let Some(why) = platform_unavailable(&["redsocks", "python3"]) {
         return skip(&why);
     }
     let dir = TempDir::new("gwin-fake");
@@ -477,16 +440,9 @@ fn tui_for_one_sandbox_shows_its_requests_and_never_anothers() {
     let a = gw.add_sandbox("sbx-a", "stripe");
     let b = gw.add_sandbox("sbx-b", "github");
     let ca = gw.ca();
-    let log = dir.join("tui.log");
-    let tmux = Tmux::start(dir.path(), 140, 36);
-    tmux.respawn(&format!(
-        "{} tui --state-dir {} --sandbox sbx-a --log-file {}",
-        sh_quote(&bin().display().to_string()),
-        sh_quote(&gw.state.display().to_string()),
-        sh_quote(&log.display().to_string()),
-    ));
+    let tmux = gw.tui(&dir, "sbx-a", (140, 36), &[]);
     tmux.wait_screen("the TUI live on A", TUI_DEADLINE, |s| {
-        s.contains("twin sbx-a") && s.contains("live") && s.contains("proxy started")
+        s.contains("proxy started")
     });
 
     let out = output(
@@ -505,8 +461,7 @@ fn tui_for_one_sandbox_shows_its_requests_and_never_anothers() {
             .arg("https://api.github.com/user"),
     );
     assert!(out.status.success(), "B's call: {:?}", text(&out));
-    let (ok, status, stderr) = curl_charge(&a.url("socks5h"), HTTPS_CHARGES, &ca);
-    assert!(ok && status == "200", "A's call: {status} {stderr}");
+    charge_ok(&a.url("socks5h"), &ca, "A's call");
 
     let screen = tmux.wait_screen("A's request row", TUI_DEADLINE, |s| {
         s.lines().any(|l| {

@@ -13,7 +13,7 @@
 use serde_json::Value;
 
 use crate::support::gateway::*;
-use crate::support::{self, command, output, skip, text, wait_for, DEADLINE};
+use crate::support::{self, command, skip, text, wait_for, DEADLINE};
 
 /// `add-sandbox ID --services stripe EXTRA…`.
 fn add(gw: &Gateway, id: &str, extra: &[&str]) -> Sandbox {
@@ -168,24 +168,7 @@ fn a_sandbox_over_its_request_rate_is_refused_and_counted_while_another_is_serve
     let b = add(&gw, "sbx-b", &["--max-rps", "1000000"]);
     let ca = gw.ca();
     // A's probe from inside (one of its requests): its receipt can verify.
-    let probe = output(
-        command("curl")
-            .args([
-                "-sS",
-                "--max-time",
-                "15",
-                "--proxy",
-                &a.url("http"),
-                "--cacert",
-            ])
-            .arg(&ca)
-            .arg(CANARY_URL),
-    );
-    assert!(
-        probe.status.success(),
-        "A's canary probe: {:?}",
-        text(&probe)
-    );
+    probe_canary(&a.url("http"), &ca);
 
     let (burst_a, burst_b) = (burst(&gw, &a, "2.5"), burst(&gw, &b, "1.5"));
     let (sa, sb) = (summary(burst_a, "A"), summary(burst_b, "B"));
@@ -261,7 +244,8 @@ fn a_sandbox_over_its_request_rate_is_refused_and_counted_while_another_is_serve
 
 /// A plain-HTTP twin stand-in on argv[1] (port 0; prints `ready PORT`)
 /// that answers every vendor request with [`BIG`] bytes of a known
-/// pattern, and `/veris/…` with an empty request log.
+/// pattern, and `/veris/…` with an empty request log. Run after
+/// [`PY_LIB`].
 const BIG_TWIN_PY: &str = r#"
 import socket, sys, threading
 addr = sys.argv[1]
@@ -270,12 +254,9 @@ def serve(c):
     try:
         c.settimeout(30)
         while True:
-            data = b""
-            while b"\r\n\r\n" not in data and len(data) < 65536:
-                piece = c.recv(4096)
-                if not piece:
-                    return
-                data += piece
+            data = read_head(c)
+            if b"\r\n\r\n" not in data:
+                return
             head = data.split(b"\r\n\r\n", 1)[0]
             target = head.split(b" ")[1] if b" " in head else b"/"
             if b"/veris/" in target:
@@ -287,13 +268,7 @@ def serve(c):
         pass
     finally:
         c.close()
-s = socket.socket()
-s.bind((addr, 0))
-s.listen(16)
-print("ready", s.getsockname()[1], flush=True)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
+serve_forever(addr, serve)
 "#;
 
 /// The size of [`BIG_TWIN_PY`]'s answer.

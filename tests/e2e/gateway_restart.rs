@@ -14,15 +14,6 @@ use serde_json::Value;
 use crate::support::gateway::*;
 use crate::support::{self, command, output, skip, text, wait_for, DEADLINE};
 
-/// One curl call through `proxy` that must succeed with 200.
-fn charge_ok(proxy: &str, ca: &Path, who: &str) {
-    let (ok, status, stderr) = curl_charge(proxy, HTTPS_CHARGES, ca);
-    assert!(
-        ok && status == "200",
-        "{who}: POST {HTTPS_CHARGES}: curl ok={ok} status={status:?}: {stderr}"
-    );
-}
-
 /// One curl call through `proxy` that must be refused.
 fn refused(proxy: &str, ca: &Path, who: &str) {
     let (ok, status, stderr) = curl_charge(proxy, HTTPS_CHARGES, ca);
@@ -32,50 +23,12 @@ fn refused(proxy: &str, ca: &Path, who: &str) {
     );
 }
 
-/// The canary probe through the sandbox's own URL; its answer.
-fn probe(proxy: &str, ca: &Path) -> Value {
-    let out = output(
-        command("curl")
-            .args(["-sS", "--max-time", "15", "--proxy", proxy, "--cacert"])
-            .arg(ca)
-            .arg(CANARY_URL),
-    );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "canary probe: {stderr}");
-    support::json(&stdout)
-}
-
-/// `curl -X GET http://ADMIN/PATH` with `token` as bearer: the status.
-fn admin_get(gw: &Gateway, path: &str, token: &str) -> String {
-    let admin = gw.ready["admin"].as_str().unwrap();
-    let out = output(command("curl").args([
-        "-sS",
-        "--max-time",
-        "10",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-H",
-        &format!("Authorization: Bearer {token}"),
-        &format!("http://{admin}{path}"),
-    ]));
-    text(&out).0.trim().to_string()
-}
-
 /// The ids `list-sandboxes` names.
 fn listed(gw: &Gateway) -> String {
     let out = gw.admin_command("list-sandboxes", &[]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "list-sandboxes: {stdout}{stderr}");
     stdout
-}
-
-fn reason(receipt: &Value) -> String {
-    receipt["integrity"]["reason"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// `veris receipt --json --all` of sandbox `id`, the seal keys `keys`
@@ -122,24 +75,7 @@ fn add_expiring(gw: &Gateway, id: &str) -> Sandbox {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "add-sandbox {id}: {stdout}{stderr}");
     let sandbox = Sandbox::from_url(id, stdout.lines().last().unwrap_or_default().trim());
-    let token = std::fs::read_to_string(gw.state.join("admin.token")).unwrap();
-    let admin = gw.ready["admin"].as_str().unwrap().to_string();
-    wait_for("the short sandbox listed expired", DEADLINE, || {
-        let out = output(command("curl").args([
-            "-sS",
-            "--max-time",
-            "5",
-            "-H",
-            &format!("Authorization: Bearer {}", token.trim()),
-            &format!("http://{admin}/sandboxes"),
-        ]));
-        let list: Value = serde_json::from_str(&text(&out).0).ok()?;
-        list["sandboxes"]
-            .as_array()?
-            .iter()
-            .any(|s| s["id"] == id && s["expired"] == true)
-            .then_some(())
-    });
+    gw.wait_expired(id);
     sandbox
 }
 
@@ -161,7 +97,7 @@ fn after_a_restart_the_same_urls_and_read_tokens_work_and_removed_ones_stay_refu
     charge_ok(&a.url("socks5h"), &ca, "A");
     charge_ok(&b.url("http"), &ca, "B");
     charge_ok(&gone.url("socks5h"), &ca, "the one to be removed");
-    assert_eq!(probe(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
+    assert_eq!(probe_canary(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     gw.remove_sandbox("sbx-gone");
     let short = add_expiring(&gw, "sbx-short");
     let token_a = a.json.as_ref().unwrap()["read_token"]
@@ -198,9 +134,15 @@ fn after_a_restart_the_same_urls_and_read_tokens_work_and_removed_ones_stay_refu
 
     // The read token the platform holds still reads A, and only A.
     for path in ["/sandboxes/sbx-a/status", "/sandboxes/sbx-a/ledger"] {
-        assert_eq!(admin_get(&gw, path, &token_a), "200", "A's token on {path}");
+        assert_eq!(
+            gw.admin_api("GET", path, Some(&token_a), None).0,
+            "200",
+            "A's token on {path}"
+        );
     }
-    let status = admin_get(&gw, "/sandboxes/sbx-b/ledger", &token_a);
+    let status = gw
+        .admin_api("GET", "/sandboxes/sbx-b/ledger", Some(&token_a), None)
+        .0;
     assert!(
         status == "401" || status == "404",
         "A's token read B: {status}"
@@ -223,7 +165,7 @@ fn after_a_restart_the_same_urls_and_read_tokens_work_and_removed_ones_stay_refu
         0o600
     );
 
-    assert_eq!(probe(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
+    assert_eq!(probe_canary(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     gw.stop();
     let pubs = std::fs::read_to_string(dir_a.join("ledger.pub")).unwrap();
     assert_eq!(pubs.lines().count(), 2, "both runs' keys: {pubs}");
@@ -242,9 +184,9 @@ fn after_a_restart_the_same_urls_and_read_tokens_work_and_removed_ones_stay_refu
             assert_eq!(check(&r, name), "ok", "{id}'s {name} check: {r}");
         }
         assert!(
-            !reason(&r).contains("final seal"),
+            !integrity(&r).1.contains("final seal"),
             "{id}'s runs both ended with their final seal: {}",
-            reason(&r)
+            integrity(&r).1
         );
         assert!(
             r["set_aside"].as_array().is_none_or(|a| a.is_empty()),
@@ -272,7 +214,7 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
     let a = gw.add_sandbox_json("sbx-a", "stripe");
     let ca = gw.ca();
     let mut keys = vec![seal_key(&gw)];
-    assert_eq!(probe(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
+    assert_eq!(probe_canary(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     charge_ok(&a.url("socks5h"), &ca, "A");
     wait_for("A's call under an interval seal", DEADLINE, || {
         (gw.ledger("sbx-a").last()?["kind"] == "seal").then_some(())
@@ -286,9 +228,9 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
     assert_eq!(check(&r, "chain"), "ok", "one chain across the runs: {r}");
     assert_ne!(r["integrity"]["status"], "verified", "{r}");
     assert!(
-        reason(&r).contains("no final seal"),
+        integrity(&r).1.contains("no final seal"),
         "the receipt names the crashed session: {}",
-        reason(&r)
+        integrity(&r).1
     );
 
     // Killed right after a call: its line may be past the last seal.
@@ -298,7 +240,7 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
     gw.kill_and_restart(&[]);
     keys.push(seal_key(&gw));
     charge_ok(&a.url("socks5h"), &ca, "A after the second SIGKILL");
-    assert_eq!(probe(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
+    assert_eq!(probe_canary(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     gw.stop();
     let r = receipt_pinned(&gw, "sbx-a", &keys);
     let set_aside: u64 = r["set_aside"]
@@ -313,7 +255,11 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
             "a receipt over crashed sessions read verified: {r}"
         );
         assert_eq!(charges(&r).len(), 4, "every call: {r}");
-        assert!(reason(&r).contains("no final seal"), "{}", reason(&r));
+        assert!(
+            integrity(&r).1.contains("no final seal"),
+            "{}",
+            integrity(&r).1
+        );
     } else {
         // The unsealed tail was moved aside with the earlier chain: listed
         // with its calls, never counted; the receipt is over the new chain.
@@ -323,7 +269,7 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
             "every call is counted or named as set aside: {r}"
         );
         assert!(
-            reason(&r).contains("moved") || !check(&r, "moved_aside").is_empty(),
+            integrity(&r).1.contains("moved") || !check(&r, "moved_aside").is_empty(),
             "the receipt names the set-aside tail: {r}"
         );
     }

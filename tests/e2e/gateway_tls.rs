@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::support::gateway::*;
 use crate::support::netns::{self, run_ok, self_signed};
 use crate::support::{
-    self, command, euid, output, skip, text, veris, wait_for, Guard, TempDir, DEADLINE,
+    self, command, output, skip, text, veris, wait_for, Guard, TempDir, DEADLINE,
 };
 
 /// The gateway's TLS listener, from its ready file.
@@ -138,8 +138,7 @@ fn connect_inside_tls_reaches_the_twin_and_an_untrusting_client_is_refused() {
     );
 
     // The plain listener still serves (it may stay on a private network).
-    let (ok, status, stderr) = curl_charge(&a.url("socks5h"), HTTPS_CHARGES, &ca);
-    assert!(ok && status == "200", "plain SOCKS5: {status} {stderr}");
+    charge_ok(&a.url("socks5h"), &ca, "plain SOCKS5");
     gw.stop();
 }
 
@@ -282,13 +281,7 @@ fn free_port(ip: &str) -> SocketAddr {
 /// whose stunnel checks another name never reaches the gateway.
 #[test]
 fn a_redsocks_sandbox_behind_stunnel_reaches_the_gateway_over_tls() {
-    if let Some(why) = netns::unavailable() {
-        return skip(&why);
-    }
-    if euid() != 0 {
-        return skip("the gateway platform tests need root (veth pairs between the host and `ip netns` namespaces)");
-    }
-    if let Some(why) = missing(&["redsocks", "stunnel", "curl"]) {
+    if let Some(why) = platform_unavailable(&["redsocks", "stunnel", "curl"]) {
         return skip(&why);
     }
     let dir = TempDir::new("gw-tls-platform");

@@ -31,6 +31,7 @@ mod gateway_inside;
 mod gateway_limits;
 mod gateway_restart;
 mod gateway_tls;
+mod gateway_views;
 mod har;
 mod integrity;
 mod isolated;

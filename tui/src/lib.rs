@@ -23,4 +23,4 @@ pub mod source;
 
 pub use app::{Action, App, ConnState, Connection, Event, DEFAULT_CAPACITY};
 pub use run::{enter_terminal, leave_terminal, run, RunOptions, TuiError};
-pub use source::SourceSpec;
+pub use source::{ReceiptHook, SourceSpec};

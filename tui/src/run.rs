@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::app::{Action, App, Event};
 use crate::render::render;
-use crate::source::{self, SourceSpec};
+use crate::source::{self, ReceiptHook, SourceSpec};
 
 /// Frames per second at most.
 pub const FPS: u64 = 30;
@@ -35,6 +35,8 @@ pub struct RunOptions {
     pub capacity: usize,
     /// How often the receipt is refreshed while new lines arrive.
     pub receipt_every: Duration,
+    /// Builds the header's receipt instead of the source.
+    pub receipt: Option<ReceiptHook>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +69,7 @@ where
     let mut feed = tokio::spawn(source::feed(options.spec.clone(), tx.clone()));
     let mut receipts = tokio::spawn(source::receipts(
         options.spec.clone(),
+        options.receipt.clone(),
         receipt_rx,
         tx.clone(),
     ));

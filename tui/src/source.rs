@@ -16,7 +16,10 @@
 //! already seen, so reconnecting neither loses nor repeats rows. Sources
 //! stop when the event channel closes.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -50,6 +53,30 @@ pub enum SourceSpec {
 
 /// Which ledger file of a state dir to read while no proxy is live.
 pub type LedgerPick = fn(&Path) -> PathBuf;
+
+/// A receipt the binary builds its own way, in place of the source's: the
+/// header of `veris tui --sandbox` is the receipt `veris receipt --sandbox`
+/// builds (the reader named the state dir a gateway's, which neither the
+/// gateway's `GET /receipt` nor a bare file read can know), so the two
+/// never disagree.
+#[derive(Clone)]
+pub struct ReceiptHook(Arc<dyn Fn() -> ReceiptFuture + Send + Sync>);
+
+/// What a [`ReceiptHook`] returns: the receipt, or why there is none.
+pub type ReceiptFuture =
+    Pin<Box<dyn Future<Output = Result<veris_receipt::Receipt, String>> + Send>>;
+
+impl ReceiptHook {
+    pub fn new(build: impl Fn() -> ReceiptFuture + Send + Sync + 'static) -> ReceiptHook {
+        ReceiptHook(Arc::new(build))
+    }
+}
+
+impl std::fmt::Debug for ReceiptHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReceiptHook")
+    }
+}
 
 impl SourceSpec {
     /// Words for the header before the first connection.
@@ -324,27 +351,18 @@ impl Feed {
 }
 
 /// Answers receipt requests (one per `()` received) until either channel
-/// closes: `GET /receipt` from the admin API, else a fresh read of the
-/// ledger file built into a receipt.
-pub async fn receipts(spec: SourceSpec, mut requests: mpsc::Receiver<()>, tx: mpsc::Sender<Event>) {
+/// closes: the `hook`'s receipt when there is one, else `GET /receipt` from
+/// the admin API, else a fresh read of the ledger file built into a receipt.
+pub async fn receipts(
+    spec: SourceSpec,
+    hook: Option<ReceiptHook>,
+    mut requests: mpsc::Receiver<()>,
+    tx: mpsc::Sender<Event>,
+) {
     while requests.recv().await.is_some() {
-        let result = match &spec {
-            SourceSpec::Admin(t) => t
-                .receipt()
-                .await
-                .map_err(|e| format!("{e}. Next: check the admin URL and token, then press r")),
-            SourceSpec::Ledger(p) => file_receipt(p.clone()).await,
-            SourceSpec::StateDir(d, pick) => match state_target(d) {
-                Some(Ok(t)) => match t.receipt().await {
-                    Ok(r) => Ok(r),
-                    // The proxy may have just stopped: the file still answers.
-                    Err(e) => {
-                        debug!(error = %e, "admin receipt failed; reading the ledger file");
-                        file_receipt(pick(d)).await
-                    }
-                },
-                _ => file_receipt(pick(d)).await,
-            },
+        let result = match (&hook, &spec) {
+            (Some(hook), _) => (hook.0)().await,
+            (None, spec) => spec_receipt(spec).await,
         };
         let ev = match result {
             Ok(r) => Event::Receipt(Box::new(r)),
@@ -353,6 +371,28 @@ pub async fn receipts(spec: SourceSpec, mut requests: mpsc::Receiver<()>, tx: mp
         if tx.send(ev).await.is_err() {
             return;
         }
+    }
+}
+
+/// The receipt a source gives by itself.
+async fn spec_receipt(spec: &SourceSpec) -> Result<veris_receipt::Receipt, String> {
+    match spec {
+        SourceSpec::Admin(t) => t
+            .receipt()
+            .await
+            .map_err(|e| format!("{e}. Next: check the admin URL and token, then press r")),
+        SourceSpec::Ledger(p) => file_receipt(p.clone()).await,
+        SourceSpec::StateDir(d, pick) => match state_target(d) {
+            Some(Ok(t)) => match t.receipt().await {
+                Ok(r) => Ok(r),
+                // The proxy may have just stopped: the file still answers.
+                Err(e) => {
+                    debug!(error = %e, "admin receipt failed; reading the ledger file");
+                    file_receipt(pick(d)).await
+                }
+            },
+            _ => file_receipt(pick(d)).await,
+        },
     }
 }
 

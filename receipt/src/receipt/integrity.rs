@@ -796,6 +796,17 @@ fn network_check(name: &str, segments: &[Segment], options: &Options) -> Check {
 /// verified.
 pub const NO_SANDBOX_PROBE: &str = "no canary probe from the sandbox";
 
+/// How to probe a sandbox's canary, as the receipt tells its reader (often
+/// an agent, which may run it). A constant: nothing of the ledger, which
+/// the workload's traffic fills, can reach it. Both commands work with no
+/// DNS in the sandbox: `veris check --gateway` and the curl line dial the
+/// TEST-NET probe address (`veris_proxy::canary::DEFAULT_PROBE_ADDR`) with
+/// the canary's SNI, which the gateway routes by (a platform's redirect
+/// tunnels the address; a proxy setting sends the name instead); the
+/// gateway answers it itself, dialing nothing. The proxy crate's tests
+/// check it against the canary constants.
+pub const SANDBOX_PROBE_HINT: &str = "Next: probe it from inside the sandbox: `veris check --gateway --expect-canary CANARY` (CANARY: the sandbox's `canary` from `veris gateway add-sandbox --json`), or `curl --resolve canary.veris.internal:443:203.0.113.1 https://canary.veris.internal/__veris/canary` (trusting the gateway's CA, `veris gateway ca`)";
+
 /// The canary of a gateway sandbox's session. Only the gateway writes a
 /// `canary` line into a sandbox's ledger, and only when a probe that came
 /// through the platform's tunnel with that sandbox's credential reached its
@@ -835,7 +846,7 @@ fn gateway_canary(
             name,
             CheckStatus::Unverified,
             format!(
-                "{NO_SANDBOX_PROBE}{}: the gateway cannot tell a sandbox whose egress bypasses it from one that made no calls. Next: from inside the sandbox, fetch https://canary.veris.internal/__veris/canary through its egress (e.g. `curl https://canary.veris.internal/__veris/canary`)",
+                "{NO_SANDBOX_PROBE}{}: the gateway cannot tell a sandbox whose egress bypasses it from one that made no calls. {SANDBOX_PROBE_HINT}",
                 earlier.map_or(String::new(), |w| format!(" in {w}"))
             ),
         ),

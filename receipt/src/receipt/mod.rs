@@ -35,7 +35,7 @@ mod text;
 mod tls;
 
 pub use build::{build, build_file, build_file_with, Builder};
-pub use integrity::{NO_SANDBOX_PROBE, PROXY_NOT_LIVE};
+pub use integrity::{NO_SANDBOX_PROBE, PROXY_NOT_LIVE, SANDBOX_PROBE_HINT};
 pub use junit::{render_junit, render_junit_error, JunitContext};
 pub use require::{
     evaluate, split_status, Assertion, Outcome, Requirement, RequirementError, RequirementResult,

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::netns::{run_ok, which, Netns, NetnsHosts, VENDOR_V4};
+use super::tmux::{sh_quote, Tmux, TUI_DEADLINE};
 use super::{command, output, text, veris, wait_for, Guard, TempDir, DEADLINE};
 
 /// The canary URL a sandbox probes to prove its egress goes through the gateway.
@@ -622,7 +623,7 @@ impl Drop for SandboxNet {
 /// argv[2]/argv[3], appends `connect USER HOST:PORT` or `refused USER` to
 /// argv[4], and answers the tunneled HTTP request itself with
 /// `stand-in saw USER HOST:PORT` (it dials nothing). Listens on argv[1],
-/// prints `ready PORT`.
+/// prints `ready PORT`. Run after [`PY_LIB`].
 pub const SOCKS5_STAND_IN_PY: &str = r#"
 import socket, struct, sys, threading
 addr, user, password, log = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
@@ -631,14 +632,6 @@ def note(line):
     with lock:
         with open(log, "a") as f:
             f.write(line + "\n")
-def exact(c, n):
-    b = b""
-    while len(b) < n:
-        piece = c.recv(n - len(b))
-        if not piece:
-            raise EOFError
-        b += piece
-    return b
 def serve(c):
     try:
         c.settimeout(10)
@@ -668,30 +661,20 @@ def serve(c):
         target = "%s:%d" % (host, port)
         note("connect %s %s" % (u, target))
         c.sendall(b"\x05\x00\x00\x01\x00\x00\x00\x00\x00\x00")
-        head = b""
-        while b"\r\n\r\n" not in head and len(head) < 65536:
-            piece = c.recv(4096)
-            if not piece:
-                return
-            head += piece
+        if b"\r\n\r\n" not in read_head(c):
+            return
         body = ("stand-in saw %s %s" % (u, target)).encode()
         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
     except (OSError, EOFError, ValueError):
         pass
     finally:
         c.close()
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((addr, 0))
-s.listen(64)
-print("ready", s.getsockname()[1], flush=True)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
+serve_forever(addr, serve)
 "#;
 
 /// A TCP listener on argv[1] (port 0) that appends `hit` to argv[2] for
-/// every connection and answers `200 reached`; prints `ready PORT`.
+/// every connection and answers `200 reached`; prints `ready PORT`. Run
+/// after [`PY_LIB`].
 pub const LISTENER_PY: &str = r#"
 import socket, sys, threading
 addr, log = sys.argv[1], sys.argv[2]
@@ -700,23 +683,12 @@ def serve(c):
         f.write("hit\n")
     try:
         c.settimeout(5)
-        head = b""
-        while b"\r\n\r\n" not in head and len(head) < 65536:
-            piece = c.recv(4096)
-            if not piece:
-                break
-            head += piece
+        read_head(c)
         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\nreached")
     except OSError:
         pass
     c.close()
-s = socket.socket()
-s.bind((addr, 0))
-s.listen(16)
-print("ready", s.getsockname()[1], flush=True)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
+serve_forever(addr, serve)
 "#;
 
 /// A python3 helper process that printed `ready PORT`; killed on drop.
@@ -737,8 +709,7 @@ impl PyServer {
         script: &str,
         args: &[&str],
     ) -> PyServer {
-        let file = dir.join(format!("{name}.py"));
-        std::fs::write(&file, script).unwrap();
+        let file = py_script(dir.path(), name, script);
         let log = dir.join(format!("{name}.log"));
         std::fs::write(&log, "").unwrap();
         let mut child = cmd
@@ -840,5 +811,192 @@ impl Gateway {
             "the restarted gateway listens where it did: {}",
             self.ready
         );
+    }
+}
+
+/// Why a test that needs root and `ip netns` namespaces (a platform's
+/// sandboxes, or a namespace for the gateway itself) and `tools` cannot
+/// run here.
+pub fn platform_unavailable(tools: &[&str]) -> Option<String> {
+    if let Some(why) = super::netns::unavailable() {
+        return Some(why);
+    }
+    if super::euid() != 0 {
+        return Some("the gateway's namespace tests need root (`ip netns`, veth pairs between the host and the namespaces)".into());
+    }
+    missing(tools)
+}
+
+impl Gateway {
+    /// The gateway's own admin token (`<state>/admin.token`).
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.state.join("admin.token"))
+            .expect("<state>/admin.token")
+            .trim()
+            .to_string()
+    }
+
+    /// `curl -X METHOD http://ADMIN<path>` (the path sent as written) on
+    /// the admin API, with `token` as bearer and `json` as the body: (HTTP
+    /// status, body).
+    pub fn admin_api(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        json: Option<&str>,
+    ) -> (String, String) {
+        let admin = self.ready["admin"]
+            .as_str()
+            .expect("the ready file's admin");
+        let mut cmd = command("curl");
+        cmd.args(["-sS", "--path-as-is", "--max-time", "10"]).args([
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            method,
+        ]);
+        if let Some(token) = token {
+            cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+        }
+        if let Some(json) = json {
+            cmd.args(["-H", "Content-Type: application/json", "--data", json]);
+        }
+        let out = output(cmd.arg(format!("http://{admin}{path}")));
+        let stdout = text(&out).0;
+        let (body, status) = stdout.rsplit_once('\n').unwrap_or(("", stdout.as_str()));
+        (status.trim().to_string(), body.to_string())
+    }
+
+    /// Polls the admin API (up to [`DEADLINE`]) until it lists sandbox
+    /// `id` expired.
+    pub fn wait_expired(&self, id: &str) {
+        let token = self.admin_token();
+        wait_for(&format!("{id} listed as expired"), DEADLINE, || {
+            let (_, body) = self.admin_api("GET", "/sandboxes", Some(&token), None);
+            let list: Value = serde_json::from_str(&body).ok()?;
+            list["sandboxes"]
+                .as_array()?
+                .iter()
+                .any(|s| s["id"] == id && s["expired"] == true)
+                .then_some(())
+        });
+    }
+}
+
+/// One curl POST of a charge to [`HTTPS_CHARGES`] through `proxy` (a
+/// sandbox's URL) that must be answered 200.
+pub fn charge_ok(proxy: &str, ca: &Path, who: &str) {
+    charge_ok_to(proxy, HTTPS_CHARGES, ca, who);
+}
+
+/// [`charge_ok`] to another `target`.
+pub fn charge_ok_to(proxy: &str, target: &str, ca: &Path, who: &str) {
+    let (ok, status, stderr) = curl_charge(proxy, target, ca);
+    assert!(
+        ok && status == "200",
+        "{who}: POST {target}: curl ok={ok} status={status:?}: {stderr}"
+    );
+}
+
+/// The canary probed through `proxy` (a sandbox's URL): its answer.
+pub fn probe_canary(proxy: &str, ca: &Path) -> Value {
+    let out = output(
+        command("curl")
+            .args(["-sS", "--max-time", "15", "--proxy", proxy, "--cacert"])
+            .arg(ca)
+            .arg(CANARY_URL),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "canary probe: {stdout}{stderr}");
+    super::json(&stdout)
+}
+
+/// A receipt's integrity status and reason ("" where absent).
+pub fn integrity(receipt: &Value) -> (String, String) {
+    let word = |k: &str| {
+        receipt["integrity"][k]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    (word("status"), word("reason"))
+}
+
+/// What the python3 helpers share, put before each script
+/// ([`py_script`]): `exact(c, n)` (n bytes or `EOFError`), `read_head(c)`
+/// (an HTTP head, at most 64 KiB), `socks5_login(c, user, password)`
+/// (RFC 1928 greeting offering USER/PASS, then the RFC 1929 login: the two
+/// 2-byte answers) and `serve_forever(addr, serve)` (listens on port 0 of
+/// `addr`, prints `ready PORT`, serves each connection in a thread).
+pub const PY_LIB: &str = r#"
+import socket, sys, threading
+def exact(c, n):
+    b = b""
+    while len(b) < n:
+        piece = c.recv(n - len(b))
+        if not piece:
+            raise EOFError
+        b += piece
+    return b
+def read_head(c):
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 65536:
+        piece = c.recv(4096)
+        if not piece:
+            break
+        head += piece
+    return head
+def socks5_login(c, user, password):
+    c.sendall(b"\x05\x01\x02")
+    method = exact(c, 2)
+    c.sendall(bytes([1, len(user)]) + user + bytes([len(password)]) + password)
+    return method, exact(c, 2)
+def serve_forever(addr, serve):
+    s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 0))
+    s.listen(64)
+    print("ready", s.getsockname()[1], flush=True)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Writes `script`, after [`PY_LIB`], to `dir/NAME.py`; its path.
+pub fn py_script(dir: &Path, name: &str, script: &str) -> PathBuf {
+    let file = dir.join(format!("{name}.py"));
+    std::fs::write(&file, format!("{PY_LIB}{script}")).expect("writing a python3 helper");
+    file
+}
+
+impl Gateway {
+    /// `veris tui --state-dir S --sandbox ID EXTRA…` in a tmux pane of
+    /// `width`x`height` (a tmux server of its own in `dir`, its log in
+    /// `dir/tui.log`), returned once the header is live on the sandbox.
+    pub fn tui(
+        &self,
+        dir: &TempDir,
+        id: &str,
+        (width, height): (u16, u16),
+        extra: &[&str],
+    ) -> Tmux {
+        let tmux = Tmux::start(dir.path(), width, height);
+        let mut line = format!(
+            "{} tui --state-dir {} --sandbox {} --log-file {}",
+            sh_quote(&super::bin().display().to_string()),
+            sh_quote(&self.state.display().to_string()),
+            sh_quote(id),
+            sh_quote(&dir.join("tui.log").display().to_string()),
+        );
+        for arg in extra {
+            line.push(' ');
+            line.push_str(&sh_quote(arg));
+        }
+        tmux.respawn(&line);
+        tmux.wait_screen(&format!("the TUI live on {id}"), TUI_DEADLINE, |s| {
+            s.contains(&format!("twin {id}")) && s.contains("live")
+        });
+        tmux
     }
 }
