@@ -28,6 +28,7 @@ mod gateway;
 mod gateway_attacks;
 mod gateway_cap;
 mod gateway_inside;
+mod gateway_java;
 mod gateway_limits;
 mod gateway_restart;
 mod gateway_tls;
