@@ -382,6 +382,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         metrics: None,
         metrics_open: false,
         unrecorded: proxy.unrecorded().clone(),
+        publishing: None,
     });
     let timer = {
         let (ledger, sealer, cancel) =

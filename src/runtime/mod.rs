@@ -4,6 +4,7 @@
 
 pub mod baseline;
 pub mod checks;
+pub mod fleet;
 pub mod gateway;
 pub mod junit;
 pub mod ledgers;
