@@ -715,6 +715,7 @@ mod tests {
             metrics: None,
             metrics_open: false,
             unrecorded: Arc::default(),
+            publishing: None,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
