@@ -637,6 +637,7 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         metrics: None,
         metrics_open: false,
         unrecorded: proxy.unrecorded().clone(),
+        publishing: None,
     });
     let sandbox = Arc::new(Sandbox {
         id: record.id.clone(),
