@@ -443,6 +443,13 @@ impl Task {
         let header = |name: &str| last.headers.get(name).map(|v| v.as_str().to_string());
         let id = header(HEADER_LEDGER).unwrap_or_default();
         let last_seq = header(HEADER_LAST).and_then(|v| v.parse::<u64>().ok());
+        if id != source.id && last_seq.is_none() {
+            // Not a veris ledger message at all: someone else writes here.
+            return Err(Failure::Fork(format!(
+                "stream message {} on {} is not a veris ledger message (no {HEADER_LEDGER} and {HEADER_LAST} headers): another writer on the subject",
+                last.sequence, self.subject
+            )));
+        }
         if id != source.id {
             if then_live || !published_any {
                 // An older chain (or, for a moved-aside file, maybe the

@@ -1,9 +1,11 @@
 //! Publishing ledgers to NATS JetStream (`--nats`, DESIGN §14): the flags
-//! `serve` and `gateway` share, and starting a publisher for a ledger. The
-//! publishing itself is `veris_fleet`'s.
+//! `serve` and `gateway` share, starting a publisher for a ledger, and
+//! recording in the ledger that the stream refused it for good (a fork),
+//! which the receipt then reports. The publishing itself is `veris_fleet`'s.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -11,6 +13,7 @@ use clap::Args;
 use veris_fleet::publish::{Publisher, Watch};
 use veris_fleet::{Fleet, Limits, Settings};
 use veris_receipt::ledger::Ledger;
+use veris_receipt::{CheckLine, Entry};
 
 /// Seconds a stopping veris waits for its ledgers' last lines to reach the
 /// stream (what is left is in the file; the next start publishes it).
@@ -23,7 +26,10 @@ pub struct NatsArgs {
     /// path; the ledger file stays the source of truth.
     #[arg(long, value_name = "URL")]
     pub nats: Option<String>,
-    /// NATS credentials file (user JWT and nkey seed) for --nats.
+    /// NATS credentials for --nats: a .creds file (user JWT and nkey seed),
+    /// or a file holding only a user nkey seed (SU…), as
+    /// deploy/nats/nats-server.conf names the gateway's user. A user and
+    /// password go in the URL (nats://USER:PASS@HOST:PORT).
     #[arg(long, value_name = "FILE", requires = "nats")]
     pub nats_creds: Option<PathBuf>,
     /// JetStream stream for --nats, created when missing (subjects
@@ -76,6 +82,75 @@ impl NatsArgs {
 pub fn publish(fleet: &Fleet, ledger: &Arc<Ledger>, sandbox: &str) -> Result<Publisher> {
     Publisher::start(fleet, ledger.clone(), sandbox)
         .with_context(|| format!("publishing the ledger of sandbox {sandbox} to NATS"))
+}
+
+/// A sandbox's publisher (a gateway's): its state for `/status` and the
+/// metrics, its refusal recorded once in the ledger, and its final drain.
+pub struct Publishing {
+    publisher: Mutex<Option<Publisher>>,
+    watch: Watch,
+    /// The refusal is in the ledger.
+    recorded: AtomicBool,
+}
+
+impl Publishing {
+    pub fn start(fleet: &Fleet, ledger: &Arc<Ledger>, sandbox: &str) -> Result<Publishing> {
+        let publisher = publish(fleet, ledger, sandbox)?;
+        Ok(Publishing {
+            watch: publisher.watch(),
+            publisher: Mutex::new(Some(publisher)),
+            recorded: AtomicBool::new(false),
+        })
+    }
+
+    pub fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    /// Once the stream refused the ledger for good (a fork), appends a
+    /// `publish` check line saying so (once): the receipt's `publishing`,
+    /// read live or from the file after the gateway is gone. A refusal
+    /// that may pass (a full stream) is in `/status` and the metrics only.
+    pub fn record_refusal(&self, ledger: &Ledger, since: u64) {
+        if self.recorded.load(Ordering::SeqCst) {
+            return;
+        }
+        let s = self.watch.state();
+        let (true, Some(why)) = (s.fork, s.refused) else {
+            return;
+        };
+        if self.recorded.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let line = Entry::Check(CheckLine {
+            name: veris_receipt::receipt::PUBLISH_CHECK.into(),
+            status: "refused".into(),
+            detail: format!(
+                "the NATS stream refused this ledger's lines on {} after seq {}, and veris stopped publishing it: {why}",
+                s.subject, s.published_seq
+            ),
+            since_seq: since,
+            until_seq: ledger.head().0,
+        });
+        if let Err(e) = ledger.append(line) {
+            tracing::warn!(subject = %s.subject, error = %e, "cannot record the refused publish in the ledger");
+        }
+    }
+
+    /// Waits up to [`FLUSH_GRACE`] for the ledger's last lines (its final
+    /// seal) to reach the stream, then stops publishing. False when some
+    /// did not (they are in the file).
+    pub async fn finish(&self) -> bool {
+        let publisher = self
+            .publisher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match publisher {
+            Some(p) => p.finish(FLUSH_GRACE).await,
+            None => true,
+        }
+    }
 }
 
 /// What `/status` shows of a publisher.

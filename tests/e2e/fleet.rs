@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::gateway::{curl_charges, Gateway};
 use crate::support::{self, http, skip, wait_for, Guard, Serve, TempDir, DEADLINE};
 
 const NAME: &str = "gw1";
@@ -21,6 +22,9 @@ struct Nats {
     dir: TempDir,
     port: u16,
     process: Option<Guard>,
+    /// Started with deploy/nats/nats-server.conf: its environment, and the
+    /// URL with the reader's credentials.
+    auth: Option<(Vec<(String, String)>, String)>,
 }
 
 impl Nats {
@@ -38,6 +42,7 @@ impl Nats {
             dir: TempDir::new("nats"),
             port,
             process: None,
+            auth: None,
         };
         nats.run();
         Some(nats)
@@ -55,18 +60,21 @@ impl Nats {
             .open(self.dir.join("nats.log"))
             .expect("nats log");
         let mut cmd = Command::new("nats-server");
-        cmd.args([
-            "-js",
-            "-a",
-            "127.0.0.1",
-            "-p",
-            &self.port.to_string(),
-            "-sd",
-        ])
-        .arg(self.dir.join("store"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
+        match &self.auth {
+            // The config names the store (from VERIS_NATS_STORE).
+            Some((env, _)) => {
+                let conf =
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/nats/nats-server.conf");
+                cmd.arg("-c").arg(conf).envs(env.iter().cloned());
+            }
+            None => {
+                cmd.arg("-sd").arg(self.dir.join("store"));
+            }
+        }
+        cmd.args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
         self.process = Some(Guard::spawn(&mut cmd));
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         let log = self.dir.join("nats.log");
@@ -108,8 +116,12 @@ impl Nats {
             .enable_all()
             .build()
             .expect("runtime");
+        let url = match &self.auth {
+            Some((_, reader)) => reader.clone(),
+            None => self.url(),
+        };
         rt.block_on(veris_fleet::read::messages(
-            &self.url(),
+            &url,
             veris_fleet::DEFAULT_STREAM,
             subject,
         ))
@@ -222,10 +234,19 @@ fn publishing(serve: &Serve) -> serde_json::Value {
 /// line once, byte for byte, gapless seqs, no message id twice, every
 /// message's headers naming its lines.
 fn assert_stream_is(nats: &Nats, files: &[PathBuf]) {
-    let messages = nats.messages(SUBJECT);
-    assert!(!messages.is_empty(), "no message on {SUBJECT}");
+    assert_subject_is(nats, SUBJECT, files);
+}
+
+/// [`assert_stream_is`] for any subject.
+fn assert_subject_is(nats: &Nats, subject: &str, files: &[PathBuf]) {
+    let messages = nats.messages(subject);
+    assert!(!messages.is_empty(), "no message on {subject}");
     let lines: u64 = messages.iter().map(|m| m.last - m.first + 1).sum();
-    eprintln!("{SUBJECT}: {lines} lines in {} messages", messages.len());
+    let largest = messages.iter().map(|m| m.last - m.first + 1).max();
+    eprintln!(
+        "{subject}: {lines} lines in {} messages (at most {largest:?} lines in one)",
+        messages.len()
+    );
     let mut ids = std::collections::BTreeSet::new();
     for m in &messages {
         assert!(
@@ -412,4 +433,255 @@ fn moved_complete_lines(moved: &Path, dir: &TempDir) -> PathBuf {
     let out = dir.join("moved-complete.jsonl");
     std::fs::write(&out, &bytes[..end]).expect("writing");
     out
+}
+
+fn gateway_flags(nats: &Nats, name: &str) -> Vec<String> {
+    let mut flags = serve_flags(nats);
+    flags[5] = name.into();
+    flags
+}
+
+fn start_gateway(label: &str, nats: &Nats, name: &str) -> Gateway {
+    let flags = gateway_flags(nats, name);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Gateway::start(label, "127.0.0.1:0", &flags)
+}
+
+/// The gateway's `/status` publishing part for sandbox `id`.
+fn gateway_publishing(gw: &Gateway, id: &str) -> serde_json::Value {
+    let (code, body) = gw.admin_get("/status");
+    assert_eq!(code, 200, "{body}");
+    support::json(&body)["publishing"][id].clone()
+}
+
+/// Waits until the gateway's `/status` says every line of `id` is in the stream.
+fn gateway_published(gw: &Gateway, id: &str) -> serde_json::Value {
+    wait_for(
+        "the sandbox's ledger published",
+        Duration::from_secs(30),
+        || {
+            let p = gateway_publishing(gw, id);
+            (p["lag"] == 0 && p["ledger_id"].is_string()).then_some(p)
+        },
+    )
+}
+
+/// Two sandboxes under load through one gateway (curl over `socks5h://`),
+/// one removed while the gateway runs, the gateway restarted (its
+/// sandboxes restored) and stopped: per sandbox subject, the stream holds
+/// exactly the bytes of that sandbox's ledger file, in order, each once.
+#[test]
+fn gateway_publishes_each_sandbox_ledger_on_its_own_subject() {
+    let Some(nats) = Nats::start() else { return };
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let mut gw = start_gateway("fleet-gw", &nats, NAME);
+    let sandboxes = [
+        gw.add_sandbox("sbx-a", "stripe"),
+        gw.add_sandbox("sbx-b", "stripe"),
+        gw.add_sandbox("sbx-c", "stripe"),
+    ];
+    let ca = gw.ca();
+    let load = |sandboxes: &[support::gateway::Sandbox]| {
+        std::thread::scope(|s| {
+            for sbx in sandboxes {
+                let (url, ca) = (sbx.url("socks5h"), &ca);
+                s.spawn(move || {
+                    for _ in 0..3 {
+                        assert_eq!(
+                            curl_charges(&url, 20, ca),
+                            20,
+                            "{url}: every charge answered 200"
+                        );
+                    }
+                });
+            }
+        });
+    };
+    load(&sandboxes);
+    for id in ["sbx-a", "sbx-b", "sbx-c"] {
+        let p = gateway_published(&gw, id);
+        assert_eq!(p["subject"], format!("veris.ledger.{id}.{NAME}"), "{p}");
+        assert!(p["refused"].is_null() && p["fork"] == false, "{p}");
+    }
+    let (code, metrics) = gw.admin_get("/metrics");
+    assert_eq!(code, 200, "{metrics}");
+    for id in ["sbx-a", "sbx-b", "sbx-c"] {
+        let series = format!("veris_publish_lag_lines{{subject=\"veris.ledger.{id}.{NAME}\"}} 0");
+        assert!(metrics.contains(&series), "{metrics}");
+    }
+    // Removed while the gateway runs: its final seal reaches the stream
+    // before the removal answers.
+    gw.remove_sandbox("sbx-c");
+    assert_subject_is(
+        &nats,
+        &format!("veris.ledger.sbx-c.{NAME}"),
+        &[gw.ledger_file("sbx-c")],
+    );
+    // Restarted: the sandboxes are restored and their ledgers continue,
+    // published from where the stream stands.
+    let flags = gateway_flags(&nats, NAME);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    gw.restart(&flags);
+    load(&sandboxes[..2]);
+    gw.stop();
+    for id in ["sbx-a", "sbx-b"] {
+        assert_subject_is(
+            &nats,
+            &format!("veris.ledger.{id}.{NAME}"),
+            &[gw.ledger_file(id)],
+        );
+        let last = nats.messages(&format!("veris.checkpoint.{id}.{NAME}"));
+        let last = last.last().expect("a checkpoint");
+        let ledger = std::fs::read_to_string(gw.ledger_file(id)).expect("ledger");
+        assert!(
+            ledger.ends_with(&String::from_utf8_lossy(&last.payload).to_string()),
+            "{id}: the last checkpoint is the final seal"
+        );
+    }
+}
+
+/// Publishes `payload` to `subject` through JetStream at `url` as whoever
+/// the URL names; the server's acknowledgement, or why there was none.
+fn publish_raw(url: &str, subject: &str, payload: &'static str) -> Result<u64, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let addr: async_nats::ServerAddr = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let mut options =
+            async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
+        if let (Some(user), Some(pass)) = (addr.username(), addr.password()) {
+            options = options.user_and_password(user.into(), pass.into());
+        }
+        let client = options
+            .connect(url)
+            .await
+            .map_err(|e| format!("connecting: {e}"))?;
+        let js = async_nats::jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(2))
+            .build(client);
+        let ack = js
+            .publish(subject.to_string(), payload.into())
+            .await
+            .map_err(|e| format!("publishing: {e}"))?
+            .await
+            .map_err(|e| format!("no acknowledgement: {e}"))?;
+        Ok(ack.sequence)
+    })
+}
+
+/// The last `veris_publish_*` sample of `name` for `subject` in `metrics`.
+fn metric(metrics: &str, name: &str, subject: &str) -> Option<String> {
+    let prefix = format!("{name}{{subject=\"{subject}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+}
+
+/// A second writer on a sandbox's subject (another gateway with the same
+/// `--nats-name` and sandbox id), and a foreign message on a subject before
+/// the gateway's first publish: each a fork, in `/status`, the metrics and
+/// the sandbox's receipt (its text and `publishing` in --json), live and
+/// after the gateway stopped; the sandbox is served all along.
+#[test]
+fn a_fork_on_a_sandbox_subject_is_reported_in_status_metrics_and_receipt() {
+    let Some(nats) = Nats::start() else { return };
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let mut gw1 = start_gateway("fleet-fork-1", &nats, NAME);
+    let mut gw2 = start_gateway("fleet-fork-2", &nats, NAME);
+    let ca1 = gw1.ca();
+    let f1 = gw1.add_sandbox("sbx-f", "stripe");
+    assert_eq!(curl_charges(&f1.url("socks5h"), 5, &ca1), 5);
+    // Quiet: every line, the seal of the last request's included, is in
+    // the stream, so nothing of the first gateway's follows the second's
+    // chain until the next request.
+    wait_for("the first gateway quiet", DEADLINE, || {
+        let p = gateway_publishing(&gw1, "sbx-f");
+        let sealed = gw1
+            .ledger("sbx-f")
+            .last()
+            .is_some_and(|l| l["kind"] == "seal");
+        (sealed && p["lag"] == 0 && p["published_seq"] == p["head_seq"]).then_some(())
+    });
+    // The second writer: its chain follows the first's on the subject.
+    let f2 = gw2.add_sandbox("sbx-f", "stripe");
+    assert_eq!(curl_charges(&f2.url("socks5h"), 5, &gw2.ca()), 5);
+    gateway_published(&gw2, "sbx-f");
+    // A foreign message where the next sandbox's lines will go.
+    let foreign = format!("veris.ledger.sbx-g.{NAME}");
+    publish_raw(&nats.url(), &foreign, "{\"not\":\"a ledger line\"}\n")
+        .expect("publishing the foreign message");
+    let g = gw1.add_sandbox("sbx-g", "stripe");
+    // The first gateway's next lines: its subject moved under it.
+    assert_eq!(
+        curl_charges(&f1.url("socks5h"), 5, &ca1),
+        5,
+        "served all along"
+    );
+    assert_eq!(
+        curl_charges(&g.url("socks5h"), 5, &ca1),
+        5,
+        "served all along"
+    );
+    for id in ["sbx-f", "sbx-g"] {
+        let p = wait_for("the fork seen", DEADLINE, || {
+            let p = gateway_publishing(&gw1, id);
+            (p["fork"] == true).then_some(p)
+        });
+        let refused = p["refused"].as_str().unwrap_or_default();
+        assert!(refused.starts_with("fork:"), "{id}: {p}");
+        let subject = format!("veris.ledger.{id}.{NAME}");
+        let (code, metrics) = gw1.admin_get("/metrics");
+        assert_eq!(code, 200);
+        assert_eq!(
+            metric(&metrics, "veris_publish_fork", &subject).as_deref(),
+            Some("1"),
+            "{metrics}"
+        );
+        assert_eq!(
+            metric(&metrics, "veris_publish_refused", &subject).as_deref(),
+            Some("1"),
+            "{metrics}"
+        );
+        // The live receipt (the refusal is recorded under the next seal).
+        let r = wait_for("the refusal in the live receipt", DEADLINE, || {
+            let r = gw1.receipt_json(id);
+            r["publishing"].is_object().then_some(r)
+        });
+        assert_eq!(r["publishing"]["status"], "refused", "{r}");
+    }
+    assert_eq!(
+        gateway_publishing(&gw2, "sbx-f")["fork"],
+        false,
+        "the later writer is not told"
+    );
+    gw1.stop();
+    gw2.stop();
+    // After the gateway is gone: from the file.
+    for (id, why) in [
+        ("sbx-f", "belongs to chain"),
+        ("sbx-g", "is not a veris ledger message"),
+    ] {
+        let r = gw1.receipt_json(id);
+        let reason = r["publishing"]["reason"].as_str().unwrap_or_default();
+        assert_eq!(r["publishing"]["status"], "refused", "{id}: {r}");
+        assert!(
+            reason.contains(why) && reason.contains(&format!("veris.ledger.{id}.{NAME}")),
+            "{id}: {reason}"
+        );
+        let text = gw1.receipt_text(id);
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("publishing: refused"))
+            .unwrap_or_else(|| panic!("{id}: no publishing line in the receipt:\n{text}"));
+        assert!(line.contains("fork"), "{line}");
+        assert_eq!(text.matches("publishing:").count(), 1, "one line: {text}");
+    }
+    // The sandbox the second gateway served reads no refusal.
+    assert!(gw2.receipt_json("sbx-f")["publishing"].is_null());
 }

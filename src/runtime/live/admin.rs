@@ -143,7 +143,8 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
             let mut registry =
                 veris_proxy::admin::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry();
             if let Some(w) = &a.publishing {
-                registry.register_collector(Box::new(veris_fleet::metrics::Collect(w.clone())));
+                registry
+                    .register_collector(Box::new(veris_fleet::metrics::Collect::one(w.clone())));
             }
             registry
         }),

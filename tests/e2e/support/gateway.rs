@@ -842,3 +842,40 @@ impl Gateway {
         );
     }
 }
+
+impl Gateway {
+    /// `GET http://ADMIN<path>` with the gateway's own admin token:
+    /// (HTTP status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        let token =
+            std::fs::read_to_string(self.state.join("admin.token")).expect("<state>/admin.token");
+        let admin = self.ready["admin"].as_str().expect("admin address");
+        let out = output(command("curl").args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            &format!("Authorization: Bearer {}", token.trim()),
+            &format!("http://{admin}{path}"),
+        ]));
+        let stdout = text(&out).0;
+        let (body, status) = stdout.rsplit_once('\n').unwrap_or(("", stdout.as_str()));
+        (status.trim().parse().unwrap_or(0), body.to_string())
+    }
+}
+
+/// `curl` POSTing `n` Stripe charges in one process (one connection
+/// through `proxy` when it can) trusting only `ca`: how many were answered 200.
+pub fn curl_charges(proxy: &str, n: usize, ca: &Path) -> usize {
+    let mut cmd = command("curl");
+    cmd.args(["-sS", "--max-time", "60", "-w", "\nSTATUS:%{http_code}\n"])
+        .args(["--proxy", proxy, "--cacert"])
+        .arg(ca)
+        .args(["-d", "amount=100", "-d", "currency=usd"]);
+    for _ in 0..n {
+        cmd.arg(HTTPS_CHARGES);
+    }
+    text(&output(&mut cmd)).0.matches("STATUS:200").count()
+}
