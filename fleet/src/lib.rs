@@ -97,7 +97,8 @@ impl Default for Limits {
 pub struct Settings {
     /// `nats://host:port` (or `tls://`), comma-separated for a cluster.
     pub url: String,
-    /// A `.creds` file (user JWT and nkey seed).
+    /// A `.creds` file (user JWT and nkey seed), or a file holding only a
+    /// user nkey seed.
     pub creds: Option<PathBuf>,
     pub stream: String,
     /// This veris's name in subjects (a subject token).
@@ -125,6 +126,34 @@ pub enum FleetError {
     },
 }
 
+/// A user and password in the URL (`nats://USER:PASS@HOST:PORT`, the
+/// first of a comma-separated list that has one): the client crate reads
+/// them only from its options, and would connect without them.
+pub(crate) fn with_url_user(
+    options: async_nats::ConnectOptions,
+    urls: &str,
+) -> async_nats::ConnectOptions {
+    let user = urls
+        .split(',')
+        .filter_map(|u| u.trim().parse::<async_nats::ServerAddr>().ok())
+        .find_map(|a| Some((a.username()?.to_string(), a.password()?.to_string())));
+    match user {
+        Some((user, pass)) => options.user_and_password(user, pass),
+        None => options,
+    }
+}
+
+/// The user nkey seed a `--nats-creds` file holds when it holds nothing
+/// else (one `SU…` line, comments aside); `None` for a `.creds` file.
+fn nkey_seed(text: &str) -> Option<String> {
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with("//"));
+    let seed = lines.next()?;
+    (seed.starts_with("SU") && lines.next().is_none()).then(|| seed.to_string())
+}
+
 /// A connection to NATS and the JetStream context publishers share.
 #[derive(Clone)]
 pub struct Fleet {
@@ -150,15 +179,20 @@ impl Fleet {
                 Duration::from_millis((100u64 << attempt.min(5)).min(2000))
             });
         if let Some(path) = &settings.creds {
-            options = options
-                .credentials_file(path)
-                .await
-                .map_err(|source| FleetError::Creds {
-                    path: path.clone(),
-                    source,
-                })?;
+            let creds = |source| FleetError::Creds {
+                path: path.clone(),
+                source,
+            };
+            let text = std::fs::read_to_string(path).map_err(creds)?;
+            options = match nkey_seed(&text) {
+                // A user nkey's seed alone: the server's config names the
+                // user by its public key (deploy/nats/nats-server.conf).
+                Some(seed) => options.nkey(seed),
+                // A `.creds` file: the user's JWT and its seed (operator mode).
+                None => options.credentials_file(path).await.map_err(creds)?,
+            };
         }
-        let client = options
+        let client = with_url_user(options, &settings.url)
             .connect(settings.url.as_str())
             .await
             .map_err(|source| FleetError::Connect {

@@ -23,8 +23,8 @@ pub struct Stored {
 
 /// Every message on `subject` in stream `stream` at `url`, oldest first.
 pub async fn messages(url: &str, stream: &str, subject: &str) -> Result<Vec<Stored>, String> {
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
+    let options = async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
+    let client = crate::with_url_user(options, url)
         .connect(url)
         .await
         .map_err(|e| format!("connecting to {url}: {e}"))?;

@@ -27,6 +27,10 @@ struct Nats {
     auth: Option<(Vec<(String, String)>, String)>,
 }
 
+/// Passwords of deploy/nats/nats-server.conf's users in the tests.
+const READER_PASSWORD: &str = "reader-test-password";
+const SANDBOX_PASSWORD: &str = "sandbox-test-password";
+
 impl Nats {
     /// `None` (after `SKIP`) when nats-server is not installed.
     fn start() -> Option<Nats> {
@@ -43,6 +47,45 @@ impl Nats {
             port,
             process: None,
             auth: None,
+        };
+        nats.run();
+        Some(nats)
+    }
+
+    /// With deploy/nats/nats-server.conf: the gateway `gw1` authenticates
+    /// with the nkey `gateway_nkey` (public), `reader` and `sandbox` with
+    /// the passwords above.
+    fn start_with_auth(gateway_nkey: &str) -> Option<Nats> {
+        if !support::tool_works("nats-server", &["--version"]) {
+            skip("nats-server is not installed (apt-get install nats-server)");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let dir = TempDir::new("nats-auth");
+        let env = vec![
+            (
+                "VERIS_NATS_STORE".to_string(),
+                dir.join("store").display().to_string(),
+            ),
+            ("VERIS_GATEWAY_NKEY".to_string(), gateway_nkey.to_string()),
+            (
+                "VERIS_READER_PASSWORD".to_string(),
+                READER_PASSWORD.to_string(),
+            ),
+            (
+                "VERIS_SANDBOX_PASSWORD".to_string(),
+                SANDBOX_PASSWORD.to_string(),
+            ),
+        ];
+        let reader = format!("nats://reader:{READER_PASSWORD}@127.0.0.1:{port}");
+        let mut nats = Nats {
+            dir,
+            port,
+            process: None,
+            auth: Some((env, reader)),
         };
         nats.run();
         Some(nats)
@@ -684,4 +727,47 @@ fn a_fork_on_a_sandbox_subject_is_reported_in_status_metrics_and_receipt() {
     }
     // The sandbox the second gateway served reads no refusal.
     assert!(gw2.receipt_json("sbx-f")["publishing"].is_null());
+}
+
+/// deploy/nats/nats-server.conf: the gateway publishes with its nkey
+/// (`--nats-creds` holding its seed); the `sandbox` user can publish to no
+/// ledger subject, the gateway's own included.
+#[test]
+fn gateway_publishes_with_its_nkey_and_a_sandbox_user_cannot_publish() {
+    let key = nkeys::KeyPair::new_user();
+    let Some(nats) = Nats::start_with_auth(&key.public_key()) else {
+        return;
+    };
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let seed = nats.dir.join("gw1.seed");
+    std::fs::write(&seed, format!("{}\n", key.seed().expect("seed"))).expect("seed file");
+    let mut flags = gateway_flags(&nats, NAME);
+    flags.extend(["--nats-creds".to_string(), seed.display().to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut gw = Gateway::start("fleet-creds", "127.0.0.1:0", &flags);
+    let a = gw.add_sandbox("sbx-a", "stripe");
+    assert_eq!(curl_charges(&a.url("socks5h"), 10, &gw.ca()), 10);
+    let p = gateway_published(&gw, "sbx-a");
+    assert!(p["refused"].is_null() && p["last_error"].is_null(), "{p}");
+    let sandbox = format!("nats://sandbox:{SANDBOX_PASSWORD}@127.0.0.1:{}", nats.port);
+    let own = format!("veris.ledger.sbx-a.{NAME}");
+    for subject in ["veris.ledger.x.y", own.as_str(), "veris.checkpoint.x.y"] {
+        let got = publish_raw(&sandbox, subject, "{\"v\":5,\"seq\":1}\n");
+        assert!(
+            got.is_err(),
+            "the sandbox user published to {subject}: {got:?}"
+        );
+    }
+    assert!(
+        nats.messages("veris.ledger.x.y").is_empty(),
+        "nothing on veris.ledger.x.y"
+    );
+    // Without credentials nothing is published either.
+    let anonymous = publish_raw(&nats.url(), "veris.ledger.x.y", "{}\n");
+    assert!(anonymous.is_err(), "{anonymous:?}");
+    gw.stop();
+    // Nothing but the gateway's lines on its subject.
+    assert_subject_is(&nats, &own, &[gw.ledger_file("sbx-a")]);
 }
