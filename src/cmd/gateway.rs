@@ -81,6 +81,9 @@ pub struct GatewayArgs {
     pub sandbox_bytes_per_sec: u64,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Every sandbox's ledger to NATS JetStream, as `serve --nats`.
+    #[command(flatten)]
+    pub nats: crate::runtime::fleet::NatsArgs,
 }
 
 #[derive(Args, Debug)]
@@ -299,6 +302,7 @@ async fn serve(args: GatewayArgs) -> Result<u8> {
                 cert: args.tls.tls_cert.zip(args.tls.tls_key),
                 names: args.tls.tls_name,
             }),
+        nats: args.nats,
     };
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;

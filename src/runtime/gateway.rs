@@ -27,7 +27,14 @@
 //!   record revoked, its final seal);
 //! - `/sandboxes/{id}/…`: that sandbox's `/status`, `/ledger`, `/events`,
 //!   `/seal`, `/receipt` ([`veris_proxy::admin`]), with the admin token or
-//!   the sandbox's read token, which reads nothing else.
+//!   the sandbox's read token, which reads nothing else;
+//! - `GET /status`, `GET /metrics`: the gateway's own, each sandbox's
+//!   publishing to NATS (`--nats`: lag in lines, refusal, fork).
+//!
+//! With `--nats`, each sandbox's ledger is published from when it is added
+//! or restored until it is removed or the gateway stops (after a last
+//! drain of what the file holds), on `veris.ledger.<sandbox>.<gateway>`
+//! ([`crate::runtime::fleet::Publishing`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -77,6 +84,8 @@ pub struct GatewayConfig {
     pub sandbox_limits: SandboxLimits,
     /// `--tls-listen` and its certificate.
     pub tls: Option<crate::runtime::gateway_tls::TlsSettings>,
+    /// `--nats`: publish every sandbox's ledger.
+    pub nats: crate::runtime::fleet::NatsArgs,
 }
 
 /// A sandbox's limits, as its record keeps them.
@@ -106,6 +115,8 @@ struct Shared {
     busy: std::sync::Mutex<std::collections::BTreeSet<String>>,
     admin_token: String,
     cancel: CancellationToken,
+    /// The NATS connection every sandbox's publisher shares (`--nats`).
+    fleet: Option<veris_fleet::Fleet>,
 }
 
 /// Runs a gateway until `stop` resolves; then every sandbox's ledger gets
@@ -116,6 +127,8 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     }
     let _ = crate::os::fd::raise_open_file_limit();
     let state_dir = config.state_dir.clone();
+    // Connects in the background: a NATS server that is down delays nothing.
+    let fleet = config.nats.connect().await?;
     std::fs::create_dir_all(state_dir.join(SANDBOXES_DIR))
         .with_context(|| format!("creating state dir {}", state_dir.display()))?;
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -206,6 +219,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         busy: std::sync::Mutex::default(),
         admin_token,
         cancel: CancellationToken::new(),
+        fleet,
     });
     // Before the first connection is served: a sandbox the platform holds
     // is never refused for having been restarted.
@@ -327,8 +341,19 @@ async fn close(sandbox: &Sandbox, sealer: &Sealer) {
     if let Err(e) = sandbox.ledger.append(line) {
         warn!(sandbox = %sandbox.id, error = %e, "cannot record the sandbox's twin cross-check");
     }
+    if let Some(p) = &sandbox.publishing {
+        p.record_refusal(&sandbox.ledger, since);
+    }
     if let Err(e) = sandbox.ledger.seal(sealer, "shutdown") {
         warn!(sandbox = %sandbox.id, error = %e, "cannot append the sandbox's final seal");
+    }
+    // What the file holds, the final seal included, goes to the stream
+    // before the sandbox is gone (what does not is in the file, and a
+    // restart of the gateway publishes it).
+    if let Some(p) = &sandbox.publishing {
+        if !p.finish().await {
+            warn!(sandbox = %sandbox.id, "the sandbox's last ledger lines did not reach the NATS stream; they are in its ledger file");
+        }
     }
     let dir = sandbox.ledger.path().parent().map(Path::to_path_buf);
     if let Some(dir) = dir {
@@ -601,6 +626,12 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
     let services_refs = crate::runtime::live::service_refs(&route.settings.router);
     let (ledger, session_seq, twin_heads) =
         open_ledger(shared, &dir, &identity, &route.twin, &services_refs).await?;
+    let publishing = match &shared.fleet {
+        Some(fleet) => Some(Arc::new(crate::runtime::fleet::Publishing::start(
+            fleet, &ledger, &record.id,
+        )?)),
+        None => None,
+    };
     let proxy = Proxy::new(
         ProxyOptions {
             router: route.settings.router,
@@ -639,6 +670,9 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         metrics: None,
         metrics_open: false,
         unrecorded: proxy.unrecorded().clone(),
+        publishing: publishing
+            .as_ref()
+            .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
     });
     let sandbox = Arc::new(Sandbox {
         id: record.id.clone(),
@@ -649,10 +683,11 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         expires: record.expires(),
         twin_heads,
         proxy,
-        timer: seal_timer(shared, &ledger),
+        timer: seal_timer(shared, &ledger, publishing.clone(), session_seq),
         ledger,
         admin,
         record,
+        publishing,
     });
     if let Err(e) = write_files(shared, &dir, &sandbox.id, &admin_token) {
         close(&sandbox, &shared.sealer).await;
@@ -735,8 +770,14 @@ async fn open_ledger(
 }
 
 /// Seals the ledger's unsealed lines once a second (or when due) until the
-/// gateway stops.
-fn seal_timer(shared: &Shared, ledger: &Arc<Ledger>) -> tokio::task::JoinHandle<()> {
+/// gateway stops; and records, under the next seal, a refusal of its
+/// publishing for good (a fork).
+fn seal_timer(
+    shared: &Shared,
+    ledger: &Arc<Ledger>,
+    publishing: Option<Arc<crate::runtime::fleet::Publishing>>,
+    session_seq: u64,
+) -> tokio::task::JoinHandle<()> {
     let (ledger, sealer, cancel) = (ledger.clone(), shared.sealer.clone(), shared.cancel.clone());
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -746,6 +787,9 @@ fn seal_timer(shared: &Shared, ledger: &Arc<Ledger>) -> tokio::task::JoinHandle<
                 () = cancel.cancelled() => return,
                 _ = tick.tick() => {}
                 () = ledger.seal_due() => {}
+            }
+            if let Some(p) = &publishing {
+                p.record_refusal(&ledger, session_seq.saturating_sub(1));
             }
             if let Err(e) = ledger.seal_if_unsealed(&sealer, "interval") {
                 warn!(error = %e, "cannot append an interval seal");
@@ -878,10 +922,61 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                         "max_rps": s.proxy.limits().max_rps,
                         "max_bytes_per_sec": s.proxy.limits().max_bytes_per_sec,
                         "expired": s.expired(SystemTime::now()),
+                        "publishing": s.publishing.as_ref().map(|p| json!(p.watch().state())),
                     })
                 })
                 .collect();
             ok_json(StatusCode::OK, json!({"sandboxes": list}))
+        }
+        // The gateway's own: its sandboxes' publishing (`--nats`).
+        (Method::GET, ["status"]) if is_admin => {
+            let publishing: BTreeMap<String, serde_json::Value> = shared
+                .sandboxes
+                .all()
+                .iter()
+                .filter_map(|s| {
+                    let p = s.publishing.as_ref()?;
+                    Some((s.id.clone(), json!(p.watch().state())))
+                })
+                .collect();
+            ok_json(
+                StatusCode::OK,
+                json!({
+                    "listen": shared.listen.to_string(),
+                    "sandboxes": shared.sandboxes.all().len(),
+                    "nats": shared.fleet.as_ref().map(|f| json!({
+                        "stream": f.settings().stream,
+                        "name": f.settings().gateway,
+                    })),
+                    "publishing": publishing,
+                }),
+            )
+        }
+        (Method::GET, ["metrics"]) if is_admin => {
+            let sandboxes = shared.sandboxes.clone();
+            let registry = veris_fleet::metrics::Collect::each(move || {
+                sandboxes
+                    .all()
+                    .iter()
+                    .filter_map(|s| Some(s.publishing.as_ref()?.watch().clone()))
+                    .collect()
+            })
+            .registry();
+            match veris_proxy::admin::metrics::render(&registry) {
+                Ok(text) => {
+                    let mut resp = Response::new(veris_proxy::body::full(text));
+                    resp.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static(veris_proxy::admin::metrics::CONTENT_TYPE),
+                    );
+                    resp
+                }
+                Err(e) => error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "veris_internal",
+                    format!("encoding the metrics failed: {e}"),
+                ),
+            }
         }
         (Method::POST, ["sandboxes"]) if is_admin => {
             let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)

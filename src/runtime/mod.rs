@@ -4,6 +4,7 @@
 
 pub mod baseline;
 pub mod checks;
+pub mod fleet;
 pub mod gateway;
 pub mod gateway_tls;
 pub mod junit;

@@ -76,6 +76,9 @@ pub struct Sandbox {
     pub timer: tokio::task::JoinHandle<()>,
     /// Its registration as stored ([`crate::tier::gateway_record`]).
     pub record: crate::tier::gateway_record::Record,
+    /// Publishing its ledger to NATS (`--nats`), on
+    /// `veris.ledger.<sandbox>.<gateway>`.
+    pub publishing: Option<Arc<crate::runtime::fleet::Publishing>>,
 }
 
 impl Sandbox {

@@ -23,6 +23,7 @@ mod egress;
 mod egress_env;
 mod explicit;
 mod faults;
+mod fleet;
 mod forgery;
 mod gateway;
 mod gateway_attacks;

@@ -102,7 +102,12 @@ pub struct Admin {
     /// Requests the proxy sent to the twin but could not record, for a
     /// reader's twin cross-check (`/status`).
     pub unrecorded: Arc<crate::request::recorder::Unrecorded>,
+    /// Where publishing the ledger to NATS stands (`--nats`), for `/status`.
+    pub publishing: Option<StatusFn>,
 }
+
+/// A part of `/status` the binary supplies.
+pub type StatusFn = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// Serves the admin API until `shutdown` resolves; open event streams end then.
 pub async fn serve_admin(
@@ -387,6 +392,7 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
             "services": admin.services.iter().map(|(name, upstream)| json!({"name": name, "upstream": upstream})).collect::<Vec<_>>(),
             "counters": counters,
             "unrecorded": admin.unrecorded.counts(),
+            "publishing": admin.publishing.as_ref().map(|f| f()),
         }),
     )
 }
@@ -709,6 +715,7 @@ mod tests {
             metrics: None,
             metrics_open: false,
             unrecorded: Arc::default(),
+            publishing: None,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

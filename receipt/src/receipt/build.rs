@@ -73,6 +73,7 @@ struct WindowFold {
     upstream_errors: Vec<UpstreamErrorEntry>,
     reserved_paths: BTreeMap<String, u64>,
     dns_refused: Vec<String>,
+    publishing: Option<PublishRefused>,
     passthrough: HostCounts,
     blocked: HostCounts,
     // (host, destination) -> count, for passthrough and blocked lines.
@@ -241,6 +242,18 @@ impl<'o> Builder<'o> {
                 *w.reserved_paths
                     .entry(format!("{service} {method} {}", strip_query(path)))
                     .or_default() += 1;
+            }
+            Entry::Check(crate::entry::CheckLine {
+                name,
+                status,
+                detail,
+                ..
+            }) if name == PUBLISH_CHECK => {
+                w.publishing = Some(PublishRefused {
+                    status: status.clone(),
+                    reason: detail.clone(),
+                    seq: line.seq,
+                });
             }
             Entry::Dns {
                 name,
@@ -442,6 +455,7 @@ impl<'o> Builder<'o> {
             reserved_paths: w.reserved_paths,
             set_aside,
             dns_refused: w.dns_refused,
+            publishing: w.publishing,
             requirements: Vec::new(),
         }
     }

@@ -250,6 +250,8 @@ impl Evidence {
                             seg.canary = r;
                         }
                         "twin_cross_check" => seg.twin = r,
+                        // Not about this ledger: the receipt's `publishing`.
+                        super::PUBLISH_CHECK => {}
                         _ => {
                             if let Some(r) = r {
                                 let at = seg.other.iter().position(|(n, _)| n == name);

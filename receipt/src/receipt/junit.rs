@@ -366,6 +366,7 @@ mod tests {
             reserved_paths: BTreeMap::new(),
             set_aside: Vec::new(),
             dns_refused: Vec::new(),
+            publishing: None,
             requirements: Vec::new(),
         }
     }

@@ -144,6 +144,13 @@ pub struct Receipt {
     /// names did not resolve because of veris, not the code.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dns_refused: Vec<String>,
+    /// Publishing the window's ledger lines to a NATS stream (`--nats`,
+    /// G2) was refused for good (a fork: another writer on the sandbox's
+    /// subject), as the proxy recorded it (a `publish` check line); absent
+    /// when nothing was refused. It never says the stream is complete: that
+    /// is the stream reader's to tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publishing: Option<PublishRefused>,
     /// The requirements it was judged against and how each came out
     /// (`veris receipt --json`, `veris run --receipt`); absent when none
     /// were given. Not part of the summary: [`evaluate`] fills it.
@@ -193,6 +200,20 @@ impl Interception {
             Interception::Gateway => "gateway",
         }
     }
+}
+
+/// The name of the check line that records a refused publish.
+pub const PUBLISH_CHECK: &str = "publish";
+
+/// A refused publish, from the window's newest `publish` check line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishRefused {
+    /// `refused`.
+    pub status: String,
+    /// Why, as the proxy recorded it (the stream, the subject, the fork).
+    pub reason: String,
+    /// Seq of the check line.
+    pub seq: u64,
 }
 
 /// A ledger moved aside at a restart, as the new session line names it.

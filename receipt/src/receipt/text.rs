@@ -139,6 +139,13 @@ pub fn render_text(r: &Receipt) -> String {
             a.before_seq, a.why, a.file
         );
     }
+    if let Some(p) = &r.publishing {
+        let _ = writeln!(
+            out,
+            "  publishing: {} at seq {}: {}. The local ledger is whole; the stream's copy of it is not",
+            p.status, p.seq, p.reason
+        );
+    }
     out.push('\n');
 
     let total = r.total_requests();

@@ -82,6 +82,8 @@ pub struct AdminStart<'a> {
     pub shutdown: watch::Receiver<bool>,
     /// `/metrics` without the token (`serve --metrics-open`).
     pub metrics_open: bool,
+    /// Publishing to NATS (`--nats`): its `/status` part and metrics.
+    pub publishing: Option<veris_fleet::publish::Watch>,
 }
 
 /// The running admin API and seal timer.
@@ -137,11 +139,18 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         sealer: a.sealer.clone(),
         public_keys: a.state_dir.join(veris_receipt::seal::PUB_FILE),
         started: Instant::now(),
-        metrics: Some(
-            veris_proxy::admin::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry(),
-        ),
+        metrics: Some({
+            let mut registry =
+                veris_proxy::admin::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry();
+            if let Some(w) = &a.publishing {
+                registry
+                    .register_collector(Box::new(veris_fleet::metrics::Collect::one(w.clone())));
+            }
+            registry
+        }),
         metrics_open: a.metrics_open,
         unrecorded: a.proxy.unrecorded().clone(),
+        publishing: a.publishing.map(crate::runtime::fleet::status_of),
         // The checks every live reader runs (`checks::live_checks`), as the
         // proxy's own process can run them: in the transparent tier only the
         // workload's traffic is redirected (the proxy's uid is exempt), so

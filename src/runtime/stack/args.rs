@@ -118,6 +118,8 @@ pub struct ServeArgs {
     /// still needs the token.
     #[arg(long)]
     pub metrics_open: bool,
+    #[command(flatten)]
+    pub nats: crate::runtime::fleet::NatsArgs,
 }
 
 impl ServeArgs {

@@ -96,6 +96,8 @@ pub struct Stack {
     capture: Option<Arc<Capture>>,
     /// Requests the proxy sent to the twin but could not record.
     unrecorded: Arc<veris_proxy::request::recorder::Unrecorded>,
+    /// Publishing the ledger to NATS (`--nats`), flushed after the final seal.
+    publisher: Option<veris_fleet::publish::Publisher>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -145,6 +147,10 @@ impl Stack {
             c.upstream_proxy = host.upstream_proxy.is_some();
         }
         let identity = identity(run_id, &settings, bound.tier.is_some())?;
+        let fleet = args.nats.connect().await?;
+        if fleet.is_some() {
+            veris_fleet::check_token("the sandbox id", &identity.sandbox_id)?;
+        }
         let coverage = bound.coverage.take();
         // The twin's log position now: the cross-check counts rows after it.
         let (twin_heads, ()) = tokio::join!(
@@ -178,6 +184,10 @@ impl Stack {
             coverage,
         });
         let session_seq = append_session(args, &ledger, session)?;
+        let publisher = fleet
+            .as_ref()
+            .map(|f| crate::runtime::fleet::publish(f, &ledger, &identity.sandbox_id))
+            .transpose()?;
         let twin_base = settings.twin_base.clone();
         let (proxy, capture) = proxy(
             args, settings, twin_auth, &identity, tls, &mut host, &ledger,
@@ -194,6 +204,7 @@ impl Stack {
             sealer: sealer.clone(),
             shutdown: shutdown_rx.clone(),
             metrics_open: args.metrics_open,
+            publishing: publisher.as_ref().map(|p| p.watch()),
         });
         tier.serving(&ledger);
         let unrecorded = proxy.unrecorded().clone();
@@ -221,6 +232,7 @@ impl Stack {
             admin,
             capture,
             unrecorded,
+            publisher,
         })
     }
 
@@ -320,6 +332,11 @@ impl Stack {
         let _ = self.shutdown.send(true);
         let (seal, seal_error) =
             seal_and_stop(self.admin, &self.ledger, self.twin_task, self.tier).await;
+        if let Some(p) = self.publisher {
+            if !p.finish(crate::runtime::fleet::FLUSH_GRACE).await {
+                warn!("the ledger's last lines did not reach the NATS stream; the next start on this state dir publishes them");
+            }
+        }
         Ok(Finished {
             ledger_path: self.ledger.path().to_path_buf(),
             seal,

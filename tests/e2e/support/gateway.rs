@@ -1000,3 +1000,26 @@ impl Gateway {
         tmux
     }
 }
+
+impl Gateway {
+    /// `GET http://ADMIN<path>` with the gateway's own admin token:
+    /// (HTTP status, body).
+    pub fn admin_get(&self, path: &str) -> (u16, String) {
+        let (status, body) = self.admin_api("GET", path, Some(&self.admin_token()), None);
+        (status.parse().unwrap_or(0), body)
+    }
+}
+
+/// `curl` POSTing `n` Stripe charges in one process (one connection
+/// through `proxy` when it can) trusting only `ca`: how many were answered 200.
+pub fn curl_charges(proxy: &str, n: usize, ca: &Path) -> usize {
+    let mut cmd = command("curl");
+    cmd.args(["-sS", "--max-time", "60", "-w", "\nSTATUS:%{http_code}\n"])
+        .args(["--proxy", proxy, "--cacert"])
+        .arg(ca)
+        .args(["-d", "amount=100", "-d", "currency=usd"]);
+    for _ in 0..n {
+        cmd.arg(HTTPS_CHARGES);
+    }
+    text(&output(&mut cmd)).0.matches("STATUS:200").count()
+}
