@@ -101,10 +101,8 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
         };
         SourceSpec::StateDir(window.state_dir()?, crate::runtime::ledgers::followed)
     };
-    let receipt = args
-        .sandbox
-        .is_some()
-        .then(|| sandbox_receipt(args.state_dir.clone(), args.sandbox.clone()));
+    let receipt = matches!(spec, SourceSpec::StateDir(..))
+        .then(|| state_dir_receipt(args.state_dir.clone(), args.sandbox.clone()));
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!("veris tui needs an interactive terminal. Next: run it in a terminal, or use `veris receipt` for a one-shot summary");
     }
@@ -126,11 +124,14 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// A sandbox's header receipt is the one `veris receipt --state-dir S
-/// --sandbox ID` builds, by the same function: the gateway's own `GET
-/// /receipt` cannot know the reader named S a gateway's state dir, so it
-/// would judge custody as for a serve whose workload may share its uid.
-fn sandbox_receipt(state_dir: Option<PathBuf>, sandbox: Option<String>) -> ReceiptHook {
+/// A state dir's header receipt is the one `veris receipt --state-dir S
+/// [--sandbox ID]` builds, by the same function (ledger file, seals, and
+/// `live::discover` for the proxy), never what answers at `<S>/admin.addr`:
+/// the workload may share S's uid and plant that file and `admin.token`
+/// for a server of its own whose `GET /receipt` says `verified`. (A
+/// gateway's own `GET /receipt` also cannot know the reader named S a
+/// gateway's state dir.) Only `--admin URL`, typed by the user, is asked.
+fn state_dir_receipt(state_dir: Option<PathBuf>, sandbox: Option<String>) -> ReceiptHook {
     ReceiptHook::new(move || {
         let args = crate::runtime::receipt::ReceiptArgs {
             window: crate::runtime::receipt::WindowArgs {

@@ -209,3 +209,120 @@ fn tui_follows_a_finished_run_named_by_its_id() {
     });
     tmux.keys(&["q"]);
 }
+
+/// What the workload runs: an HTTP server answering `GET /receipt` with a
+/// receipt it edited to `verified`, `/events` with an open, empty event
+/// stream, anything else with 404. Its port goes to argv[2] once listening.
+const PLANTED_ADMIN: &str = r#"
+import http.server, sys, time
+body = open(sys.argv[1], 'rb').read()
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        if self.path.startswith('/receipt'):
+            self.send_response(200)
+            self.send_header('Content-Type', 'application/json')
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif self.path.startswith('/events'):
+            self.send_response(200)
+            self.send_header('Content-Type', 'text/event-stream')
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(120)
+        else:
+            self.send_error(404)
+s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
+s.daemon_threads = True
+open(sys.argv[2] + '.tmp', 'w').write(str(s.server_address[1]))
+import os; os.rename(sys.argv[2] + '.tmp', sys.argv[2])
+s.serve_forever()
+"#;
+
+/// The integrity word after `integrity: ` on the first line holding it.
+fn integrity_word(text: &str) -> Option<String> {
+    let rest = text.split("integrity: ").nth(1)?;
+    let word: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric())
+        .collect();
+    Some(word.to_ascii_lowercase())
+}
+
+#[test]
+fn tui_header_does_not_trust_an_admin_planted_in_the_state_dir() {
+    if !tool_works("tmux", &["-V"]) {
+        return skip("tmux is not installed (apt-get install tmux)");
+    }
+    if !tool_works("curl", &["--version"]) || !tool_works("python3", &["--version"]) {
+        return skip("curl or python3 is not installed");
+    }
+    // A real session whose honest receipt is not verified: explicit tier,
+    // no declared workload uid, read after the proxy stopped.
+    let mut serve = support::Serve::start_same_uid("tui-planted", &[]);
+    let out = output(support::command("curl").args([
+        "-sS",
+        "--max-time",
+        "20",
+        "--proxy",
+        &serve.proxy_url,
+        "http://api.stripe.com/v1/charges",
+        "-d",
+        "amount=100",
+    ]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serve.stop();
+    let state = serve.state.clone();
+    let out = output(veris(["receipt", "--json", "--state-dir"]).arg(&state));
+    let mut receipt: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_ne!(receipt["integrity"]["status"], "verified", "{receipt}");
+
+    // The workload's forgery, served where the state dir says the admin is.
+    receipt["integrity"]["status"] = "verified".into();
+    receipt["integrity"]["reason"] = serde_json::Value::Null;
+    for check in receipt["integrity"]["checks"].as_array_mut().unwrap() {
+        check["status"] = "ok".into();
+    }
+    let forged = serve.dir.join("forged.json");
+    std::fs::write(&forged, receipt.to_string()).unwrap();
+    let port_file = serve.dir.join("planted.port");
+    let _planted = support::Guard::spawn(
+        support::command("python3")
+            .arg("-c")
+            .arg(PLANTED_ADMIN)
+            .arg(&forged)
+            .arg(&port_file)
+            .stdin(std::process::Stdio::null()),
+    );
+    let port = support::wait_for("the planted admin's port", TUI_DEADLINE, || {
+        std::fs::read_to_string(&port_file).ok()
+    });
+    std::fs::write(state.join("admin.addr"), format!("127.0.0.1:{port}\n")).unwrap();
+    std::fs::write(state.join("admin.token"), "planted\n").unwrap();
+
+    let dir = TempDir::new("tui-planted-tmux");
+    let log = dir.path().join("tui.log");
+    let tmux = Tmux::start(dir.path(), 160, 36);
+    tmux.respawn(&format!(
+        "{} tui --state-dir {} --log-file {}",
+        sh_quote(&bin().display().to_string()),
+        sh_quote(&state.display().to_string()),
+        sh_quote(&log.display().to_string()),
+    ));
+    let screen = tmux.wait_screen("the header's integrity", TUI_DEADLINE, |s| {
+        integrity_word(s).is_some_and(|w| w != "pending")
+    });
+    let out = output(veris(["receipt", "--state-dir"]).arg(&state));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        integrity_word(&screen),
+        integrity_word(&text),
+        "the TUI header says what `veris receipt` does not:\n{screen}\nreceipt:\n{text}"
+    );
+    tmux.keys(&["q"]);
+}

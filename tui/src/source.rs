@@ -10,6 +10,10 @@
 //!   proxy is live, the ledger the binary's rule picks is followed instead
 //!   (its `ledger.jsonl`, or the ledger of the newest `veris run`, which has
 //!   no admin API: its child could read the token), re-picked every second.
+//!   Whatever answers at that address may be the workload's (it can write
+//!   those files), so the `veris` binary passes a [`ReceiptHook`] that
+//!   builds the header's receipt as `veris receipt --state-dir` does; rows
+//!   from its event stream are not checked against the ledger file.
 //!
 //! Every source remembers the last seq it delivered and resumes after it
 //! (`Last-Event-ID` for the event stream), and the app drops any seq it has
