@@ -5,23 +5,7 @@
 use std::net::{SocketAddr, TcpStream};
 
 use crate::support::gateway::*;
-use crate::support::{self, command, output, skip, text};
-
-/// curl through the https:// proxy `proxy` (CONNECT inside TLS) trusting
-/// `ca` for both: (HTTP status, stderr).
-fn charge_over_tls(proxy: &str, ca: &std::path::Path) -> (String, String) {
-    let out = output(
-        command("curl")
-            .args(["-sS", "--max-time", "15", "-o", "/dev/null"])
-            .args(["-w", "%{http_code}", "--proxy", proxy, "--proxy-cacert"])
-            .arg(ca)
-            .arg("--cacert")
-            .arg(ca)
-            .args([HTTPS_CHARGES, "-d", "amount=100", "-d", "currency=usd"]),
-    );
-    let (stdout, stderr) = text(&out);
-    (stdout.trim().to_string(), stderr)
-}
+use crate::support::{self, skip};
 
 #[test]
 fn max_connections_is_one_cap_over_the_plain_and_the_tls_listener() {
@@ -42,7 +26,7 @@ fn max_connections_is_one_cap_over_the_plain_and_the_tls_listener() {
     let ca = gw.ca();
 
     // Under the cap, the TLS listener serves.
-    let (status, stderr) = charge_over_tls(&https, &ca);
+    let (_, status, stderr) = curl_charge_over_tls(&https, &ca, &ca);
     assert_eq!(status, "200", "below the cap: {stderr}");
 
     // Two idle connections on the plain listener take the whole cap (they
@@ -61,7 +45,7 @@ fn max_connections_is_one_cap_over_the_plain_and_the_tls_listener() {
     let closed = matches!(std::io::Read::read(&mut &probe, &mut buf), Ok(0) | Err(_));
     assert!(closed, "a third plain connection was kept over a cap of 2");
 
-    let (status, stderr) = charge_over_tls(&https, &ca);
+    let (_, status, stderr) = curl_charge_over_tls(&https, &ca, &ca);
     assert_ne!(
         status, "200",
         "the TLS listener served a client while the plain one held the whole --max-connections: {stderr}"
@@ -72,7 +56,7 @@ fn max_connections_is_one_cap_over_the_plain_and_the_tls_listener() {
     // connections' tasks see them closed).
     let mut served = false;
     for _ in 0..50 {
-        if charge_over_tls(&https, &ca).0 == "200" {
+        if curl_charge_over_tls(&https, &ca, &ca).1 == "200" {
             served = true;
             break;
         }

@@ -40,31 +40,6 @@ fn unsealed(gw: &Gateway, id: &str) -> usize {
     gw.ledger(id).iter().filter(|l| l["kind"] != "seal").count()
 }
 
-/// curl POSTing a charge through `proxy` (an `https://` proxy URL),
-/// trusting `proxy_ca` for the proxy and `ca` for the vendor; (succeeded,
-/// HTTP status, stderr).
-fn curl_over_tls(proxy: &str, proxy_ca: &Path, ca: &Path) -> (bool, String, String) {
-    let out = output(
-        command("curl")
-            .args([
-                "-sS",
-                "--max-time",
-                "15",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-            ])
-            .args(["--proxy", proxy, "--proxy-cacert"])
-            .arg(proxy_ca)
-            .arg("--cacert")
-            .arg(ca)
-            .args([HTTPS_CHARGES, "-d", "amount=100", "-d", "currency=usd"]),
-    );
-    let (stdout, stderr) = text(&out);
-    (out.status.success(), stdout.trim().to_string(), stderr)
-}
-
 /// A throwaway self-signed certificate and key under `dir` (`name.pem`,
 /// `name-key.pem`) for `subject`, with `san` when given.
 fn openssl_cert(dir: &TempDir, name: &str, subject: &str, san: Option<&str>) -> (PathBuf, PathBuf) {
@@ -106,7 +81,7 @@ fn connect_inside_tls_reaches_the_twin_and_an_untrusting_client_is_refused() {
         "{json}"
     );
 
-    let (ok, status, stderr) = curl_over_tls(https, &ca, &ca);
+    let (ok, status, stderr) = curl_charge_over_tls(https, &ca, &ca);
     assert!(
         ok && status == "200",
         "CONNECT inside TLS: curl ok={ok} status={status:?}: {stderr}; gateway: {}",
@@ -122,7 +97,7 @@ fn connect_inside_tls_reaches_the_twin_and_an_untrusting_client_is_refused() {
     let dir = TempDir::new("gw-tls-other");
     let (other, _) = openssl_cert(&dir, "other", "/CN=other CA", None);
     let before = unsealed(&gw, "sbx-a");
-    let (ok, status, stderr) = curl_over_tls(https, &other, &ca);
+    let (ok, status, stderr) = curl_charge_over_tls(https, &other, &ca);
     assert!(
         !ok,
         "a client that does not trust the gateway's certificate got through: {status} {stderr}"
@@ -210,14 +185,14 @@ fn an_operators_certificate_is_served_and_a_wrong_key_stops_the_start() {
     let json = a.json.clone().unwrap();
     assert!(json.get("tls_ca").is_none(), "{json}");
     let https = json["https_proxy_url"].as_str().unwrap_or_default();
-    let (ok, status, stderr) = curl_over_tls(https, &cert, &gw.ca());
+    let (ok, status, stderr) = curl_charge_over_tls(https, &cert, &gw.ca());
     assert!(
         ok && status == "200",
         "CONNECT inside TLS with the operator's certificate: {status} {stderr}; gateway: {}",
         gw.stderr()
     );
     // The gateway's CA does not verify the operator's certificate.
-    let (ok, _, _) = curl_over_tls(https, &gw.ca(), &gw.ca());
+    let (ok, _, _) = curl_charge_over_tls(https, &gw.ca(), &gw.ca());
     assert!(!ok, "the gateway CA verified the operator's certificate");
     assert_eq!(charges(&gw.receipt_json("sbx-a")).len(), 1);
     gw.stop();
@@ -606,7 +581,7 @@ fn garbage_and_slow_handshakes_on_the_tls_listener_are_closed() {
         "holding",
         "the slow clients did not start"
     );
-    let (ok, status, stderr) = curl_over_tls(&https, &ca, &ca);
+    let (ok, status, stderr) = curl_charge_over_tls(&https, &ca, &ca);
     assert!(
         ok && status == "200",
         "a real client while slow handshakes hang: {status} {stderr}"

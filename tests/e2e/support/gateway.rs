@@ -407,21 +407,39 @@ pub const HTTPS_CHARGES: &str = "https://api.stripe.com/v1/charges";
 /// to `target` through `proxy` trusting only `ca`; (succeeded, HTTP
 /// status, stderr).
 pub fn curl_charge(proxy: &str, target: &str, ca: &Path) -> (bool, String, String) {
-    let out = output(
-        command("curl")
-            .args([
-                "-sS",
-                "--max-time",
-                "15",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-            ])
-            .args(["--proxy", proxy, "--cacert"])
-            .arg(ca)
-            .args([target, "-d", "amount=100", "-d", "currency=usd"]),
-    );
+    curl_charge_via(proxy, None, target, ca)
+}
+
+/// [`curl_charge`] to the stripe twin through an `https://` proxy (CONNECT
+/// inside TLS) whose certificate curl checks against `proxy_ca`.
+pub fn curl_charge_over_tls(proxy: &str, proxy_ca: &Path, ca: &Path) -> (bool, String, String) {
+    curl_charge_via(proxy, Some(proxy_ca), HTTPS_CHARGES, ca)
+}
+
+fn curl_charge_via(
+    proxy: &str,
+    proxy_ca: Option<&Path>,
+    target: &str,
+    ca: &Path,
+) -> (bool, String, String) {
+    let mut cmd = command("curl");
+    cmd.args([
+        "-sS",
+        "--max-time",
+        "15",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+    ])
+    .args(["--proxy", proxy]);
+    if let Some(proxy_ca) = proxy_ca {
+        cmd.arg("--proxy-cacert").arg(proxy_ca);
+    }
+    cmd.arg("--cacert")
+        .arg(ca)
+        .args([target, "-d", "amount=100", "-d", "currency=usd"]);
+    let out = output(&mut cmd);
     let (stdout, stderr) = text(&out);
     (out.status.success(), stdout.trim().to_string(), stderr)
 }
