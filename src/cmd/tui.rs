@@ -28,15 +28,14 @@ pub struct TuiArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = ["admin", "state_dir"])]
     pub ledger: Option<PathBuf>,
     /// State dir of the proxy to watch [default: $VERIS_STATE_DIR, else ~/.veris]:
-    /// its live `veris serve`, else its `ledger.jsonl`, else its newest run's ledger.
+    /// its `ledger.jsonl` (a `veris serve`'s), else its newest run's ledger.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Follow this run's ledger in the state dir (`veris runs` lists them).
     #[arg(long, value_name = "ID", conflicts_with_all = ["admin", "ledger"])]
     pub run: Option<String>,
-    /// Follow a gateway's sandbox (--state-dir is the gateway's): live
-    /// through the gateway's admin API with the sandbox's read token, its
-    /// ledger file while the gateway is down.
+    /// Follow a gateway's sandbox (--state-dir is the gateway's): its
+    /// ledger file, and the receipt `veris receipt --sandbox` builds.
     #[arg(long, value_name = "ID", conflicts_with_all = ["admin", "ledger", "run"])]
     pub sandbox: Option<String>,
     /// Rows kept in memory; older ones are counted, not shown.
@@ -92,8 +91,9 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
         let source = crate::runtime::ledgers::resolve(&state_dir, None, Some(id), false)?;
         SourceSpec::Ledger(source.path().to_path_buf())
     } else {
-        // A sandbox's dir reads as a serve's state dir (its admin.addr
-        // names its part of the gateway's admin API).
+        // A sandbox's dir reads as a serve's state dir. Rows come from the
+        // file the receipt reads, never from the event stream at
+        // `admin.addr`, which the workload may have planted.
         let window = crate::runtime::receipt::WindowArgs {
             state_dir: args.state_dir.clone(),
             sandbox: args.sandbox.clone(),

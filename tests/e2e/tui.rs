@@ -229,6 +229,7 @@ class H(http.server.BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header('Content-Type', 'text/event-stream')
             self.end_headers()
+            self.wfile.write(open(sys.argv[3], 'rb').read())
             self.wfile.flush()
             time.sleep(120)
         else:
@@ -250,8 +251,12 @@ fn integrity_word(text: &str) -> Option<String> {
     Some(word.to_ascii_lowercase())
 }
 
+/// The workload plants `admin.addr`/`admin.token` in the state dir it
+/// shares the uid of, for a server whose `GET /receipt` says `verified` and
+/// whose event stream carries a charge the ledger does not hold. The TUI
+/// shows neither: its header is `veris receipt`'s, its rows the ledger's.
 #[test]
-fn tui_header_does_not_trust_an_admin_planted_in_the_state_dir() {
+fn tui_does_not_trust_an_admin_planted_in_the_state_dir() {
     if !tool_works("tmux", &["-V"]) {
         return skip("tmux is not installed (apt-get install tmux)");
     }
@@ -290,6 +295,26 @@ fn tui_header_does_not_trust_an_admin_planted_in_the_state_dir() {
     }
     let forged = serve.dir.join("forged.json");
     std::fs::write(&forged, receipt.to_string()).unwrap();
+    // A row that follows the real ones and names a call never made.
+    let ledger = std::fs::read_to_string(state.join("ledger.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = ledger
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last_seq = lines
+        .iter()
+        .filter_map(|l| l["seq"].as_u64())
+        .max()
+        .unwrap();
+    let mut fake = lines
+        .iter()
+        .find(|l| l["kind"] == "request")
+        .expect("the charge's request line")
+        .clone();
+    fake["seq"] = (last_seq + 1).into();
+    fake["path"] = "/v1/refunds_never_made".into();
+    let events = serve.dir.join("forged.events");
+    std::fs::write(&events, format!("id: {}\ndata: {fake}\n\n", last_seq + 1)).unwrap();
     let port_file = serve.dir.join("planted.port");
     let _planted = support::Guard::spawn(
         support::command("python3")
@@ -297,6 +322,7 @@ fn tui_header_does_not_trust_an_admin_planted_in_the_state_dir() {
             .arg(PLANTED_ADMIN)
             .arg(&forged)
             .arg(&port_file)
+            .arg(&events)
             .stdin(std::process::Stdio::null()),
     );
     let port = support::wait_for("the planted admin's port", TUI_DEADLINE, || {
@@ -314,9 +340,16 @@ fn tui_header_does_not_trust_an_admin_planted_in_the_state_dir() {
         sh_quote(&state.display().to_string()),
         sh_quote(&log.display().to_string()),
     ));
-    let screen = tmux.wait_screen("the header's integrity", TUI_DEADLINE, |s| {
-        integrity_word(s).is_some_and(|w| w != "pending")
+    let screen = tmux.wait_screen("the header's integrity and the charge", TUI_DEADLINE, |s| {
+        integrity_word(s).is_some_and(|w| w != "pending") && s.contains("/v1/charges")
     });
+    // The planted stream had time to be read, had the TUI connected to it.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let screen = format!("{screen}\n{}", tmux.capture());
+    assert!(
+        !screen.contains("refunds_never_made"),
+        "the TUI shows a row the ledger does not hold:\n{screen}"
+    );
     let out = output(veris(["receipt", "--state-dir"]).arg(&state));
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(

@@ -4,16 +4,14 @@
 //!   header's receipt is [`veris_receipt::receipt::build`] over a fresh read
 //!   of the file.
 //! - [`SourceSpec::Admin`]: the admin API's event stream and `GET /receipt`.
-//! - [`SourceSpec::StateDir`]: the live proxy found through
-//!   `<state>/admin.addr` and `<state>/admin.token` (re-read at every
-//!   connect, since a restarted proxy gets a new port and token); while no
-//!   proxy is live, the ledger the binary's rule picks is followed instead
-//!   (its `ledger.jsonl`, or the ledger of the newest `veris run`, which has
-//!   no admin API: its child could read the token), re-picked every second.
-//!   Whatever answers at that address may be the workload's (it can write
-//!   those files), so the `veris` binary passes a [`ReceiptHook`] that
-//!   builds the header's receipt as `veris receipt --state-dir` does; rows
-//!   from its event stream are not checked against the ledger file.
+//! - [`SourceSpec::StateDir`]: the ledger the binary's rule picks in the
+//!   state dir (a live `serve`'s `ledger.jsonl`, else the newest `veris
+//!   run`'s), followed as a file and re-picked every second. Never the
+//!   event stream of whatever `<state>/admin.addr` names: the workload may
+//!   share the state dir's uid and plant that file for a server of its own,
+//!   whose rows the ledger does not hold. For the same reason the binary
+//!   passes a [`ReceiptHook`] that builds the header's receipt as `veris
+//!   receipt --state-dir` does, and without one the file is read.
 //!
 //! Every source remembers the last seq it delivered and resumes after it
 //! (`Last-Event-ID` for the event stream), and the app drops any seq it has
@@ -38,8 +36,8 @@ use crate::follow::{Follower, Polled};
 /// How often a ledger file is checked for growth while it is idle.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
-/// How often `<state>/admin.addr` is looked for while following the file.
-const ADMIN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a state dir's ledger is picked again.
+const REPICK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Reconnect delays grow to this.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -50,12 +48,12 @@ pub enum SourceSpec {
     Ledger(PathBuf),
     /// The admin API at this target.
     Admin(Target),
-    /// The proxy of this state dir; while none is live, the ledger the
-    /// function picks in it (the binary's one rule for "which ledger").
+    /// Follow the ledger the function picks in this state dir (the
+    /// binary's one rule for "which ledger"), re-picked every second.
     StateDir(PathBuf, LedgerPick),
 }
 
-/// Which ledger file of a state dir to read while no proxy is live.
+/// Which ledger file of a state dir to follow.
 pub type LedgerPick = fn(&Path) -> PathBuf;
 
 /// A receipt the binary builds its own way, in place of the source's: the
@@ -112,18 +110,6 @@ impl SourceSpec {
     }
 }
 
-/// Reads `<dir>/admin.addr` and `<dir>/admin.token`; `None` while no proxy
-/// has published them.
-pub fn state_target(dir: &Path) -> Option<Result<Target, AdminError>> {
-    let addr = std::fs::read_to_string(dir.join("admin.addr")).ok()?;
-    let token = std::fs::read_to_string(dir.join("admin.token")).ok()?;
-    let addr = addr.trim();
-    if addr.is_empty() {
-        return None;
-    }
-    Some(Target::new(addr, &token))
-}
-
 fn backoff(attempt: u32) -> Duration {
     let ms = 250u64.saturating_mul(1 << attempt.min(5));
     Duration::from_millis(ms).min(MAX_BACKOFF)
@@ -157,53 +143,21 @@ pub async fn feed(spec: SourceSpec, tx: mpsc::Sender<Event>) {
         SourceSpec::StateDir(dir, pick) => {
             let mut follower = Follower::new(pick(&dir));
             while !feed.tx.is_closed() {
-                match state_target(&dir) {
-                    Some(Ok(target)) => {
-                        let err = feed.stream(&target).await;
-                        if feed.tx.is_closed() {
-                            return;
-                        }
-                        // Until the next attempt the file is followed: a
-                        // proxy that stopped or crashed (leaving a stale
-                        // admin.addr) still shows everything it wrote.
-                        feed.attempt = feed.attempt.saturating_add(1);
-                        debug!(error = %err, attempt = feed.attempt, "admin event stream failed; following the file");
-                        let until = tokio::time::Instant::now() + backoff(feed.attempt);
-                        while tokio::time::Instant::now() < until {
-                            if !feed.follow_step(&mut follower).await {
-                                return;
-                            }
-                        }
+                // A `veris run` that started since, or a `serve` that began
+                // its ledger, changes the pick.
+                let newest = pick(&dir);
+                if newest != follower.path() {
+                    let why = format!("following {}", newest.display());
+                    follower = Follower::new(newest);
+                    feed.last_seq = 0;
+                    if !feed.send(Event::Reset(why)).await {
+                        return;
                     }
-                    Some(Err(e)) => {
-                        feed.set(
-                            ConnState::Stopped(format!(
-                                "{e}. Next: check {}/admin.addr",
-                                dir.display()
-                            )),
-                            format!("state {}", dir.display()),
-                        )
-                        .await;
-                        tokio::time::sleep(ADMIN_PROBE_INTERVAL).await;
-                    }
-                    None => {
-                        // No `serve` is live: the ledger the rule picks is
-                        // followed, which may be a `veris run`'s own.
-                        let newest = pick(&dir);
-                        if newest != follower.path() {
-                            let why = format!("following {}", newest.display());
-                            follower = Follower::new(newest);
-                            feed.last_seq = 0;
-                            if !feed.send(Event::Reset(why)).await {
-                                return;
-                            }
-                        }
-                        let until = tokio::time::Instant::now() + ADMIN_PROBE_INTERVAL;
-                        while tokio::time::Instant::now() < until {
-                            if !feed.follow_step(&mut follower).await {
-                                return;
-                            }
-                        }
+                }
+                let until = tokio::time::Instant::now() + REPICK_INTERVAL;
+                while tokio::time::Instant::now() < until {
+                    if !feed.follow_step(&mut follower).await {
+                        return;
                     }
                 }
             }
@@ -356,7 +310,8 @@ impl Feed {
 
 /// Answers receipt requests (one per `()` received) until either channel
 /// closes: the `hook`'s receipt when there is one, else `GET /receipt` from
-/// the admin API, else a fresh read of the ledger file built into a receipt.
+/// an admin API the user named, else a fresh read of the ledger file built
+/// into a receipt.
 pub async fn receipts(
     spec: SourceSpec,
     hook: Option<ReceiptHook>,
@@ -386,17 +341,7 @@ async fn spec_receipt(spec: &SourceSpec) -> Result<veris_receipt::Receipt, Strin
             .await
             .map_err(|e| format!("{e}. Next: check the admin URL and token, then press r")),
         SourceSpec::Ledger(p) => file_receipt(p.clone()).await,
-        SourceSpec::StateDir(d, pick) => match state_target(d) {
-            Some(Ok(t)) => match t.receipt().await {
-                Ok(r) => Ok(r),
-                // The proxy may have just stopped: the file still answers.
-                Err(e) => {
-                    debug!(error = %e, "admin receipt failed; reading the ledger file");
-                    file_receipt(pick(d)).await
-                }
-            },
-            _ => file_receipt(pick(d)).await,
-        },
+        SourceSpec::StateDir(d, pick) => file_receipt(pick(d)).await,
     }
 }
 

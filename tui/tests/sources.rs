@@ -197,8 +197,11 @@ async fn admin_token_rejection_and_receipt_fetch() {
     server.await.unwrap();
 }
 
+/// A state dir is followed through its ledger file only: an admin API
+/// planted in it (the workload may share its uid) is never asked, and a
+/// newer ledger the pick names is switched to.
 #[tokio::test]
-async fn state_dir_follows_the_file_then_switches_to_the_live_proxy() {
+async fn state_dir_follows_its_ledger_never_the_admin_it_names() {
     let dir = std::env::temp_dir().join(format!("veris-tui-statedir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -210,16 +213,40 @@ async fn state_dir_follows_the_file_then_switches_to_the_live_proxy() {
         ));
     }
     let lines = chain(entries);
-    let mut file = String::new();
-    for l in &lines[..3] {
-        file.push_str(&encode(l).unwrap());
-        file.push('\n');
-    }
-    std::fs::write(dir.join("ledger.jsonl"), file).unwrap();
+    let write = |path: &std::path::Path, lines: &[veris_receipt::Line]| {
+        let mut file = String::new();
+        for l in lines {
+            file.push_str(&encode(l).unwrap());
+            file.push('\n');
+        }
+        std::fs::write(path, file).unwrap();
+    };
+    write(&dir.join("ledger.jsonl"), &lines[..3]);
+
+    // A server that counts the connections it gets.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = s.write_all(SSE_HEAD).await;
+        }
+    });
+    std::fs::write(dir.join("admin.token"), "planted\n").unwrap();
+    std::fs::write(dir.join("admin.addr"), format!("{addr}\n")).unwrap();
 
     let (tx, mut rx) = mpsc::channel(64);
     let feed = tokio::spawn(source::feed(
-        SourceSpec::StateDir(dir.clone(), |d| d.join("ledger.jsonl")),
+        SourceSpec::StateDir(dir.clone(), |d| {
+            let newer = d.join("newer.jsonl");
+            if newer.exists() {
+                newer
+            } else {
+                d.join("ledger.jsonl")
+            }
+        }),
         tx,
     ));
     let mut app = App::new("state", 1000, now_ms(), (80, 24));
@@ -227,37 +254,38 @@ async fn state_dir_follows_the_file_then_switches_to_the_live_proxy() {
     drive(&mut rx, &mut app, &mut states, |a| a.last_seq() >= 3).await;
     assert!(app.conn.via.starts_with("file "), "{}", app.conn.via);
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let served = lines.clone();
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let head = read_head(&mut s).await;
-        assert_eq!(header(&head, "authorization"), Some("bearer statetok"));
-        let from: usize = header(&head, "last-event-id").unwrap().parse().unwrap();
-        s.write_all(SSE_HEAD).await.unwrap();
-        s.write_all(&sse(&served[from..])).await.unwrap();
-        let mut sink = [0u8; 16];
-        let _ = s.read(&mut sink).await;
-        from
-    });
-    std::fs::write(dir.join("admin.token"), "statetok\n").unwrap();
-    std::fs::write(dir.join("admin.addr"), format!("{addr}\n")).unwrap();
+    let mut more = String::new();
+    for l in &lines[3..] {
+        more.push_str(&encode(l).unwrap());
+        more.push('\n');
+    }
+    std::io::Write::write_all(
+        &mut std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("ledger.jsonl"))
+            .unwrap(),
+        more.as_bytes(),
+    )
+    .unwrap();
     drive(&mut rx, &mut app, &mut states, |a| a.last_seq() >= 6).await;
-    assert!(
-        app.conn.via.starts_with("admin 127.0.0.1:"),
-        "{}",
-        app.conn.via
-    );
     let got: Vec<u64> = (0..app.visible_len())
         .map(|i| app.visible_row(i).unwrap().seq)
         .collect();
     assert_eq!(got, (1..=6).collect::<Vec<_>>());
+
+    // The pick now names another ledger: the feed starts over on it.
+    write(&dir.join("newer.jsonl"), &lines[..2]);
+    drive(&mut rx, &mut app, &mut states, |a| {
+        a.conn.via.ends_with("newer.jsonl") && a.last_seq() == 2
+    })
+    .await;
+    assert!(app.conn.via.starts_with("file "), "{}", app.conn.via);
     feed.abort();
+    server.abort();
     assert_eq!(
-        server.await.unwrap(),
-        3,
-        "the proxy was asked to resume after the file's last seq"
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the admin named in the state dir was asked"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
