@@ -1,7 +1,8 @@
 //! Publishing ledgers to NATS JetStream (`--nats`, DESIGN §14): the flags
 //! `serve` and `gateway` share, starting a publisher for a ledger, and
-//! recording in the ledger that the stream refused it for good (a fork),
-//! which the receipt then reports. The publishing itself is `veris_fleet`'s.
+//! recording in the ledger that the stream refused its lines (a fork, or a
+//! full stream) and that a refusal passed, which the receipt then reports.
+//! The publishing itself is `veris_fleet`'s.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,17 +80,18 @@ impl NatsArgs {
 }
 
 /// Starts publishing `ledger` as `sandbox`'s.
-pub fn publish(fleet: &Fleet, ledger: &Arc<Ledger>, sandbox: &str) -> Result<Publisher> {
+fn publish(fleet: &Fleet, ledger: &Arc<Ledger>, sandbox: &str) -> Result<Publisher> {
     Publisher::start(fleet, ledger.clone(), sandbox)
         .with_context(|| format!("publishing the ledger of sandbox {sandbox} to NATS"))
 }
 
-/// A sandbox's publisher (a gateway's): its state for `/status` and the
-/// metrics, its refusal recorded once in the ledger, and its final drain.
+/// A ledger's publisher (a gateway's sandbox's, or a serve's): its state
+/// for `/status` and the metrics, its refusals recorded in the ledger, and
+/// its final drain.
 pub struct Publishing {
     publisher: Mutex<Option<Publisher>>,
     watch: Watch,
-    /// The refusal is in the ledger.
+    /// The ledger's newest `publish` line says `refused`.
     recorded: AtomicBool,
 }
 
@@ -107,33 +109,54 @@ impl Publishing {
         &self.watch
     }
 
-    /// Once the stream refused the ledger for good (a fork), appends a
-    /// `publish` check line saying so (once): the receipt's `publishing`,
-    /// read live or from the file after the gateway is gone. A refusal
-    /// that may pass (a full stream) is in `/status` and the metrics only.
+    /// Records in the ledger, as a `publish` check line, each change of
+    /// the stream's answer: `refused` when it refuses the ledger's lines (a
+    /// fork, for good: veris stops publishing; a full stream or a line over
+    /// its message size: veris retries every 30 s), `resumed` when a
+    /// refusal that could pass did (the lines the file held meanwhile were
+    /// sent, in order). The receipt's `publishing` is the newest refusal
+    /// not resumed, read live or from the file after the proxy is gone.
+    /// Called on the seal timer and before the final seal: at most one
+    /// line per change, and the stream's answer changes at most every 30 s.
     pub fn record_refusal(&self, ledger: &Ledger, since: u64) {
-        if self.recorded.load(Ordering::SeqCst) {
-            return;
-        }
         let s = self.watch.state();
-        let (true, Some(why)) = (s.fork, s.refused) else {
-            return;
+        let recorded = self.recorded.load(Ordering::SeqCst);
+        let (status, detail) = match (&s.refused, recorded) {
+            (Some(why), false) => {
+                let next = if s.fork {
+                    "veris stopped publishing it"
+                } else {
+                    "veris retries every 30 s; the lines wait in the ledger file"
+                };
+                (
+                    "refused",
+                    format!(
+                        "the NATS stream refused this ledger's lines on {} after seq {}, and {next}: {why}",
+                        s.subject, s.published_seq
+                    ),
+                )
+            }
+            (None, true) if !s.fork => (
+                "resumed",
+                format!(
+                    "the NATS stream accepts this ledger's lines on {} again: published through seq {}",
+                    s.subject, s.published_seq
+                ),
+            ),
+            _ => return,
         };
-        if self.recorded.swap(true, Ordering::SeqCst) {
+        if self.recorded.swap(status == "refused", Ordering::SeqCst) != recorded {
             return;
         }
         let line = Entry::Check(CheckLine {
             name: veris_receipt::receipt::PUBLISH_CHECK.into(),
-            status: "refused".into(),
-            detail: format!(
-                "the NATS stream refused this ledger's lines on {} after seq {}, and veris stopped publishing it: {why}",
-                s.subject, s.published_seq
-            ),
+            status: status.into(),
+            detail,
             since_seq: since,
             until_seq: ledger.head().0,
         });
         if let Err(e) = ledger.append(line) {
-            tracing::warn!(subject = %s.subject, error = %e, "cannot record the refused publish in the ledger");
+            tracing::warn!(subject = %s.subject, error = %e, "cannot record the stream's answer in the ledger");
         }
     }
 

@@ -771,3 +771,98 @@ fn gateway_publishes_with_its_nkey_and_a_sandbox_user_cannot_publish() {
     // Nothing but the gateway's lines on its subject.
     assert_subject_is(&nats, &own, &[gw.ledger_file("sbx-a")]);
 }
+
+/// Sets the stream's `max_bytes` (an operator making room).
+fn set_stream_max_bytes(nats: &Nats, max_bytes: i64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = async_nats::connect(nats.url()).await.expect("connecting");
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js
+            .get_stream(veris_fleet::DEFAULT_STREAM)
+            .await
+            .expect("the stream");
+        let mut config = stream.info().await.expect("stream info").config.clone();
+        config.max_bytes = max_bytes;
+        js.update_stream(config).await.expect("updating the stream");
+    });
+}
+
+/// The `publish` check lines of a ledger file: (status, detail).
+fn publish_lines(ledger: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(ledger)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["kind"] == "check" && l["name"] == "publish")
+        .map(|l| {
+            (
+                l["status"].as_str().unwrap_or_default().to_string(),
+                l["detail"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A full stream refuses serve's lines: serve keeps answering, and its
+/// receipt says the stream's copy is not whole (live and from the file)
+/// while the refusal lasts. Once the operator makes room, the lines the
+/// file held meanwhile are sent in order, the ledger records that the
+/// refusal passed, and the receipt no longer names it.
+#[test]
+fn a_full_stream_is_in_serves_receipt_until_it_takes_the_lines_again() {
+    let Some(nats) = Nats::start() else { return };
+    let mut flags = serve_flags(&nats);
+    let at = flags.iter().position(|f| f == "--nats-max-bytes").unwrap();
+    flags[at + 1] = "16384".into();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut serve = Serve::start("fleet-full", &flags);
+    for _ in 0..60 {
+        assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    }
+    let p = wait_for("the stream's refusal", DEADLINE, || {
+        let p = publishing(&serve);
+        p["refused"].is_string().then_some(p)
+    });
+    assert_eq!(p["fork"], false, "{p}");
+    let receipt = |serve: &Serve| {
+        let out =
+            support::output(support::veris(["receipt", "--json", "--state-dir"]).arg(&serve.state));
+        support::json(&String::from_utf8_lossy(&out.stdout))
+    };
+    let r = wait_for("the refusal in the receipt", DEADLINE, || {
+        let r = receipt(&serve);
+        r["publishing"].is_object().then_some(r)
+    });
+    assert_eq!(r["publishing"]["status"], "refused", "{r}");
+    let reason = r["publishing"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(SUBJECT) && reason.contains("retries"),
+        "{reason}"
+    );
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+
+    // Room again: within the publisher's 30 s retry.
+    set_stream_max_bytes(&nats, 64 << 20);
+    wait_for("publishing resumed", Duration::from_secs(90), || {
+        let p = publishing(&serve);
+        (p["refused"].is_null() && p["lag"] == 0).then_some(())
+    });
+    let r = wait_for("the receipt without the refusal", DEADLINE, || {
+        let r = receipt(&serve);
+        r["publishing"].is_null().then_some(r)
+    });
+    assert!(r["publishing"].is_null(), "{r}");
+    serve.stop();
+    let statuses: Vec<String> = publish_lines(&serve.ledger())
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(statuses, ["refused", "resumed"], "one line per change");
+    assert!(receipt(&serve)["publishing"].is_null());
+    // Nothing was lost: the stream holds the whole file, once, in order.
+    assert_stream_is(&nats, &[serve.ledger()]);
+}

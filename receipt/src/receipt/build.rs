@@ -249,7 +249,8 @@ impl<'o> Builder<'o> {
                 detail,
                 ..
             }) if name == PUBLISH_CHECK => {
-                w.publishing = Some(PublishRefused {
+                // A refusal that passed: the stream got the lines since.
+                w.publishing = (status != PUBLISH_RESUMED).then(|| PublishRefused {
                     status: status.clone(),
                     reason: detail.clone(),
                     seq: line.seq,

@@ -145,10 +145,11 @@ pub struct Receipt {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dns_refused: Vec<String>,
     /// Publishing the window's ledger lines to a NATS stream (`--nats`,
-    /// G2) was refused for good (a fork: another writer on the sandbox's
-    /// subject), as the proxy recorded it (a `publish` check line); absent
-    /// when nothing was refused. It never says the stream is complete: that
-    /// is the stream reader's to tell.
+    /// G2) was refused (a fork: another writer on the sandbox's subject,
+    /// for good; a full stream, until it takes lines again), as the proxy
+    /// recorded it (a `publish` check line); absent when nothing was
+    /// refused or the refusal passed. It never says the stream is
+    /// complete: that is the stream reader's to tell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publishing: Option<PublishRefused>,
     /// The requirements it was judged against and how each came out
@@ -202,10 +203,15 @@ impl Interception {
     }
 }
 
-/// The name of the check line that records a refused publish.
+/// The name of the check line that records a refused publish (status
+/// `refused`), and one that passed ([`PUBLISH_RESUMED`]).
 pub const PUBLISH_CHECK: &str = "publish";
 
-/// A refused publish, from the window's newest `publish` check line.
+/// The status of a `publish` check line saying a refusal passed.
+pub const PUBLISH_RESUMED: &str = "resumed";
+
+/// A refused publish, from the window's newest `publish` check line when
+/// it is not [`PUBLISH_RESUMED`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PublishRefused {
     /// `refused`.

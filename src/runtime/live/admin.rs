@@ -82,8 +82,9 @@ pub struct AdminStart<'a> {
     pub shutdown: watch::Receiver<bool>,
     /// `/metrics` without the token (`serve --metrics-open`).
     pub metrics_open: bool,
-    /// Publishing to NATS (`--nats`): its `/status` part and metrics.
-    pub publishing: Option<veris_fleet::publish::Watch>,
+    /// Publishing to NATS (`--nats`): its `/status` part and metrics, and
+    /// its refusals recorded on the seal timer.
+    pub publishing: Option<Arc<crate::runtime::fleet::Publishing>>,
 }
 
 /// The running admin API and seal timer.
@@ -103,6 +104,13 @@ fn seal_interval(ledger: &Ledger, sealer: &Sealer) {
 /// Starts the seal timer and, when the listener is bound, the API.
 pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
     let (ledger, sealer, mut rx) = (a.ledger.clone(), a.sealer.clone(), a.shutdown.clone());
+    let (publishing, since) = (a.publishing.clone(), a.session_seq.saturating_sub(1));
+    let seal_interval = move |ledger: &Ledger, sealer: &Sealer| {
+        if let Some(p) = &publishing {
+            p.record_refusal(ledger, since);
+        }
+        seal_interval(ledger, sealer);
+    };
     let timer = tokio::spawn(async move {
         let mut tick = tokio::time::interval(SEAL_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -142,15 +150,18 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         metrics: Some({
             let mut registry =
                 veris_proxy::admin::metrics::Scrape::of(a.proxy, a.ledger.clone()).registry();
-            if let Some(w) = &a.publishing {
-                registry
-                    .register_collector(Box::new(veris_fleet::metrics::Collect::one(w.clone())));
+            if let Some(p) = &a.publishing {
+                registry.register_collector(Box::new(veris_fleet::metrics::Collect::one(
+                    p.watch().clone(),
+                )));
             }
             registry
         }),
         metrics_open: a.metrics_open,
         unrecorded: a.proxy.unrecorded().clone(),
-        publishing: a.publishing.map(crate::runtime::fleet::status_of),
+        publishing: a
+            .publishing
+            .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
         // The checks every live reader runs (`checks::live_checks`), as the
         // proxy's own process can run them: in the transparent tier only the
         // workload's traffic is redirected (the proxy's uid is exempt), so

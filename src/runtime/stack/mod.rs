@@ -97,7 +97,7 @@ pub struct Stack {
     /// Requests the proxy sent to the twin but could not record.
     unrecorded: Arc<veris_proxy::request::recorder::Unrecorded>,
     /// Publishing the ledger to NATS (`--nats`), flushed after the final seal.
-    publisher: Option<veris_fleet::publish::Publisher>,
+    publisher: Option<Arc<crate::runtime::fleet::Publishing>>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -186,8 +186,9 @@ impl Stack {
         let session_seq = append_session(args, &ledger, session)?;
         let publisher = fleet
             .as_ref()
-            .map(|f| crate::runtime::fleet::publish(f, &ledger, &identity.sandbox_id))
-            .transpose()?;
+            .map(|f| crate::runtime::fleet::Publishing::start(f, &ledger, &identity.sandbox_id))
+            .transpose()?
+            .map(Arc::new);
         let twin_base = settings.twin_base.clone();
         let (proxy, capture) = proxy(
             args, settings, twin_auth, &identity, tls, &mut host, &ledger,
@@ -204,7 +205,7 @@ impl Stack {
             sealer: sealer.clone(),
             shutdown: shutdown_rx.clone(),
             metrics_open: args.metrics_open,
-            publishing: publisher.as_ref().map(|p| p.watch()),
+            publishing: publisher.clone(),
         });
         tier.serving(&ledger);
         let unrecorded = proxy.unrecorded().clone();
@@ -328,12 +329,15 @@ impl Stack {
         let mut checks = checks::live_checks(&run, Some(canary), since, head).await;
         checks.extend(more);
         record_checks(&self.ledger, &checks, since, head);
+        if let Some(p) = &self.publisher {
+            p.record_refusal(&self.ledger, since);
+        }
 
         let _ = self.shutdown.send(true);
         let (seal, seal_error) =
             seal_and_stop(self.admin, &self.ledger, self.twin_task, self.tier).await;
         if let Some(p) = self.publisher {
-            if !p.finish(crate::runtime::fleet::FLUSH_GRACE).await {
+            if !p.finish().await {
                 warn!("the ledger's last lines did not reach the NATS stream; the next start on this state dir publishes them");
             }
         }
