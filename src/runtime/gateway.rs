@@ -726,6 +726,7 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         record,
         publishing,
     });
+    expiry_timer(shared, &sandbox);
     if let Err(e) = write_files(shared, &dir, &sandbox.id, &admin_token) {
         close(&sandbox, &shared.sealer).await;
         return Err(e);
@@ -833,6 +834,33 @@ fn seal_timer(
             }
         }
     })
+}
+
+/// When the sandbox's `--ttl` runs out, its open connections are closed
+/// (new ones are refused from then on by the credential check): on every
+/// gateway of a fleet at once, as each holds the same expiry.
+fn expiry_timer(shared: &Shared, sandbox: &Sandbox) {
+    let Some(expires) = sandbox.expires else {
+        return;
+    };
+    let (proxy, cancel, id) = (
+        Arc::downgrade(&sandbox.proxy),
+        shared.cancel.clone(),
+        sandbox.id.clone(),
+    );
+    tokio::spawn(async move {
+        let left = expires
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(left) => {}
+        }
+        if let Some(proxy) = proxy.upgrade() {
+            info!(sandbox = %id, "the sandbox's --ttl ran out; closing its open connections");
+            proxy.shutdown().await;
+        }
+    });
 }
 
 /// The sandbox's dir reads as a live serve's: its part of the admin API

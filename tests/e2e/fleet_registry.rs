@@ -162,6 +162,135 @@ for _ in sys.stdin:
     once()
 "#;
 
+/// argv HOST PORT USER:PASS CAFILE: one CONNECT tunnel to api.stripe.com
+/// (TLS inside, trusting CAFILE), one GET, then another per line read
+/// from stdin; prints `STATUS` per request, or `closed` once the tunnel is
+/// gone.
+const TUNNEL_PY: &str = r#"
+import base64, socket, ssl, sys
+host, port, cred, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+s = socket.create_connection((host, port), timeout=10)
+auth = base64.b64encode(cred.encode()).decode()
+s.sendall(("CONNECT api.stripe.com:443 HTTP/1.1\r\nHost: api.stripe.com:443\r\nProxy-Authorization: Basic " + auth + "\r\n\r\n").encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    b = s.recv(1)
+    if not b:
+        print("closed", flush=True); sys.exit(0)
+    head += b
+if b" 200" not in head.split(b"\r\n")[0]:
+    print("refused", head.split(b"\r\n")[0].decode(), flush=True); sys.exit(0)
+t = ssl.create_default_context(cafile=ca).wrap_socket(s, server_hostname="api.stripe.com")
+f = t.makefile("rb")
+def once():
+    try:
+        t.sendall(b"GET /v1/customers HTTP/1.1\r\nHost: api.stripe.com\r\nAuthorization: Bearer sk_test_x\r\n\r\n")
+        status = f.readline()
+        if not status:
+            raise EOFError()
+        length = 0
+        while True:
+            line = f.readline()
+            if not line:
+                raise EOFError()
+            if line in (b"\r\n", b"\n"):
+                break
+            k, _, v = line.decode().partition(":")
+            if k.strip().lower() == "content-length":
+                length = int(v.strip())
+        f.read(length)
+        print(status.split()[1].decode(), flush=True)
+    except Exception as e:
+        print("closed", type(e).__name__, flush=True)
+        sys.exit(0)
+once()
+for _ in sys.stdin:
+    once()
+"#;
+
+/// Runs [`TUNNEL_PY`] through `gw` as `sandbox`: its first answer, and the
+/// handle to ask again.
+struct Tunnel {
+    child: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Tunnel {
+    fn open(gw: &Gateway, sandbox: &Sandbox) -> (Tunnel, String) {
+        let mut child = command("python3")
+            .args(["-c", TUNNEL_PY, "127.0.0.1", &gw.listen.port().to_string()])
+            .arg(format!("{}:{}", sandbox.username, sandbox.password))
+            .arg(gw.ca())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut t = Tunnel { child, out };
+        let first = t.read();
+        (t, first)
+    }
+
+    fn read(&mut self) -> String {
+        let mut line = String::new();
+        self.out.read_line(&mut line).expect("an answer");
+        line.trim().to_string()
+    }
+
+    /// One more request on the open tunnel: its answer.
+    fn again(&mut self) -> String {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "again").expect("asking again");
+        self.read()
+    }
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A sandbox added on A with `--ttl 3`: its expiry is in the record every
+/// gateway holds, so on B too, once it runs out, new connections are
+/// refused and an open CONNECT tunnel (no credential check per request)
+/// is closed.
+#[test]
+fn a_ttl_expiry_closes_open_tunnels_on_every_gateway() {
+    let Some(nats) = Nats::start() else { return };
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    if !support::tool_works("python3", &["--version"]) {
+        return skip("python3 is not installed");
+    }
+    let mut a = start_gateway("fleetttl-a", &nats, "gwa", &[]);
+    let mut b = start_gateway("fleetttl-b", &nats, "gwb", &[]);
+    let out = a.admin_command(
+        "add-sandbox",
+        &["sbx-t", "--services", "stripe", "--ttl", "3"],
+    );
+    let (stdout, stderr) = support::text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let t = Sandbox::from_url("sbx-t", stdout.lines().last().unwrap_or_default().trim());
+    wait_served(&b, "sbx-t", true);
+    let (mut tunnel, first) = Tunnel::open(&b, &t);
+    assert_eq!(first, "200", "the tunnel through B works within the TTL");
+    b.wait_expired("sbx-t");
+    let answer = wait_for("the tunnel closed", DEADLINE, || {
+        let a = tunnel.again();
+        (a != "200").then_some(a)
+    });
+    assert!(answer.starts_with("closed"), "{answer}");
+    for gw in [&a, &b] {
+        assert_eq!(curl_charges(&url_on(&t, gw, "socks5h"), 1, &gw.ca()), 0);
+    }
+    a.stop();
+    b.stop();
+}
+
 /// Added on A, served by B (a request through B with its credentials is
 /// charged to B's twin and lands in B's ledger for it); removed on B,
 /// refused on A (new connections, and the next request of an open
