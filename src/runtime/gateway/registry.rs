@@ -345,3 +345,54 @@ async fn removed(shared: &Arc<Shared>, id: &str) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::gateway::digest;
+    use veris_receipt::Mode;
+
+    fn good(id: &str) -> Record {
+        Record {
+            v: record::RECORD_VERSION,
+            id: id.into(),
+            password_sha256: record::hex(&digest("pw")),
+            read_token_sha256: record::hex(&digest("tok")),
+            services: vec!["stripe".into()],
+            mode: Mode::Strict,
+            twin: None,
+            limits: record::RecordLimits {
+                max_connections: 8,
+                max_rps: 0,
+                max_bytes_per_sec: 0,
+            },
+            created_ms: 1,
+            expires_ms: None,
+            revoked_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_bucket_entry_is_judged_as_a_record_file_is() {
+        let bytes = |r: &Record| serde_json::to_vec(r).unwrap();
+        assert_eq!(
+            parse("sbx-a", &bytes(&good("sbx-a"))).unwrap(),
+            good("sbx-a")
+        );
+        // Its id must be its key, and the key a sandbox id.
+        assert!(parse("sbx-b", &bytes(&good("sbx-a"))).is_err());
+        assert!(parse("SBX", &bytes(&good("SBX"))).is_err());
+        assert!(parse("a.b", &bytes(&good("a.b"))).is_err());
+        assert!(parse("sbx-a", b"not json").is_err());
+        assert!(parse("sbx-a", b"{\"v\":1}").is_err());
+        let mut v = serde_json::to_value(good("sbx-a")).unwrap();
+        v["admin"] = true.into();
+        assert!(parse("sbx-a", &serde_json::to_vec(&v).unwrap()).is_err());
+        let mut bad = good("sbx-a");
+        bad.password_sha256 = "zz".into();
+        assert!(parse("sbx-a", &bytes(&bad)).is_err());
+        let mut big = serde_json::to_vec(&good("sbx-a")).unwrap();
+        big.extend(std::iter::repeat_n(b' ', record::RECORD_CAP as usize));
+        assert!(parse("sbx-a", &big).is_err());
+    }
+}
