@@ -11,6 +11,8 @@
 //!   `/status` and the metrics show.
 //! - [`read`]: the reader side, for tests and (later) the stream receipt:
 //!   the lines of a subject as the stream holds them.
+//! - [`registry::Registry`]: the fleet's sandbox registry, a key-value
+//!   bucket every gateway writes and follows.
 //!
 //! Message shape: the payload is one or more ledger lines, each with its
 //! `\n`, byte for byte as in the file; headers name the chain
@@ -27,6 +29,7 @@ use async_nats::jetstream::{self, stream};
 pub mod metrics;
 pub mod publish;
 pub mod read;
+pub mod registry;
 
 /// The stream's default name.
 pub const DEFAULT_STREAM: &str = "VERIS_LEDGERS";

@@ -84,6 +84,12 @@ pub struct GatewayArgs {
     /// Every sandbox's ledger to NATS JetStream, as `serve --nats`.
     #[command(flatten)]
     pub nats: crate::runtime::fleet::NatsArgs,
+    /// With --nats: the JetStream key-value bucket that holds the fleet's
+    /// sandboxes (created when missing). Every gateway that names the same
+    /// bucket serves every sandbox in it; one added or removed through any
+    /// of them is added or removed on all.
+    #[arg(long, value_name = "NAME", default_value = veris_fleet::registry::DEFAULT_BUCKET, requires = "nats")]
+    pub nats_registry: String,
 }
 
 #[derive(Args, Debug)]
@@ -303,6 +309,7 @@ async fn serve(args: GatewayArgs) -> Result<u8> {
                 names: args.tls.tls_name,
             }),
         nats: args.nats,
+        registry_bucket: args.nats_registry,
     };
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;

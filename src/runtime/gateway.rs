@@ -34,7 +34,12 @@
 //! With `--nats`, each sandbox's ledger is published from when it is added
 //! or restored until it is removed or the gateway stops (after a last
 //! drain of what the file holds), on `veris.ledger.<sandbox>.<gateway>`
-//! ([`crate::runtime::fleet::Publishing`]).
+//! ([`crate::runtime::fleet::Publishing`]); and the sandboxes are the
+//! fleet's, shared through a key-value bucket ([`registry`]): one added
+//! through any gateway is served by every one, one removed is refused by
+//! every one.
+
+mod registry;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -86,6 +91,8 @@ pub struct GatewayConfig {
     pub tls: Option<crate::runtime::gateway_tls::TlsSettings>,
     /// `--nats`: publish every sandbox's ledger.
     pub nats: crate::runtime::fleet::NatsArgs,
+    /// With `--nats`: the fleet's sandbox registry bucket.
+    pub registry_bucket: String,
 }
 
 /// A sandbox's limits, as its record keeps them.
@@ -117,6 +124,8 @@ struct Shared {
     cancel: CancellationToken,
     /// The NATS connection every sandbox's publisher shares (`--nats`).
     fleet: Option<veris_fleet::Fleet>,
+    /// The fleet's sandbox registry (`--nats`).
+    registry: Option<Arc<registry::Fleet>>,
 }
 
 /// Runs a gateway until `stop` resolves; then every sandbox's ledger gets
@@ -198,6 +207,10 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     .context("writing admin.addr")?;
 
     let sandboxes = Arc::new(Sandboxes::default());
+    let registry = match &fleet {
+        Some(f) => Some(Arc::new(registry::Fleet::new(f, &config.registry_bucket)?)),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         state_dir: state_dir.clone(),
         listen,
@@ -220,10 +233,16 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         admin_token,
         cancel: CancellationToken::new(),
         fleet,
+        registry,
     });
     // Before the first connection is served: a sandbox the platform holds
     // is never refused for having been restarted.
     restore_all(&shared).await;
+    // Then the fleet's: what the bucket says, followed until the stop.
+    let follow = shared
+        .registry
+        .clone()
+        .map(|r| tokio::spawn(registry::follow(shared.clone(), r)));
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = tokio::spawn(serve_admin(admin_listener, shared.clone(), stop_rx.clone()));
     // One cap for both listeners: --max-connections is the gateway's.
@@ -279,6 +298,9 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         let _ = t.await;
     }
     let _ = admin.await;
+    if let Some(f) = follow {
+        let _ = f.await;
+    }
     // Every sandbox drains at once: a stop takes one grace, not one each.
     let all = sandboxes.all();
     futures_util::future::join_all(all.iter().map(|s| close(s, &shared.sealer))).await;
@@ -430,7 +452,8 @@ pub struct Registered {
 /// Registers a sandbox from `POST /sandboxes`: its credentials (the
 /// password only in the answer, its digest in the record), its record
 /// (written before the credentials are answered, so a sandbox the
-/// platform holds survives a restart), then [`start`].
+/// platform holds survives a restart) and, with `--nats`, in the fleet's
+/// registry; then [`start`].
 async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     tier::valid_id(&new.id)?;
     let _reserved = reserve(shared, &new.id)?;
@@ -470,7 +493,12 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     // The sandbox's dir reads as a live serve's: at registration its
     // admin.token is the read token itself.
     let sandbox = start(shared, record, read_token.clone()).await?;
-    let saved = sandbox.record.save(&sandbox_dir(shared, &sandbox.id));
+    // The fleet's first (`--nats`): refused there, refused here.
+    let fleet = match &shared.registry {
+        Some(r) => r.register(&sandbox.record).await,
+        None => Ok(()),
+    };
+    let saved = fleet.and_then(|()| sandbox.record.save(&sandbox_dir(shared, &sandbox.id)));
     if let Err(e) = saved.and_then(|()| shared.sandboxes.insert(sandbox.clone())) {
         close(&sandbox, &shared.sealer).await;
         let _ = std::fs::remove_file(sandbox_dir(shared, &sandbox.id).join(record::RECORD_FILE));
@@ -568,9 +596,11 @@ fn reserve<'a>(shared: &'a Shared, id: &str) -> Result<Reserved<'a>> {
 
 /// Removes `id`: refused from now on, its record rewritten `revoked` (so a
 /// restart never serves it again; deleted when it cannot be rewritten),
-/// then its final seal. None: no such sandbox (or one being added or
-/// removed); Err: its record may bring it back after a restart.
-async fn remove(shared: &Arc<Shared>, id: &str) -> Option<Result<()>> {
+/// then its final seal. With `to_fleet`, revoked in the fleet's registry
+/// too (before its connections drain: every gateway refuses it at once).
+/// None: no such sandbox (or one being added or removed); Err: its record
+/// may bring it back after a restart, or other gateways still serve it.
+async fn remove(shared: &Arc<Shared>, id: &str, to_fleet: bool) -> Option<Result<()>> {
     let _reserved = {
         let mut busy = shared.busy.lock().ok()?;
         // Being added (not registered yet) or being removed: no such sandbox.
@@ -590,8 +620,15 @@ async fn remove(shared: &Arc<Shared>, id: &str) -> Option<Result<()>> {
         std::fs::remove_file(dir.join(record::RECORD_FILE))
             .with_context(|| format!("{e:#}; deleting the record instead"))
     });
+    let fleet = match (&shared.registry, to_fleet) {
+        (Some(r), true) => r.revoke(revoked).await.context(
+            "removed here, but the fleet's registry could not be written: other gateways still serve it. Retried until it is written",
+        ),
+        _ => Ok(()),
+    };
     close(&sandbox, &shared.sealer).await;
-    Some(stored.context("the sandbox is refused now, but its record could not be revoked: a restart would serve it again. Next: delete that file"))
+    let stored = stored.context("the sandbox is refused now, but its record could not be revoked: a restart would serve it again. Next: delete that file");
+    Some(stored.and(fleet))
 }
 
 /// `<state>/sandboxes/<id>`.
@@ -689,6 +726,7 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         record,
         publishing,
     });
+    expiry_timer(shared, &sandbox);
     if let Err(e) = write_files(shared, &dir, &sandbox.id, &admin_token) {
         close(&sandbox, &shared.sealer).await;
         return Err(e);
@@ -796,6 +834,33 @@ fn seal_timer(
             }
         }
     })
+}
+
+/// When the sandbox's `--ttl` runs out, its open connections are closed
+/// (new ones are refused from then on by the credential check): on every
+/// gateway of a fleet at once, as each holds the same expiry.
+fn expiry_timer(shared: &Shared, sandbox: &Sandbox) {
+    let Some(expires) = sandbox.expires else {
+        return;
+    };
+    let (proxy, cancel, id) = (
+        Arc::downgrade(&sandbox.proxy),
+        shared.cancel.clone(),
+        sandbox.id.clone(),
+    );
+    tokio::spawn(async move {
+        let left = expires
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(left) => {}
+        }
+        if let Some(proxy) = proxy.upgrade() {
+            info!(sandbox = %id, "the sandbox's --ttl ran out; closing its open connections");
+            proxy.shutdown().await;
+        }
+    });
 }
 
 /// The sandbox's dir reads as a live serve's: its part of the admin API
@@ -949,6 +1014,7 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                         "name": f.settings().gateway,
                     })),
                     "publishing": publishing,
+                    "registry": shared.registry.as_ref().map(|r| r.status()),
                 }),
             )
         }
@@ -1007,11 +1073,36 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                 ),
             }
         }
-        (Method::DELETE, ["sandboxes", id]) if is_admin => match remove(&shared, id).await {
+        (Method::DELETE, ["sandboxes", id]) if is_admin => match remove(&shared, id, true).await {
             Some(Ok(())) => {
                 info!(sandbox = %id, "sandbox removed");
                 ok_json(StatusCode::OK, json!({"removed": id}))
             }
+            // The fleet's: revoked in its registry (this gateway may not
+            // serve it, or not yet).
+            None => match &shared.registry {
+                Some(r) => match r.remove_unserved(id).await {
+                    Ok(true) => {
+                        info!(sandbox = %id, "sandbox removed from the fleet's registry");
+                        ok_json(StatusCode::OK, json!({"removed": id}))
+                    }
+                    Ok(false) => error(
+                        StatusCode::NOT_FOUND,
+                        "veris_no_such_sandbox",
+                        format!("no sandbox {id:?}"),
+                    ),
+                    Err(e) => error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "veris_sandbox_not_revoked",
+                        format!("{e:#}"),
+                    ),
+                },
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    "veris_no_such_sandbox",
+                    format!("no sandbox {id:?}"),
+                ),
+            },
             Some(Err(e)) => {
                 warn!(sandbox = %id, error = %format!("{e:#}"), "sandbox removed, its record not revoked");
                 error(
@@ -1020,11 +1111,6 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                     format!("{e:#}"),
                 )
             }
-            None => error(
-                StatusCode::NOT_FOUND,
-                "veris_no_such_sandbox",
-                format!("no sandbox {id:?}"),
-            ),
         },
         (_, ["sandboxes", id, tail]) => {
             let Some(sandbox) = shared.sandboxes.get(id) else {

@@ -198,7 +198,7 @@ pub fn load_all(sandboxes: &Path, now: SystemTime) -> Vec<Record> {
 }
 
 /// The record in `dir` (named `name`), none when there is none.
-fn load(dir: &Path, name: &str) -> Result<Option<Record>> {
+pub fn load(dir: &Path, name: &str) -> Result<Option<Record>> {
     let path = dir.join(RECORD_FILE);
     let bytes = match crate::util::read_bounded_bytes(&path, RECORD_CAP, false) {
         Ok(b) => b,

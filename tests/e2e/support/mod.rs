@@ -10,11 +10,12 @@
 //! job: [`netns`] (network namespaces, the transparent tier and its local
 //! origin and fake vendor), [`gateway`] (`veris gateway`, its sandboxes
 //! and receipts, and redsocks as the sandbox platform), [`fake_twin`] (a twin whose request log lies),
-//! [`tmux`] (a private tmux server for the TUI).
+//! [`tmux`] (a private tmux server for the TUI), [`nats`] (a nats-server for the fleet).
 #![allow(dead_code)]
 
 pub mod fake_twin;
 pub mod gateway;
+pub mod nats;
 pub mod netns;
 pub mod tmux;
 
