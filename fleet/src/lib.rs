@@ -27,6 +27,7 @@ use async_nats::jetstream::{self, stream};
 pub mod metrics;
 pub mod publish;
 pub mod read;
+pub mod stream_read;
 
 /// The stream's default name.
 pub const DEFAULT_STREAM: &str = "VERIS_LEDGERS";

@@ -18,7 +18,7 @@ const NAME: &str = "gw1";
 const SUBJECT: &str = "veris.ledger.sbx_local.gw1";
 
 /// A `nats-server -js` on loopback, stopped on drop.
-struct Nats {
+pub(crate) struct Nats {
     dir: TempDir,
     port: u16,
     process: Option<Guard>,
@@ -33,7 +33,7 @@ const SANDBOX_PASSWORD: &str = "sandbox-test-password";
 
 impl Nats {
     /// `None` (after `SKIP`) when nats-server is not installed.
-    fn start() -> Option<Nats> {
+    pub(crate) fn start() -> Option<Nats> {
         if !support::tool_works("nats-server", &["--version"]) {
             skip("nats-server is not installed (apt-get install nats-server)");
             return None;
@@ -91,7 +91,7 @@ impl Nats {
         Some(nats)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
@@ -154,7 +154,7 @@ impl Nats {
     }
 
     /// Every message on `subject`, oldest first.
-    fn messages(&self, subject: &str) -> Vec<veris_fleet::read::Stored> {
+    pub(crate) fn messages(&self, subject: &str) -> Vec<veris_fleet::read::Stored> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -484,7 +484,7 @@ fn gateway_flags(nats: &Nats, name: &str) -> Vec<String> {
     flags
 }
 
-fn start_gateway(label: &str, nats: &Nats, name: &str) -> Gateway {
+pub(crate) fn start_gateway(label: &str, nats: &Nats, name: &str) -> Gateway {
     let flags = gateway_flags(nats, name);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Gateway::start(label, "127.0.0.1:0", &flags)
@@ -498,7 +498,7 @@ fn gateway_publishing(gw: &Gateway, id: &str) -> serde_json::Value {
 }
 
 /// Waits until the gateway's `/status` says every line of `id` is in the stream.
-fn gateway_published(gw: &Gateway, id: &str) -> serde_json::Value {
+pub(crate) fn gateway_published(gw: &Gateway, id: &str) -> serde_json::Value {
     wait_for(
         "the sandbox's ledger published",
         Duration::from_secs(30),

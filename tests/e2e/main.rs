@@ -24,6 +24,7 @@ mod egress_env;
 mod explicit;
 mod faults;
 mod fleet;
+mod fleet_receipt;
 mod forgery;
 mod gateway;
 mod gateway_attacks;
