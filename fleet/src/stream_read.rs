@@ -62,6 +62,9 @@ pub struct SandboxRead {
     /// The stream's last sequence when the read began: a checkpoint stored
     /// after it was written after the reader started.
     pub start_seq: u64,
+    /// The stream's last sequence once the checkpoints were read: the
+    /// lines are read up to it.
+    pub end_seq: u64,
     /// Per gateway name (the last token of the subject).
     pub gateways: BTreeMap<String, GatewayChain>,
     pub messages: u64,
@@ -169,10 +172,34 @@ impl Reader {
         }
     }
 
-    /// Everything the stream holds of `sandbox`. With `wait`, first waits
-    /// up to that long for every gateway to store a checkpoint after the
-    /// read began (a live gateway seals its new lines every second).
+    /// Everything the stream holds of `sandbox`, its lines in memory.
     pub async fn sandbox(&mut self, sandbox: &str, wait: Duration) -> Result<SandboxRead, String> {
+        let mut out = self.prepare(sandbox, wait).await?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let (read, ()) = tokio::join!(self.read_lines(sandbox, out.end_seq, tx), async {
+            while let Some((gw, chunk)) = rx.recv().await {
+                out.gateways
+                    .entry(gw)
+                    .or_insert_with_key(|gw| GatewayChain {
+                        gateway: gw.clone(),
+                        ..GatewayChain::default()
+                    })
+                    .chunks
+                    .push(chunk);
+            }
+        });
+        let (messages, bytes) = read?;
+        out.messages = messages;
+        out.bytes = bytes;
+        Ok(out)
+    }
+
+    /// The first part of a read of `sandbox`: the stream's position, the
+    /// gateways and their checkpoints; [`Reader::read_lines`] then reads
+    /// the lines up to `end_seq`. With `wait`, first waits up to that long
+    /// for every gateway to store a checkpoint after the read began (a
+    /// live gateway seals its new lines every second).
+    pub async fn prepare(&mut self, sandbox: &str, wait: Duration) -> Result<SandboxRead, String> {
         crate::check_token("the sandbox id", sandbox).map_err(|e| e.to_string())?;
         let start_seq = self.last_seq().await?;
         let mut out = SandboxRead {
@@ -217,33 +244,38 @@ impl Reader {
                 })
                 .checkpoint = c;
         }
-        if out.gateways.is_empty() || end == 0 {
-            return Ok(out);
-        }
-        self.read_lines(sandbox, end, &mut out).await?;
+        out.end_seq = if out.gateways.is_empty() { 0 } else { end };
         Ok(out)
     }
 
     /// The messages of `veris.ledger.<sandbox>.*` up to stream sequence
-    /// `end`, by an ordered consumer.
-    async fn read_lines(
+    /// `end`, by an ordered consumer, each sent to `tx` with the gateway
+    /// its subject names, in stream order. Returns the messages and bytes read.
+    pub async fn read_lines(
         &self,
         sandbox: &str,
         end: u64,
-        out: &mut SandboxRead,
-    ) -> Result<(), String> {
+        tx: tokio::sync::mpsc::Sender<(String, Chunk)>,
+    ) -> Result<(u64, u64), String> {
+        let (mut count, mut bytes) = (0, 0);
+        if end == 0 {
+            return Ok((0, 0));
+        }
         let filter = ledger_subject(sandbox, "*");
         let consumer = self
             .stream
             .create_consumer(OrderedConfig {
                 filter_subject: filter.clone(),
                 deliver_policy: DeliverPolicy::All,
+                // Messages per pull: up to 256 KiB each, so at most 8 MiB
+                // in flight, which keeps the reader's memory flat.
+                max_batch: 32,
                 ..Default::default()
             })
             .await
             .map_err(|e| format!("reading {filter}: {e}"))?;
         if consumer.cached_info().num_pending == 0 {
-            return Ok(());
+            return Ok((0, 0));
         }
         let mut messages = consumer
             .messages()
@@ -264,7 +296,7 @@ impl Reader {
                 (info.stream_sequence, info.pending)
             };
             if stream_seq > end {
-                return Ok(());
+                return Ok((count, bytes));
             }
             let header = |n: &str| {
                 m.headers
@@ -286,18 +318,13 @@ impl Reader {
                 last: header(HEADER_LAST).parse().unwrap_or(0),
                 payload: m.message.payload.clone(),
             };
-            out.messages += 1;
-            out.bytes += chunk.payload.len() as u64;
-            out.gateways
-                .entry(gateway.clone())
-                .or_insert_with(|| GatewayChain {
-                    gateway,
-                    ..GatewayChain::default()
-                })
-                .chunks
-                .push(chunk);
+            count += 1;
+            bytes += chunk.payload.len() as u64;
+            if tx.send((gateway, chunk)).await.is_err() {
+                return Err(format!("reading {filter}: the reader stopped"));
+            }
             if pending == 0 || stream_seq >= end {
-                return Ok(());
+                return Ok((count, bytes));
             }
         }
     }

@@ -19,12 +19,14 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::Args;
-use veris_fleet::stream_read::{GatewayChain, Reader, SandboxRead};
+use veris_fleet::stream_read::{Checkpoint, Chunk, GatewayChain, Reader, SandboxRead};
 use veris_receipt::entry::{Entry, Line};
 use veris_receipt::ledger::{line_hash, SealInfo};
 use veris_receipt::receipt::{
@@ -123,6 +125,7 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
         bail!("--nats reads one sandbox's receipt: name it with --sandbox ID");
     };
     crate::tier::gateway::valid_id(sandbox)?;
+    let sandbox = sandbox.as_str();
     let reqs = args.require.parse()?;
     let pin = pins(&args.window.key)?;
     let mut reader = Reader::connect(url, s.nats_creds.as_deref(), &s.nats_stream)
@@ -130,11 +133,6 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
         .map_err(anyhow::Error::msg)
         .context("reading the receipt from NATS (--nats). Next: check the URL, --nats-creds and --nats-stream")?;
     let wait = Duration::from_secs_f64(s.nats_wait.clamp(0.0, 600.0));
-    let read = reader
-        .sandbox(sandbox, wait)
-        .await
-        .map_err(anyhow::Error::msg)
-        .context("reading the sandbox's ledgers from the stream")?;
     let options = Options {
         scope: if args.window.all {
             WindowSpec::All
@@ -145,15 +143,49 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
         pinned_key_file: pin.as_ref().and_then(|p| p.key_file.clone()),
         ..Options::default()
     };
-    let sandbox = sandbox.clone();
     let stream = reader.stream_name().to_string();
-    let (merged, section) = tokio::task::spawn_blocking(move || {
-        let parts = fold_all(&read, &sandbox, pin.as_ref(), &options);
-        let section = section(&stream, &sandbox, &read, &parts);
-        (merge(parts, &sandbox), section)
-    })
-    .await
-    .context("folding the stream's chains")?;
+    let failed =
+        |e: String| anyhow::anyhow!(e).context("reading the sandbox's ledgers from the stream");
+    // Folded as the lines arrive, one thread per gateway.
+    let mut read = reader.prepare(sandbox, wait).await.map_err(failed)?;
+    let cx = Arc::new(Ctx {
+        start_seq: read.start_seq,
+        sandbox: sandbox.to_string(),
+        pin: pin.clone(),
+        options: options.clone(),
+        gateways: read.gateways.clone(),
+    });
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let folding = {
+        let cx = cx.clone();
+        tokio::task::spawn_blocking(move || dispatch(rx, &cx))
+    };
+    let lines = reader.read_lines(sandbox, read.end_seq, tx).await;
+    let streamed = folding.await.context("folding the stream's chains")?;
+    (read.messages, read.bytes) = lines.map_err(failed)?;
+    let parts = match streamed {
+        Some(parts) => parts,
+        // A later session offered a pinned key the fold did not know at
+        // its start (a gateway restarted): read again, all in memory.
+        None => {
+            read = reader.sandbox(sandbox, wait).await.map_err(failed)?;
+            let cx = Arc::new(Ctx {
+                start_seq: read.start_seq,
+                gateways: BTreeMap::new(),
+                ..Arc::unwrap_or_clone(cx)
+            });
+            let read = read.clone();
+            tokio::task::spawn_blocking(move || fold_all(&read, &cx))
+                .await
+                .context("folding the stream's chains")?
+        }
+    };
+    let (merged, section) = {
+        let mut parts = parts;
+        dedupe(&mut parts);
+        let section = section(&stream, sandbox, &read, &parts);
+        (merge(parts, sandbox), section)
+    };
     let mut report = judge(merged, &reqs, args.require.allow_empty);
     let (text, json) = section;
     report.text = match report.text.find("\nFAIL: ") {
@@ -164,21 +196,178 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
     Ok(report)
 }
 
-/// Folds every gateway's chain, one thread each.
-fn fold_all(read: &SandboxRead, sandbox: &str, pin: Option<&Pin>, options: &Options) -> Vec<Part> {
-    let mut parts: Vec<Part> = std::thread::scope(|s| {
+/// What every gateway's fold shares.
+#[derive(Clone)]
+struct Ctx {
+    start_seq: u64,
+    sandbox: String,
+    pin: Option<Pin>,
+    options: Options,
+    /// The gateways and checkpoints the read's first part found.
+    gateways: BTreeMap<String, GatewayChain>,
+}
+
+/// Folds each gateway's lines as they arrive from `rx`, one thread per
+/// gateway; `None` when one must be folded again knowing all its keys.
+fn dispatch(mut rx: tokio::sync::mpsc::Receiver<(String, Chunk)>, cx: &Ctx) -> Option<Vec<Part>> {
+    let results: Vec<(Part, bool)> = std::thread::scope(|s| {
+        let mut feeds = BTreeMap::new();
+        while let Some((gw, chunk)) = rx.blocking_recv() {
+            let (tx, _) = feeds.entry(gw.clone()).or_insert_with(|| {
+                let (tx, rx) = sync_channel::<Chunk>(16);
+                let checkpoint = cx.gateways.get(&gw).and_then(|g| g.checkpoint.clone());
+                let handle = s.spawn(move || fold_feed(&gw, checkpoint.as_ref(), rx, cx));
+                (tx, handle)
+            });
+            // A fold that ended early dropped its receiver: nothing to do.
+            let _ = tx.send(chunk);
+        }
+        let mut out: Vec<(Part, bool)> = feeds
+            .into_values()
+            .map(|(tx, handle)| {
+                drop(tx);
+                handle
+                    .join()
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+            })
+            .collect();
+        // Gateways with a checkpoint and no line in the stream.
+        for (gw, chain) in &cx.gateways {
+            if !out.iter().any(|(p, _)| &p.gateway == gw) {
+                let empty = Chunks {
+                    rest: Vec::new().into_iter(),
+                    cur: Bytes::new(),
+                };
+                let (part, _) = fold(gw, chain.checkpoint.as_ref(), u64::MAX, 0, empty, &[], cx);
+                out.push((part, false));
+            }
+        }
+        out
+    });
+    if results.iter().any(|(_, again)| *again) {
+        return None;
+    }
+    let mut parts: Vec<Part> = results.into_iter().map(|(p, _)| p).collect();
+    parts.sort_by(|a, b| a.gateway.cmp(&b.gateway));
+    Some(parts)
+}
+
+/// A [`Read`] over one chain's messages as they arrive; a message of
+/// another chain (another `Veris-Ledger`) ends it and waits in `next`.
+struct Feed {
+    rx: Receiver<Chunk>,
+    id: String,
+    cur: Bytes,
+    next: Option<Chunk>,
+}
+
+impl Read for Feed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.recv() {
+                Ok(c) if c.ledger_id == self.id => self.cur = c.payload,
+                Ok(c) => {
+                    self.next = Some(c);
+                    return Ok(0);
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        self.cur = self.cur.slice(n..);
+        Ok(n)
+    }
+}
+
+/// Folds the newest chain a gateway's messages hold, as they arrive. The
+/// keys a pin selects come from the chain's first message (its session
+/// line); `true` when a later session line offered another pinned key.
+fn fold_feed(
+    gw: &str,
+    checkpoint: Option<&Checkpoint>,
+    rx: Receiver<Chunk>,
+    cx: &Ctx,
+) -> (Part, bool) {
+    let Ok(mut first) = rx.recv() else {
+        let empty = Chunks {
+            rest: Vec::new().into_iter(),
+            cur: Bytes::new(),
+        };
+        return (fold(gw, checkpoint, u64::MAX, 0, empty, &[], cx).0, false);
+    };
+    let first_stream_seq = first.stream_seq;
+    let mut feed = Feed {
+        rx,
+        id: String::new(),
+        cur: Bytes::new(),
+        next: None,
+    };
+    let mut older = 0;
+    loop {
+        let offered = offered(std::slice::from_ref(&first.payload));
+        feed.id = first.ledger_id.clone();
+        feed.cur = first.payload.clone();
+        let (part, seen) = fold(
+            gw,
+            checkpoint,
+            first_stream_seq,
+            older,
+            &mut feed,
+            &offered,
+            cx,
+        );
+        if let Some(next) = feed.next.take() {
+            older += 1;
+            first = next;
+            continue;
+        }
+        let again = cx.pin.as_ref().is_some_and(|pin| {
+            let all: Vec<String> = offered.iter().chain(seen.iter()).cloned().collect();
+            offered_keys(pin, &all, None).keys.len() > offered_keys(pin, &offered, None).keys.len()
+        });
+        return (part, again);
+    }
+}
+
+/// Folds every gateway's chain read into memory, one thread each.
+fn fold_all(read: &SandboxRead, cx: &Ctx) -> Vec<Part> {
+    std::thread::scope(|s| {
         let handles: Vec<_> = read
             .gateways
             .values()
-            .map(|chain| s.spawn(move || fold(chain, read.start_seq, sandbox, pin, options)))
+            .map(|chain| {
+                s.spawn(move || {
+                    let (payloads, older) = newest_chain(chain);
+                    let offered = offered(&payloads);
+                    let reader = Chunks {
+                        rest: payloads.into_iter(),
+                        cur: Bytes::new(),
+                    };
+                    let first = chain.chunks.first().map_or(u64::MAX, |c| c.stream_seq);
+                    fold(
+                        &chain.gateway,
+                        chain.checkpoint.as_ref(),
+                        first,
+                        older,
+                        reader,
+                        &offered,
+                        cx,
+                    )
+                    .0
+                })
+            })
             .collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .collect()
-    });
-    // One chain under two gateway names counts once: where the stream
-    // stored it first (a copy is published later).
+    })
+}
+
+/// One chain under two gateway names counts once: where the stream stored
+/// it first (a copy is published later).
+fn dedupe(parts: &mut [Part]) {
     let mut order: Vec<usize> = (0..parts.len()).collect();
     order.sort_by_key(|&i| parts[i].first_stream_seq);
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
@@ -198,7 +387,6 @@ fn fold_all(read: &SandboxRead, sandbox: &str, pin: Option<&Pin>, options: &Opti
             seen.insert(h, p.gateway.clone());
         }
     }
-    parts
 }
 
 /// The payloads of the subject's newest chain (by `Veris-Ledger`, a hint:
@@ -288,25 +476,28 @@ fn checkpoint_seal(line: &[u8]) -> Option<SealInfo> {
     })
 }
 
+/// Folds one chain from `reader` with the receipt crate's [`receipt::Builder`]:
+/// the part and the public keys its session lines offered.
+#[allow(clippy::too_many_arguments)]
 fn fold(
-    chain: &GatewayChain,
-    start_seq: u64,
-    sandbox: &str,
-    pin: Option<&Pin>,
-    base: &Options,
-) -> Part {
-    let (payloads, older_chains) = newest_chain(chain);
-    let mut options = base.clone();
+    gateway: &str,
+    checkpoint: Option<&Checkpoint>,
+    first_stream_seq: u64,
+    older_chains: usize,
+    reader: impl Read + Send,
+    offered: &[String],
+    cx: &Ctx,
+) -> (Part, Vec<String>) {
+    let (start_seq, sandbox) = (cx.start_seq, cx.sandbox.as_str());
+    let mut options = cx.options.clone();
     // The checkpoint anchors the part when it was stored after this read
     // began and a pinned key made it.
-    let fresh = chain
-        .checkpoint
-        .as_ref()
+    let fresh = checkpoint
         .filter(|c| c.stream_seq > start_seq)
         .and_then(|c| checkpoint_seal(&c.line));
     let mut anchored_by_checkpoint = false;
-    if let Some(pin) = pin {
-        let keys = offered_keys(pin, &offered(&payloads), None);
+    if let Some(pin) = &cx.pin {
+        let keys = offered_keys(pin, offered, None);
         let live = fresh
             .as_ref()
             .and_then(|seal| Some((seal, keys.find(&seal.key_id)?)));
@@ -314,6 +505,13 @@ fn fold(
             Some((seal, key)) => {
                 anchored_by_checkpoint = true;
                 options.until = Some(seal.seq);
+                // The gateway records its twin cross-check before its
+                // final seal; nothing the stream holds can stand in for it.
+                options.external_checks.push(check(
+                    "twin_cross_check",
+                    CheckStatus::Unverified,
+                    "the sandbox is live: its gateway records the twin cross-check before its final seal, and a reader of the stream cannot run it. Next: read again once the gateway closed the sandbox",
+                ));
                 Anchor::Live {
                     seal: seal.clone(),
                     public_key: veris_receipt::hash::hex(&key.raw),
@@ -323,21 +521,15 @@ fn fold(
             None => Anchor::Pinned(keys),
         };
     }
+    let mut seen_keys = Vec::new();
     let mut b = receipt::Builder::new(&options);
     let mut times = Vec::new();
     let mut first_hash = None;
     let mut seqs: Option<(u64, u64)> = None;
     let mut last_line: Option<Line> = None;
     // The line at the checkpoint's seq and its hash.
-    let cp = chain
-        .checkpoint
-        .as_ref()
-        .and_then(|c| Some((checkpoint_seal(&c.line)?.seq, line_hash(&c.line))));
+    let cp = checkpoint.and_then(|c| Some((checkpoint_seal(&c.line)?.seq, line_hash(&c.line))));
     let mut at_checkpoint: Option<bool> = None;
-    let reader = Chunks {
-        rest: payloads.into_iter(),
-        cur: Bytes::new(),
-    };
     let read = veris_receipt::ledger::scan(
         reader,
         veris_receipt::ledger::PROBLEM_CAP,
@@ -347,6 +539,9 @@ fn fold(
                 first_hash = Some(hash.to_string());
             }
             seqs = Some((seqs.map_or(line.seq, |s| s.0), line.seq));
+            if let Entry::Session(s) = &line.entry {
+                seen_keys.extend(s.public_key.clone());
+            }
             if let Entry::Request(_) = &line.entry {
                 let mut ts = [0u8; 24];
                 let n = line.ts.len().min(24);
@@ -366,7 +561,7 @@ fn fold(
     times.sort_unstable_by_key(|t| t.0);
     let last_seq = seqs.map_or(0, |s| s.1);
     let complete = complete_check(
-        chain,
+        checkpoint,
         start_seq,
         last_line.as_ref(),
         last_seq,
@@ -383,7 +578,7 @@ fn fold(
             stream_checks.push(check(
                 "sandbox",
                 CheckStatus::Failed,
-                format!("the chain on {} is sandbox {id}'s (its session line says so), not {sandbox}'s: it does not count for this one", veris_fleet::ledger_subject(sandbox, &chain.gateway)),
+                format!("the chain on {} is sandbox {id}'s (its session line says so), not {sandbox}'s: it does not count for this one", veris_fleet::ledger_subject(sandbox, gateway)),
             ));
         }
         None if seqs.is_some() => {
@@ -395,8 +590,8 @@ fn fold(
         }
         None => {}
     }
-    Part {
-        gateway: chain.gateway.clone(),
+    let part = Part {
+        gateway: gateway.to_string(),
         receipt,
         times,
         first_hash,
@@ -405,13 +600,14 @@ fn fold(
         stream_checks,
         older_chains,
         counts,
-        first_stream_seq: chain.chunks.first().map_or(u64::MAX, |c| c.stream_seq),
-    }
+        first_stream_seq,
+    };
+    (part, seen_keys)
 }
 
 /// Is the gateway's chain in the stream complete?
 fn complete_check(
-    chain: &GatewayChain,
+    checkpoint_msg: Option<&Checkpoint>,
     start_seq: u64,
     last: Option<&Line>,
     last_seq: u64,
@@ -453,8 +649,7 @@ fn complete_check(
             format!("the chain ends in the gateway's final seal at seq {last_seq}"),
         );
     }
-    let cp = chain.checkpoint.as_ref();
-    match (cp, checkpoint) {
+    match (checkpoint_msg, checkpoint) {
         (Some(c), Some(s)) if c.stream_seq > start_seq && anchored => check(
             name,
             CheckStatus::Ok,

@@ -478,7 +478,7 @@ fn moved_complete_lines(moved: &Path, dir: &TempDir) -> PathBuf {
     out
 }
 
-fn gateway_flags(nats: &Nats, name: &str) -> Vec<String> {
+pub(crate) fn gateway_flags(nats: &Nats, name: &str) -> Vec<String> {
     let mut flags = serve_flags(nats);
     flags[5] = name.into();
     flags

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::fleet::{gateway_published, start_gateway, Nats};
+use crate::fleet::{gateway_flags, gateway_published, start_gateway, Nats};
 use crate::support::gateway::{curl_charges, probe_canary, Gateway};
 use crate::support::{self, output, skip, text};
 
@@ -27,6 +27,18 @@ fn stream_receipt(nats: &Nats, id: &str, keys: &[&str]) -> Value {
             out.status
         )
     })
+}
+
+/// [`stream_receipt`] with more arguments.
+fn stream_receipt_with(nats: &Nats, id: &str, keys: &[&str], more: &[&str]) -> Value {
+    let mut cmd = support::veris(["receipt", "--json", "--nats", &nats.url(), "--sandbox", id]);
+    for k in keys {
+        cmd.args(["--key", k]);
+    }
+    let out = output(cmd.args(more));
+    let (stdout, stderr) = text(&out);
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("receipt --nats {more:?} is not JSON ({e}): {stdout}{stderr}"))
 }
 
 /// `veris receipt --state-dir S --sandbox ID --json --key K` of a stopped gateway.
@@ -359,4 +371,100 @@ fn stream_receipt_of_an_altered_stream_is_never_verified() {
             assert_eq!(check(&r, &format!("{gw}: {c}")).0, "ok", "{c}");
         }
     }
+}
+
+/// A live gateway: its sandbox's chain in the stream has no final seal, so
+/// it is complete only when the gateway's checkpoint was stored after the
+/// read began (`--nats-wait`, while the sandbox makes calls): then, with
+/// its key pinned and a canary probe, every check holds, its window ending
+/// at that checkpoint, but the twin cross-check (only the gateway runs
+/// it, at its final seal); read after the calls stopped, the chain is not
+/// complete. After a restart (a new seal key, a new session in the
+/// same chain) the latest session verifies with the new key alone, the
+/// whole chain only with both keys.
+#[test]
+fn a_live_gateway_chain_is_complete_only_with_a_fresh_checkpoint() {
+    let Some(nats) = Nats::start() else { return };
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let id = "sbx-live";
+    let mut gw = start_gateway("fleet-live", &nats, "gw1");
+    let k1 = seal_key(&gw);
+    let sbx = gw.add_sandbox(id, "stripe");
+    probe_canary(&sbx.url("socks5h"), &gw.ca());
+    charge(&gw, &sbx, 2);
+    gateway_published(&gw, id);
+
+    let r = stream_receipt(&nats, id, &[&k1]);
+    let (st, detail) = check(&r, "gw1: complete");
+    assert_eq!(st, "unverified", "{detail}");
+    assert!(detail.contains("not newer than this read"), "{detail}");
+    assert_ne!(status(&r), "verified", "{}", r["integrity"]);
+
+    // Calls while the reader waits for a checkpoint newer than its start.
+    let mut cmd = support::veris([
+        "receipt",
+        "--json",
+        "--nats",
+        &nats.url(),
+        "--sandbox",
+        id,
+        "--key",
+        &k1,
+        "--nats-wait",
+        "30",
+    ]);
+    let dir = support::TempDir::new("fleet-live-receipt");
+    let out_file = dir.join("receipt.json");
+    let mut guard = support::Guard::spawn(
+        cmd.stdout(std::fs::File::create(&out_file).expect("stdout file"))
+            .stderr(std::fs::File::create(dir.join("stderr")).expect("stderr file")),
+    );
+    // Bounded: the receipt waits at most 30 s, a charge takes well under 1 s.
+    for _ in 0..100 {
+        if let Ok(Some(_)) = guard.child().try_wait() {
+            break;
+        }
+        charge(&gw, &sbx, 1);
+    }
+    guard.wait();
+    let stdout = std::fs::read_to_string(&out_file).unwrap_or_default();
+    let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    let r: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("receipt --nats-wait is not JSON ({e}): {stdout}{stderr}"));
+    let (st, detail) = check(&r, "gw1: complete");
+    assert_eq!(st, "ok", "{detail}");
+    assert!(detail.contains("stored after this read began"), "{detail}");
+    for c in ["chain", "seals", "canary"] {
+        let (st, detail) = check(&r, &format!("gw1: {c}"));
+        assert_eq!(st, "ok", "{c}: {detail}");
+    }
+    // The one check only the gateway can run, at its final seal.
+    let (st, detail) = check(&r, "gw1: twin_cross_check");
+    assert_eq!(st, "unverified", "{detail}");
+    assert!(detail.contains("the sandbox is live"), "{detail}");
+    assert_eq!(status(&r), "unverified", "{}", r["integrity"]);
+    assert!(requests(&r) >= 3, "{r}");
+
+    // Restarted: a new key seals the new session of the same chain.
+    let flags = gateway_flags(&nats, "gw1");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    gw.restart(&flags);
+    let k2 = seal_key(&gw);
+    assert_ne!(k1, k2, "a new seal key at each start");
+    charge(&gw, &sbx, 2);
+    gateway_published(&gw, id);
+    gw.stop();
+    let latest = stream_receipt(&nats, id, &[&k2]);
+    assert_eq!(requests(&latest), 2, "{latest}");
+    for c in ["chain", "seals", "complete"] {
+        let (st, detail) = check(&latest, &format!("gw1: {c}"));
+        assert_eq!(st, "ok", "latest session, {c}: {detail}");
+    }
+    let all = stream_receipt_with(&nats, id, &[&k1, &k2], &["--all"]);
+    assert_eq!(check(&all, "gw1: seals").0, "ok", "{}", all["integrity"]);
+    let half = stream_receipt_with(&nats, id, &[&k2], &["--all"]);
+    assert_ne!(check(&half, "gw1: seals").0, "ok", "{}", half["integrity"]);
+    assert_ne!(status(&half), "verified");
 }
