@@ -90,7 +90,7 @@ fn rate(n: u64, d: Duration) -> String {
 /// are what the writer would write (same encoding, `prev` hashes and
 /// signatures), written straight to the file: a million in a few seconds.
 /// Returns the key id.
-fn generate(dir: &Path, lines: u64) -> String {
+pub(crate) fn generate(dir: &Path, lines: u64) -> String {
     use std::io::Write;
     use veris_receipt::entry::{Line, GENESIS_PREV, LEDGER_VERSION};
     use veris_receipt::ledger::{encode, line_hash, now_rfc3339};
@@ -129,7 +129,7 @@ fn generate(dir: &Path, lines: u64) -> String {
 
 /// Runs a command and returns its wall time and peak RSS in KiB (from
 /// `/usr/bin/time -f %M`), and its stdout.
-fn timed(cmd: &mut Command) -> (Duration, u64, String) {
+pub(crate) fn timed(cmd: &mut Command) -> (Duration, u64, String) {
     let start = Instant::now();
     let out = cmd.output().expect("runs");
     let wall = start.elapsed();
@@ -211,16 +211,7 @@ pub fn main(args: &[String]) {
         .and_then(|i| args.get(i + 1))
         .cloned();
     let wanted = |part: &str| only.as_deref().is_none_or(|o| o == part);
-    let bin = std::env::var_os("VERIS_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/veris")
-        });
-    assert!(
-        bin.is_file(),
-        "no {}: cargo build --release first",
-        bin.display()
-    );
+    let bin = veris_bin();
     let root = std::env::temp_dir().join(format!("veris-bench-ledger-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).expect("temp dir");
@@ -250,8 +241,23 @@ pub fn main(args: &[String]) {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// The release binary: `$VERIS_BIN`, else `target/release/veris`.
+pub(crate) fn veris_bin() -> PathBuf {
+    let bin = std::env::var_os("VERIS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/veris")
+        });
+    assert!(
+        bin.is_file(),
+        "no {}: cargo build --release first",
+        bin.display()
+    );
+    bin
+}
+
 /// `figure (target: ...)` with a verdict.
-fn versus(met: bool, target: &str) -> String {
+pub(crate) fn versus(met: bool, target: &str) -> String {
     format!("(target {target}: {})", if met { "met" } else { "NOT met" })
 }
 

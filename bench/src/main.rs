@@ -1,11 +1,12 @@
 //! `veris-bench`: prints figures, asserts nothing (BENCHMARKS.md).
 //!
-//!     cargo build --release && cargo run --release -p veris-bench -- [proxy|ledger|gateway|all] [ARGS]
+//!     cargo build --release && cargo run --release -p veris-bench -- [proxy|ledger|gateway|stream|all] [ARGS]
 //!
 //! `proxy` runs veris against direct and peer proxies (`proxy.rs`; `--help`
 //! for its flags), `ledger` the ledger at scale (`ledger.rs`), `all` both;
 //! `gateway` one `veris gateway` serving many sandboxes against `veris
-//! serve` (`gateway.rs`).
+//! serve` (`gateway.rs`); `stream` the receipt from a NATS stream of a
+//! big sandbox ledger (`stream.rs`).
 
 // Prints figures, not veris: a failed unwrap or expect ends the run with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,6 +18,7 @@ mod peers;
 mod procstat;
 mod proxy;
 mod report;
+mod stream;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -25,6 +27,7 @@ fn main() {
     let ok = match what.as_str() {
         "proxy" => proxy::main(&rest),
         "gateway" => gateway::main(&rest),
+        "stream" => stream::main(&rest),
         "ledger" => {
             ledger::main(&rest);
             true
@@ -37,7 +40,7 @@ fn main() {
         }
         other => {
             eprintln!(
-                "veris-bench: unknown scenario group {other:?} (proxy, ledger, gateway, all)"
+                "veris-bench: unknown scenario group {other:?} (proxy, ledger, gateway, stream, all)"
             );
             false
         }

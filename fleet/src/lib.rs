@@ -1,7 +1,8 @@
-//! The fleet's shared storage on NATS JetStream (DESIGN §14). This crate's
-//! one job so far: publish every committed ledger line of every sandbox,
-//! seals included, to a stream, off the request path, with the local file
-//! as the source of truth and the spool.
+//! The fleet's shared storage on NATS JetStream (DESIGN §14): every
+//! committed ledger line of every sandbox, seals included, published to a
+//! stream off the request path (the local file stays the source of truth
+//! and the spool), read back for receipts, and the sandbox registry the
+//! gateways share.
 //!
 //! - [`Fleet`]: one connection per veris process (a `serve` or a gateway);
 //!   it creates the stream when it is missing ([`Limits`]).
@@ -9,8 +10,10 @@
 //!   `veris.ledger.<sandbox>.<gateway>` and its seal lines on
 //!   `veris.checkpoint.<sandbox>.<gateway>`; its [`publish::State`] is what
 //!   `/status` and the metrics show.
-//! - [`read`]: the reader side, for tests and (later) the stream receipt:
-//!   the lines of a subject as the stream holds them.
+//! - [`stream_read`]: one sandbox's chains, per gateway, and their latest
+//!   checkpoints, read with an ordered consumer (the stream receipt's input).
+//! - [`read`]: a subject's messages one by one, as the stream holds them
+//!   (tests compare them with the ledger file).
 //! - [`registry::Registry`]: the fleet's sandbox registry, a key-value
 //!   bucket every gateway writes and follows.
 //!
@@ -30,6 +33,7 @@ pub mod metrics;
 pub mod publish;
 pub mod read;
 pub mod registry;
+pub mod stream_read;
 
 /// The stream's default name.
 pub const DEFAULT_STREAM: &str = "VERIS_LEDGERS";

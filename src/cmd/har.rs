@@ -41,6 +41,7 @@ pub async fn har(args: HarArgs) -> Result<u8> {
             allow_empty: true,
             ..RequireArgs::default()
         },
+        stream: Default::default(),
     };
     // One pass over the file for both: the HAR holds exactly the lines the
     // receipt's verdict was reached on, whatever happens to the file after.

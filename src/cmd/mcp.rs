@@ -288,7 +288,7 @@ impl Veris {
                 ledger: None,
                 since: p.since,
                 all: p.all,
-                key: self.key.clone(),
+                key: self.key.clone().into_iter().collect(),
                 service: p.service,
                 sandbox: p.sandbox,
             },
@@ -301,6 +301,7 @@ impl Veris {
                 allow_empty: p.allow_empty,
                 require_verified: p.require_verified,
             },
+            stream: Default::default(),
         };
         let report = match crate::runtime::receipt::build(&args).await {
             Ok(report) => report,

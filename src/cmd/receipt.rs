@@ -31,7 +31,17 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
 /// verdict lines on stderr, where they still reach a person.
 fn print(args: &ReceiptArgs, report: &Report) -> Result<()> {
     if args.json {
-        crate::outln!("{}", serde_json::to_string_pretty(&report.receipt)?);
+        match &report.stream {
+            // From the stream: the receipt and what the stream held.
+            Some(stream) => {
+                let mut json = serde_json::to_value(&report.receipt)?;
+                if let Some(o) = json.as_object_mut() {
+                    o.insert("stream".into(), stream.clone());
+                }
+                crate::outln!("{}", serde_json::to_string_pretty(&json)?);
+            }
+            None => crate::outln!("{}", serde_json::to_string_pretty(&report.receipt)?),
+        }
         for line in report.text.lines().filter(|l| l.starts_with("FAIL: ")) {
             eprintln!("{line}");
         }

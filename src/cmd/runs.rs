@@ -124,6 +124,7 @@ async fn entry(state_dir: &std::path::Path, r: &RunInfo) -> Value {
         json: true,
         junit: None,
         require: RequireArgs::default(),
+        stream: Default::default(),
     };
     match crate::runtime::receipt::build(&args).await {
         Ok(report) => {

@@ -142,6 +142,7 @@ fn state_dir_receipt(state_dir: Option<PathBuf>, sandbox: Option<String>) -> Rec
             json: false,
             junit: None,
             require: Default::default(),
+            stream: Default::default(),
         };
         Box::pin(async move {
             crate::runtime::receipt::build(&args)

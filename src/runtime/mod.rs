@@ -12,3 +12,4 @@ pub mod ledgers;
 pub mod live;
 pub mod receipt;
 pub mod stack;
+pub mod stream_receipt;

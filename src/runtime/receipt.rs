@@ -91,8 +91,9 @@ pub struct WindowArgs {
     /// line: every session seals with a key of its own) or `ed25519 <hex>`
     /// lines. Needed for `verified` offline; `ledger.pub` beside the ledger
     /// is never trusted for it.
+    /// Repeatable: a gateway seals with a new key at each start.
     #[arg(long, value_name = "FINGERPRINT|FILE")]
-    pub key: Option<String>,
+    pub key: Vec<String>,
     /// Only this service.
     #[arg(long, value_name = "NAME")]
     pub service: Option<String>,
@@ -129,6 +130,8 @@ pub struct ReceiptArgs {
     pub junit: Option<PathBuf>,
     #[command(flatten)]
     pub require: RequireArgs,
+    #[command(flatten)]
+    pub stream: crate::runtime::stream_receipt::StreamArgs,
 }
 
 /// A built receipt and the verdict on it.
@@ -140,6 +143,9 @@ pub struct Report {
     pub verdict: receipt::Verdict,
     /// The ledger it was built from, when a state dir was read.
     pub source: Option<crate::runtime::ledgers::Source>,
+    /// Read from the stream (`--nats`): what the stream held, per gateway
+    /// (the JSON receipt's `stream`).
+    pub stream: Option<serde_json::Value>,
 }
 
 /// Builds, renders and judges a receipt. The verdict lines follow the text.
@@ -175,6 +181,7 @@ pub fn judge(receipt: Receipt, reqs: &[Requirement], allow_empty: bool) -> Repor
         exit_code: u8::try_from(verdict.exit_code).unwrap_or(3),
         verdict,
         source: None,
+        stream: None,
     }
 }
 
@@ -192,15 +199,15 @@ pub async fn build_with(
     args: &ReceiptArgs,
     visit: impl FnMut(&Line, &receipt::Builder<'_>),
 ) -> Result<Report> {
+    if args.stream.nats.is_some() {
+        return crate::runtime::stream_receipt::build(args).await;
+    }
     let reqs = args.require.parse()?;
     let baseline = match &args.window.since {
         Some(t) => Some(Baseline::parse(t)?),
         None => None,
     };
-    let mut pin = match &args.window.key {
-        Some(k) => Some(parse_pin(k)?),
-        None => None,
-    };
+    let mut pin = crate::runtime::stream_receipt::pins(&args.window.key)?;
     let state_dir = args.window.state_dir()?;
     // A live serve for this state dir makes the full set of checks possible.
     let discovery = match (&args.window.ledger, &args.window.run) {

@@ -317,13 +317,13 @@ fn moved_complete_lines(moved: &Path, dir: &TempDir) -> PathBuf {
     out
 }
 
-fn gateway_flags(nats: &Nats, name: &str) -> Vec<String> {
+pub(crate) fn gateway_flags(nats: &Nats, name: &str) -> Vec<String> {
     let mut flags = serve_flags(nats);
     flags[5] = name.into();
     flags
 }
 
-fn start_gateway(label: &str, nats: &Nats, name: &str) -> Gateway {
+pub(crate) fn start_gateway(label: &str, nats: &Nats, name: &str) -> Gateway {
     let flags = gateway_flags(nats, name);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Gateway::start(label, "127.0.0.1:0", &flags)
@@ -337,7 +337,7 @@ fn gateway_publishing(gw: &Gateway, id: &str) -> serde_json::Value {
 }
 
 /// Waits until the gateway's `/status` says every line of `id` is in the stream.
-fn gateway_published(gw: &Gateway, id: &str) -> serde_json::Value {
+pub(crate) fn gateway_published(gw: &Gateway, id: &str) -> serde_json::Value {
     wait_for(
         "the sandbox's ledger published",
         Duration::from_secs(30),
