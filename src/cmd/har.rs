@@ -50,6 +50,9 @@ pub async fn har(args: HarArgs) -> Result<u8> {
         har.line(line, fold.window_so_far())
     })
     .await?;
+    if let Some(note) = report.note() {
+        eprintln!("{note}");
+    }
     let mut har = har.finish(&report.receipt);
     if let Some(dir) = &args.bodies {
         har.attach_bodies(dir);

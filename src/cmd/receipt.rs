@@ -8,7 +8,12 @@ use crate::runtime::receipt::{build, ReceiptArgs, Report};
 pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
     let junit = crate::runtime::junit::Junit::start(args.junit.as_deref(), "veris receipt")?;
     let result = match build(&args).await {
-        Ok(report) => print(&args, &report).map(|()| report),
+        Ok(report) => {
+            if let Some(note) = report.note() {
+                eprintln!("{note}");
+            }
+            print(&args, &report).map(|()| report)
+        }
         Err(e) => Err(e),
     };
     match (junit, result) {

@@ -148,6 +148,15 @@ pub struct Report {
     pub stream: Option<serde_json::Value>,
 }
 
+impl Report {
+    /// A line for stderr naming what was read when the reader did not name
+    /// it (the newest of several runs). Printed by the commands, never by
+    /// the TUI, whose screen stderr would overwrite.
+    pub fn note(&self) -> Option<String> {
+        self.source.as_ref().and_then(|s| s.note())
+    }
+}
+
 /// Builds, renders and judges a receipt. The verdict lines follow the text.
 pub fn report(
     read: &LedgerRead,
@@ -221,9 +230,6 @@ pub async fn build_with(
         args.window.run.as_deref(),
         serve_live,
     )?;
-    if let Some(note) = source.note() {
-        eprintln!("{note}");
-    }
     let path = source.path().to_path_buf();
     if let Some(pin) = pin.as_mut() {
         note_key_beside(pin, &path);

@@ -25,11 +25,16 @@ fn tui_shows_a_request_made_through_veris_run() {
     // The shell records the exit status: tmux 3.3 sometimes leaves a pane's
     // exited process unreaped, with no status to report.
     let status_file = dir.path().join("tui.status");
+    // Its stderr kept apart: nothing may write there while the TUI owns
+    // the screen (a note such as `veris receipt`'s naming the newest run
+    // would land on it).
+    let stderr = dir.path().join("tui.stderr");
     tmux.respawn(&format!(
-        "{} tui --state-dir {} --log-file {}; echo $? > {}",
+        "{} tui --state-dir {} --log-file {} 2> {}; echo $? > {}",
         sh_quote(&bin().display().to_string()),
         sh_quote(&state.display().to_string()),
         sh_quote(&log.display().to_string()),
+        sh_quote(&stderr.display().to_string()),
         sh_quote(&status_file.display().to_string()),
     ));
     tmux.wait_screen("the TUI to start", TUI_DEADLINE, |s| {
@@ -74,6 +79,13 @@ fn tui_shows_a_request_made_through_veris_run() {
         s.lines()
             .any(|l| l.contains("stripe") && l.contains("1 req"))
     });
+    // Nothing but the TUI writes on its screen (a note on stderr, such as
+    // the one `veris receipt` prints naming the newest run, would).
+    let screen = tmux.capture();
+    assert!(
+        !screen.contains("veris: "),
+        "stderr on the screen:\n{screen}"
+    );
 
     // The detail pane of the selected (newest) request.
     tmux.keys(&[
@@ -125,6 +137,8 @@ fn tui_shows_a_request_made_through_veris_run() {
         log_text.contains("tui starting"),
         "logs went to the file: {log_text}"
     );
+    let stray = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(stray.is_empty(), "written to stderr under the TUI: {stray}");
 }
 
 #[test]
