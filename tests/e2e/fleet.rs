@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::gateway::{curl_charges, Gateway};
-use crate::support::nats::{Nats, SANDBOX_PASSWORD};
+use crate::support::nats::{with_js, Nats, SANDBOX_PASSWORD};
 use crate::support::{self, http, skip, wait_for, Serve, TempDir, DEADLINE};
 
 const NAME: &str = "gw1";
@@ -427,24 +427,7 @@ fn gateway_publishes_each_sandbox_ledger_on_its_own_subject() {
 /// Publishes `payload` to `subject` through JetStream at `url` as whoever
 /// the URL names; the server's acknowledgement, or why there was none.
 fn publish_raw(url: &str, subject: &str, payload: &'static str) -> Result<u64, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let addr: async_nats::ServerAddr = url.parse().map_err(|e| format!("{url}: {e}"))?;
-        let mut options =
-            async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
-        if let (Some(user), Some(pass)) = (addr.username(), addr.password()) {
-            options = options.user_and_password(user.into(), pass.into());
-        }
-        let client = options
-            .connect(url)
-            .await
-            .map_err(|e| format!("connecting: {e}"))?;
-        let js = async_nats::jetstream::ContextBuilder::new()
-            .timeout(Duration::from_secs(2))
-            .build(client);
+    with_js(url, async |js| {
         let ack = js
             .publish(subject.to_string(), payload.into())
             .await
@@ -452,7 +435,7 @@ fn publish_raw(url: &str, subject: &str, payload: &'static str) -> Result<u64, S
             .await
             .map_err(|e| format!("no acknowledgement: {e}"))?;
         Ok(ack.sequence)
-    })
+    })?
 }
 
 /// The last `veris_publish_*` sample of `name` for `subject` in `metrics`.
@@ -618,13 +601,7 @@ fn gateway_publishes_with_its_nkey_and_a_sandbox_user_cannot_publish() {
 
 /// Sets the stream's `max_bytes` (an operator making room).
 fn set_stream_max_bytes(nats: &Nats, max_bytes: i64) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let client = async_nats::connect(nats.url()).await.expect("connecting");
-        let js = async_nats::jetstream::new(client);
+    with_js(&nats.url(), async |js| {
         let mut stream = js
             .get_stream(veris_fleet::DEFAULT_STREAM)
             .await
@@ -632,7 +609,8 @@ fn set_stream_max_bytes(nats: &Nats, max_bytes: i64) {
         let mut config = stream.info().await.expect("stream info").config.clone();
         config.max_bytes = max_bytes;
         js.update_stream(config).await.expect("updating the stream");
-    });
+    })
+    .expect("connecting");
 }
 
 /// The `publish` check lines of a ledger file: (status, detail).

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::fleet::{gateway_flags, gateway_published, start_gateway};
 use crate::support::gateway::{curl_charges, probe_canary, Gateway};
-use crate::support::nats::Nats;
+use crate::support::nats::{with_js, Nats};
 use crate::support::{self, output, skip, text};
 
 /// `veris receipt --nats URL --sandbox ID --json --key K…`, parsed.
@@ -201,22 +201,9 @@ fn two_gateways_one_stream_receipt_is_the_merge_of_the_local_ones() {
     }
 }
 
-/// Runs `f` with a JetStream context on `nats`.
-fn with_js<T>(nats: &Nats, f: impl AsyncFnOnce(async_nats::jetstream::Context) -> T) -> T {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let client = async_nats::connect(nats.url()).await.expect("connecting");
-        let js = async_nats::jetstream::new(client);
-        f(js).await
-    })
-}
-
 /// Deletes stream messages (`$JS.API.STREAM.MSG.DELETE`), as an operator can.
 fn delete(nats: &Nats, seqs: &[u64]) {
-    with_js(nats, async |js| {
+    with_js(&nats.url(), async |js| {
         let stream = js
             .get_stream(veris_fleet::DEFAULT_STREAM)
             .await
@@ -224,12 +211,13 @@ fn delete(nats: &Nats, seqs: &[u64]) {
         for s in seqs {
             stream.delete_message(*s).await.expect("deleting a message");
         }
-    });
+    })
+    .expect("connecting");
 }
 
 /// Publishes `payload` on `subject` with veris's headers for lines `first..=last`.
 fn publish(nats: &Nats, subject: &str, payload: Vec<u8>, ledger: &str, first: u64, last: u64) {
-    with_js(nats, async |js| {
+    with_js(&nats.url(), async |js| {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(veris_fleet::HEADER_LEDGER, ledger);
         headers.insert(veris_fleet::HEADER_FIRST, first.to_string().as_str());
@@ -239,7 +227,8 @@ fn publish(nats: &Nats, subject: &str, payload: Vec<u8>, ledger: &str, first: u6
             .expect("publishing")
             .await
             .expect("acknowledged");
-    });
+    })
+    .expect("connecting");
 }
 
 /// What someone with write access to the stream can do to a sandbox's

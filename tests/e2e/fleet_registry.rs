@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::gateway::{charges, curl_charges, Gateway, Sandbox};
-use crate::support::nats::{Nats, READER_PASSWORD, SANDBOX_PASSWORD};
+use crate::support::nats::{with_js, Nats, READER_PASSWORD, SANDBOX_PASSWORD};
 use crate::support::{self, command, skip, wait_for, DEADLINE};
 
 const BUCKET: &str = "VERIS_SANDBOXES";
@@ -75,34 +75,6 @@ fn url_on(sandbox: &Sandbox, gw: &Gateway, scheme: &str) -> String {
         "{scheme}://{}:{}@{}",
         sandbox.username, sandbox.password, gw.listen
     )
-}
-
-/// A NATS client as whoever `url` names (`nats://USER:PASS@…`), or with
-/// `seed`'s nkey, running `f` on the registry bucket's JetStream context.
-fn with_js<T>(
-    url: &str,
-    f: impl AsyncFnOnce(async_nats::jetstream::Context) -> T,
-) -> Result<T, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let addr: async_nats::ServerAddr = url.parse().map_err(|e| format!("{url}: {e}"))?;
-        let mut options =
-            async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
-        if let (Some(user), Some(pass)) = (addr.username(), addr.password()) {
-            options = options.user_and_password(user.into(), pass.into());
-        }
-        let client = options
-            .connect(url)
-            .await
-            .map_err(|e| format!("connecting: {e}"))?;
-        let js = async_nats::jetstream::ContextBuilder::new()
-            .timeout(Duration::from_secs(2))
-            .build(client);
-        Ok(f(js).await)
-    })
 }
 
 /// Puts `value` under `key` in the registry bucket as `url`'s user: the

@@ -6,6 +6,7 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use super::{skip, wait_for, Guard, TempDir, DEADLINE};
 
@@ -168,4 +169,32 @@ impl Drop for Nats {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A NATS client as whoever `url` names (`nats://USER:PASS@…`), or with
+/// no credentials, running `f` on a JetStream context.
+pub fn with_js<T>(
+    url: &str,
+    f: impl AsyncFnOnce(async_nats::jetstream::Context) -> T,
+) -> Result<T, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let addr: async_nats::ServerAddr = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let mut options =
+            async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
+        if let (Some(user), Some(pass)) = (addr.username(), addr.password()) {
+            options = options.user_and_password(user.into(), pass.into());
+        }
+        let client = options
+            .connect(url)
+            .await
+            .map_err(|e| format!("connecting: {e}"))?;
+        let js = async_nats::jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(2))
+            .build(client);
+        Ok(f(js).await)
+    })
 }
