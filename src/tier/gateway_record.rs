@@ -212,29 +212,31 @@ pub fn load(dir: &Path, name: &str) -> Result<Option<Record>> {
     Ok(Some(record))
 }
 
+/// A well-formed record for tests (password `pw`, read token `tok`).
+#[cfg(test)]
+pub(crate) fn sample(id: &str) -> Record {
+    Record {
+        v: RECORD_VERSION,
+        id: id.into(),
+        password_sha256: hex(&super::gateway::digest("pw")),
+        read_token_sha256: hex(&super::gateway::digest("tok")),
+        services: vec!["stripe".into()],
+        mode: Mode::Strict,
+        twin: None,
+        limits: RecordLimits {
+            max_connections: 8,
+            max_rps: 0,
+            max_bytes_per_sec: 0,
+        },
+        created_ms: 1,
+        expires_ms: None,
+        revoked_ms: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(id: &str) -> Record {
-        Record {
-            v: RECORD_VERSION,
-            id: id.into(),
-            password_sha256: hex(&super::super::gateway::digest("pw")),
-            read_token_sha256: hex(&super::super::gateway::digest("tok")),
-            services: vec!["stripe".into()],
-            mode: Mode::Strict,
-            twin: None,
-            limits: RecordLimits {
-                max_connections: 8,
-                max_rps: 0,
-                max_bytes_per_sec: 0,
-            },
-            created_ms: 1,
-            expires_ms: None,
-            revoked_ms: None,
-        }
-    }
 
     #[test]
     fn digests_round_trip_through_hex() {
@@ -246,10 +248,10 @@ mod tests {
 
     #[test]
     fn a_record_must_name_its_own_directory() {
-        assert!(record("sbx-a").check("sbx-a").is_ok());
-        assert!(record("sbx-a").check("sbx-b").is_err());
-        assert!(record("../x").check("../x").is_err());
-        let mut bad = record("sbx-a");
+        assert!(sample("sbx-a").check("sbx-a").is_ok());
+        assert!(sample("sbx-a").check("sbx-b").is_err());
+        assert!(sample("../x").check("../x").is_err());
+        let mut bad = sample("sbx-a");
         bad.password_sha256 = "zz".into();
         assert!(bad.check("sbx-a").is_err());
     }

@@ -349,28 +349,8 @@ async fn removed(shared: &Arc<Shared>, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tier::gateway::digest;
-    use veris_receipt::Mode;
 
-    fn good(id: &str) -> Record {
-        Record {
-            v: record::RECORD_VERSION,
-            id: id.into(),
-            password_sha256: record::hex(&digest("pw")),
-            read_token_sha256: record::hex(&digest("tok")),
-            services: vec!["stripe".into()],
-            mode: Mode::Strict,
-            twin: None,
-            limits: record::RecordLimits {
-                max_connections: 8,
-                max_rps: 0,
-                max_bytes_per_sec: 0,
-            },
-            created_ms: 1,
-            expires_ms: None,
-            revoked_ms: None,
-        }
-    }
+    use crate::tier::gateway_record::sample as good;
 
     #[test]
     fn a_bucket_entry_is_judged_as_a_record_file_is() {
