@@ -526,10 +526,15 @@ async fn measure(
             .map(|t| t.unwrap_or_default())
     };
     let mut before = [Duration::ZERO; 3];
-    let result = load::keep_alive(conns, requests, limit, || before = snapshot())
-        .await
-        .with_context(|| format!("keep-alive on {path}"))?;
+    let mut counted = procstat::Activity::default();
+    let result = load::keep_alive(conns, requests, limit, || {
+        before = snapshot();
+        counted = procstat::activity(pid);
+    })
+    .await
+    .with_context(|| format!("keep-alive on {path}"))?;
     let after = snapshot();
+    let counts = procstat::activity(pid).since(&counted);
     tally.add(&result);
     let per_request = |i: usize| {
         let spent = after[i].checked_sub(before[i])?;
@@ -544,7 +549,7 @@ async fn measure(
     };
     let us = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.0}"));
     println!(
-        "  {path:<8} {:>7} req in {:>5.2} s: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms; CPU µs/req proxy {}, twin {}, client {}{}",
+        "  {path:<8} {:>7} req in {:>5.2} s: {:>7.0} req/s, p50 {:.2} ms, p99 {:.2} ms; CPU µs/req proxy {}, twin {}, client {}{}{}",
         result.answered,
         result.elapsed.as_secs_f64(),
         sample.per_second,
@@ -553,12 +558,28 @@ async fn measure(
         us(sample.proxy_cpu_us),
         us(per_request(1)),
         us(per_request(2)),
+        activity_per_request(&counts, result.answered),
         match (result.not_ok, result.errors) {
             (0, 0) => String::new(),
             (n, e) => format!(" [{n} not 200, {e} errors]"),
         }
     );
     Ok(sample)
+}
+
+/// The proxy's kernel share per request: system CPU µs, context switches
+/// and read/write syscalls (counts, steadier than time on a busy machine).
+fn activity_per_request(a: &procstat::Activity, answered: u64) -> String {
+    if answered == 0 {
+        return String::new();
+    }
+    let n = answered as f64;
+    format!(
+        "; proxy per req: sys {:.0} µs, {:.2} switches, {:.2} r/w syscalls",
+        a.system.as_secs_f64() * 1e6 / n,
+        a.switches as f64 / n,
+        a.io_calls as f64 / n
+    )
 }
 
 /// RSS (KiB) and threads with 0, 100 and `n` idle sandboxes registered.

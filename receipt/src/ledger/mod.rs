@@ -434,6 +434,25 @@ mod tests {
             .count()
     }
 
+    /// The nice value of this process's thread named `name` (field 19 of
+    /// its `stat`, counted after the command name's closing parenthesis).
+    fn thread_nice(name: &str) -> Option<i64> {
+        let name = &name[..name.len().min(15)];
+        std::fs::read_dir("/proc/self/task").ok()?.find_map(|t| {
+            let path = t.ok()?.path();
+            let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+            if comm.trim() != name {
+                return None;
+            }
+            let stat = std::fs::read_to_string(path.join("stat")).ok()?;
+            stat[stat.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(16)?
+                .parse()
+                .ok()
+        })
+    }
+
     #[test]
     fn many_ledgers_share_one_sync_thread_and_a_closed_one_reopens_at_once() {
         let dir = TempDir::new();
@@ -446,6 +465,15 @@ mod tests {
         }
         // One sync thread for the process (other tests' ledgers share it).
         assert_eq!(threads_named("veris-ledger-sync"), 1);
+        // At the lowest priority, so its wakeups do not preempt the workers
+        // answering requests (it sets it first thing: wait for it, bounded).
+        let nice = (0..200)
+            .map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                thread_nice("veris-ledger-sync")
+            })
+            .find(|n| *n == Some(19));
+        assert_eq!(nice, Some(Some(19)), "the sync thread's nice");
         // Closed while its file waits for a round: the sync thread keeps
         // no handle (nor the file's lock) of it, so it opens again at once.
         let path = ledgers[0].path().to_path_buf();

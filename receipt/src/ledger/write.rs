@@ -235,7 +235,10 @@ impl Syncer {
         if !q.running {
             std::thread::Builder::new()
                 .name("veris-ledger-sync".into())
-                .spawn(move || self.run())?;
+                .spawn(move || {
+                    background_priority();
+                    self.run()
+                })?;
             q.running = true;
         }
         Ok(())
@@ -281,6 +284,21 @@ impl Syncer {
             }
             std::thread::sleep(pause);
         }
+    }
+}
+
+/// Gives the calling thread the lowest priority (nice 19). The sync thread
+/// wakes several times per fsync (each block write it waits for), hundreds
+/// of times a second in a gateway; at the workers' priority each wakeup
+/// preempted a worker in the middle of a request (the gateway's workers
+/// were switched out twice as often as serve's). At nice 19 the scheduler
+/// lets it wait for a free moment; it needs little CPU, and its rounds are
+/// paced by its own pause, not by how fast it is scheduled. A failure (a
+/// sandbox forbidding it) only leaves the thread as it was.
+fn background_priority() {
+    let me = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(me), 19) {
+        tracing::debug!(error = %e, "the ledger sync thread keeps its priority");
     }
 }
 
