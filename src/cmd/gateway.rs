@@ -79,6 +79,14 @@ pub struct GatewayArgs {
     /// veris cannot know.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub sandbox_bytes_per_sec: u64,
+    /// The interception CA, from a dir holding `veris-ca.pem` and
+    /// `veris-ca-key.pem` (0600): every gateway of a fleet names the same CA
+    /// (a mounted secret), so a sandbox trusts one file whichever gateway it
+    /// reaches. Read only, never created or replaced: a gateway refuses to
+    /// start when it is missing or unusable [default: STATE/ca, created on
+    /// the first start].
+    #[arg(long, value_name = "DIR")]
+    pub ca_dir: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// Every sandbox's ledger to NATS JetStream, as `serve --nats`.
@@ -291,6 +299,7 @@ async fn serve(args: GatewayArgs) -> Result<u8> {
         listen: args.listen,
         admin: args.admin,
         ready_file: args.ready_file,
+        ca_dir: args.ca_dir,
         twin: args.twin,
         mode: args.mode.into(),
         allow_dial,

@@ -81,6 +81,8 @@ pub struct GatewayConfig {
     pub listen: String,
     pub admin: String,
     pub ready_file: Option<PathBuf>,
+    /// `--ca-dir`: a CA shared by a fleet, loaded only (else STATE/ca).
+    pub ca_dir: Option<PathBuf>,
     pub twin: Option<String>,
     pub mode: Mode,
     pub allow_dial: Vec<veris_proxy::outbound::policy::Cidr>,
@@ -93,6 +95,26 @@ pub struct GatewayConfig {
     pub nats: crate::runtime::fleet::NatsArgs,
     /// With `--nats`: the fleet's sandbox registry bucket.
     pub registry_bucket: String,
+}
+
+/// The gateway's interception CA: the fleet's shared one (`--ca-dir`),
+/// which a gateway must never replace with one of its own (its sandboxes
+/// trust only the shared file), else its state dir's, made on first start.
+fn load_ca(state_dir: &Path, shared: Option<&Path>) -> Result<CertificateAuthority> {
+    match shared {
+        Some(dir) => CertificateAuthority::load(dir).with_context(|| {
+            format!(
+                "loading the fleet's CA from --ca-dir {}. Next: put the fleet's veris-ca.pem and veris-ca-key.pem (0600, owned by this user) there, e.g. copied from the first gateway's STATE/ca",
+                dir.display()
+            )
+        }),
+        None => {
+            let dir = state_dir.join("ca");
+            let (ca, _) = CertificateAuthority::load_or_create(&dir)
+                .with_context(|| format!("loading the CA in {}", dir.display()))?;
+            Ok(ca)
+        }
+    }
 }
 
 /// A sandbox's limits, as its record keeps them.
@@ -149,10 +171,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
             (url, Some(task), Some(credential))
         }
     };
-    let ca_dir = state_dir.join("ca");
-    let (ca, _) = CertificateAuthority::load_or_create(&ca_dir)
-        .with_context(|| format!("loading the CA in {}", ca_dir.display()))?;
-    let ca = Arc::new(ca);
+    let ca = Arc::new(load_ca(&state_dir, config.ca_dir.as_deref())?);
     let system_bundle = veris_ca::trust::find_system_bundle(
         std::env::var_os("VERIS_SYSTEM_CA_BUNDLE")
             .as_deref()

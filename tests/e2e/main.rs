@@ -29,6 +29,7 @@ mod fleet_registry;
 mod forgery;
 mod gateway;
 mod gateway_attacks;
+mod gateway_ca;
 mod gateway_cap;
 mod gateway_inside;
 mod gateway_java;
