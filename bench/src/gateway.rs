@@ -43,7 +43,7 @@ use crate::procstat;
 
 const USAGE: &str = "\
 veris-bench gateway [--quick] [--rounds R] [--requests N] [--seconds S] [--sandboxes N]
-                    [--conns N] [--idle N] [--adds N] [--markdown]
+                    [--conns N] [--idle N] [--adds N] [--nats] [--markdown]
 
   --quick         small counts, one round (a smoke run)
   --rounds R      rounds of serve and gateway runs, interleaved [3]
@@ -53,6 +53,10 @@ veris-bench gateway [--quick] [--rounds R] [--requests N] [--seconds S] [--sandb
   --conns N       keep-alive connections per sandbox (serve gets N × sandboxes) [4]
   --idle N        idle sandboxes registered for the memory figure [1000; 0: skip]
   --adds N        add → first request measurements [50; 0: skip]
+  --nats          a third path: a gateway publishing to NATS JetStream
+                  (`--nats`, a nats-server started here): its added latency
+                  and CPU against the same gateway without it, how far
+                  publishing lags under the load, how long it takes to drain
   --markdown      print the summary as BENCHMARKS.md's table
 
 Needs target/release/veris (cargo build --release) or $VERIS_BIN.";
@@ -65,6 +69,7 @@ struct Options {
     conns: usize,
     idle: usize,
     adds: usize,
+    nats: bool,
     markdown: bool,
 }
 
@@ -77,6 +82,7 @@ fn parse(args: &[String]) -> Result<Options> {
         conns: 4,
         idle: 1000,
         adds: 50,
+        nats: false,
         markdown: false,
     };
     let mut it = args.iter();
@@ -103,6 +109,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--conns" => o.conns = value("--conns")?.clamp(1, 1000) as usize,
             "--idle" => o.idle = value("--idle")?.min(5000) as usize,
             "--adds" => o.adds = value("--adds")?.min(1000) as usize,
+            "--nats" => o.nats = true,
             "--markdown" => o.markdown = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -220,6 +227,7 @@ impl Gateway {
         twin_state: &Path,
         twin: &Twin,
         per_sandbox: usize,
+        extra: &[&str],
     ) -> Result<Gateway> {
         let state = dir.join(name);
         let ca = state.join("ca");
@@ -243,6 +251,7 @@ impl Gateway {
             .arg(per_sandbox.max(256).to_string())
             .arg("--ready-file")
             .arg(&ready)
+            .args(extra)
             .env("VERIS_LOG", "warn");
         let mut child = Child::spawn(name, cmd, dir.join(format!("{name}.log")))?;
         child.drain_stdout();
@@ -290,6 +299,28 @@ impl Gateway {
             (Some(u), Some(p)) => Ok((u.to_string(), p.to_string())),
             _ => bail!("adding sandbox {id}: no username or password in {json}"),
         }
+    }
+
+    /// Lines written to its sandboxes' ledgers and not yet in the NATS
+    /// stream, summed over its publishers (`veris_publish_lag_lines` of
+    /// its `/metrics`).
+    async fn publish_lag(&self) -> Result<u64> {
+        let req =
+            veris_admin_client::Request::new("GET", "/metrics", &self.admin).bearer(&self.token);
+        let answer = veris_admin_client::within(&self.admin, Duration::from_secs(10), async {
+            let tcp = veris_admin_client::connect(&self.admin).await?;
+            veris_admin_client::exchange(tcp, &self.admin, &req, 16 << 20).await
+        })
+        .await?;
+        if answer.status != 200 {
+            bail!("GET /metrics: {}", answer.status);
+        }
+        let text = String::from_utf8_lossy(&answer.body);
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("veris_publish_lag_lines{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum())
     }
 
     /// `request` lines over every sandbox's ledger.
@@ -340,7 +371,23 @@ async fn run(o: Options) -> Result<()> {
     let state = work.0.join("state");
     let twin = peers::start_twin(&bin, &state, &work.0)?;
     let serve = peers::start_veris(&bin, &state, &work.0, &twin)?;
-    let gateway = Gateway::start(&bin, &work.0, "gateway", &state, &twin, o.conns)?;
+    let gateway = Gateway::start(&bin, &work.0, "gateway", &state, &twin, o.conns, &[])?;
+    let nats = match o.nats {
+        true => {
+            let (server, url) = peers::start_nats(&work.0)?;
+            let published = Gateway::start(
+                &bin,
+                &work.0,
+                "gateway-nats",
+                &state,
+                &twin,
+                o.conns,
+                &["--nats", &url],
+            )?;
+            Some((server, published))
+        }
+        false => None,
+    };
     let total = o.sandboxes * o.conns;
     println!("veris-bench gateway: {}", crate::proxy::machine());
     println!(
@@ -373,7 +420,16 @@ async fn run(o: Options) -> Result<()> {
         o.sandboxes,
         started.elapsed().as_secs_f64()
     );
+    let mut published_sandboxes = Vec::new();
+    if let Some((_, published)) = &nats {
+        let base = Endpoint::proxied(published.addr, &published.ca, false)?;
+        for i in 0..o.sandboxes {
+            let (user, password) = published.add(&format!("load-{i:04}")).await?;
+            published_sandboxes.push(base.via_socks5(published.addr, &user, &password));
+        }
+    }
     let (mut serve_tally, mut gateway_tally) = (Tally::default(), Tally::default());
+    let mut nats_tally = Tally::default();
     serve_endpoint.warm_up().await.context("warming up serve")?;
     serve_tally.answered += 41;
     for (i, sandbox) in sandboxes.iter().enumerate() {
@@ -383,39 +439,93 @@ async fn run(o: Options) -> Result<()> {
             .with_context(|| format!("warming up sandbox {i} of the gateway"))?;
         gateway_tally.answered += 41;
     }
+    for (i, sandbox) in published_sandboxes.iter().enumerate() {
+        sandbox
+            .warm_up()
+            .await
+            .with_context(|| format!("warming up sandbox {i} of the publishing gateway"))?;
+        nats_tally.answered += 41;
+    }
     let serve_conns = vec![serve_endpoint.clone(); total];
     let gateway_conns: Vec<Endpoint> = sandboxes
+        .iter()
+        .flat_map(|s| std::iter::repeat_n(s.clone(), o.conns))
+        .collect();
+    let published_conns: Vec<Endpoint> = published_sandboxes
         .iter()
         .flat_map(|s| std::iter::repeat_n(s.clone(), o.conns))
         .collect();
 
     let limit = Duration::from_secs(o.seconds);
     let mut samples = Vec::new();
+    let mut lags = Vec::new();
     for round in 1..=o.rounds {
         println!("\nround {round}/{}", o.rounds);
-        // Who goes first alternates: neither always runs on a warmer machine.
-        let mut order = [
+        // Who goes first rotates: none always runs on a warmer machine.
+        let mut order = vec![
             ("serve", serve.child.pid()),
             ("gateway", gateway.child.pid()),
         ];
-        if round % 2 == 0 {
-            order.reverse();
+        if let Some((_, published)) = &nats {
+            order.push((NATS_PATH, published.child.pid()));
         }
+        let turn = (round - 1) % order.len();
+        order.rotate_left(turn);
         for (path, pid) in order {
-            let (conns, tally) = match path {
-                "serve" => (&serve_conns, &mut serve_tally),
-                _ => (&gateway_conns, &mut gateway_tally),
+            let sample = match (path, &nats) {
+                ("serve", _) => {
+                    measure(
+                        path,
+                        &serve_conns,
+                        pid,
+                        &twin,
+                        o.requests,
+                        limit,
+                        &mut serve_tally,
+                    )
+                    .await?
+                }
+                (NATS_PATH, Some((server, published))) => {
+                    let (sample, lag) = measure_publishing(
+                        published,
+                        server.pid(),
+                        &published_conns,
+                        &twin,
+                        o.requests,
+                        limit,
+                        &mut nats_tally,
+                    )
+                    .await?;
+                    lags.push(lag);
+                    sample
+                }
+                _ => {
+                    measure(
+                        path,
+                        &gateway_conns,
+                        pid,
+                        &twin,
+                        o.requests,
+                        limit,
+                        &mut gateway_tally,
+                    )
+                    .await?
+                }
             };
-            let sample = measure(path, conns, pid, &twin, o.requests, limit, tally).await?;
             samples.push(sample);
         }
     }
 
     println!("\nafter the load:");
-    for (name, pid) in [
+    let mut pids = vec![
         ("serve", serve.child.pid()),
         ("gateway", gateway.child.pid()),
-    ] {
+    ];
+    if let Some((server, published)) = &nats {
+        pids.push((NATS_PATH, published.child.pid()));
+        pids.push(("nats-server", server.pid()));
+    }
+    for (name, pid) in pids {
         println!(
             "  {name:<8} peak RSS {:.1} MB, RSS {:.1} MB, {} threads",
             procstat::peak_rss_kib(pid).unwrap_or(0) as f64 / 1024.0,
@@ -434,7 +544,12 @@ async fn run(o: Options) -> Result<()> {
                 .map(crate::proxy::count_request_lines),
         ),
         ("gateway", &gateway_tally, Some(gateway.request_lines())),
-    ] {
+    ]
+    .into_iter()
+    .chain(
+        nats.as_ref()
+            .map(|(_, published)| (NATS_PATH, &nats_tally, Some(published.request_lines()))),
+    ) {
         let verdict = if tally.not_ok == 0 && tally.errors == 0 {
             "every answer 200".to_string()
         } else {
@@ -467,9 +582,10 @@ async fn run(o: Options) -> Result<()> {
     drop((serve_conns, gateway_conns));
     drop(gateway);
     drop(serve);
+    drop((published_sandboxes, published_conns, nats));
 
     let idle = if o.idle > 0 || o.adds > 0 {
-        let fresh = Gateway::start(&bin, &work.0, "gateway-idle", &state, &twin, 0)?;
+        let fresh = Gateway::start(&bin, &work.0, "gateway-idle", &state, &twin, 0, &[])?;
         let memory = if o.idle > 0 {
             Some(idle_memory(&fresh, o.idle).await?)
         } else {
@@ -488,10 +604,10 @@ async fn run(o: Options) -> Result<()> {
     println!("load average at the end: {}", crate::proxy::load_average());
     // A run with refusals (a sandbox over its rate limit answers 429 in
     // microseconds) or errors does not compare the proxies' work.
-    let clean = [&serve_tally, &gateway_tally]
+    let clean = [&serve_tally, &gateway_tally, &nats_tally]
         .iter()
         .all(|t| t.not_ok == 0 && t.errors == 0);
-    let summary = summary(&o, clean, &samples, &idle.0, &idle.1);
+    let summary = summary(&o, clean, &samples, &lags, &idle.0, &idle.1);
     println!(
         "\nMedians of {} round(s); CPU is the proxy process's user+system time per answered request.",
         o.rounds
@@ -580,6 +696,95 @@ fn activity_per_request(a: &procstat::Activity, answered: u64) -> String {
         a.switches as f64 / n,
         a.io_calls as f64 / n
     )
+}
+
+/// The path of the gateway that publishes to NATS (`--nats`).
+const NATS_PATH: &str = "gw+nats";
+
+/// Publishing under one run's load.
+struct Lag {
+    /// Lines not yet in the stream, summed over the sandboxes, sampled
+    /// every [`LAG_EVERY`] while the load ran (sorted).
+    samples: Vec<u64>,
+    /// The run's answers a second, to turn lines into time.
+    per_second: f64,
+    /// From the load's end until every line was in the stream.
+    drain: Option<Duration>,
+    /// nats-server's CPU µs per answered request over the run.
+    server_cpu_us: Option<f64>,
+}
+
+const LAG_EVERY: Duration = Duration::from_millis(100);
+
+/// [`measure`] on the publishing gateway, sampling its publish lag while
+/// the load runs, then timing the drain (bounded: 30 s).
+async fn measure_publishing(
+    gateway: &Gateway,
+    server_pid: u32,
+    conns: &[Endpoint],
+    twin: &Twin,
+    requests: u64,
+    limit: Duration,
+    tally: &mut Tally,
+) -> Result<(Sample, Lag)> {
+    let server_before = procstat::cpu_time(server_pid);
+    let answered_before = tally.answered;
+    let (sample, samples) = {
+        let load = measure(
+            NATS_PATH,
+            conns,
+            gateway.child.pid(),
+            twin,
+            requests,
+            limit,
+            tally,
+        );
+        tokio::pin!(load);
+        let mut samples = Vec::new();
+        let mut tick = tokio::time::interval(LAG_EVERY);
+        loop {
+            tokio::select! {
+                sample = &mut load => break (sample?, samples),
+                _ = tick.tick() => {
+                    if let Ok(lag) = gateway.publish_lag().await {
+                        samples.push(lag);
+                    }
+                }
+            }
+        }
+    };
+    let ended = Instant::now();
+    let mut drain = None;
+    while ended.elapsed() < Duration::from_secs(30) {
+        if gateway.publish_lag().await? == 0 {
+            drain = Some(ended.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let answered = tally.answered - answered_before;
+    let server_cpu_us = match (server_before, procstat::cpu_time(server_pid)) {
+        (Some(a), Some(b)) if answered > 0 => {
+            Some(b.saturating_sub(a).as_secs_f64() * 1e6 / answered as f64)
+        }
+        _ => None,
+    };
+    let mut samples = samples;
+    samples.sort_unstable();
+    println!(
+        "  {NATS_PATH:<8} publish lag while loaded: median {} lines, max {} lines; drained {} after the load; nats-server CPU {} µs/req",
+        samples.get(samples.len() / 2).copied().unwrap_or(0),
+        samples.last().copied().unwrap_or(0),
+        drain.map_or("NOT within 30 s".into(), |d| format!("{:.0} ms", d.as_secs_f64() * 1e3)),
+        server_cpu_us.map_or("—".into(), |v| format!("{v:.0}")),
+    );
+    let lag = Lag {
+        samples,
+        per_second: sample.per_second,
+        drain,
+        server_cpu_us,
+    };
+    Ok((sample, lag))
 }
 
 /// RSS (KiB) and threads with 0, 100 and `n` idle sandboxes registered.
@@ -699,6 +904,7 @@ fn summary(
     o: &Options,
     clean: bool,
     samples: &[Sample],
+    lags: &[Lag],
     memory: &Option<IdleMemory>,
     adds: &Option<Adds>,
 ) -> Vec<(String, String, String)> {
@@ -761,6 +967,86 @@ fn summary(
             ),
             format!("target within 10%: {}", load_verdict(more <= 0.10)),
         ));
+        // Each round's own ratio, in run order: how much the medians hide.
+        let per_round: Vec<String> = samples
+            .iter()
+            .filter(|s| s.path == "serve")
+            .zip(samples.iter().filter(|s| s.path == "gateway"))
+            .filter_map(|(a, b)| Some(format!("{:.2}", b.proxy_cpu_us? / a.proxy_cpu_us?)))
+            .collect();
+        rows.push((
+            "proxy CPU gateway ÷ serve, each round".into(),
+            per_round.join(", "),
+            "no target".into(),
+        ));
+    }
+    if let (Some(plain), Some(published)) = (rate("gateway"), rate(NATS_PATH)) {
+        let (p50, p99) = (ms(NATS_PATH, |s| s.p50), ms(NATS_PATH, |s| s.p99));
+        let (g50, g99) = (ms("gateway", |s| s.p50), ms("gateway", |s| s.p99));
+        rows.push((
+            "with --nats: throughput, latency p50 / p99".into(),
+            format!(
+                "{published:.0} req/s ({:.2}× without), {} / {} ms (without: {} / {} ms)",
+                published / plain,
+                fmt_ms(p50),
+                fmt_ms(p99),
+                fmt_ms(g50),
+                fmt_ms(g99)
+            ),
+            "no target (publishing is off the request path)".into(),
+        ));
+        if let (Some(a), Some(b)) = (cpu("gateway"), cpu(NATS_PATH)) {
+            let server = median(lags.iter().filter_map(|l| l.server_cpu_us).collect());
+            rows.push((
+                "with --nats: gateway CPU per request".into(),
+                format!(
+                    "{b:.0} µs against {a:.0} µs without ({:+.0}%); nats-server {} µs",
+                    (b / a - 1.0) * 100.0,
+                    server.map_or("—".into(), |v| format!("{v:.0}"))
+                ),
+                "no target".into(),
+            ));
+        }
+    }
+    if !lags.is_empty() {
+        let all: Vec<u64> = {
+            let mut v: Vec<u64> = lags
+                .iter()
+                .flat_map(|l| l.samples.iter().copied())
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let rate = median(lags.iter().map(|l| l.per_second).collect()).unwrap_or(0.0);
+        let lines_ms = |n: u64| {
+            if rate > 0.0 {
+                n as f64 / rate * 1e3
+            } else {
+                0.0
+            }
+        };
+        let (med, max) = (
+            all.get(all.len() / 2).copied().unwrap_or(0),
+            all.last().copied().unwrap_or(0),
+        );
+        let drains: Vec<String> = lags
+            .iter()
+            .map(|l| {
+                l.drain.map_or("> 30 s".into(), |d| {
+                    format!("{:.0} ms", d.as_secs_f64() * 1e3)
+                })
+            })
+            .collect();
+        rows.push((
+            format!("publish lag under load ({} samples, every 100 ms)", all.len()),
+            format!(
+                "median {med} lines (≈ {:.0} ms of requests), max {max} lines (≈ {:.0} ms); drained after the load in {}",
+                lines_ms(med),
+                lines_ms(max),
+                drains.join(", ")
+            ),
+            "no target".into(),
+        ));
     }
     if let Some(m) = memory {
         let points: Vec<String> = m
@@ -811,6 +1097,10 @@ fn summary(
         ));
     }
     rows
+}
+
+fn fmt_ms(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{v:.2}"))
 }
 
 fn markdown(rows: &[(String, String, String)]) -> String {

@@ -142,6 +142,30 @@ impl Drop for Child {
     }
 }
 
+/// A `nats-server` with JetStream on a free loopback port, its store under
+/// `dir`: the process and its `nats://` URL. Errors when it is not
+/// installed or does not listen within 20 s.
+pub fn start_nats(dir: &Path) -> Result<(Child, String)> {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port")?
+        .port();
+    let mut cmd = Command::new("nats-server");
+    cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(dir.join("nats-store"));
+    let mut child = Child::spawn("nats-server", cmd, dir.join("nats-server.log"))
+        .context("nats-server is not installed (apt-get install nats-server)")?;
+    child.drain_stdout();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!("nats-server did not listen on 127.0.0.1:{port} within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((child, format!("nats://127.0.0.1:{port}")))
+}
+
 /// The `veris` binary: `$VERIS_BIN`, else `target/release/veris` of this workspace.
 pub fn veris_binary() -> Result<PathBuf> {
     let bin = match std::env::var_os("VERIS_BIN") {

@@ -10,9 +10,8 @@
 //! (default 1,000,000; needs `nats-server` on PATH; the binary is
 //! `target/release/veris`, or `$VERIS_BIN`).
 
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The sandbox id the generated ledger's session line names.
@@ -25,14 +24,6 @@ pub fn main(args: &[String]) -> bool {
         .unwrap_or(1_000_000)
         .clamp(1000, 20_000_000);
     let bin = crate::ledger::veris_bin();
-    if Command::new("nats-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("veris-bench stream: nats-server is not installed (apt-get install nats-server)");
-        return false;
-    }
     let root = std::env::temp_dir().join(format!("veris-bench-stream-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).expect("temp dir");
@@ -45,24 +36,13 @@ pub fn main(args: &[String]) -> bool {
         size as f64 / 1e6,
         start.elapsed().as_secs_f64()
     );
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let mut server = Command::new("nats-server")
-        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-        .arg(root.join("store"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nats-server");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let url = format!("nats://127.0.0.1:{port}");
+    let (server, url) = match crate::peers::start_nats(&root) {
+        Ok(started) => started,
+        Err(e) => {
+            eprintln!("veris-bench stream: {e:#}");
+            return false;
+        }
+    };
     let published = publish(&url, &ledger, size, lines);
     println!(
         "published to the stream in {:.2} s ({:.0} lines/s, {:.0} MB/s)",
@@ -71,8 +51,7 @@ pub fn main(args: &[String]) -> bool {
         size as f64 / 1e6 / published.as_secs_f64()
     );
     receipt(&bin, &url, &key, lines);
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let _ = std::fs::remove_dir_all(&root);
     true
 }

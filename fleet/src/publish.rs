@@ -21,7 +21,13 @@
 //! published again by this process (never retried blindly). Lines are
 //! batched into messages of up to [`BATCH_BYTES`] (what is waiting when the
 //! previous publish was acknowledged), which keeps a ledger's rate well
-//! above what one line per round trip would allow.
+//! above what one line per round trip would allow. A publish that caught up
+//! (its message not full) is followed by [`LINGER`] before the next read, so
+//! that a busy ledger sends a few messages a second rather than one per
+//! round trip: a gateway's hundred busy sandboxes then cost the gateway
+//! and the server a few hundred publishes a second, not thousands. The
+//! writer's wakeups are drained before each read, so lines already read do
+//! not wake the task again.
 //!
 //! A ledger moved aside when this chain started (a crash, an unverifiable
 //! file; its session line names it) is finished first: its lines up to the
@@ -47,6 +53,9 @@ use crate::{
 
 /// Bytes of lines per message at most (a single longer line goes alone).
 pub const BATCH_BYTES: usize = 256 * 1024;
+/// The pause after a publish that was not full (see the module doc): what
+/// the stream may trail a busy ledger by, on top of a round trip.
+const LINGER: Duration = Duration::from_millis(200);
 /// Hex digits of a ledger id.
 const LEDGER_ID_LEN: usize = 16;
 /// Wait after a failure that may pass (server down, timeout), doubling up
@@ -149,6 +158,7 @@ impl Publisher {
             live_id: String::new(),
             newest_seal: None,
             batch_bytes: BATCH_BYTES,
+            caught_up: false,
         };
         let task = tokio::spawn(task.run());
         Ok(Publisher {
@@ -237,6 +247,9 @@ struct Task {
     /// The newest seal line of the live chain seen (seq, text).
     newest_seal: Option<(u64, Arc<str>)>,
     batch_bytes: usize,
+    /// The last message published carried fewer than half of
+    /// `batch_bytes`: the publisher has caught up with the writer.
+    caught_up: bool,
 }
 
 impl Task {
@@ -321,6 +334,9 @@ impl Task {
                 Ok(true) => {
                     retry = RETRY_MIN;
                     lock(&self.state).last_error = None;
+                    if !then_live && self.caught_up && !self.pause(LINGER).await {
+                        return false;
+                    }
                 }
                 Ok(false) => {
                     // Nothing to publish now.
@@ -368,6 +384,8 @@ impl Task {
         pos: &mut Position,
         published_any: &mut bool,
     ) -> Result<bool, Failure> {
+        // Wakeups for lines about to be read: they need no wake later.
+        self.drain_wakeups();
         let end = source.end.unwrap_or_else(|| self.ledger.head().0);
         if pos.next > end {
             return Ok(false);
@@ -382,6 +400,7 @@ impl Task {
             self.publish_checkpoint().await;
         }
         let lines = batch.last - batch.first + 1;
+        self.caught_up = batch.bytes.len() < self.batch_bytes / 2;
         let msg = PublishMessage::build()
             .payload(Bytes::from(batch.bytes))
             .message_id(format!("{}.{}-{}", source.id, batch.first, batch.last))
@@ -616,11 +635,7 @@ impl Task {
             _ = tokio::time::sleep(max) => true,
             got = self.sub.recv() => {
                 match got {
-                    Ok(c) => {
-                        if is_seal(c.text.as_bytes()) && !self.live_id.is_empty() {
-                            self.newest_seal = Some((c.seq, c.text));
-                        }
-                    }
+                    Ok(c) => self.note_committed(c),
                     Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => {
                         // The writer is gone: what it wrote is in the file.
@@ -628,6 +643,24 @@ impl Task {
                     }
                 }
                 !*self.stop.borrow()
+            }
+        }
+    }
+
+    /// Remembers a committed line's text when it is a seal of the live chain.
+    fn note_committed(&mut self, c: veris_receipt::ledger::Committed) {
+        if is_seal(c.text.as_bytes()) && !self.live_id.is_empty() {
+            self.newest_seal = Some((c.seq, c.text));
+        }
+    }
+
+    /// Takes the writer's queued wakeups without waiting.
+    fn drain_wakeups(&mut self) {
+        loop {
+            match self.sub.try_recv() {
+                Ok(c) => self.note_committed(c),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                Err(_) => return,
             }
         }
     }
