@@ -194,6 +194,10 @@ pub struct EntryVeris {
     /// Body bytes handed to the client, when the body ended short.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered: Option<u64>,
+    /// The gateway whose chain holds the line, in a HAR read from the NATS
+    /// stream (`seq` is that gateway's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
 }
 
 const TIMINGS_COMMENT: &str = "wait: from the request head reaching the proxy to the twin's response head (sending included); send and receive not recorded";
@@ -308,6 +312,7 @@ impl HarBuilder {
                         },
                         websocket: *websocket,
                         delivered: None,
+                        gateway: None,
                     },
                     captured: None,
                     capture_note: None,
@@ -404,6 +409,51 @@ impl HarBuilder {
                 },
             },
         }
+    }
+}
+
+/// One HAR of several gateways' HARs of the same sandbox (read from the
+/// NATS stream): every entry tagged with its gateway, all in time order,
+/// under `receipt`'s window and verdict (the merged receipt of the same
+/// chains), the comment naming where the lines came from.
+pub fn merged(parts: Vec<(String, Har)>, receipt: &Receipt, source: &str) -> Har {
+    let mut entries: Vec<HarEntry> = parts
+        .into_iter()
+        .flat_map(|(gateway, har)| {
+            har.log.entries.into_iter().map(move |mut e| {
+                e.veris.gateway = Some(gateway.clone());
+                e
+            })
+        })
+        .collect();
+    // RFC 3339 times of one format sort as text; ties by gateway and seq.
+    entries.sort_by(|a, b| {
+        (&a.started_date_time, &a.veris.gateway, a.veris.seq).cmp(&(
+            &b.started_date_time,
+            &b.veris.gateway,
+            b.veris.seq,
+        ))
+    });
+    let comment = format!(
+        "veris ledgers from {source}, each gateway's chain verified and windowed on its own (`_veris.gateway`, `_veris.seq`); integrity: {}",
+        crate::receipt::integrity_text(&receipt.integrity)
+    );
+    Har {
+        log: Log {
+            version: HAR_VERSION.into(),
+            creator: Creator {
+                name: "veris".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            },
+            entries,
+            comment,
+            veris: LogVeris {
+                twin: receipt.twin.clone(),
+                window: receipt.window,
+                integrity: receipt.integrity.status,
+                integrity_reason: receipt.integrity.reason.clone(),
+            },
+        },
     }
 }
 

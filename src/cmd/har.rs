@@ -6,7 +6,10 @@
 //! reached on. The exit code is the receipt's with no requirement and an
 //! empty window allowed: 0, or 3 when integrity failed or a vendor host
 //! refused the veris certificate (the HAR is still written, its
-//! `log.comment` says why); 1 when no HAR could be made.
+//! `log.comment` says why); 1 when no HAR could be made. With `--nats` the
+//! window is a sandbox's from the NATS stream, as `veris receipt --nats`
+//! reads it: each gateway's chain folded into its receipt and its HAR in
+//! one pass, the HARs merged in time order (`_veris.gateway` on each entry).
 
 use std::path::PathBuf;
 
@@ -16,6 +19,7 @@ use veris_receipt::har::HarBuilder;
 use veris_receipt::receipt::CheckStatus;
 
 use crate::runtime::receipt::{ReceiptArgs, RequireArgs, WindowArgs};
+use crate::runtime::stream_receipt::StreamArgs;
 
 #[derive(Args, Debug)]
 pub struct HarArgs {
@@ -28,8 +32,10 @@ pub struct HarArgs {
     /// only when its file is the one the sealed ledger names by SHA-256;
     /// otherwise the entry says why not (`body_altered`, `body_missing`,
     /// `not_captured: …`). Bodies are never evidence for the verdict.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "nats")]
     pub bodies: Option<PathBuf>,
+    #[command(flatten)]
+    pub stream: StreamArgs,
 }
 
 pub async fn har(args: HarArgs) -> Result<u8> {
@@ -41,19 +47,26 @@ pub async fn har(args: HarArgs) -> Result<u8> {
             allow_empty: true,
             ..RequireArgs::default()
         },
-        stream: Default::default(),
+        stream: args.stream.clone(),
     };
     // One pass over the file for both: the HAR holds exactly the lines the
     // receipt's verdict was reached on, whatever happens to the file after.
-    let mut har = HarBuilder::new(args.window.service.as_deref());
-    let report = crate::runtime::receipt::build_with(&receipt_args, |line, fold| {
-        har.line(line, fold.window_so_far())
-    })
-    .await?;
+    let (report, mut har) = if args.stream.nats.is_some() {
+        let (report, har) =
+            crate::runtime::stream_receipt::build_with_har(&receipt_args, true).await?;
+        (report, har.context("the stream read made no HAR")?)
+    } else {
+        let mut har = HarBuilder::new(args.window.service.as_deref());
+        let report = crate::runtime::receipt::build_with(&receipt_args, |line, fold| {
+            har.line(line, fold.window_so_far())
+        })
+        .await?;
+        let har = har.finish(&report.receipt);
+        (report, har)
+    };
     if let Some(note) = report.note() {
         eprintln!("{note}");
     }
-    let mut har = har.finish(&report.receipt);
     if let Some(dir) = &args.bodies {
         har.attach_bodies(dir);
     }

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use clap::Args;
 use veris_fleet::stream_read::{Checkpoint, Chunk, GatewayChain, Reader, SandboxRead};
 use veris_receipt::entry::{Entry, Line};
+use veris_receipt::har::{Har, HarBuilder};
 use veris_receipt::ledger::{line_hash, SealInfo};
 use veris_receipt::receipt::{
     self, Anchor, Check, CheckStatus, Integrity, IntegrityStatus, LiveChannel, Options, Receipt,
@@ -85,6 +86,8 @@ struct Part {
     counts: bool,
     /// The stream sequence of the chain's first message.
     first_stream_seq: u64,
+    /// The chain's window as a HAR (`veris har --nats`), folded with it.
+    har: Option<Har>,
 }
 
 fn check(name: &str, status: CheckStatus, detail: impl Into<String>) -> Check {
@@ -117,6 +120,12 @@ pub fn pins(keys: &[String]) -> Result<Option<Pin>> {
 /// Builds and judges the stream receipt `args` ask for (`args.stream.nats`
 /// set), printing nothing.
 pub async fn build(args: &ReceiptArgs) -> Result<Report> {
+    Ok(build_with_har(args, false).await?.0)
+}
+
+/// [`build`], and with `har` the window as one HAR: each gateway's chain
+/// folded into its HAR in the same pass as its receipt, then merged.
+pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Option<Har>)> {
     let s = &args.stream;
     let Some(url) = &s.nats else {
         bail!("--nats is needed to read a receipt from the stream");
@@ -154,6 +163,7 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
         pin: pin.clone(),
         options: options.clone(),
         gateways: read.gateways.clone(),
+        har,
     });
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let folding = {
@@ -180,20 +190,29 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
                 .context("folding the stream's chains")?
         }
     };
-    let (merged, section) = {
+    let (merged, section, hars) = {
         let mut parts = parts;
         dedupe(&mut parts);
         let section = section(&stream, sandbox, &read, &parts);
-        (merge(parts, sandbox), section)
+        let hars: Vec<(String, Har)> = parts
+            .iter_mut()
+            .filter(|p| p.counts)
+            .filter_map(|p| Some((p.gateway.clone(), p.har.take()?)))
+            .collect();
+        (merge(parts, sandbox), section, hars)
     };
     let mut report = judge(merged, &reqs, args.require.allow_empty);
+    let har = har.then(|| {
+        let source = format!("NATS stream {stream}, sandbox {sandbox}");
+        veris_receipt::har::merged(hars, &report.receipt, &source)
+    });
     let (text, json) = section;
     report.text = match report.text.find("\nFAIL: ") {
         Some(at) => format!("{}\n{text}{}", &report.text[..at], &report.text[at + 1..]),
         None => format!("{}{text}", report.text),
     };
     report.stream = Some(json);
-    Ok(report)
+    Ok((report, har))
 }
 
 /// What every gateway's fold shares.
@@ -205,6 +224,8 @@ struct Ctx {
     options: Options,
     /// The gateways and checkpoints the read's first part found.
     gateways: BTreeMap<String, GatewayChain>,
+    /// Fold each chain's HAR too.
+    har: bool,
 }
 
 /// Folds each gateway's lines as they arrive from `rx`, one thread per
@@ -523,6 +544,7 @@ fn fold(
     }
     let mut seen_keys = Vec::new();
     let mut b = receipt::Builder::new(&options);
+    let mut har = cx.har.then(|| HarBuilder::new(options.service.as_deref()));
     let mut times = Vec::new();
     let mut first_hash = None;
     let mut seqs: Option<(u64, u64)> = None;
@@ -535,6 +557,9 @@ fn fold(
         veris_receipt::ledger::PROBLEM_CAP,
         |line, hash, _| {
             b.line(line, hash);
+            if let Some(h) = har.as_mut() {
+                h.line(line, b.window_so_far());
+            }
             if first_hash.is_none() {
                 first_hash = Some(hash.to_string());
             }
@@ -558,6 +583,7 @@ fn fold(
     )
     .unwrap_or_default();
     let receipt = b.finish(&read);
+    let har = har.map(|h| h.finish(&receipt));
     times.sort_unstable_by_key(|t| t.0);
     let last_seq = seqs.map_or(0, |s| s.1);
     let complete = complete_check(
@@ -601,6 +627,7 @@ fn fold(
         older_chains,
         counts,
         first_stream_seq,
+        har,
     };
     (part, seen_keys)
 }

@@ -28,7 +28,7 @@ fn schema() -> PathBuf {
 }
 
 /// Python with `jsonschema`, or why not.
-fn validator() -> Result<(), String> {
+pub(crate) fn validator() -> Result<(), String> {
     if support::tool_works("python3", &["-c", "import jsonschema"]) {
         Ok(())
     } else {
@@ -48,7 +48,7 @@ sys.exit(1 if errors else 0)
 "#;
 
 /// Valid against the HAR 1.2 schema, judged by `jsonschema`.
-fn validate(path: &Path) {
+pub(crate) fn validate(path: &Path) {
     let out = output(
         command("python3")
             .args(["-c", VALIDATE])
