@@ -33,7 +33,7 @@ use veris_receipt::receipt::{
     self, Anchor, Check, CheckStatus, Integrity, IntegrityStatus, LiveChannel, Options, Receipt,
     WindowSpec, JSON_ENTRY_CAP,
 };
-use veris_receipt::seal::Pin;
+use veris_receipt::seal::{Pin, PublicKeys};
 
 use crate::runtime::receipt::{judge, offered_keys, parse_pin, ReceiptArgs, Report};
 
@@ -63,6 +63,23 @@ pub struct StreamArgs {
         requires = "nats"
     )]
     pub nats_wait: f64,
+    /// With --nats: the fleet's operator key (the fingerprint `veris
+    /// fleet-key new` printed, or its operator.pub; repeat during a
+    /// rotation). A gateway's seal key counts as pinned for that gateway's
+    /// chain when the bucket VERIS_KEYS holds its certificate chain to this
+    /// key: one pin for the whole fleet, restarts included.
+    #[arg(long = "fleet-key", value_name = "FP|FILE", requires = "nats")]
+    pub fleet_key: Vec<String>,
+}
+
+/// What `--fleet-key` made of one gateway's chain: the seal keys certified
+/// for it (its pin, with `--key`'s), and per seal key its chain offered,
+/// certified or why not.
+#[derive(Clone, Default)]
+struct FleetPin {
+    pin: Option<Pin>,
+    /// Fingerprint → why it is not certified (`None`: it is).
+    keys: BTreeMap<String, Option<String>>,
 }
 
 /// One gateway's chain as folded.
@@ -114,6 +131,109 @@ pub fn pins(keys: &[String]) -> Result<Option<Pin>> {
     Ok(out)
 }
 
+/// The operator keys' fingerprints `--fleet-key` pins.
+fn operator_pins(args: &[String]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for a in args {
+        let p = parse_pin(a).context("--fleet-key")?;
+        if p.key_file.is_some() {
+            bail!("--fleet-key {a} is a private key file: the operator key stays offline, and a reader pins its fingerprint. Next: pass the fingerprint `veris fleet-key new` printed, or its operator.pub");
+        }
+        out.extend(p.fingerprints);
+    }
+    Ok(out)
+}
+
+/// Looks up, for each gateway's newest chain in `read`, the seal keys its
+/// session lines offer in the key bucket, and keeps those certified for
+/// that gateway under `operators` (added to `pin`, `--key`'s).
+async fn fleet_pins(
+    reader: &Reader,
+    read: &SandboxRead,
+    operators: &[String],
+    pin: Option<&Pin>,
+) -> BTreeMap<String, FleetPin> {
+    use veris_receipt::fleet_cert::{entry_key, KeyEntry};
+    let bucket = veris_fleet::registry::KEYS_BUCKET;
+    let now = crate::runtime::fleet_identity::now_ms();
+    let mut out = BTreeMap::new();
+    for (gw, chain) in &read.gateways {
+        let offered: Vec<_> = offered(&newest_chain(chain).0)
+            .iter()
+            .filter_map(|k| veris_receipt::seal::PublicKeys::from_hex(k))
+            .collect();
+        let names: Vec<String> = offered.iter().map(|k| entry_key(gw, &k.key_id)).collect();
+        let found = reader.bucket_entries(bucket, &names).await;
+        let mut f = FleetPin {
+            pin: pin.cloned(),
+            ..FleetPin::default()
+        };
+        for (i, k) in offered.iter().enumerate() {
+            let verdict = match &found {
+                Err(e) => Err(format!("the key bucket could not be read ({e})")),
+                Ok(values) => match &values[i] {
+                    Err(e) => Err(e.clone()),
+                    Ok(None) => Err(format!("the bucket {bucket} holds no entry {}", names[i])),
+                    Ok(Some(v)) => KeyEntry::certifies(v, operators, gw, &k.key_id, now),
+                },
+            };
+            if let Ok(seal) = &verdict {
+                let p = f.pin.get_or_insert_with(Pin::default);
+                p.fingerprints.push(seal.key_id.clone());
+                p.keys.keys.push(seal.clone());
+            }
+            f.keys.insert(k.key_id.clone(), verdict.err());
+        }
+        out.insert(gw.clone(), f);
+    }
+    out
+}
+
+/// The `fleet_key` check of a chain: the seal keys of the sessions in the
+/// receipt's window, each certified or not.
+fn fleet_check(
+    gateway: &str,
+    f: &FleetPin,
+    sessions: &[(u64, String)],
+    since: u64,
+) -> Option<Check> {
+    let at = sessions
+        .iter()
+        .rposition(|(seq, _)| *seq <= since.saturating_add(1))
+        .unwrap_or(0);
+    let inside: Vec<&String> = sessions.get(at..)?.iter().map(|(_, k)| k).collect();
+    if inside.is_empty() {
+        return None;
+    }
+    let mut not = Vec::new();
+    for k in &inside {
+        match f.keys.get(*k) {
+            Some(None) => {}
+            Some(Some(why)) => not.push(format!("seal key {k}: {why}")),
+            None => not.push(format!("seal key {k}: not looked up")),
+        }
+    }
+    Some(if not.is_empty() {
+        check(
+            "fleet_key",
+            CheckStatus::Ok,
+            format!(
+                "{} seal key(s) certified for {gateway} by the pinned operator key",
+                inside.len()
+            ),
+        )
+    } else {
+        check(
+            "fleet_key",
+            CheckStatus::Unverified,
+            format!(
+                "not certified for {gateway} by the pinned operator key: {}. Next: start the gateway with --fleet-identity (an identity `veris fleet-key certify --gateway {gateway}` made), or pin its seal key (--key)",
+                not.join("; ")
+            ),
+        )
+    })
+}
+
 /// Builds and judges the stream receipt `args` ask for (`args.stream.nats`
 /// set), printing nothing.
 pub async fn build(args: &ReceiptArgs) -> Result<Report> {
@@ -128,6 +248,7 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
     let sandbox = sandbox.as_str();
     let reqs = args.require.parse()?;
     let pin = pins(&args.window.key)?;
+    let operators = operator_pins(&s.fleet_key)?;
     let mut reader = Reader::connect(url, s.nats_creds.as_deref(), &s.nats_stream)
         .await
         .map_err(anyhow::Error::msg)
@@ -146,6 +267,27 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
     let stream = reader.stream_name().to_string();
     let failed =
         |e: String| anyhow::anyhow!(e).context("reading the sandbox's ledgers from the stream");
+    // With --fleet-key, each gateway's keys are known only from its
+    // chain's session lines and the bucket: read into memory first.
+    if !operators.is_empty() {
+        let read = reader.sandbox(sandbox, wait).await.map_err(failed)?;
+        let fleet = fleet_pins(&reader, &read, &operators, pin.as_ref()).await;
+        let cx = Arc::new(Ctx {
+            start_seq: read.start_seq,
+            sandbox: sandbox.to_string(),
+            pin,
+            options,
+            gateways: BTreeMap::new(),
+            fleet: Some(fleet),
+        });
+        let parts = {
+            let read = read.clone();
+            tokio::task::spawn_blocking(move || fold_all(&read, &cx))
+                .await
+                .context("folding the stream's chains")?
+        };
+        return Ok(finish(parts, &stream, sandbox, &read, &reqs, args));
+    }
     // Folded as the lines arrive, one thread per gateway.
     let mut read = reader.prepare(sandbox, wait).await.map_err(failed)?;
     let cx = Arc::new(Ctx {
@@ -154,6 +296,7 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
         pin: pin.clone(),
         options: options.clone(),
         gateways: read.gateways.clone(),
+        fleet: None,
     });
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let folding = {
@@ -180,20 +323,28 @@ pub async fn build(args: &ReceiptArgs) -> Result<Report> {
                 .context("folding the stream's chains")?
         }
     };
-    let (merged, section) = {
-        let mut parts = parts;
-        dedupe(&mut parts);
-        let section = section(&stream, sandbox, &read, &parts);
-        (merge(parts, sandbox), section)
-    };
-    let mut report = judge(merged, &reqs, args.require.allow_empty);
-    let (text, json) = section;
+    Ok(finish(parts, &stream, sandbox, &read, &reqs, args))
+}
+
+/// The parts merged, judged and reported.
+fn finish(
+    mut parts: Vec<Part>,
+    stream: &str,
+    sandbox: &str,
+    read: &SandboxRead,
+    reqs: &[veris_receipt::Requirement],
+    args: &ReceiptArgs,
+) -> Report {
+    dedupe(&mut parts);
+    let (text, json) = section(stream, sandbox, read, &parts);
+    let merged = merge(parts, sandbox);
+    let mut report = judge(merged, reqs, args.require.allow_empty);
     report.text = match report.text.find("\nFAIL: ") {
         Some(at) => format!("{}\n{text}{}", &report.text[..at], &report.text[at + 1..]),
         None => format!("{}{text}", report.text),
     };
     report.stream = Some(json);
-    Ok(report)
+    report
 }
 
 /// What every gateway's fold shares.
@@ -205,6 +356,8 @@ struct Ctx {
     options: Options,
     /// The gateways and checkpoints the read's first part found.
     gateways: BTreeMap<String, GatewayChain>,
+    /// With `--fleet-key`: per gateway, its pin.
+    fleet: Option<BTreeMap<String, FleetPin>>,
 }
 
 /// Folds each gateway's lines as they arrive from `rx`, one thread per
@@ -496,7 +649,19 @@ fn fold(
         .filter(|c| c.stream_seq > start_seq)
         .and_then(|c| checkpoint_seal(&c.line));
     let mut anchored_by_checkpoint = false;
-    if let Some(pin) = &cx.pin {
+    let fleet = cx
+        .fleet
+        .as_ref()
+        .map(|m| m.get(gateway).cloned().unwrap_or_default());
+    let pin = match &fleet {
+        Some(f) => f.pin.as_ref(),
+        None => cx.pin.as_ref(),
+    };
+    // Under --fleet-key a chain none of whose keys is certified (or
+    // pinned) is unverified, not refused: a missing certificate says
+    // nothing about the chain.
+    let pin = pin.filter(|p| fleet.is_none() || !offered_keys(p, offered, None).is_empty());
+    if let Some(pin) = pin {
         let keys = offered_keys(pin, offered, None);
         let live = fresh
             .as_ref()
@@ -522,6 +687,7 @@ fn fold(
         };
     }
     let mut seen_keys = Vec::new();
+    let mut sessions = Vec::new();
     let mut b = receipt::Builder::new(&options);
     let mut times = Vec::new();
     let mut first_hash = None;
@@ -541,6 +707,9 @@ fn fold(
             seqs = Some((seqs.map_or(line.seq, |s| s.0), line.seq));
             if let Entry::Session(s) = &line.entry {
                 seen_keys.extend(s.public_key.clone());
+                if let Some(k) = s.public_key.as_deref().and_then(PublicKeys::from_hex) {
+                    sessions.push((line.seq, k.key_id));
+                }
             }
             if let Entry::Request(_) = &line.entry {
                 let mut ts = [0u8; 24];
@@ -570,6 +739,9 @@ fn fold(
         anchored_by_checkpoint,
     );
     let mut stream_checks = Vec::new();
+    if let Some(f) = &fleet {
+        stream_checks.extend(fleet_check(gateway, f, &sessions, receipt.window.since_seq));
+    }
     let mut counts = true;
     match &receipt.twin {
         Some(id) if id == sandbox => {}
