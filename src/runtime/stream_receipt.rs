@@ -131,6 +131,9 @@ pub fn pins(keys: &[String]) -> Result<Option<Pin>> {
     Ok(out)
 }
 
+/// Seal keys of one chain looked up in the key bucket, at most.
+const MAX_LOOKUPS: usize = 256;
+
 /// The operator keys' fingerprints `--fleet-key` pins.
 fn operator_pins(args: &[String]) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -158,9 +161,13 @@ async fn fleet_pins(
     let now = crate::runtime::fleet_identity::now_ms();
     let mut out = BTreeMap::new();
     for (gw, chain) in &read.gateways {
+        // One lookup per session key, at most MAX_LOOKUPS a chain (whoever
+        // can write the stream can make a chain name any number): the rest
+        // read "not looked up".
         let offered: Vec<_> = offered(&newest_chain(chain).0)
             .iter()
             .filter_map(|k| veris_receipt::seal::PublicKeys::from_hex(k))
+            .take(MAX_LOOKUPS)
             .collect();
         let names: Vec<String> = offered.iter().map(|k| entry_key(gw, &k.key_id)).collect();
         let found = reader.bucket_entries(bucket, &names).await;
@@ -210,7 +217,9 @@ fn fleet_check(
         match f.keys.get(*k) {
             Some(None) => {}
             Some(Some(why)) => not.push(format!("seal key {k}: {why}")),
-            None => not.push(format!("seal key {k}: not looked up")),
+            None => not.push(format!(
+                "seal key {k}: not looked up (over {MAX_LOOKUPS} session keys in one chain)"
+            )),
         }
     }
     Some(if not.is_empty() {

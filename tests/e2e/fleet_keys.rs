@@ -164,6 +164,8 @@ fn one_fleet_key_verifies_every_gateway_across_restarts() {
         }
     }
     assert_eq!(status(&all), "verified", "{}", all["integrity"]);
+    let (_, detail) = check(&all, "gw1: fleet_key");
+    assert!(detail.starts_with("2 seal key(s) certified"), "{detail}");
     let latest = stream_receipt_with(&nats, id, &[], &["--fleet-key", &fp]);
     assert_eq!(requests(&latest), 5, "{latest}");
     assert_eq!(status(&latest), "verified", "{}", latest["integrity"]);
@@ -273,7 +275,10 @@ fn bucket_entries_that_do_not_chain_to_the_pinned_operator_key_certify_nothing()
 }
 
 /// No gateway certified a key: the bucket does not exist. The receipt
-/// says so, `unverified`, with no crash and nothing `failed`.
+/// says so, `unverified`, with no crash and nothing `failed`. Then the
+/// gateway is restarted with an identity (a fleet adopting `--fleet-key`):
+/// the latest session verifies with the one pin, the whole chain names
+/// the earlier session's key as the one not certified.
 #[test]
 fn without_the_key_bucket_a_fleet_key_reads_unverified_and_says_why() {
     let Some(nats) = Nats::start() else { return };
@@ -285,14 +290,43 @@ fn without_the_key_bucket_a_fleet_key_reads_unverified_and_says_why() {
     let s = gw.add_sandbox(id, "stripe");
     charge(&gw, &s, 1);
     gateway_published(&gw, id);
+    let old = seal_key(&gw);
     gw.stop();
-    let r = stream_receipt_with(&nats, id, &[], &["--fleet-key", &"ab".repeat(32)]);
+    let dir = TempDir::new("fleet-keys-adopt");
+    let (fp, op) = operator(&dir, "op");
+    let r = stream_receipt_with(&nats, id, &[], &["--fleet-key", &fp]);
     let (st, detail) = check(&r, "gw1: fleet_key");
     assert_eq!(st, "unverified", "{detail}");
     assert!(detail.contains("could not be read"), "{detail}");
     assert_eq!(check(&r, "gw1: seals").0, "unverified");
     assert_eq!(status(&r), "unverified", "{}", r["integrity"]);
     assert_eq!(requests(&r), 1);
+
+    let i1 = certify(&op, "gw1", &dir, "gw1");
+    let mut flags = gateway_flags(&nats, "gw1");
+    flags.extend(["--fleet-identity".into(), i1.display().to_string()]);
+    gw.restart(&strs(&flags));
+    charge(&gw, &s, 2);
+    gateway_published(&gw, id);
+    wait_certified(&nats.url(), "gw1", &gw);
+    gw.stop();
+    let latest = stream_receipt_with(&nats, id, &[], &["--fleet-key", &fp]);
+    assert_eq!(requests(&latest), 2, "{latest}");
+    for c in ["fleet_key", "seals", "chain", "complete"] {
+        let (st, detail) = check(&latest, &format!("gw1: {c}"));
+        assert_eq!(st, "ok", "latest session, {c}: {detail}");
+    }
+    let all = stream_receipt_with(&nats, id, &[], &["--all", "--fleet-key", &fp]);
+    let (st, detail) = check(&all, "gw1: fleet_key");
+    assert_eq!(st, "unverified", "{detail}");
+    assert!(
+        detail.contains(&format!(
+            "seal key {old}: the bucket VERIS_KEYS holds no entry"
+        )),
+        "{detail}"
+    );
+    assert_eq!(check(&all, "gw1: seals").0, "unverified");
+    assert_eq!(status(&all), "unverified", "{}", all["integrity"]);
 }
 
 /// Bad input: a gateway refuses an identity certified for another name,
