@@ -6,8 +6,10 @@
 //! merged: counts added, the listed requests interleaved by time.
 //!
 //! The stream is storage, never an anchor (DESIGN §7a): a gateway's part
-//! can be `verified` only with its seal key pinned (`--key`, repeatable),
-//! and only when its chain is complete: it ends in the gateway's final
+//! can be `verified` only with its seal key pinned (`--key`, repeatable, or
+//! certified for that gateway in the key bucket under the operator key
+//! `--fleet-key` pins: [`veris_receipt::fleet_cert`]), and only when its
+//! chain is complete: it ends in the gateway's final
 //! seal, or the gateway's latest checkpoint was stored after this read
 //! began (a stream sequence greater than the stream's last one at the
 //! start: no clock involved) and is the line at its seq in the chain; that
@@ -42,8 +44,8 @@ use crate::runtime::receipt::{judge, offered_keys, parse_pin, ReceiptArgs, Repor
 pub struct StreamArgs {
     /// Read the sandbox's (--sandbox) ledgers from NATS JetStream at this
     /// URL instead of a state dir: every gateway's chain, each verified
-    /// with the pinned keys (--key, once per gateway process), merged by
-    /// time.
+    /// with the pinned keys (--key, once per gateway process, or
+    /// --fleet-key), merged by time.
     #[arg(long = "nats", value_name = "URL", requires = "sandbox", conflicts_with_all = ["state_dir", "ledger", "run", "since"])]
     pub nats: Option<String>,
     /// NATS credentials for --nats: a .creds file, or a file holding only a
@@ -166,7 +168,7 @@ async fn fleet_pins(
         // read "not looked up".
         let offered: Vec<_> = offered(&newest_chain(chain).0)
             .iter()
-            .filter_map(|k| veris_receipt::seal::PublicKeys::from_hex(k))
+            .filter_map(|k| PublicKeys::from_hex(k))
             .take(MAX_LOOKUPS)
             .collect();
         let names: Vec<String> = offered.iter().map(|k| entry_key(gw, &k.key_id)).collect();
