@@ -63,6 +63,10 @@ enum Command {
     /// Manage the interception CA and its trust material.
     #[command(subcommand)]
     Ca(cmd::ca::CaCommand),
+    /// Manage the fleet's operator key and the gateway identities it
+    /// certifies (readers pin it: veris receipt --fleet-key).
+    #[command(subcommand)]
+    FleetKey(cmd::fleet_key::FleetKeyCommand),
     /// Offline demo: built-in twin, proxy, real HTTPS requests, receipt.
     Demo(cmd::demo::DemoArgs),
     /// Watch twin traffic live (admin API, state dir or ledger file).
@@ -173,6 +177,7 @@ fn main() -> ExitCode {
             Command::Baseline(args) => cmd::baseline::baseline(args).await,
             Command::Twin(args) => cmd::twin::twin(args).await,
             Command::Ca(cmd) => cmd::ca::ca(cmd),
+            Command::FleetKey(cmd) => cmd::fleet_key::fleet_key(cmd),
             Command::Demo(args) => cmd::demo::demo(args).await,
             Command::DemoClient(args) => cmd::demo::client_main(args).await,
             Command::Tui(args) => cmd::tui::tui(args).await,

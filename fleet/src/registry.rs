@@ -54,19 +54,40 @@ pub struct Current {
     pub revision: u64,
 }
 
+/// The key bucket's default name: the gateways' certified seal keys
+/// (`veris_receipt::fleet_cert`), written by gateways, read by readers.
+pub const KEYS_BUCKET: &str = "VERIS_KEYS";
+
 /// The registry bucket of a fleet.
 #[derive(Clone)]
 pub struct Registry {
     fleet: Fleet,
     bucket: String,
+    /// The stream's description when veris creates the bucket.
+    description: &'static str,
 }
 
 impl Registry {
     pub fn new(fleet: &Fleet, bucket: &str) -> Result<Registry, FleetError> {
-        check_token("the registry bucket name", bucket)?;
+        Registry::named(
+            fleet,
+            bucket,
+            "veris sandbox registry: key = sandbox id, value = its record",
+        )
+    }
+
+    /// Another bucket of the same shape (one value per key, created when
+    /// missing): the key bucket ([`KEYS_BUCKET`]).
+    pub fn named(
+        fleet: &Fleet,
+        bucket: &str,
+        description: &'static str,
+    ) -> Result<Registry, FleetError> {
+        check_token("the bucket name", bucket)?;
         Ok(Registry {
             fleet: fleet.clone(),
             bucket: bucket.to_string(),
+            description,
         })
     }
 
@@ -86,9 +107,7 @@ impl Registry {
         }
         let config = stream::Config {
             name: format!("KV_{}", self.bucket),
-            description: Some(
-                "veris sandbox registry: key = sandbox id, value = its record".into(),
-            ),
+            description: Some(self.description.into()),
             subjects: vec![format!("$KV.{}.>", self.bucket)],
             max_messages_per_subject: 1,
             max_message_size: 64 * 1024,

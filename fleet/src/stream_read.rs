@@ -75,6 +75,7 @@ pub struct SandboxRead {
 pub struct Reader {
     stream: stream::Stream,
     name: String,
+    js: jetstream::Context,
 }
 
 impl Reader {
@@ -111,11 +112,44 @@ impl Reader {
         Ok(Reader {
             stream: s,
             name: stream.to_string(),
+            js,
         })
     }
 
     pub fn stream_name(&self) -> &str {
         &self.name
+    }
+
+    /// The values of `keys` in the key-value bucket `bucket`, read on this
+    /// connection without creating it: `Err` when the bucket cannot be
+    /// opened, else per key its value (`None`: nothing stored) or why it
+    /// could not be read.
+    #[allow(clippy::type_complexity)]
+    pub async fn bucket_entries(
+        &self,
+        bucket: &str,
+        keys: &[String],
+    ) -> Result<Vec<Result<Option<Bytes>, String>>, String> {
+        crate::check_token("the bucket name", bucket).map_err(|e| e.to_string())?;
+        let store = self
+            .js
+            .get_key_value(bucket)
+            .await
+            .map_err(|e| format!("bucket {bucket}: {e}"))?;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            out.push(
+                store
+                    .entry(key)
+                    .await
+                    .map(|e| {
+                        e.filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put)
+                            .map(|e| e.value)
+                    })
+                    .map_err(|e| format!("reading {key} from bucket {bucket}: {e}")),
+            );
+        }
+        Ok(out)
     }
 
     /// The stream's last sequence now.

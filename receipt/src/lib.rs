@@ -6,6 +6,7 @@
 
 pub mod capture;
 pub mod entry;
+pub mod fleet_cert;
 pub mod har;
 pub mod hash;
 pub mod ledger;

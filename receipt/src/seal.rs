@@ -95,6 +95,30 @@ impl Sealer {
         Ok(Sealer::from_pair(pair))
     }
 
+    /// A fresh key and its PKCS#8 form, for a key that must outlive the
+    /// process (an operator's or a gateway identity's, [`crate::fleet_cert`]):
+    /// the caller writes it where only its owner reads it.
+    pub fn generate_pkcs8() -> Result<(Sealer, Vec<u8>), SealError> {
+        let doc = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
+            .map_err(|_| SealError::Generate)?;
+        let pair = Ed25519KeyPair::from_pkcs8(doc.as_ref()).map_err(|_| SealError::Generate)?;
+        Ok((Sealer::from_pair(pair), doc.as_ref().to_vec()))
+    }
+
+    /// The key a PKCS#8 file holds; `None` when `der` is not an Ed25519 key.
+    pub fn from_pkcs8(der: &[u8]) -> Option<Sealer> {
+        let pair = Ed25519KeyPair::from_pkcs8(der)
+            .or_else(|_| Ed25519KeyPair::from_pkcs8_maybe_unchecked(der))
+            .ok()?;
+        Some(Sealer::from_pair(pair))
+    }
+
+    /// Hex signature over `text` (a certificate's signed text: callers
+    /// give each kind of text its own prefix, never a seal's).
+    pub fn sign_text(&self, text: &str) -> String {
+        hex(self.pair.sign(text.as_bytes()).as_ref())
+    }
+
     fn from_pair(pair: Ed25519KeyPair) -> Sealer {
         let key_id = line_hash(pair.public_key().as_ref());
         Sealer { pair, key_id }
@@ -179,6 +203,17 @@ pub fn private_key_public(der: &[u8]) -> Option<PublicKey> {
 pub struct PublicKey {
     pub raw: Vec<u8>,
     pub key_id: String,
+}
+
+impl PublicKey {
+    /// Whether `signature_hex` is this key's signature over `text`.
+    pub fn verifies(&self, text: &str, signature_hex: &str) -> bool {
+        unhex(signature_hex).is_some_and(|sig| {
+            UnparsedPublicKey::new(&ED25519, &self.raw)
+                .verify(text.as_bytes(), &sig)
+                .is_ok()
+        })
+    }
 }
 
 /// The keys listed in `ledger.pub`.

@@ -98,6 +98,13 @@ pub struct GatewayArgs {
     /// of them is added or removed on all.
     #[arg(long, value_name = "NAME", default_value = veris_fleet::registry::DEFAULT_BUCKET, requires = "nats")]
     pub nats_registry: String,
+    /// With --nats: the directory `veris fleet-key certify --out` wrote
+    /// (identity.key, identity.cert). At each start the gateway certifies
+    /// its new seal key with it in the bucket VERIS_KEYS, so readers who
+    /// pin the operator key (veris receipt --fleet-key) verify its chains.
+    /// The certificate must name this gateway (--nats-name).
+    #[arg(long, value_name = "DIR", requires = "nats")]
+    pub fleet_identity: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -319,6 +326,7 @@ async fn serve(args: GatewayArgs) -> Result<u8> {
             }),
         nats: args.nats,
         registry_bucket: args.nats_registry,
+        fleet_identity: args.fleet_identity,
     };
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;

@@ -8,6 +8,7 @@ pub mod completions;
 pub mod confine;
 pub mod demo;
 pub mod doctor;
+pub mod fleet_key;
 pub mod gateway;
 pub mod har;
 pub mod man;

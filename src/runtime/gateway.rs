@@ -95,6 +95,8 @@ pub struct GatewayConfig {
     pub nats: crate::runtime::fleet::NatsArgs,
     /// With `--nats`: the fleet's sandbox registry bucket.
     pub registry_bucket: String,
+    /// With `--nats`: the identity that certifies each run's seal key.
+    pub fleet_identity: Option<PathBuf>,
 }
 
 /// The gateway's interception CA: the fleet's shared one (`--ca-dir`),
@@ -160,6 +162,15 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     let state_dir = config.state_dir.clone();
     // Connects in the background: a NATS server that is down delays nothing.
     let fleet = config.nats.connect().await?;
+    // Refused before anything is served: a gateway whose seal keys no
+    // reader could verify is a misconfiguration, not a degraded mode.
+    let identity = match (&config.fleet_identity, &fleet) {
+        (Some(dir), Some(f)) => Some(
+            crate::runtime::fleet_identity::Identity::load(dir, &f.settings().gateway)
+                .context("loading the gateway's fleet identity (--fleet-identity)")?,
+        ),
+        _ => None,
+    };
     std::fs::create_dir_all(state_dir.join(SANDBOXES_DIR))
         .with_context(|| format!("creating state dir {}", state_dir.display()))?;
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -254,6 +265,14 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         fleet,
         registry,
     });
+    if let (Some(identity), Some(fleet)) = (&identity, &shared.fleet) {
+        crate::runtime::fleet_identity::publish(
+            fleet,
+            identity,
+            &shared.sealer,
+            shared.cancel.clone(),
+        )?;
+    }
     // Before the first connection is served: a sandbox the platform holds
     // is never refused for having been restarted.
     restore_all(&shared).await;

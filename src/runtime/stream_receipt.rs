@@ -6,8 +6,10 @@
 //! merged: counts added, the listed requests interleaved by time.
 //!
 //! The stream is storage, never an anchor (DESIGN §7a): a gateway's part
-//! can be `verified` only with its seal key pinned (`--key`, repeatable),
-//! and only when its chain is complete: it ends in the gateway's final
+//! can be `verified` only with its seal key pinned (`--key`, repeatable, or
+//! certified for that gateway in the key bucket under the operator key
+//! `--fleet-key` pins: [`veris_receipt::fleet_cert`]), and only when its
+//! chain is complete: it ends in the gateway's final
 //! seal, or the gateway's latest checkpoint was stored after this read
 //! began (a stream sequence greater than the stream's last one at the
 //! start: no clock involved) and is the line at its seq in the chain; that
@@ -34,7 +36,7 @@ use veris_receipt::receipt::{
     self, Anchor, Check, CheckStatus, Integrity, IntegrityStatus, LiveChannel, Options, Receipt,
     WindowSpec, JSON_ENTRY_CAP,
 };
-use veris_receipt::seal::Pin;
+use veris_receipt::seal::{Pin, PublicKeys};
 
 use crate::runtime::receipt::{judge, offered_keys, parse_pin, ReceiptArgs, Report};
 
@@ -43,8 +45,8 @@ use crate::runtime::receipt::{judge, offered_keys, parse_pin, ReceiptArgs, Repor
 pub struct StreamArgs {
     /// Read the sandbox's (--sandbox) ledgers from NATS JetStream at this
     /// URL instead of a state dir: every gateway's chain, each verified
-    /// with the pinned keys (--key, once per gateway process), merged by
-    /// time.
+    /// with the pinned keys (--key, once per gateway process, or
+    /// --fleet-key), merged by time.
     #[arg(long = "nats", value_name = "URL", requires = "sandbox", conflicts_with_all = ["state_dir", "ledger", "run", "since"])]
     pub nats: Option<String>,
     /// NATS credentials for --nats: a .creds file, or a file holding only a
@@ -64,6 +66,23 @@ pub struct StreamArgs {
         requires = "nats"
     )]
     pub nats_wait: f64,
+    /// With --nats: the fleet's operator key (the fingerprint `veris
+    /// fleet-key new` printed, or its operator.pub; repeat during a
+    /// rotation). A gateway's seal key counts as pinned for that gateway's
+    /// chain when the bucket VERIS_KEYS holds its certificate chain to this
+    /// key: one pin for the whole fleet, restarts included.
+    #[arg(long = "fleet-key", value_name = "FP|FILE", requires = "nats")]
+    pub fleet_key: Vec<String>,
+}
+
+/// What `--fleet-key` made of one gateway's chain: the seal keys certified
+/// for it (its pin, with `--key`'s), and per seal key its chain offered,
+/// certified or why not.
+#[derive(Clone, Default)]
+struct FleetPin {
+    pin: Option<Pin>,
+    /// Fingerprint → why it is not certified (`None`: it is).
+    keys: BTreeMap<String, Option<String>>,
 }
 
 /// One gateway's chain as folded.
@@ -117,6 +136,118 @@ pub fn pins(keys: &[String]) -> Result<Option<Pin>> {
     Ok(out)
 }
 
+/// Seal keys of one chain looked up in the key bucket, at most.
+const MAX_LOOKUPS: usize = 256;
+
+/// The operator keys' fingerprints `--fleet-key` pins.
+fn operator_pins(args: &[String]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for a in args {
+        let p = parse_pin(a).context("--fleet-key")?;
+        if p.key_file.is_some() {
+            bail!("--fleet-key {a} is a private key file: the operator key stays offline, and a reader pins its fingerprint. Next: pass the fingerprint `veris fleet-key new` printed, or its operator.pub");
+        }
+        out.extend(p.fingerprints);
+    }
+    Ok(out)
+}
+
+/// Looks up, for each gateway's newest chain in `read`, the seal keys its
+/// session lines offer in the key bucket, and keeps those certified for
+/// that gateway under `operators` (added to `pin`, `--key`'s).
+async fn fleet_pins(
+    reader: &Reader,
+    read: &SandboxRead,
+    operators: &[String],
+    pin: Option<&Pin>,
+) -> BTreeMap<String, FleetPin> {
+    use veris_receipt::fleet_cert::{entry_key, KeyEntry};
+    let bucket = veris_fleet::registry::KEYS_BUCKET;
+    let now = crate::runtime::fleet_identity::now_ms();
+    let mut out = BTreeMap::new();
+    for (gw, chain) in &read.gateways {
+        // One lookup per session key, at most MAX_LOOKUPS a chain (whoever
+        // can write the stream can make a chain name any number): the rest
+        // read "not looked up".
+        let offered: Vec<_> = offered(&newest_chain(chain).0)
+            .iter()
+            .filter_map(|k| PublicKeys::from_hex(k))
+            .take(MAX_LOOKUPS)
+            .collect();
+        let names: Vec<String> = offered.iter().map(|k| entry_key(gw, &k.key_id)).collect();
+        let found = reader.bucket_entries(bucket, &names).await;
+        let mut f = FleetPin {
+            pin: pin.cloned(),
+            ..FleetPin::default()
+        };
+        for (i, k) in offered.iter().enumerate() {
+            let verdict = match &found {
+                Err(e) => Err(format!("the key bucket could not be read ({e})")),
+                Ok(values) => match &values[i] {
+                    Err(e) => Err(e.clone()),
+                    Ok(None) => Err(format!("the bucket {bucket} holds no entry {}", names[i])),
+                    Ok(Some(v)) => KeyEntry::certifies(v, operators, gw, &k.key_id, now),
+                },
+            };
+            if let Ok(seal) = &verdict {
+                let p = f.pin.get_or_insert_with(Pin::default);
+                p.fingerprints.push(seal.key_id.clone());
+                p.keys.keys.push(seal.clone());
+            }
+            f.keys.insert(k.key_id.clone(), verdict.err());
+        }
+        out.insert(gw.clone(), f);
+    }
+    out
+}
+
+/// The `fleet_key` check of a chain: the seal keys of the sessions in the
+/// receipt's window, each certified or not.
+fn fleet_check(
+    gateway: &str,
+    f: &FleetPin,
+    sessions: &[(u64, String)],
+    since: u64,
+) -> Option<Check> {
+    let at = sessions
+        .iter()
+        .rposition(|(seq, _)| *seq <= since.saturating_add(1))
+        .unwrap_or(0);
+    let inside: Vec<&String> = sessions.get(at..)?.iter().map(|(_, k)| k).collect();
+    if inside.is_empty() {
+        return None;
+    }
+    let mut not = Vec::new();
+    for k in &inside {
+        match f.keys.get(*k) {
+            Some(None) => {}
+            Some(Some(why)) => not.push(format!("seal key {k}: {why}")),
+            None => not.push(format!(
+                "seal key {k}: not looked up (over {MAX_LOOKUPS} session keys in one chain)"
+            )),
+        }
+    }
+    Some(if not.is_empty() {
+        check(
+            "fleet_key",
+            CheckStatus::Ok,
+            format!(
+                "{} seal key(s) certified for {gateway} by the pinned operator key",
+                inside.len()
+            ),
+        )
+    } else {
+        check(
+            "fleet_key",
+            CheckStatus::Unverified,
+            format!(
+                "not certified for {gateway} by the pinned operator key: {}. Next: start the gateway with --fleet-identity (an identity `veris fleet-key certify --gateway {gateway}` made), or pin its seal key (--key)",
+                not.join("; ")
+            ),
+        )
+    })
+}
+
 /// Builds and judges the stream receipt `args` ask for (`args.stream.nats`
 /// set), printing nothing.
 pub async fn build(args: &ReceiptArgs) -> Result<Report> {
@@ -137,6 +268,7 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
     let sandbox = sandbox.as_str();
     let reqs = args.require.parse()?;
     let pin = pins(&args.window.key)?;
+    let operators = operator_pins(&s.fleet_key)?;
     let mut reader = Reader::connect(url, s.nats_creds.as_deref(), &s.nats_stream)
         .await
         .map_err(anyhow::Error::msg)
@@ -155,6 +287,28 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
     let stream = reader.stream_name().to_string();
     let failed =
         |e: String| anyhow::anyhow!(e).context("reading the sandbox's ledgers from the stream");
+    // With --fleet-key, each gateway's keys are known only from its
+    // chain's session lines and the bucket: read into memory first.
+    if !operators.is_empty() {
+        let read = reader.sandbox(sandbox, wait).await.map_err(failed)?;
+        let fleet = fleet_pins(&reader, &read, &operators, pin.as_ref()).await;
+        let cx = Arc::new(Ctx {
+            start_seq: read.start_seq,
+            sandbox: sandbox.to_string(),
+            pin,
+            options,
+            gateways: BTreeMap::new(),
+            fleet: Some(fleet),
+            har,
+        });
+        let parts = {
+            let read = read.clone();
+            tokio::task::spawn_blocking(move || fold_all(&read, &cx))
+                .await
+                .context("folding the stream's chains")?
+        };
+        return Ok(finish(parts, &stream, sandbox, &read, &reqs, args, har));
+    }
     // Folded as the lines arrive, one thread per gateway.
     let mut read = reader.prepare(sandbox, wait).await.map_err(failed)?;
     let cx = Arc::new(Ctx {
@@ -163,6 +317,7 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
         pin: pin.clone(),
         options: options.clone(),
         gateways: read.gateways.clone(),
+        fleet: None,
         har,
     });
     let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -190,29 +345,38 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
                 .context("folding the stream's chains")?
         }
     };
-    let (merged, section, hars) = {
-        let mut parts = parts;
-        dedupe(&mut parts);
-        let section = section(&stream, sandbox, &read, &parts);
-        let hars: Vec<(String, Har)> = parts
-            .iter_mut()
-            .filter(|p| p.counts)
-            .filter_map(|p| Some((p.gateway.clone(), p.har.take()?)))
-            .collect();
-        (merge(parts, sandbox), section, hars)
-    };
-    let mut report = judge(merged, &reqs, args.require.allow_empty);
+    Ok(finish(parts, &stream, sandbox, &read, &reqs, args, har))
+}
+
+/// The parts merged, judged and reported; with `har`, their HARs merged.
+fn finish(
+    mut parts: Vec<Part>,
+    stream: &str,
+    sandbox: &str,
+    read: &SandboxRead,
+    reqs: &[veris_receipt::Requirement],
+    args: &ReceiptArgs,
+    har: bool,
+) -> (Report, Option<Har>) {
+    dedupe(&mut parts);
+    let (text, json) = section(stream, sandbox, read, &parts);
+    let hars: Vec<(String, Har)> = parts
+        .iter_mut()
+        .filter(|p| p.counts)
+        .filter_map(|p| Some((p.gateway.clone(), p.har.take()?)))
+        .collect();
+    let merged = merge(parts, sandbox);
+    let mut report = judge(merged, reqs, args.require.allow_empty);
     let har = har.then(|| {
         let source = format!("NATS stream {stream}, sandbox {sandbox}");
         veris_receipt::har::merged(hars, &report.receipt, &source)
     });
-    let (text, json) = section;
     report.text = match report.text.find("\nFAIL: ") {
         Some(at) => format!("{}\n{text}{}", &report.text[..at], &report.text[at + 1..]),
         None => format!("{}{text}", report.text),
     };
     report.stream = Some(json);
-    Ok((report, har))
+    (report, har)
 }
 
 /// What every gateway's fold shares.
@@ -224,6 +388,8 @@ struct Ctx {
     options: Options,
     /// The gateways and checkpoints the read's first part found.
     gateways: BTreeMap<String, GatewayChain>,
+    /// With `--fleet-key`: per gateway, its pin.
+    fleet: Option<BTreeMap<String, FleetPin>>,
     /// Fold each chain's HAR too.
     har: bool,
 }
@@ -517,7 +683,19 @@ fn fold(
         .filter(|c| c.stream_seq > start_seq)
         .and_then(|c| checkpoint_seal(&c.line));
     let mut anchored_by_checkpoint = false;
-    if let Some(pin) = &cx.pin {
+    let fleet = cx
+        .fleet
+        .as_ref()
+        .map(|m| m.get(gateway).cloned().unwrap_or_default());
+    let pin = match &fleet {
+        Some(f) => f.pin.as_ref(),
+        None => cx.pin.as_ref(),
+    };
+    // Under --fleet-key a chain none of whose keys is certified (or
+    // pinned) is unverified, not refused: a missing certificate says
+    // nothing about the chain.
+    let pin = pin.filter(|p| fleet.is_none() || !offered_keys(p, offered, None).is_empty());
+    if let Some(pin) = pin {
         let keys = offered_keys(pin, offered, None);
         let live = fresh
             .as_ref()
@@ -543,6 +721,7 @@ fn fold(
         };
     }
     let mut seen_keys = Vec::new();
+    let mut sessions = Vec::new();
     let mut b = receipt::Builder::new(&options);
     let mut har = cx.har.then(|| HarBuilder::new(options.service.as_deref()));
     let mut times = Vec::new();
@@ -566,6 +745,9 @@ fn fold(
             seqs = Some((seqs.map_or(line.seq, |s| s.0), line.seq));
             if let Entry::Session(s) = &line.entry {
                 seen_keys.extend(s.public_key.clone());
+                if let Some(k) = s.public_key.as_deref().and_then(PublicKeys::from_hex) {
+                    sessions.push((line.seq, k.key_id));
+                }
             }
             if let Entry::Request(_) = &line.entry {
                 let mut ts = [0u8; 24];
@@ -596,6 +778,9 @@ fn fold(
         anchored_by_checkpoint,
     );
     let mut stream_checks = Vec::new();
+    if let Some(f) = &fleet {
+        stream_checks.extend(fleet_check(gateway, f, &sessions, receipt.window.since_seq));
+    }
     let mut counts = true;
     match &receipt.twin {
         Some(id) if id == sandbox => {}

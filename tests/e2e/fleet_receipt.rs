@@ -31,7 +31,7 @@ fn stream_receipt(nats: &Nats, id: &str, keys: &[&str]) -> Value {
 }
 
 /// [`stream_receipt`] with more arguments.
-fn stream_receipt_with(nats: &Nats, id: &str, keys: &[&str], more: &[&str]) -> Value {
+pub(crate) fn stream_receipt_with(nats: &Nats, id: &str, keys: &[&str], more: &[&str]) -> Value {
     let mut cmd = support::veris(["receipt", "--json", "--nats", &nats.url(), "--sandbox", id]);
     for k in keys {
         cmd.args(["--key", k]);
@@ -55,7 +55,7 @@ fn local_receipt(gw: &Gateway, id: &str, key: &str) -> Value {
 }
 
 /// The status and detail of the integrity check `name`.
-fn check(receipt: &Value, name: &str) -> (String, String) {
+pub(crate) fn check(receipt: &Value, name: &str) -> (String, String) {
     let c = receipt["integrity"]["checks"]
         .as_array()
         .and_then(|a| a.iter().find(|c| c["name"] == name))
@@ -66,11 +66,11 @@ fn check(receipt: &Value, name: &str) -> (String, String) {
     )
 }
 
-fn status(receipt: &Value) -> &str {
+pub(crate) fn status(receipt: &Value) -> &str {
     receipt["integrity"]["status"].as_str().unwrap_or_default()
 }
 
-fn requests(receipt: &Value) -> u64 {
+pub(crate) fn requests(receipt: &Value) -> u64 {
     receipt["services"]
         .as_object()
         .map(|s| {
@@ -98,14 +98,14 @@ fn listed(receipt: &Value) -> Vec<(String, String, String, u64)> {
     out
 }
 
-fn seal_key(gw: &Gateway) -> String {
+pub(crate) fn seal_key(gw: &Gateway) -> String {
     gw.ready["seal_key"]
         .as_str()
         .unwrap_or_else(|| panic!("no seal_key in the ready file: {}", gw.ready))
         .to_string()
 }
 
-fn charge(gw: &Gateway, sbx: &support::gateway::Sandbox, n: usize) {
+pub(crate) fn charge(gw: &Gateway, sbx: &support::gateway::Sandbox, n: usize) {
     assert_eq!(
         curl_charges(&sbx.url("socks5h"), n, &gw.ca()),
         n,

@@ -24,6 +24,7 @@ mod egress_env;
 mod explicit;
 mod faults;
 mod fleet;
+mod fleet_keys;
 mod fleet_receipt;
 mod fleet_registry;
 mod forgery;

@@ -177,6 +177,16 @@ pub fn with_js<T>(
     url: &str,
     f: impl AsyncFnOnce(async_nats::jetstream::Context) -> T,
 ) -> Result<T, String> {
+    with_js_as(url, None, f)
+}
+
+/// [`with_js`], as the user of the nkey `seed` when given (a gateway of
+/// deploy/nats/nats-server.conf).
+pub fn with_js_as<T>(
+    url: &str,
+    seed: Option<&str>,
+    f: impl AsyncFnOnce(async_nats::jetstream::Context) -> T,
+) -> Result<T, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -187,6 +197,9 @@ pub fn with_js<T>(
             async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
         if let (Some(user), Some(pass)) = (addr.username(), addr.password()) {
             options = options.user_and_password(user.into(), pass.into());
+        }
+        if let Some(seed) = seed {
+            options = options.nkey(seed.to_string());
         }
         let client = options
             .connect(url)
