@@ -46,6 +46,7 @@ use crate::cmd::check::EXIT_CHECK_FAILED;
 use crate::runtime::ledgers::Source;
 use crate::runtime::live::{self, Discovery};
 use crate::runtime::receipt::{ReceiptArgs, RequireArgs, WindowArgs};
+use crate::runtime::stream_receipt::StreamArgs;
 use crate::util::EXIT_USAGE;
 
 #[derive(Args, Debug)]
@@ -56,18 +57,43 @@ pub struct McpArgs {
     /// Pin the proxy's seal key (its fingerprint, the `key_id` of its ready file, or a file
     /// holding it) for every receipt: a proxy found through the state dir that seals with
     /// another key fails. Set by whoever configures the server, never by a tool argument.
+    /// Repeatable (with --nats: every gateway process's key).
     #[arg(long, value_name = "FINGERPRINT|FILE")]
-    pub key: Option<String>,
+    pub key: Vec<String>,
+    /// Read a sandbox's receipt (veris_receipt with `sandbox`) from NATS
+    /// JetStream at this URL, as `veris receipt --nats` does: every
+    /// gateway's chain, verified only with --key or --fleet-key.
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
+    /// NATS credentials for --nats (a .creds file or a user nkey seed).
+    #[arg(long, value_name = "FILE", requires = "nats")]
+    pub nats_creds: Option<PathBuf>,
+    /// The stream the gateways publish to.
+    #[arg(long, value_name = "NAME", default_value = veris_fleet::DEFAULT_STREAM, requires = "nats")]
+    pub nats_stream: String,
+    /// With --nats: the operator key that certifies the fleet's gateways
+    /// (its fingerprint or `operator.pub`); repeatable.
+    #[arg(long, value_name = "FP|FILE", requires = "nats")]
+    pub fleet_key: Vec<String>,
 }
 
 /// `veris mcp`: serves until the client closes stdin.
 pub async fn mcp(args: McpArgs) -> Result<u8> {
-    if let Some(k) = &args.key {
+    for k in &args.key {
         crate::runtime::receipt::parse_pin(k)?;
     }
+    crate::runtime::stream_receipt::operator_pins(&args.fleet_key)?;
+    let stream = args.nats.map(|nats| StreamArgs {
+        nats: Some(nats),
+        nats_creds: args.nats_creds,
+        nats_stream: args.nats_stream,
+        nats_wait: 0.0,
+        fleet_key: args.fleet_key,
+    });
     let server = Veris {
         state_dir: crate::util::state_dir(args.state_dir),
         key: args.key,
+        stream,
         running: Default::default(),
         tool_router: Veris::tool_router(),
     };
@@ -167,7 +193,10 @@ async fn skip_line(input: &mut (impl tokio::io::AsyncBufRead + Unpin)) -> std::i
 pub struct Veris {
     state_dir: PathBuf,
     /// `--key`: the seal key every receipt is pinned to.
-    key: Option<String>,
+    key: Vec<String>,
+    /// `--nats`: where a sandbox's receipt is read from (set by whoever
+    /// configures the server, never by a tool argument).
+    stream: Option<StreamArgs>,
     /// One `veris_run` at a time: a timed-out run's leftovers are ended by
     /// looking for this server's descendants.
     running: std::sync::Arc<tokio::sync::Mutex<()>>,
@@ -188,7 +217,7 @@ pub struct ReceiptParams {
     /// Only this service.
     #[serde(default)]
     pub service: Option<String>,
-    /// A gateway's sandbox (its id): that sandbox's receipt, read through the live gateway of the state dir.
+    /// A gateway's sandbox (its id): that sandbox's receipt, read through the live gateway of the state dir, or from the fleet's NATS stream when the server was started with --nats.
     #[serde(default)]
     pub sandbox: Option<String>,
     /// Require at least N requests of a service answered 2xx: "SERVICE" (N = 1) or "SERVICE:N", e.g. "stripe:1"; a last word "status=CODE", "status=Nxx" or "status=any" counts other answers, e.g. "stripe:1 status=4xx".
@@ -281,14 +310,27 @@ impl Veris {
             );
             return failure("veris_receipt", EXIT_USAGE, &e);
         }
+        let stream = match (&self.stream, &p.sandbox) {
+            (Some(stream), Some(_)) => {
+                if p.since.is_some() || p.run.is_some() {
+                    let e = anyhow::anyhow!(
+                        "`since` and `run` name a local ledger; this server reads sandboxes from the NATS stream. Next: drop them (the stream's window is the sandbox's latest session, or `all`)"
+                    );
+                    return failure("veris_receipt", EXIT_USAGE, &e);
+                }
+                stream.clone()
+            }
+            _ => StreamArgs::default(),
+        };
+        let from_stream = stream.nats.is_some();
         let args = ReceiptArgs {
             window: WindowArgs {
-                state_dir: Some(self.state_dir.clone()),
+                state_dir: (!from_stream).then(|| self.state_dir.clone()),
                 run: p.run,
                 ledger: None,
                 since: p.since,
                 all: p.all,
-                key: self.key.clone().into_iter().collect(),
+                key: self.key.clone(),
                 service: p.service,
                 sandbox: p.sandbox,
             },
@@ -301,7 +343,7 @@ impl Veris {
                 allow_empty: p.allow_empty,
                 require_verified: p.require_verified,
             },
-            stream: Default::default(),
+            stream,
         };
         let report = match crate::runtime::receipt::build(&args).await {
             Ok(report) => report,
@@ -327,7 +369,7 @@ impl Veris {
         let note = run
             .as_ref()
             .filter(|_| report.receipt.integrity.status != IntegrityStatus::Verified)
-            .map(|id| finished_run_note(id, self.key.is_some()));
+            .map(|id| finished_run_note(id, !self.key.is_empty()));
         if let Some(id) = &run {
             text.push_str(&format!("ledger: run {id} of the state dir\n"));
         }

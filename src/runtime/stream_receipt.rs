@@ -140,7 +140,7 @@ pub fn pins(keys: &[String]) -> Result<Option<Pin>> {
 const MAX_LOOKUPS: usize = 256;
 
 /// The operator keys' fingerprints `--fleet-key` pins.
-fn operator_pins(args: &[String]) -> Result<Vec<String>> {
+pub fn operator_pins(args: &[String]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for a in args {
         let p = parse_pin(a).context("--fleet-key")?;

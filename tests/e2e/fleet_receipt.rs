@@ -286,6 +286,30 @@ fn two_gateways_one_stream_receipt_is_the_merge_of_the_local_ones() {
         from_stream, expected,
         "the stream HAR's entries are the local HARs'"
     );
+    // The MCP tool, configured with the stream and the keys by whoever
+    // starts the server: the same verdict and requests.
+    let dir = support::TempDir::new("stream-mcp");
+    let url = nats.url();
+    let mut mcp = crate::mcp::Mcp::start_with(
+        &dir.join("state"),
+        &dir,
+        &["--nats", &url, "--key", &k1, "--key", &k2],
+    );
+    mcp.initialize();
+    let got = mcp.call(
+        "veris_receipt",
+        serde_json::json!({"sandbox": id, "require_verified": true}),
+    );
+    assert!(!crate::mcp::is_error(&got), "{}", crate::mcp::text_of(&got));
+    let receipt = &got["structuredContent"]["receipt"];
+    assert_eq!(status(receipt), "verified", "{got}");
+    assert_eq!(requests(receipt), 9, "{got}");
+    // A local-ledger argument is refused, not silently ignored.
+    let got = mcp.call(
+        "veris_receipt",
+        serde_json::json!({"sandbox": id, "run": "x"}),
+    );
+    assert!(crate::mcp::is_error(&got), "{got}");
     // One key pinned: the HAR says so, and holds the same entries.
     let (har, _) = stream_har(&[&k1]);
     assert_ne!(har["log"]["_veris"]["integrity"], "verified");

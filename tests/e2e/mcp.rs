@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use support::{output, text, veris, Guard, Serve, TempDir, DEADLINE};
 
 /// A `veris mcp` child and the lines it writes to stdout.
-struct Mcp {
+pub(crate) struct Mcp {
     process: Guard,
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
@@ -30,7 +30,7 @@ impl Mcp {
         Mcp::start_with(state, dir, &[])
     }
 
-    fn start_with(state: &Path, dir: &TempDir, extra: &[&str]) -> Mcp {
+    pub(crate) fn start_with(state: &Path, dir: &TempDir, extra: &[&str]) -> Mcp {
         let stderr_file = dir.join("mcp.stderr");
         let mut cmd = veris(["mcp", "--state-dir"]);
         cmd.arg(state)
@@ -101,7 +101,7 @@ impl Mcp {
         }
     }
 
-    fn initialize(&mut self) -> Value {
+    pub(crate) fn initialize(&mut self) -> Value {
         let init = self.request(
             "initialize",
             json!({
@@ -115,7 +115,7 @@ impl Mcp {
     }
 
     /// `tools/call`: the result (a JSON-RPC error fails the test).
-    fn call(&mut self, tool: &str, arguments: Value) -> Value {
+    pub(crate) fn call(&mut self, tool: &str, arguments: Value) -> Value {
         let v = self.request("tools/call", json!({"name": tool, "arguments": arguments}));
         assert!(v.get("error").is_none(), "{tool}: JSON-RPC error {v}");
         v["result"].clone()
@@ -142,7 +142,7 @@ impl Mcp {
 }
 
 /// The text blocks of a tool result, joined.
-fn text_of(result: &Value) -> String {
+pub(crate) fn text_of(result: &Value) -> String {
     result["content"]
         .as_array()
         .expect("content")
@@ -155,7 +155,7 @@ fn text_of(result: &Value) -> String {
         .join("\n")
 }
 
-fn is_error(result: &Value) -> bool {
+pub(crate) fn is_error(result: &Value) -> bool {
     result["isError"].as_bool().unwrap_or(false)
 }
 
