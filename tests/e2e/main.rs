@@ -26,6 +26,7 @@ mod faults;
 mod fleet;
 mod fleet_receipt;
 mod fleet_registry;
+mod fleet_tui;
 mod forgery;
 mod gateway;
 mod gateway_attacks;
