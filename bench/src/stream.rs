@@ -45,24 +45,7 @@ pub fn main(args: &[String]) -> bool {
         size as f64 / 1e6,
         start.elapsed().as_secs_f64()
     );
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let mut server = Command::new("nats-server")
-        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-        .arg(root.join("store"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nats-server");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let url = format!("nats://127.0.0.1:{port}");
+    let (mut server, url) = nats_server(root.join("store"));
     let published = publish(&url, &ledger, size, lines);
     println!(
         "published to the stream in {:.2} s ({:.0} lines/s, {:.0} MB/s)",
@@ -75,6 +58,28 @@ pub fn main(args: &[String]) -> bool {
     let _ = server.wait();
     let _ = std::fs::remove_dir_all(&root);
     true
+}
+
+/// A `nats-server -js` on a free loopback port storing in `store`, and its URL.
+pub(crate) fn nats_server(store: std::path::PathBuf) -> (std::process::Child, String) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let server = Command::new("nats-server")
+        .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(store)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nats-server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nats-server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, format!("nats://127.0.0.1:{port}"))
 }
 
 /// Publishes the ledger file on `veris.ledger.SANDBOX.bench` in messages

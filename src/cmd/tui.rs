@@ -67,7 +67,7 @@ pub struct TuiArgs {
     #[arg(long, value_name = "FINGERPRINT|FILE", requires = "nats")]
     pub key: Vec<String>,
     /// Rows kept in memory; older ones are counted, not shown [default:
-    /// 50000; with --nats 200 per sandbox and gateway].
+    /// 50000; with --nats 100 per sandbox and gateway].
     #[arg(long, value_name = "N")]
     pub rows: Option<usize>,
     /// Seconds between receipt refreshes while traffic flows (r refreshes now).

@@ -26,10 +26,10 @@ use veris_receipt::{Entry, Line, RequestLine};
 use crate::app::{Action, App, ConnState, Connection, Event};
 
 /// Lines kept per sandbox and gateway by default in the fleet view.
-pub const DEFAULT_FLEET_ROWS: usize = 200;
+pub const DEFAULT_FLEET_ROWS: usize = 100;
 
 /// Sandboxes tracked at most by default.
-pub const DEFAULT_SANDBOXES: usize = 5_000;
+pub const DEFAULT_SANDBOXES: usize = 2_000;
 
 /// One ledger message as the stream stored it.
 #[derive(Debug, Clone)]
