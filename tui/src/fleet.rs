@@ -14,7 +14,9 @@
 //! Memory is bounded: per sandbox and gateway the newest `rows` lines are
 //! kept (plus the chain's newest session line, for the drill-in header);
 //! at most `sandboxes` sandboxes are tracked, the one idle longest is
-//! forgotten (and counted) when a new one arrives. Counters are kept for
+//! forgotten (and counted) when a new one arrives; per sandbox at most
+//! [`MAX_GATEWAYS`] chains and [`MAX_SERVICES`] service names (the stream
+//! names them, not veris). Counters are kept for
 //! every line read since the view started.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -30,6 +32,17 @@ pub const DEFAULT_FLEET_ROWS: usize = 100;
 
 /// Sandboxes tracked at most by default.
 pub const DEFAULT_SANDBOXES: usize = 2_000;
+
+/// Gateways kept per sandbox: a chain beyond them replaces the one idle
+/// longest (anyone who can write to the stream can name any gateway).
+pub const MAX_GATEWAYS: usize = 16;
+
+/// Services counted by name per sandbox; more names count as [`OTHER`].
+pub const MAX_SERVICES: usize = 32;
+
+/// Where the calls of services beyond [`MAX_SERVICES`] are counted (not a
+/// subject token, so no service can be named so).
+pub const OTHER: &str = "(others)";
 
 /// One ledger message as the stream stored it.
 #[derive(Debug, Clone)]
@@ -131,6 +144,8 @@ pub struct FleetApp {
     sandboxes: HashMap<String, SandboxRow>,
     /// Sandboxes forgotten to stay under the cap.
     pub forgotten: u64,
+    /// Gateways' chains forgotten to stay under [`MAX_GATEWAYS`].
+    pub forgotten_chains: u64,
     /// Messages read, and what could not be read from them.
     pub messages: u64,
     pub malformed_messages: u64,
@@ -161,6 +176,7 @@ impl FleetApp {
             cap: cap.max(1),
             sandboxes: HashMap::new(),
             forgotten: 0,
+            forgotten_chains: 0,
             messages: 0,
             malformed_messages: 0,
             skipped_lines: 0,
@@ -280,6 +296,24 @@ impl FleetApp {
                 ..SandboxRow::default()
             });
         row.last_ms = row.last_ms.max(m.stored_ms);
+        if !row.gateways.contains_key(&m.gateway) && row.gateways.len() >= MAX_GATEWAYS {
+            let idlest = row
+                .gateways
+                .iter()
+                .min_by_key(|(_, c)| c.last_ms)
+                .map(|(g, _)| g.clone());
+            if let Some(g) = idlest {
+                row.gateways.remove(&g);
+                self.forgotten_chains += 1;
+                if self
+                    .drill
+                    .as_ref()
+                    .is_some_and(|d| d.sandbox == m.sandbox && d.gateway == g)
+                {
+                    self.drill = None;
+                }
+            }
+        }
         let chain = row.gateways.entry(m.gateway.clone()).or_default();
         chain.last_ms = chain.last_ms.max(m.stored_ms);
         let mut drilled = self
@@ -308,7 +342,14 @@ impl FleetApp {
                     if *status >= 400 {
                         row.errors += 1;
                     }
-                    *row.services.entry(service.clone()).or_default() += 1;
+                    let name = if row.services.contains_key(service)
+                        || row.services.len() < MAX_SERVICES
+                    {
+                        service.as_str()
+                    } else {
+                        OTHER
+                    };
+                    *row.services.entry(name.to_string()).or_default() += 1;
                 }
                 Entry::UpstreamError(_) => row.errors += 1,
                 Entry::Blocked(_) | Entry::TrustFailure(_) | Entry::ReservedPath(_) => {
@@ -472,5 +513,143 @@ impl FleetApp {
             cur.saturating_add(n).min(view.len() - 1)
         };
         self.selected = Some(view[to].id.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veris_receipt::{SessionLine, LEDGER_VERSION};
+
+    fn payload(entries: Vec<Entry>) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, entry) in entries.into_iter().enumerate() {
+            let line = Line {
+                v: LEDGER_VERSION,
+                seq: i as u64 + 1,
+                ts: "2026-12-04T10:00:00.000Z".into(),
+                entry,
+                prev: "0".repeat(64),
+            };
+            out.extend(serde_json::to_vec(&line).unwrap());
+            out.push(b'\n');
+        }
+        out
+    }
+
+    fn charges(service: &str, n: usize) -> Vec<Entry> {
+        (0..n)
+            .map(|_| Entry::Request(RequestLine::test(service, "POST", "/v1/charges")))
+            .collect()
+    }
+
+    fn msg(sandbox: &str, gateway: &str, at: i64, payload: Vec<u8>) -> FleetEvent {
+        FleetEvent::Message(Message {
+            sandbox: sandbox.into(),
+            gateway: gateway.into(),
+            ledger_id: "0123456789abcdef".into(),
+            stored_ms: at,
+            payload,
+        })
+    }
+
+    fn key(code: KeyCode) -> FleetEvent {
+        FleetEvent::Term(Event::Key(KeyEvent::from(code)))
+    }
+
+    #[test]
+    fn garbage_is_counted_never_listed() {
+        let mut app = FleetApp::new("t", 10, 10, 0);
+        app.update(msg(
+            "a",
+            "gw",
+            1,
+            b"\x1b[2J integrity: verified\n{\"v\":5}\n".to_vec(),
+        ));
+        assert!(app.is_empty());
+        assert_eq!((app.malformed_messages, app.skipped_lines), (1, 2));
+        let mut p = payload(charges("stripe", 1));
+        p.extend(b"not a line\n");
+        app.update(msg("a", "gw", 2, p));
+        assert_eq!(app.len(), 1);
+        assert_eq!((app.malformed_messages, app.skipped_lines), (1, 3));
+        app.update(FleetEvent::Malformed);
+        assert_eq!((app.messages, app.malformed_messages), (3, 2));
+    }
+
+    #[test]
+    fn memory_is_bounded_whatever_the_stream_names() {
+        let mut app = FleetApp::new("t", 3, 2, 0);
+        app.update(msg("a", "gw", 1, payload(charges("stripe", 10))));
+        let row = &app.sandboxes["a"];
+        assert_eq!(row.requests, 10);
+        assert_eq!(row.gateways["gw"].lines.len(), 3, "the newest 3 lines kept");
+        // A third sandbox: the idlest is forgotten.
+        app.update(msg("b", "gw", 2, payload(charges("stripe", 1))));
+        app.update(msg("c", "gw", 3, payload(charges("stripe", 1))));
+        assert_eq!((app.len(), app.forgotten), (2, 1));
+        assert!(!app.sandboxes.contains_key("a"));
+        // Gateways and service names are the writer's to pick: capped.
+        for g in 0..MAX_GATEWAYS + 4 {
+            app.update(msg(
+                "c",
+                &format!("gw{g}"),
+                4 + g as i64,
+                payload(charges("s", 1)),
+            ));
+        }
+        assert_eq!(app.sandboxes["c"].gateways.len(), MAX_GATEWAYS);
+        assert_eq!(app.forgotten_chains, 5);
+        let many: Vec<Entry> = (0..MAX_SERVICES + 8)
+            .flat_map(|i| charges(&format!("svc{i}"), 1))
+            .collect();
+        app.update(msg("c", "gw9", 100, payload(many)));
+        let services = &app.sandboxes["c"].services;
+        assert_eq!(services.len(), MAX_SERVICES + 1);
+        assert!(services[OTHER] >= 8);
+    }
+
+    #[test]
+    fn newest_first_enter_opens_esc_returns_new_chain_resets() {
+        let mut app = FleetApp::new("t", 50, 50, 0);
+        let mut entries = vec![Entry::Session(SessionLine::test())];
+        entries.extend(charges("stripe", 2));
+        app.update(msg("old", "gw", 1, payload(entries.clone())));
+        app.update(msg("new", "gw", 5, payload(entries)));
+        let ids: Vec<&str> = app.view().iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["new", "old"]);
+        assert_eq!(
+            app.update(key(KeyCode::Enter)),
+            Some(FleetAction::Receipt("new".into()))
+        );
+        let d = app.drill.as_ref().unwrap();
+        assert_eq!((d.sandbox.as_str(), d.app.rows_len()), ("new", 3));
+        assert!(d.app.nested);
+        // Live lines of the sandbox opened reach its table.
+        let mut more = payload(vec![]);
+        more.extend(
+            serde_json::to_vec(&Line {
+                v: LEDGER_VERSION,
+                seq: 4,
+                ts: "2026-12-04T10:00:01.000Z".into(),
+                entry: charges("stripe", 1).remove(0),
+                prev: "0".repeat(64),
+            })
+            .unwrap(),
+        );
+        more.push(b'\n');
+        app.update(msg("new", "gw", 6, more));
+        assert_eq!(app.drill.as_ref().unwrap().app.rows_len(), 4);
+        // A new chain on the subject starts the table over.
+        app.update(FleetEvent::Message(Message {
+            ledger_id: "fedcba9876543210".into(),
+            ..match msg("new", "gw", 7, payload(charges("stripe", 1))) {
+                FleetEvent::Message(m) => m,
+                _ => unreachable!(),
+            }
+        }));
+        assert_eq!(app.drill.as_ref().unwrap().app.rows_len(), 1);
+        app.update(key(KeyCode::Esc));
+        assert!(app.drill.is_none());
     }
 }

@@ -12,7 +12,7 @@ use ratatui::Frame;
 use veris_receipt::quote::token;
 
 use crate::app::ConnState;
-use crate::fleet::{FleetApp, SandboxRow};
+use crate::fleet::{FleetApp, SandboxRow, MAX_GATEWAYS};
 use crate::render::{duration_words, keep_end};
 
 /// Draws the fleet view, or the sandbox drilled into.
@@ -73,6 +73,15 @@ fn render_header(app: &FleetApp, frame: &mut Frame, area: Rect) {
     }
     if app.forgotten > 0 {
         line3.push(Span::raw(format!(" · {} idle sandboxes forgotten", app.forgotten)).dark_gray());
+    }
+    if app.forgotten_chains > 0 {
+        line3.push(
+            Span::raw(format!(
+                " · {} gateway chains forgotten (over {MAX_GATEWAYS} per sandbox)",
+                app.forgotten_chains
+            ))
+            .red(),
+        );
     }
     frame.render_widget(
         Paragraph::new(vec![
