@@ -128,6 +128,8 @@ fn fleet_view_lists_sandboxes_live_and_opens_one() {
     });
     assert_ne!(integrity_word(&screen), "verified", "{screen}");
     assert!(screen.contains("Esc  fleet"), "{screen}");
+    // Seal lines are not kept for the table: their seqs are not missing.
+    assert!(!screen.contains("seqs missing"), "{screen}");
 
     tmux.keys(&["Escape"]);
     tmux.wait_screen("the fleet list again", TUI_DEADLINE, |s| {

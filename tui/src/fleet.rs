@@ -253,7 +253,12 @@ impl FleetApp {
             }
             FleetEvent::Connection(c) => {
                 if let Some(d) = &mut self.drill {
-                    d.app.update(Event::Connection(c.clone()));
+                    // The table keeps naming its sandbox and gateway.
+                    let via = d.app.conn.via.clone();
+                    d.app.update(Event::Connection(Connection {
+                        state: c.state.clone(),
+                        via,
+                    }));
                 }
                 self.conn = c;
             }
@@ -402,7 +407,11 @@ impl FleetApp {
             self.size,
         );
         app.nested = true;
-        app.update(Event::Connection(self.conn.clone()));
+        let via = app.conn.via.clone();
+        app.update(Event::Connection(Connection {
+            state: self.conn.state.clone(),
+            via,
+        }));
         // The session line first when the ring no longer holds it.
         let first = chain.lines.front().map_or(u64::MAX, |l| l.seq);
         let mut lines: Vec<Line> = chain
@@ -413,6 +422,10 @@ impl FleetApp {
             .collect();
         lines.extend(chain.lines.iter().cloned());
         app.update(Event::Lines(lines));
+        // The lines kept skip seals (and the session line may lie before
+        // them): their seqs are not missing from the stream. Lines from
+        // now on arrive whole, and a gap among them is one.
+        app.gaps = 0;
         self.drill = Some(Drill {
             sandbox: sandbox.to_string(),
             gateway: gateway.to_string(),
