@@ -173,10 +173,11 @@ async fn fleet(args: &TuiArgs, url: &str) -> Result<u8> {
         .unwrap_or(veris_tui::fleet::DEFAULT_FLEET_ROWS)
         .max(1);
     let every = Duration::from_secs(args.receipt_every.max(1));
+    // Bad flags, credentials or a wrong URL are told before the terminal is.
+    let (options, feed) = view.open(rows, every).await?;
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!("veris tui needs an interactive terminal. Next: run it in a terminal, or use `veris receipt --nats URL --sandbox ID` for one sandbox's receipt");
     }
-    let (options, feed) = view.open(rows, every).await?;
     tracing::info!(url, "fleet tui starting");
     let mut terminal = veris_tui::enter_terminal().context("setting up the terminal")?;
     let result = veris_tui::run_fleet(&mut terminal, options, feed).await;

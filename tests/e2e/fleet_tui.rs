@@ -292,3 +292,30 @@ fn fleet_view_skips_garbage_and_filters_by_pattern() {
     assert!(!title(&tmux).contains("pwned"), "the pane's title changed");
     quit(&tmux, dir.path());
 }
+
+/// Bad input is told before the terminal is taken, with what to do next:
+/// a pattern NATS would read as more than a token, a start that is not a
+/// duration, a server that does not answer, a stream that does not exist.
+#[test]
+fn fleet_view_refuses_bad_input_with_a_next_step() {
+    let Some(nats) = Nats::start() else { return };
+    let url = nats.url();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--nats", &url, "--sandbox", "a.b"],
+            "--sandbox with --nats. Next:",
+        ),
+        (&["--nats", &url, "--since", "5x"], "bad --since \"5x\""),
+        (&["--nats", "nats://127.0.0.1:1"], "Next: check the URL"),
+        (
+            &["--nats", &url, "--nats-stream", "NOPE"],
+            "Next: check the URL, --nats-creds and --nats-stream",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = support::output(support::veris(["tui"]).args(args));
+        let (stdout, stderr) = support::text(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
