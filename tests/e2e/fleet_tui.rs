@@ -319,3 +319,41 @@ fn fleet_view_refuses_bad_input_with_a_next_step() {
         assert!(stderr.contains(want), "{args:?}: {stderr}");
     }
 }
+
+/// With the gateway's seal key pinned (`--key`), a sandbox opened from
+/// the list reads `verified` exactly as `veris receipt --nats --key` does
+/// (a stopped gateway: its chain ends in its final seal; a canary probe
+/// from inside), while the list itself still says nothing is checked there.
+#[test]
+fn fleet_view_verifies_only_an_opened_sandbox_with_a_pinned_key() {
+    let Some(nats) = Nats::start() else { return };
+    if !ok_tools() {
+        return;
+    }
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("fleet-tui-key");
+    let mut gw = start_gateway("fleet-tui-key", &nats, "gw1");
+    let key = gw.ready["seal_key"].as_str().expect("seal_key").to_string();
+    let sbx = gw.add_sandbox("sbx-k", "stripe");
+    assert_eq!(curl_charges(&sbx.url("socks5h"), 2, &gw.ca()), 2);
+    crate::support::gateway::probe_canary(&sbx.url("socks5h"), &gw.ca());
+    crate::fleet::gateway_published(&gw, "sbx-k");
+    gw.stop();
+
+    let tmux = start_tui(dir.path(), &nats, &["--key", &key, "--since", "all"]);
+    let screen = tmux.wait_screen("the sandbox's row", TUI_DEADLINE, |s| {
+        row(s, "sbx-k").is_some_and(|r| r.contains("stripe 2"))
+    });
+    assert_eq!(integrity_word(&screen), "not", "{screen}");
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_screen("the opened sandbox's receipt", TUI_DEADLINE, |s| {
+        s.contains("twin sbx-k") && !s.contains("integrity: pending")
+    });
+    assert_eq!(integrity_word(&screen), "verified", "{screen}");
+    tmux.keys(&["Escape"]);
+    let screen = tmux.wait_screen("the list again", TUI_DEADLINE, |s| s.contains("SANDBOX"));
+    assert_eq!(integrity_word(&screen), "not", "{screen}");
+    quit(&tmux, dir.path());
+}
