@@ -1,16 +1,18 @@
 //! `veris-bench`: prints figures, asserts nothing (BENCHMARKS.md).
 //!
-//!     cargo build --release && cargo run --release -p veris-bench -- [proxy|ledger|gateway|stream|all] [ARGS]
+//!     cargo build --release && cargo run --release -p veris-bench -- [proxy|ledger|gateway|stream|fleet-tui|all] [ARGS]
 //!
 //! `proxy` runs veris against direct and peer proxies (`proxy.rs`; `--help`
 //! for its flags), `ledger` the ledger at scale (`ledger.rs`), `all` both;
 //! `gateway` one `veris gateway` serving many sandboxes against `veris
 //! serve` (`gateway.rs`); `stream` the receipt from a NATS stream of a
-//! big sandbox ledger (`stream.rs`).
+//! big sandbox ledger (`stream.rs`); `fleet-tui` the fleet view of `veris
+//! tui --nats` over a stream of many sandboxes (`fleet_tui.rs`).
 
 // Prints figures, not veris: a failed unwrap or expect ends the run with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod fleet_tui;
 mod gateway;
 mod ledger;
 mod load;
@@ -28,6 +30,7 @@ fn main() {
         "proxy" => proxy::main(&rest),
         "gateway" => gateway::main(&rest),
         "stream" => stream::main(&rest),
+        "fleet-tui" => fleet_tui::main(&rest),
         "ledger" => {
             ledger::main(&rest);
             true
@@ -40,7 +43,7 @@ fn main() {
         }
         other => {
             eprintln!(
-                "veris-bench: unknown scenario group {other:?} (proxy, ledger, gateway, stream, all)"
+                "veris-bench: unknown scenario group {other:?} (proxy, ledger, gateway, stream, fleet-tui, all)"
             );
             false
         }

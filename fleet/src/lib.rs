@@ -12,6 +12,8 @@
 //!   `/status` and the metrics show.
 //! - [`stream_read`]: one sandbox's chains, per gateway, and their latest
 //!   checkpoints, read with an ordered consumer (the stream receipt's input).
+//! - [`follow`]: the fleet's ledger messages live, from a start time on
+//!   (`veris tui --nats`).
 //! - [`read`]: a subject's messages one by one, as the stream holds them
 //!   (tests compare them with the ledger file).
 //! - [`registry::Registry`]: the fleet's sandbox registry, a key-value
@@ -29,6 +31,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 
+pub mod follow;
 pub mod metrics;
 pub mod publish;
 pub mod read;

@@ -116,6 +116,10 @@ impl Reader {
         })
     }
 
+    pub(crate) fn stream(&self) -> &stream::Stream {
+        &self.stream
+    }
+
     pub fn stream_name(&self) -> &str {
         &self.name
     }

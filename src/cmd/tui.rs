@@ -1,4 +1,5 @@
-//! `veris tui`: picks the source (admin API, state dir or ledger file), owns
+//! `veris tui`: picks the source (admin API, state dir, ledger file, or the
+//! fleet on NATS: [`crate::runtime::fleet_view`]), owns
 //! the terminal (raw mode and alternate screen, restored on quit, on error
 //! and on panic) and sends logs to a file while the screen is taken.
 
@@ -36,11 +37,43 @@ pub struct TuiArgs {
     pub run: Option<String>,
     /// Follow a gateway's sandbox (--state-dir is the gateway's): its
     /// ledger file, and the receipt `veris receipt --sandbox` builds.
-    #[arg(long, value_name = "ID", conflicts_with_all = ["admin", "ledger", "run"])]
+    /// With --nats: the sandboxes to list, an id or a pattern with `*`
+    /// (`ci-*`) [default: all].
+    #[arg(long, value_name = "ID|PATTERN", conflicts_with_all = ["admin", "ledger", "run"])]
     pub sandbox: Option<String>,
-    /// Rows kept in memory; older ones are counted, not shown.
-    #[arg(long, default_value_t = DEFAULT_CAPACITY, value_name = "N")]
-    pub rows: usize,
+    /// The fleet's live view: every sandbox's ledger lines from NATS
+    /// JetStream at this URL, one row per sandbox (Enter opens one).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["admin", "ledger", "run", "state_dir"])]
+    pub nats: Option<String>,
+    /// NATS credentials for --nats: a .creds file, or a file holding only a
+    /// user nkey seed (a user and password go in the URL).
+    #[arg(long = "nats-creds", value_name = "FILE", requires = "nats")]
+    pub nats_creds: Option<PathBuf>,
+    /// The stream the gateways publish to.
+    #[arg(long = "nats-stream", value_name = "NAME", default_value = veris_fleet::DEFAULT_STREAM, requires = "nats")]
+    pub nats_stream: String,
+    /// With --nats: where the view starts, a time back from now (`30s`,
+    /// `15m`, `2h`) or `all` (the whole stream).
+    #[arg(
+        long,
+        value_name = "DURATION|all",
+        default_value = "15m",
+        requires = "nats"
+    )]
+    pub since: String,
+    /// With --nats: pin the gateways' seal keys for the receipt of a sandbox
+    /// opened with Enter, as `veris receipt --nats --key` (repeatable).
+    /// Without one nothing is `verified`.
+    #[arg(long, value_name = "FINGERPRINT|FILE", requires = "nats")]
+    pub key: Vec<String>,
+    /// With --nats: the operator key that certifies the fleet's gateways,
+    /// as `veris receipt --nats --fleet-key` (repeatable).
+    #[arg(long, value_name = "FP|FILE", requires = "nats")]
+    pub fleet_key: Vec<String>,
+    /// Rows kept in memory; older ones are counted, not shown [default:
+    /// 50000; with --nats 100 per sandbox and gateway].
+    #[arg(long, value_name = "N")]
+    pub rows: Option<usize>,
     /// Seconds between receipt refreshes while traffic flows (r refreshes now).
     #[arg(long, default_value_t = 5, value_name = "SECS")]
     pub receipt_every: u64,
@@ -77,6 +110,9 @@ pub fn init_logging(args: &TuiArgs) {
 }
 
 pub async fn tui(args: TuiArgs) -> Result<u8> {
+    if let Some(url) = &args.nats {
+        return fleet(&args, url).await;
+    }
     let spec = if let Some(path) = &args.ledger {
         SourceSpec::Ledger(path.clone())
     } else if let Some(url) = &args.admin {
@@ -113,12 +149,43 @@ pub async fn tui(args: TuiArgs) -> Result<u8> {
         &mut terminal,
         RunOptions {
             spec,
-            capacity: args.rows.max(1),
+            capacity: args.rows.unwrap_or(DEFAULT_CAPACITY).max(1),
             receipt_every: Duration::from_secs(args.receipt_every.max(1)),
             receipt,
         },
     )
     .await;
+    veris_tui::leave_terminal();
+    result.with_context(|| format!("the TUI stopped; see {}", args.log_path().display()))?;
+    Ok(0)
+}
+
+/// `veris tui --nats URL`: the fleet view.
+async fn fleet(args: &TuiArgs, url: &str) -> Result<u8> {
+    use crate::runtime::fleet_view::{parse_start, FleetView};
+    let start = parse_start(&args.since).map_err(anyhow::Error::msg)?;
+    let view = FleetView {
+        url: url.to_string(),
+        creds: args.nats_creds.clone(),
+        stream: args.nats_stream.clone(),
+        pattern: args.sandbox.clone(),
+        start,
+        keys: args.key.clone(),
+        fleet_keys: args.fleet_key.clone(),
+    };
+    let rows = args
+        .rows
+        .unwrap_or(veris_tui::fleet::DEFAULT_FLEET_ROWS)
+        .max(1);
+    let every = Duration::from_secs(args.receipt_every.max(1));
+    // Bad flags, credentials or a wrong URL are told before the terminal is.
+    let (options, feed) = view.open(rows, every).await?;
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        bail!("veris tui needs an interactive terminal. Next: run it in a terminal, or use `veris receipt --nats URL --sandbox ID` for one sandbox's receipt");
+    }
+    tracing::info!(url, "fleet tui starting");
+    let mut terminal = veris_tui::enter_terminal().context("setting up the terminal")?;
+    let result = veris_tui::run_fleet(&mut terminal, options, feed).await;
     veris_tui::leave_terminal();
     result.with_context(|| format!("the TUI stopped; see {}", args.log_path().display()))?;
     Ok(0)

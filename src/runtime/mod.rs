@@ -6,6 +6,7 @@ pub mod baseline;
 pub mod checks;
 pub mod fleet;
 pub mod fleet_identity;
+pub mod fleet_view;
 pub mod gateway;
 pub mod gateway_tls;
 pub mod junit;

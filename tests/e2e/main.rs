@@ -27,6 +27,7 @@ mod fleet;
 mod fleet_keys;
 mod fleet_receipt;
 mod fleet_registry;
+mod fleet_tui;
 mod forgery;
 mod gateway;
 mod gateway_attacks;

@@ -304,6 +304,8 @@ pub struct App {
     pub receipt_error: Option<String>,
     /// Why the rows were last cleared, shown until the next line arrives.
     pub notice: Option<String>,
+    /// Shown inside the fleet view (`veris tui --nats`): Esc goes back.
+    pub nested: bool,
 }
 
 impl App {
@@ -340,6 +342,7 @@ impl App {
             receipt: None,
             receipt_error: None,
             notice: None,
+            nested: false,
         }
     }
 

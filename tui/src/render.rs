@@ -74,7 +74,7 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 /// `s` cut from the left to `room` characters, with `…` when cut.
-fn keep_end(s: &str, room: usize) -> String {
+pub fn keep_end(s: &str, room: usize) -> String {
     let n = s.chars().count();
     if n <= room {
         return s.to_string();
@@ -113,6 +113,7 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
     let twin = receipt
         .and_then(|r| r.twin.clone())
         .or_else(|| app.session.as_ref().map(|s| s.sandbox_id.clone()))
+        .map(|t| token(&t).into_owned())
         .unwrap_or_else(|| "?".into());
     let mode = receipt
         .and_then(|r| r.mode)
@@ -1046,6 +1047,7 @@ fn render_footer(app: &App, frame: &mut Frame, area: Rect) {
         ])
     } else {
         let mut spans = Vec::new();
+        let fleet = [("Esc", "fleet"), ("Tab", "gateway")];
         for (k, what) in [
             ("q", "quit"),
             ("jk↑↓", "move"),
@@ -1054,7 +1056,10 @@ fn render_footer(app: &App, frame: &mut Frame, area: Rect) {
             ("/", "filter"),
             ("p", "pause"),
             ("r", "receipt"),
-        ] {
+        ]
+        .iter()
+        .chain(fleet.iter().filter(|_| app.nested))
+        {
             spans.push(Span::raw(format!(" {k} ")).bold().reversed());
             spans.push(Span::raw(format!(" {what} ")));
         }

@@ -15,8 +15,10 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::app::{Action, App, Event};
+use crate::fleet::{FleetAction, FleetApp, FleetEvent};
+use crate::fleet_render::render_fleet;
 use crate::render::render;
-use crate::source::{self, ReceiptHook, SourceSpec};
+use crate::source::{self, ReceiptFuture, ReceiptHook, SourceSpec};
 
 /// Frames per second at most.
 pub const FPS: u64 = 30;
@@ -158,10 +160,141 @@ where
     result
 }
 
+/// A sandbox's receipt, built by the binary (`veris receipt --nats`'s).
+pub type SandboxReceipt = Arc<dyn Fn(String) -> ReceiptFuture + Send + Sync>;
+
+pub struct FleetOptions {
+    /// Words for the source, shown in the header.
+    pub via: String,
+    /// Lines kept per sandbox and gateway.
+    pub rows: usize,
+    /// Sandboxes tracked at most.
+    pub sandboxes: usize,
+    /// The header's integrity line.
+    pub integrity: String,
+    /// Builds the drilled-in sandbox's receipt.
+    pub receipt: SandboxReceipt,
+    /// How often that receipt is refreshed while its lines arrive.
+    pub receipt_every: Duration,
+}
+
+/// Runs the fleet view on `terminal` until `q`. `feed` is the task that
+/// sends the stream's messages (it gets the sender); the caller owns the
+/// terminal as for [`run`].
+pub async fn run_fleet<B, F>(
+    terminal: &mut Terminal<B>,
+    options: FleetOptions,
+    feed: impl FnOnce(mpsc::Sender<FleetEvent>) -> F,
+) -> Result<(), TuiError>
+where
+    B: Backend,
+    B::Error: std::error::Error + Send + Sync + 'static,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::channel::<FleetEvent>(QUEUE);
+    let (receipt_tx, mut receipt_rx) = mpsc::channel::<String>(1);
+    let mut feed = tokio::spawn(feed(tx.clone()));
+    let hook = options.receipt.clone();
+    let receipt_events = tx.clone();
+    let mut receipts = tokio::spawn(async move {
+        while let Some(sandbox) = receipt_rx.recv().await {
+            let result = hook(sandbox.clone()).await.map(Box::new);
+            if receipt_events
+                .send(FleetEvent::Receipt { sandbox, result })
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let input = spawn_input(tx, stop.clone()).map_err(TuiError::Input)?;
+
+    let size = terminal.size().map_err(|e| TuiError::Draw(Box::new(e)))?;
+    let mut app = FleetApp::new(options.via, options.rows, options.sandboxes, now_ms());
+    app.size = (size.width, size.height);
+    app.integrity = options.integrity;
+    // The drilled-in sandbox and its activity when its receipt was asked.
+    let mut receipt_for: Option<(String, u64)> = None;
+    let mut receipt_at = Instant::now();
+    let mut frame = tokio::time::interval(Duration::from_millis(1000 / FPS));
+    frame.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut dirty = true;
+    let mut drawn_second = 0;
+
+    let result = 'outer: loop {
+        tokio::select! {
+            _ = &mut feed => break Err(TuiError::Source("stream feed")),
+            _ = &mut receipts => break Err(TuiError::Source("receipt")),
+            ev = rx.recv() => {
+                let Some(ev) = ev else { break Ok(()) };
+                let mut next = Some(ev);
+                let mut n = 0;
+                while let Some(ev) = next.take() {
+                    match app.update(ev) {
+                        Some(FleetAction::Quit) => break 'outer Ok(()),
+                        Some(FleetAction::Receipt(sandbox)) => {
+                            let seq = app.drill.as_ref().map_or(0, |d| d.app.activity_seq());
+                            let _ = receipt_tx.try_send(sandbox.clone());
+                            receipt_for = Some((sandbox, seq));
+                            receipt_at = Instant::now();
+                        }
+                        None => {}
+                    }
+                    n += 1;
+                    if n < MAX_DRAIN {
+                        next = rx.try_recv().ok();
+                    }
+                }
+                dirty = true;
+            }
+            _ = frame.tick() => {
+                let now = now_ms();
+                app.update(FleetEvent::Term(Event::Tick { now_ms: now }));
+                // New lines of the drilled-in sandbox refresh its receipt
+                // at most every `receipt_every`.
+                if let Some(d) = &app.drill {
+                    let seq = d.app.activity_seq();
+                    let stale = receipt_for
+                        .as_ref()
+                        .is_none_or(|(s, at)| *s != d.sandbox || *at != seq);
+                    if stale && receipt_at.elapsed() >= options.receipt_every {
+                        let _ = receipt_tx.try_send(d.sandbox.clone());
+                        receipt_for = Some((d.sandbox.clone(), seq));
+                        receipt_at = Instant::now();
+                    }
+                }
+                if dirty || now / 1000 != drawn_second {
+                    if let Err(e) = terminal.draw(|f| render_fleet(&app, f)) {
+                        break Err(TuiError::Draw(Box::new(e)));
+                    }
+                    dirty = false;
+                    drawn_second = now / 1000;
+                }
+            }
+        }
+    };
+    stop.store(true, Ordering::Relaxed);
+    feed.abort();
+    receipts.abort();
+    drop(rx);
+    if input.join().is_err() {
+        warn!("the input thread panicked");
+    }
+    info!(
+        sandboxes = app.len(),
+        messages = app.messages,
+        malformed = app.malformed_messages,
+        "fleet tui stopped"
+    );
+    result
+}
+
 /// Reads keys and resizes on a thread (crossterm's reader blocks), checking
 /// `stop` every 100 ms.
-fn spawn_input(
-    tx: mpsc::Sender<Event>,
+fn spawn_input<E: From<Event> + Send + 'static>(
+    tx: mpsc::Sender<E>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -183,7 +316,7 @@ fn spawn_input(
                         Event::Key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL))
                     }
                 };
-                if tx.blocking_send(ev).is_err() {
+                if tx.blocking_send(ev.into()).is_err() {
                     return;
                 }
             }
