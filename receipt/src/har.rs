@@ -392,23 +392,28 @@ impl HarBuilder {
             w.until_seq,
             crate::receipt::integrity_text(&receipt.integrity)
         );
-        Har {
-            log: Log {
-                version: HAR_VERSION.into(),
-                creator: Creator {
-                    name: "veris".into(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                },
-                entries: self.entries,
-                comment,
-                veris: LogVeris {
-                    twin: receipt.twin.clone(),
-                    window: w,
-                    integrity: receipt.integrity.status,
-                    integrity_reason: receipt.integrity.reason.clone(),
-                },
+        har_of(self.entries, comment, receipt)
+    }
+}
+
+/// A HAR of `entries` under `receipt`'s window and verdict.
+fn har_of(entries: Vec<HarEntry>, comment: String, receipt: &Receipt) -> Har {
+    Har {
+        log: Log {
+            version: HAR_VERSION.into(),
+            creator: Creator {
+                name: "veris".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
             },
-        }
+            entries,
+            comment,
+            veris: LogVeris {
+                twin: receipt.twin.clone(),
+                window: receipt.window,
+                integrity: receipt.integrity.status,
+                integrity_reason: receipt.integrity.reason.clone(),
+            },
+        },
     }
 }
 
@@ -438,23 +443,7 @@ pub fn merged(parts: Vec<(String, Har)>, receipt: &Receipt, source: &str) -> Har
         "veris ledgers from {source}, each gateway's chain verified and windowed on its own (`_veris.gateway`, `_veris.seq`); integrity: {}",
         crate::receipt::integrity_text(&receipt.integrity)
     );
-    Har {
-        log: Log {
-            version: HAR_VERSION.into(),
-            creator: Creator {
-                name: "veris".into(),
-                version: env!("CARGO_PKG_VERSION").into(),
-            },
-            entries,
-            comment,
-            veris: LogVeris {
-                twin: receipt.twin.clone(),
-                window: receipt.window,
-                integrity: receipt.integrity.status,
-                integrity_reason: receipt.integrity.reason.clone(),
-            },
-        },
-    }
+    har_of(entries, comment, receipt)
 }
 
 /// Said in the log's comment when bodies are attached.
