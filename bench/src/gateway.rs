@@ -43,7 +43,7 @@ use crate::procstat;
 
 const USAGE: &str = "\
 veris-bench gateway [--quick] [--rounds R] [--requests N] [--seconds S] [--sandboxes N]
-                    [--conns N] [--idle N] [--adds N] [--nats] [--markdown]
+                    [--conns N] [--idle N] [--adds N] [--nats] [--rate R] [--markdown]
 
   --quick         small counts, one round (a smoke run)
   --rounds R      rounds of serve and gateway runs, interleaved [3]
@@ -57,6 +57,10 @@ veris-bench gateway [--quick] [--rounds R] [--requests N] [--seconds S] [--sandb
                   (`--nats`, a nats-server started here): its added latency
                   and CPU against the same gateway without it, how far
                   publishing lags under the load, how long it takes to drain
+  --rate R        then an open-loop pass per path at R requests a second in
+                  all (latency counted from when each request was due): the
+                  latency publishing adds below saturation [2000 with --nats,
+                  else 0: skip]
   --markdown      print the summary as BENCHMARKS.md's table
 
 Needs target/release/veris (cargo build --release) or $VERIS_BIN.";
@@ -70,8 +74,22 @@ struct Options {
     idle: usize,
     adds: usize,
     nats: bool,
+    /// Open-loop requests a second (`--rate`; None: the default).
+    rate: Option<f64>,
     markdown: bool,
 }
+
+impl Options {
+    /// The open-loop pass's rate; 0 skips it.
+    fn open_rate(&self) -> f64 {
+        self.rate
+            .unwrap_or(if self.nats { DEFAULT_RATE } else { 0.0 })
+    }
+}
+
+/// `--rate`'s default with `--nats`: about a tenth of what one gateway
+/// answers at saturation on 2 cores — a busy CI fleet, not a flood.
+const DEFAULT_RATE: f64 = 2000.0;
 
 fn parse(args: &[String]) -> Result<Options> {
     let mut o = Options {
@@ -83,6 +101,7 @@ fn parse(args: &[String]) -> Result<Options> {
         idle: 1000,
         adds: 50,
         nats: false,
+        rate: None,
         markdown: false,
     };
     let mut it = args.iter();
@@ -110,6 +129,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--idle" => o.idle = value("--idle")?.min(5000) as usize,
             "--adds" => o.adds = value("--adds")?.min(1000) as usize,
             "--nats" => o.nats = true,
+            "--rate" => o.rate = Some(value("--rate")?.min(1_000_000) as f64),
             "--markdown" => o.markdown = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -336,6 +356,13 @@ impl Gateway {
     }
 }
 
+/// One open-loop run: latency percentiles at a fixed rate.
+struct Paced {
+    path: &'static str,
+    /// p50, p99, p99.9.
+    ms: [f64; 3],
+}
+
 /// One measured run.
 struct Sample {
     path: &'static str,
@@ -516,6 +543,17 @@ async fn run(o: Options) -> Result<()> {
         }
     }
 
+    let paced = {
+        let mut by_path: Vec<(&'static str, &[Endpoint], &mut Tally)> = vec![
+            ("serve", &serve_conns, &mut serve_tally),
+            ("gateway", &gateway_conns, &mut gateway_tally),
+        ];
+        if nats.is_some() {
+            by_path.push((NATS_PATH, &published_conns, &mut nats_tally));
+        }
+        open_loop(&o, &mut by_path, limit).await?
+    };
+
     println!("\nafter the load:");
     let mut pids = vec![
         ("serve", serve.child.pid()),
@@ -607,7 +645,8 @@ async fn run(o: Options) -> Result<()> {
     let clean = [&serve_tally, &gateway_tally, &nats_tally]
         .iter()
         .all(|t| t.not_ok == 0 && t.errors == 0);
-    let summary = summary(&o, clean, &samples, &lags, &idle.0, &idle.1);
+    let mut summary = summary(&o, clean, &samples, &lags, &idle.0, &idle.1);
+    summary.extend(paced_rows(o.open_rate(), &paced));
     println!(
         "\nMedians of {} round(s); CPU is the proxy process's user+system time per answered request.",
         o.rounds
@@ -621,6 +660,110 @@ async fn run(o: Options) -> Result<()> {
     }
     drop(twin);
     Ok(())
+}
+
+/// The open-loop pass (`--rate`): `o.rounds` rounds over the paths, in
+/// rotating order, each at the same fixed rate for `o.seconds`.
+async fn open_loop(
+    o: &Options,
+    paths: &mut [(&'static str, &[Endpoint], &mut Tally)],
+    limit: Duration,
+) -> Result<Vec<Paced>> {
+    let rate = o.open_rate();
+    let mut out = Vec::new();
+    if rate <= 0.0 || paths.is_empty() {
+        return Ok(out);
+    }
+    println!("\nopen loop at {rate:.0} req/s in all (latency from when each request was due):");
+    let requests = (rate * o.seconds as f64) as u64;
+    for round in 0..o.rounds {
+        let n = paths.len();
+        for k in 0..n {
+            let (path, conns, tally) = &mut paths[(round + k) % n];
+            let r = load::keep_alive_at(conns, requests, limit, Some(rate), || {})
+                .await
+                .with_context(|| format!("open loop on {path}"))?;
+            tally.add(&r);
+            let at = |p: f64| r.percentile(p).unwrap_or_default().as_secs_f64() * 1e3;
+            let ms = [at(50.0), at(99.0), at(99.9)];
+            println!(
+                "  {path:<8} {:>7} req in {:>5.2} s ({:.0} req/s): p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms{}",
+                r.answered,
+                r.elapsed.as_secs_f64(),
+                r.per_second(),
+                ms[0],
+                ms[1],
+                ms[2],
+                match (r.not_ok, r.errors) {
+                    (0, 0) => String::new(),
+                    (n, e) => format!(" [{n} not 200, {e} errors]"),
+                }
+            );
+            out.push(Paced { path, ms });
+        }
+    }
+    Ok(out)
+}
+
+/// The open-loop rows: each path's median percentiles, and what
+/// publishing adds against the spread of the plain gateway's own rounds
+/// (the noise it must stay within).
+fn paced_rows(rate: f64, paced: &[Paced]) -> Vec<(String, String, String)> {
+    let of = |path: &str, i: usize| -> Vec<f64> {
+        paced
+            .iter()
+            .filter(|p| p.path == path)
+            .map(|p| p.ms[i])
+            .collect()
+    };
+    let mut rows = Vec::new();
+    let mut figures = Vec::new();
+    for path in ["serve", "gateway", NATS_PATH] {
+        let m: Vec<Option<f64>> = (0..3).map(|i| median(of(path, i))).collect();
+        if m[0].is_some() {
+            figures.push(format!(
+                "{path} {} / {} / {} ms",
+                fmt_ms(m[0]),
+                fmt_ms(m[1]),
+                fmt_ms(m[2])
+            ));
+        }
+    }
+    if figures.is_empty() {
+        return rows;
+    }
+    rows.push((
+        format!("open loop at {rate:.0} req/s: latency p50 / p99 / p99.9"),
+        figures.join(", "),
+        "no target".into(),
+    ));
+    let spread = |v: Vec<f64>| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        (hi - lo).max(0.0)
+    };
+    if let (Some(g50), Some(n50), Some(g99), Some(n99)) = (
+        median(of("gateway", 0)),
+        median(of(NATS_PATH, 0)),
+        median(of("gateway", 1)),
+        median(of(NATS_PATH, 1)),
+    ) {
+        let (noise50, noise99) = (spread(of("gateway", 0)), spread(of("gateway", 1)));
+        let within = (n50 - g50) <= noise50.max(0.05) && (n99 - g99) <= noise99.max(0.1);
+        rows.push((
+            format!("added by --nats at {rate:.0} req/s"),
+            format!(
+                "p50 {:+.2} ms, p99 {:+.2} ms (the gateway's own rounds spread {noise50:.2} / {noise99:.2} ms)",
+                n50 - g50,
+                n99 - g99
+            ),
+            format!(
+                "target none beyond noise: {}",
+                if within { "met" } else { "NOT met" }
+            ),
+        ));
+    }
+    rows
 }
 
 /// One keep-alive run over `conns`, with the CPU time of the proxy (`pid`),

@@ -472,6 +472,21 @@ pub async fn keep_alive(
     limit: Duration,
     started: impl FnOnce(),
 ) -> Result<RunResult> {
+    keep_alive_at(conns, requests, limit, None, started).await
+}
+
+/// [`keep_alive`], open loop when `rate` is set: requests go out on a fixed
+/// schedule of `rate` a second in all (each connection its share,
+/// staggered), whatever the answers' pace, and a request's latency counts
+/// from when it was due, so a stall shows in the percentiles instead of
+/// slowing the load (no coordinated omission).
+pub async fn keep_alive_at(
+    conns: &[Endpoint],
+    requests: u64,
+    limit: Duration,
+    rate: Option<f64>,
+    started: impl FnOnce(),
+) -> Result<RunResult> {
     let budget = Arc::new(AtomicI64::new(requests as i64));
     let mut senders = Vec::with_capacity(conns.len());
     for endpoint in conns {
@@ -485,12 +500,27 @@ pub async fn keep_alive(
     let clock = Instant::now();
     let deadline = clock + limit;
     let mut tasks = tokio::task::JoinSet::new();
-    for (this, mut sender) in senders {
+    // Per connection: the time between its requests (open loop).
+    let every = rate.map(|r| Duration::from_secs_f64(senders.len() as f64 / r.max(1e-3)));
+    let count = senders.len() as u32;
+    for (i, (this, mut sender)) in senders.into_iter().enumerate() {
         let budget = budget.clone();
         tasks.spawn(async move {
             let mut tally = Tally::default();
+            let mut due = every.map(|e| clock + e * i as u32 / count);
             while take(&budget, deadline) {
-                let t = Instant::now();
+                let t = match (&mut due, every) {
+                    (Some(d), Some(e)) => {
+                        if *d >= deadline {
+                            break;
+                        }
+                        tokio::time::sleep_until((*d).into()).await;
+                        let t = *d;
+                        *d += e;
+                        t
+                    }
+                    _ => Instant::now(),
+                };
                 match this.get_h1(&mut sender).await {
                     Ok(status) => tally.answer(status, t),
                     Err(e) => {

@@ -124,22 +124,17 @@ impl Reader {
         &self.name
     }
 
-    /// The values of `keys` in the key-value bucket `bucket`, read on this
-    /// connection without creating it: `Err` when the bucket cannot be
-    /// opened, else per key its value (`None`: nothing stored) or why it
-    /// could not be read.
+    /// The values of `keys` in the key-value bucket `bucket` and their
+    /// revisions, read on this connection without creating it: `Err` when
+    /// the bucket cannot be opened, else per key its value and revision
+    /// (`None`: nothing stored) or why it could not be read.
     #[allow(clippy::type_complexity)]
     pub async fn bucket_entries(
         &self,
         bucket: &str,
         keys: &[String],
-    ) -> Result<Vec<Result<Option<Bytes>, String>>, String> {
-        crate::check_token("the bucket name", bucket).map_err(|e| e.to_string())?;
-        let store = self
-            .js
-            .get_key_value(bucket)
-            .await
-            .map_err(|e| format!("bucket {bucket}: {e}"))?;
+    ) -> Result<Vec<Result<Option<(Bytes, u64)>, String>>, String> {
+        let store = self.bucket(bucket).await?;
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
             out.push(
@@ -148,12 +143,50 @@ impl Reader {
                     .await
                     .map(|e| {
                         e.filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put)
-                            .map(|e| e.value)
+                            .map(|e| (e.value, e.revision))
                     })
                     .map_err(|e| format!("reading {key} from bucket {bucket}: {e}")),
             );
         }
         Ok(out)
+    }
+
+    /// The keys of `bucket` that start with `prefix`, oldest write first,
+    /// at most the newest `max`.
+    pub async fn bucket_keys(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        max: usize,
+    ) -> Result<Vec<String>, String> {
+        use futures_util::TryStreamExt;
+        let store = self.bucket(bucket).await?;
+        let mut keys = store
+            .keys()
+            .await
+            .map_err(|e| format!("listing bucket {bucket}: {e}"))?;
+        let mut out = std::collections::VecDeque::new();
+        while let Some(k) = keys
+            .try_next()
+            .await
+            .map_err(|e| format!("listing bucket {bucket}: {e}"))?
+        {
+            if k.starts_with(prefix) {
+                if out.len() == max {
+                    out.pop_front();
+                }
+                out.push_back(k);
+            }
+        }
+        Ok(out.into())
+    }
+
+    async fn bucket(&self, bucket: &str) -> Result<async_nats::jetstream::kv::Store, String> {
+        crate::check_token("the bucket name", bucket).map_err(|e| e.to_string())?;
+        self.js
+            .get_key_value(bucket)
+            .await
+            .map_err(|e| format!("bucket {bucket}: {e}"))
     }
 
     /// The stream's last sequence now.

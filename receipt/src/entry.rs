@@ -300,7 +300,8 @@ pub enum Entry {
         signature: String,
         /// Lower-case hex SHA-256 of the public key that signed.
         key_id: String,
-        /// `interval`, `shutdown` or `demand`.
+        /// `interval`, `demand`, `shutdown` (the proxy stopped) or `removed`
+        /// (a gateway's sandbox left it for good): [`crate::seal::is_final`].
         reason: String,
     },
     /// QUIC (UDP 443) attempts caught by the proxy's silent UDP sink, so the

@@ -40,6 +40,21 @@ pub const PUB_FILE: &str = "ledger.pub";
 /// The first ledger version whose seals sign their reason.
 pub const SIGNED_REASON_SINCE: u32 = 5;
 
+/// The seal a proxy writes when it stops: its session's last line.
+pub const SHUTDOWN: &str = "shutdown";
+/// A gateway sandbox's last seal when it leaves the gateway for good
+/// (removed or expired): nothing follows it on that chain, ever; its id is
+/// not served again there. A later start of the gateway writes a session
+/// line to every sandbox it still holds, so a chain that ends in
+/// `shutdown` while its gateway has started since is cut short.
+pub const REMOVED: &str = "removed";
+
+/// Whether a seal with this reason ends a session (nothing the session
+/// wrote comes after it).
+pub fn is_final(reason: &str) -> bool {
+    reason == SHUTDOWN || reason == REMOVED
+}
+
 /// What can go wrong with seal keys.
 #[derive(Debug, thiserror::Error)]
 pub enum SealError {

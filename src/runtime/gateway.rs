@@ -67,7 +67,7 @@ use veris_proxy::outbound::upstream::{Upstream, UpstreamOptions};
 use veris_proxy::{Identity, Limits, Proxy, ProxyOptions};
 use veris_receipt::ledger::Ledger;
 use veris_receipt::receipt::CheckStatus;
-use veris_receipt::seal::{PublicKeys, Sealer, PUB_FILE};
+use veris_receipt::seal::{self, PublicKeys, Sealer, PUB_FILE};
 use veris_receipt::{CheckLine, Entry, ListenerTier, Mode, SessionLine};
 
 use crate::runtime::live::discovery::{ADDR_FILE, TOKEN_FILE};
@@ -341,7 +341,8 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     }
     // Every sandbox drains at once: a stop takes one grace, not one each.
     let all = sandboxes.all();
-    futures_util::future::join_all(all.iter().map(|s| close(s, &shared.sealer))).await;
+    futures_util::future::join_all(all.iter().map(|s| close(s, &shared.sealer, seal::SHUTDOWN)))
+        .await;
     let _ = shutdown.send(true);
     if let Some(t) = twin_task {
         let _ = t.await;
@@ -355,12 +356,19 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     Ok(())
 }
 
-/// Ends a sandbox's session: its connections drain, the twin cross-check
-/// of its session is recorded, then the final seal. As at the end of a
-/// `serve`, the check line is what a reader finds once the gateway is gone
-/// (`veris receipt --sandbox ID --key <seal_key>`): without it the window
-/// could never read verified.
-async fn close(sandbox: &Sandbox, sealer: &Sealer) {
+/// Ends a sandbox's session, once: its connections drain, the twin
+/// cross-check of its session is recorded, then the final seal — `reason`
+/// [`seal::SHUTDOWN`] when the gateway stops holding it, [`seal::REMOVED`]
+/// when it leaves for good (removed, expired: nothing follows on its
+/// chain, and a stream reader can tell a cut chain from an ended one). As
+/// at the end of a `serve`, the check line is what a reader finds once the
+/// gateway is gone (`veris receipt --sandbox ID --key <seal_key>`): without
+/// it the window could never read verified.
+async fn close(sandbox: &Sandbox, sealer: &Sealer, reason: &str) {
+    let mut closed = sandbox.closed.lock().await;
+    if std::mem::replace(&mut *closed, true) {
+        return;
+    }
     sandbox.timer.abort();
     sandbox.proxy.shutdown().await;
     // No traffic can arrive now: the window is exact.
@@ -404,7 +412,7 @@ async fn close(sandbox: &Sandbox, sealer: &Sealer) {
     if let Some(p) = &sandbox.publishing {
         p.record_refusal(&sandbox.ledger, since);
     }
-    if let Err(e) = sandbox.ledger.seal(sealer, "shutdown") {
+    if let Err(e) = sandbox.ledger.seal(sealer, reason) {
         warn!(sandbox = %sandbox.id, error = %e, "cannot append the sandbox's final seal");
     }
     // What the file holds, the final seal included, goes to the stream
@@ -538,7 +546,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     };
     let saved = fleet.and_then(|()| sandbox.record.save(&sandbox_dir(shared, &sandbox.id)));
     if let Err(e) = saved.and_then(|()| shared.sandboxes.insert(sandbox.clone())) {
-        close(&sandbox, &shared.sealer).await;
+        close(&sandbox, &shared.sealer, seal::SHUTDOWN).await;
         let _ = std::fs::remove_file(sandbox_dir(shared, &sandbox.id).join(record::RECORD_FILE));
         return Err(e);
     }
@@ -580,10 +588,15 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
 /// with a log line, the removed, the expired and the unreadable). The read
 /// token is kept as a digest only, so the sandbox's `admin.token` is a token
 /// of this run that reads only it; the platform's read token still reads it.
+/// An ended sandbox whose chain lacks its `removed` seal (it expired while
+/// the gateway was down, or the gateway died mid-removal) gets it now.
 async fn restore_all(shared: &Arc<Shared>) {
-    let records = record::load_all(&shared.state_dir.join(SANDBOXES_DIR), SystemTime::now());
+    let stored = record::load_all(&shared.state_dir.join(SANDBOXES_DIR), SystemTime::now());
+    for record in stored.ended {
+        end_chain(shared, record).await;
+    }
     let mut restored = 0usize;
-    for record in records {
+    for record in stored.live {
         let id = record.id.clone();
         let started = match crate::util::random_hex(32) {
             Ok(local) => start(shared, record, local).await,
@@ -598,6 +611,37 @@ async fn restore_all(shared: &Arc<Shared>) {
     }
     if restored > 0 {
         info!(restored, "sandboxes restored from their records");
+    }
+}
+
+/// Writes an ended sandbox's final `removed` seal (after this run's session
+/// line, published like any) unless its chain has it, never serving it.
+async fn end_chain(shared: &Arc<Shared>, record: Record) {
+    let id = record.id.clone();
+    let ledger = sandbox_dir(shared, &id).join("ledger.jsonl");
+    let ended = std::fs::File::open(&ledger)
+        .ok()
+        .map(|f| veris_receipt::ledger::last_line(&f).ok().flatten());
+    match ended {
+        // No ledger: nothing to end.
+        None => return,
+        Some(Some(l)) if matches!(&l.entry, Entry::Seal { reason, .. } if reason == seal::REMOVED) => {
+            return
+        }
+        Some(_) => {}
+    }
+    let started = match crate::util::random_hex(32) {
+        Ok(token) => start(shared, record, token).await,
+        Err(e) => Err(e),
+    };
+    match started {
+        Ok(s) => {
+            close(&s, &shared.sealer, seal::REMOVED).await;
+            info!(sandbox = %id, "an ended sandbox's chain lacked its final seal; it has it now");
+        }
+        Err(e) => {
+            warn!(sandbox = %id, error = %format!("{e:#}"), "cannot end an ended sandbox's chain; a stream reader takes it as cut")
+        }
     }
 }
 
@@ -623,7 +667,7 @@ fn reserve<'a>(shared: &'a Shared, id: &str) -> Result<Reserved<'a>> {
         .lock()
         .map_err(|_| anyhow::anyhow!("the busy table is poisoned"))?;
     if busy.contains(id) || shared.sandboxes.get(id).is_some() {
-        bail!("sandbox {id} is registered already. Next: remove it first, or pick another id");
+        bail!("sandbox {id} is registered already. Next: pick another id (an id is served once)");
     }
     busy.insert(id.to_string());
     Ok(Reserved {
@@ -664,7 +708,7 @@ async fn remove(shared: &Arc<Shared>, id: &str, to_fleet: bool) -> Option<Result
         ),
         _ => Ok(()),
     };
-    close(&sandbox, &shared.sealer).await;
+    close(&sandbox, &shared.sealer, seal::REMOVED).await;
     let stored = stored.context("the sandbox is refused now, but its record could not be revoked: a restart would serve it again. Next: delete that file");
     Some(stored.and(fleet))
 }
@@ -763,10 +807,11 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         admin,
         record,
         publishing,
+        closed: Default::default(),
     });
     expiry_timer(shared, &sandbox);
     if let Err(e) = write_files(shared, &dir, &sandbox.id, &admin_token) {
-        close(&sandbox, &shared.sealer).await;
+        close(&sandbox, &shared.sealer, seal::SHUTDOWN).await;
         return Err(e);
     }
     Ok(sandbox)
@@ -818,6 +863,7 @@ async fn open_ledger(
     shared.sealer.publish(dir)?;
     let (ledger, report) = Ledger::open_sealed_by(&dir.join("ledger.jsonl"), &own)?;
     private(ledger.path(), 0o600)?;
+    ended_for_good(&ledger, &identity.sandbox_id)?;
     let ledger = Arc::new(ledger);
     let twin_heads = crate::runtime::live::twin_newest_ids(services).await;
     let session = Entry::Session(SessionLine {
@@ -843,6 +889,22 @@ async fn open_ledger(
         .append(session)
         .context("writing the sandbox's session line")?;
     Ok((ledger, seq, twin_heads))
+}
+
+/// Refuses to continue a chain that ends in its [`seal::REMOVED`] seal: a
+/// sandbox id is served once (a stream reader takes that seal as the
+/// chain's end; lines after it would make a cut chain read complete).
+fn ended_for_good(ledger: &Ledger, id: &str) -> Result<()> {
+    let file = std::fs::File::open(ledger.path())
+        .with_context(|| format!("reading {}", ledger.path().display()))?;
+    let last = veris_receipt::ledger::last_line(&file)
+        .with_context(|| format!("reading {}", ledger.path().display()))?;
+    if let Some(l) = last {
+        if matches!(&l.entry, Entry::Seal { reason, .. } if reason == seal::REMOVED) {
+            bail!("sandbox {id} was removed (or expired) here at {}: its chain ended in its final seal, and an id is served once so that its receipt stays its own. Next: add it under another id", l.ts);
+        }
+    }
+    Ok(())
 }
 
 /// Seals the ledger's unsealed lines once a second (or when due) until the
@@ -874,17 +936,19 @@ fn seal_timer(
     })
 }
 
-/// When the sandbox's `--ttl` runs out, its open connections are closed
-/// (new ones are refused from then on by the credential check): on every
-/// gateway of a fleet at once, as each holds the same expiry.
-fn expiry_timer(shared: &Shared, sandbox: &Sandbox) {
+/// When the sandbox's `--ttl` runs out, its session ends for good ([`close`]
+/// with [`seal::REMOVED`]): its open connections are closed and its final
+/// seal written (new connections are refused from then on by the credential
+/// check); on every gateway of a fleet at once, as each holds the same
+/// expiry. It stays listed, expired.
+fn expiry_timer(shared: &Shared, sandbox: &Arc<Sandbox>) {
     let Some(expires) = sandbox.expires else {
         return;
     };
-    let (proxy, cancel, id) = (
-        Arc::downgrade(&sandbox.proxy),
+    let (weak, cancel, sealer) = (
+        Arc::downgrade(sandbox),
         shared.cancel.clone(),
-        sandbox.id.clone(),
+        shared.sealer.clone(),
     );
     tokio::spawn(async move {
         let left = expires
@@ -894,9 +958,9 @@ fn expiry_timer(shared: &Shared, sandbox: &Sandbox) {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(left) => {}
         }
-        if let Some(proxy) = proxy.upgrade() {
-            info!(sandbox = %id, "the sandbox's --ttl ran out; closing its open connections");
-            proxy.shutdown().await;
+        if let Some(sandbox) = weak.upgrade() {
+            info!(sandbox = %sandbox.id, "the sandbox's --ttl ran out; closing its open connections and its ledger");
+            close(&sandbox, &sealer, seal::REMOVED).await;
         }
     });
 }

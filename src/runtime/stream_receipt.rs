@@ -36,7 +36,7 @@ use veris_receipt::receipt::{
     self, Anchor, Check, CheckStatus, Integrity, IntegrityStatus, LiveChannel, Options, Receipt,
     WindowSpec, JSON_ENTRY_CAP,
 };
-use veris_receipt::seal::{Pin, PublicKeys};
+use veris_receipt::seal::{self, Pin, PublicKeys};
 
 use crate::runtime::receipt::{judge, offered_keys, parse_pin, ReceiptArgs, Report};
 
@@ -83,6 +83,10 @@ struct FleetPin {
     pin: Option<Pin>,
     /// Fingerprint → why it is not certified (`None`: it is).
     keys: BTreeMap<String, Option<String>>,
+    /// A seal key certified for the gateway and written to the bucket after
+    /// every certified key its chain offers: the gateway started since its
+    /// chain's last session ([`started_since`]).
+    started_since: Option<String>,
 }
 
 /// One gateway's chain as folded.
@@ -97,6 +101,8 @@ struct Part {
     seqs: Option<(u64, u64)>,
     /// The `complete` check.
     complete: Check,
+    /// Fingerprints of the seal keys its session lines name.
+    key_ids: Vec<String>,
     /// Other checks of the stream's (another sandbox's chain, a copy).
     stream_checks: Vec<Check>,
     /// Older chains on the subject (a ledger moved aside): not in the receipt.
@@ -180,13 +186,20 @@ async fn fleet_pins(
             pin: pin.cloned(),
             ..FleetPin::default()
         };
+        let mut newest = None;
         for (i, k) in offered.iter().enumerate() {
             let verdict = match &found {
                 Err(e) => Err(format!("the key bucket could not be read ({e})")),
                 Ok(values) => match &values[i] {
                     Err(e) => Err(e.clone()),
                     Ok(None) => Err(format!("the bucket {bucket} holds no entry {}", names[i])),
-                    Ok(Some(v)) => KeyEntry::certifies(v, operators, gw, &k.key_id, now),
+                    Ok(Some((v, revision))) => {
+                        let c = KeyEntry::certifies(v, operators, gw, &k.key_id, now);
+                        if c.is_ok() {
+                            newest = newest.max(Some(*revision));
+                        }
+                        c
+                    }
                 },
             };
             if let Ok(seal) = &verdict {
@@ -196,9 +209,55 @@ async fn fleet_pins(
             }
             f.keys.insert(k.key_id.clone(), verdict.err());
         }
+        if let Some(newest) = newest {
+            f.started_since = started_since(reader, gw, operators, newest, &f.keys).await;
+        }
         out.insert(gw.clone(), f);
     }
     out
+}
+
+/// A seal key certified for `gateway` under `operators` whose bucket entry
+/// is newer than `revision` (its chain's newest certified key), if any: the
+/// gateway started since, and at each start it writes a session line to
+/// every sandbox it holds, so a chain ending in a `shutdown` seal before
+/// that start was cut (or its sandbox had left the gateway, which then
+/// ends its chain with a `removed` seal). The bucket can only make a chain
+/// say less here, so a key counts when certified at its own start.
+async fn started_since(
+    reader: &Reader,
+    gateway: &str,
+    operators: &[String],
+    revision: u64,
+    offered: &BTreeMap<String, Option<String>>,
+) -> Option<String> {
+    use veris_receipt::fleet_cert::{entry_key, KeyEntry};
+    let bucket = veris_fleet::registry::KEYS_BUCKET;
+    let prefix = entry_key(gateway, "");
+    let keys = reader
+        .bucket_keys(bucket, &prefix, MAX_LOOKUPS)
+        .await
+        .ok()?;
+    let newer: Vec<String> = keys
+        .into_iter()
+        .filter(|k| !offered.contains_key(&k[prefix.len()..]))
+        .collect();
+    let found = reader.bucket_entries(bucket, &newer).await.ok()?;
+    for (key, entry) in newer.iter().zip(found).rev() {
+        let Ok(Some((value, rev))) = entry else {
+            continue;
+        };
+        let Ok(e) = serde_json::from_slice::<KeyEntry>(&value) else {
+            continue;
+        };
+        let fp = &key[prefix.len()..];
+        if rev > revision
+            && KeyEntry::certifies(&value, operators, gateway, fp, e.seal.started_ms).is_ok()
+        {
+            return Some(fp.to_string());
+        }
+    }
+    None
 }
 
 /// The `fleet_key` check of a chain: the seal keys of the sessions in the
@@ -295,7 +354,7 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
         let cx = Arc::new(Ctx {
             start_seq: read.start_seq,
             sandbox: sandbox.to_string(),
-            pin,
+            pin: pin.clone(),
             options,
             gateways: BTreeMap::new(),
             fleet: Some(fleet),
@@ -307,7 +366,16 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
                 .await
                 .context("folding the stream's chains")?
         };
-        return Ok(finish(parts, &stream, sandbox, &read, &reqs, args, har));
+        return Ok(finish(
+            parts,
+            &stream,
+            sandbox,
+            pin.as_ref(),
+            &read,
+            &reqs,
+            args,
+            har,
+        ));
     }
     // Folded as the lines arrive, one thread per gateway.
     let mut read = reader.prepare(sandbox, wait).await.map_err(failed)?;
@@ -345,14 +413,25 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
                 .context("folding the stream's chains")?
         }
     };
-    Ok(finish(parts, &stream, sandbox, &read, &reqs, args, har))
+    Ok(finish(
+        parts,
+        &stream,
+        sandbox,
+        pin.as_ref(),
+        &read,
+        &reqs,
+        args,
+        har,
+    ))
 }
 
 /// The parts merged, judged and reported; with `har`, their HARs merged.
+#[allow(clippy::too_many_arguments)]
 fn finish(
     mut parts: Vec<Part>,
     stream: &str,
     sandbox: &str,
+    pin: Option<&Pin>,
     read: &SandboxRead,
     reqs: &[veris_receipt::Requirement],
     args: &ReceiptArgs,
@@ -365,7 +444,7 @@ fn finish(
         .filter(|p| p.counts)
         .filter_map(|p| Some((p.gateway.clone(), p.har.take()?)))
         .collect();
-    let merged = merge(parts, sandbox);
+    let merged = merge(parts, sandbox, pin);
     let mut report = judge(merged, reqs, args.require.allow_empty);
     let har = har.then(|| {
         let source = format!("NATS stream {stream}, sandbox {sandbox}");
@@ -769,6 +848,8 @@ fn fold(
     times.sort_unstable_by_key(|t| t.0);
     let last_seq = seqs.map_or(0, |s| s.1);
     let complete = complete_check(
+        gateway,
+        fleet.as_ref().and_then(|f| f.started_since.as_deref()),
         checkpoint,
         start_seq,
         last_line.as_ref(),
@@ -808,6 +889,7 @@ fn fold(
         first_hash,
         seqs,
         complete,
+        key_ids: sessions.into_iter().map(|(_, k)| k).collect(),
         stream_checks,
         older_chains,
         counts,
@@ -817,8 +899,13 @@ fn fold(
     (part, seen_keys)
 }
 
-/// Is the gateway's chain in the stream complete?
+/// Is the gateway's chain in the stream complete? `started_since`: a seal
+/// key the gateway started with after the chain's last session
+/// ([`started_since`]).
+#[allow(clippy::too_many_arguments)]
 fn complete_check(
+    gateway: &str,
+    started_since: Option<&str>,
     checkpoint_msg: Option<&Checkpoint>,
     start_seq: u64,
     last: Option<&Line>,
@@ -854,12 +941,21 @@ fn complete_check(
             );
         }
     }
-    if matches!(&last.entry, Entry::Seal { reason, .. } if reason == "shutdown") {
-        return check(
-            name,
-            CheckStatus::Ok,
-            format!("the chain ends in the gateway's final seal at seq {last_seq}"),
-        );
+    if let Entry::Seal { reason, .. } = &last.entry {
+        if let (seal::SHUTDOWN, Some(key)) = (reason.as_str(), started_since) {
+            return check(
+                name,
+                CheckStatus::Unverified,
+                format!("the chain ends in a final seal at seq {last_seq}, but {gateway} started again since (seal key {key}, certified in the key bucket after every key of this chain), and at each start a gateway writes a session line to every sandbox it holds: lines of this chain were removed from the stream, or are not stored yet. Next: read again with --nats-wait SECS"),
+            );
+        }
+        if seal::is_final(reason) {
+            return check(
+                name,
+                CheckStatus::Ok,
+                format!("the chain ends in the gateway's final seal ({reason}) at seq {last_seq}"),
+            );
+        }
     }
     match (checkpoint_msg, checkpoint) {
         (Some(c), Some(s)) if c.stream_seq > start_seq && anchored => check(
@@ -885,8 +981,41 @@ fn complete_check(
     }
 }
 
+/// The `pins` check: each key pinned with `--key` names a session of a
+/// chain read. A gateway writes a session line to every sandbox it holds at
+/// each start, so a pinned key no chain names is a start whose lines the
+/// stream lacks (cut back to an earlier final seal), or a key of no
+/// gateway of this sandbox: either way the pins cannot vouch for the whole.
+fn unused_pins(parts: &[Part], pin: Option<&Pin>) -> Option<Check> {
+    let pin = pin?;
+    let named: std::collections::BTreeSet<&str> = parts
+        .iter()
+        .filter(|p| p.counts)
+        .flat_map(|p| p.key_ids.iter().map(String::as_str))
+        .collect();
+    let unused: Vec<&str> = pin
+        .fingerprints
+        .iter()
+        .map(String::as_str)
+        .filter(|k| !named.contains(k))
+        .collect();
+    Some(if unused.is_empty() {
+        check(
+            "pins",
+            CheckStatus::Ok,
+            "every pinned seal key names a session of the sandbox's chains",
+        )
+    } else {
+        check(
+            "pins",
+            CheckStatus::Unverified,
+            format!("no chain of the sandbox in the stream has a session of the pinned seal key(s) {}: a gateway writes one to every sandbox it holds at each start, so lines were removed from the stream (a chain cut back to an earlier final seal), or the key is no gateway's of this sandbox. Next: pin only the keys of the gateways that served it (or --fleet-key)", unused.join(", ")),
+        )
+    })
+}
+
 /// The parts merged into one receipt.
-fn merge(parts: Vec<Part>, sandbox: &str) -> Receipt {
+fn merge(parts: Vec<Part>, sandbox: &str, pin: Option<&Pin>) -> Receipt {
     let mut checks = Vec::new();
     if parts.is_empty() {
         checks.push(check(
@@ -895,6 +1024,7 @@ fn merge(parts: Vec<Part>, sandbox: &str) -> Receipt {
             format!("the stream holds no ledger of sandbox {sandbox}"),
         ));
     }
+    checks.extend(unused_pins(&parts, pin));
     for p in &parts {
         let named = |c: &Check| Check {
             name: format!("{}: {}", p.gateway, c.name),

@@ -79,6 +79,9 @@ pub struct Sandbox {
     /// Publishing its ledger to NATS (`--nats`), on
     /// `veris.ledger.<sandbox>.<gateway>`.
     pub publishing: Option<Arc<crate::runtime::fleet::Publishing>>,
+    /// Its session has ended (final seal written): at most once, and a
+    /// second caller waits for the first to finish.
+    pub closed: tokio::sync::Mutex<bool>,
 }
 
 impl Sandbox {
@@ -116,7 +119,7 @@ impl Sandboxes {
             .map_err(|_| anyhow::anyhow!("the sandbox table is poisoned"))?;
         if map.contains_key(&sandbox.id) {
             bail!(
-                "sandbox {} is registered already. Next: remove it first, or pick another id",
+                "sandbox {} is registered already. Next: pick another id (an id is served once)",
                 sandbox.id
             );
         }

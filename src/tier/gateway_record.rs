@@ -156,15 +156,23 @@ impl Record {
 
 /// Every record under `sandboxes` that is to be served again, sorted by id.
 /// Each one skipped gets a log line: why, and its path.
-pub fn load_all(sandboxes: &Path, now: SystemTime) -> Vec<Record> {
+/// The records [`load_all`] found: to serve, and ended (removed or
+/// expired), whose chains may still need their final `removed` seal.
+#[derive(Default)]
+pub struct Stored {
+    pub live: Vec<Record>,
+    pub ended: Vec<Record>,
+}
+
+pub fn load_all(sandboxes: &Path, now: SystemTime) -> Stored {
     let entries = match std::fs::read_dir(sandboxes) {
         Ok(e) => e,
         Err(e) => {
             warn!(dir = %sandboxes.display(), error = %e, "cannot list the sandbox records; none restored");
-            return Vec::new();
+            return Stored::default();
         }
     };
-    let mut out = Vec::new();
+    let mut out = Stored::default();
     for entry in entries {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name();
@@ -183,17 +191,19 @@ pub fn load_all(sandboxes: &Path, now: SystemTime) -> Vec<Record> {
             Ok(None) => {}
             Ok(Some(r)) if r.revoked_ms.is_some() => {
                 info!(sandbox = %r.id, "not restoring a removed sandbox");
+                out.ended.push(r);
             }
             Ok(Some(r)) if r.expires().is_some_and(|e| now >= e) => {
                 info!(sandbox = %r.id, path = %shown, "not restoring an expired sandbox (its --ttl ran out)");
+                out.ended.push(r);
             }
-            Ok(Some(r)) => out.push(r),
+            Ok(Some(r)) => out.live.push(r),
             Err(e) => {
                 warn!(path = %shown, error = %format!("{e:#}"), "skipped a sandbox record that cannot be served: the sandbox stays refused. Next: remove its directory, or add it again");
             }
         }
     }
-    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out.live.sort_by(|a, b| a.id.cmp(&b.id));
     out
 }
 

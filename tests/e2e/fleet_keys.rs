@@ -433,3 +433,139 @@ fn only_a_gateway_writes_its_own_keys_in_the_key_bucket() {
     assert_eq!(bucket_get(&reader, &other), None);
     gw.stop();
 }
+
+/// Attack: someone who can delete stream messages cuts a sandbox's chain
+/// back to the final seal of an earlier gateway run (with every checkpoint
+/// after it), so the chain looks ended and the later run's requests are
+/// gone. The gateway restarted in between with a new seal key, and writes a
+/// session line to every sandbox it holds at each start: with the operator
+/// key pinned, the key bucket shows the newer key, so `complete` is
+/// `unverified` (never `verified`), as it is with both runs' keys pinned by
+/// hand. A sandbox removed and one expired before the restart end with
+/// their `removed` seal, as does one that expired while the gateway was
+/// down (at its next start): they still read `verified`, and a removed id
+/// is not served again.
+#[test]
+fn a_chain_cut_back_to_an_earlier_runs_final_seal_never_reads_verified() {
+    let Some(nats) = Nats::start() else { return };
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("fleet-keys-rollback");
+    let (fp, op) = operator(&dir, "op");
+    let i1 = certify(&op, "gw1", &dir, "gw1");
+    let (mut gw, flags) = start("fleet-rollback", &nats, "gw1", Some(&i1));
+    let (cut, gone, short, late) = ("sbx-cut", "sbx-gone", "sbx-short", "sbx-late");
+    let s = gw.add_sandbox(cut, "stripe");
+    let g = gw.add_sandbox(gone, "stripe");
+    charge(&gw, &s, 2);
+    charge(&gw, &g, 1);
+    probe_canary(&s.url("socks5h"), &gw.ca());
+    probe_canary(&g.url("socks5h"), &gw.ca());
+    gw.remove_sandbox(gone);
+    let out = gw.admin_command(
+        "add-sandbox",
+        &[short, "--services", "stripe", "--ttl", "3"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let t = Sandbox::from_url(short, stdout.lines().last().unwrap_or_default().trim());
+    probe_canary(&t.url("socks5h"), &gw.ca());
+    gw.wait_expired(short);
+    // One that expires while the gateway is down: its chain gets its
+    // `removed` seal at the next start.
+    let added = std::time::Instant::now();
+    let out = gw.admin_command("add-sandbox", &[late, "--services", "stripe", "--ttl", "4"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let l = Sandbox::from_url(late, stdout.lines().last().unwrap_or_default().trim());
+    probe_canary(&l.url("socks5h"), &gw.ca());
+    let k1 = seal_key(&gw);
+    wait_certified(&nats.url(), "gw1", &gw);
+    gw.stop();
+    std::thread::sleep(
+        (added + std::time::Duration::from_secs(5))
+            .saturating_duration_since(std::time::Instant::now()),
+    );
+    gw.restart(&strs(&flags));
+    let k2 = seal_key(&gw);
+    assert_ne!(k1, k2, "a new seal key at each start");
+    wait_certified(&nats.url(), "gw1", &gw);
+    charge(&gw, &s, 3);
+    probe_canary(&s.url("socks5h"), &gw.ca());
+    gateway_published(&gw, cut);
+    // A removed id is served once.
+    let again = gw.admin_command("add-sandbox", &[gone, "--services", "stripe"]);
+    let (stdout, stderr) = text(&again);
+    assert!(
+        !again.status.success(),
+        "a removed id added again: {stdout}"
+    );
+    assert!(stderr.contains("an id is served once"), "{stderr}");
+    gw.stop();
+
+    let by_fleet = |id: &str| stream_receipt_with(&nats, id, &[], &["--all", "--fleet-key", &fp]);
+    let by_keys =
+        |id: &str| stream_receipt_with(&nats, id, &[k1.as_str(), k2.as_str()], &["--all"]);
+    // Before the cut: both ways verified, with all 5 requests.
+    for r in [by_fleet(cut), by_keys(cut)] {
+        assert_eq!(status(&r), "verified", "{}", r["integrity"]);
+        assert_eq!(requests(&r), 5, "{r}");
+    }
+    // Ended before the restart: verified by the fleet key.
+    for id in [gone, short, late] {
+        let r = by_fleet(id);
+        let (st, detail) = check(&r, "gw1: complete");
+        assert!(st == "ok" && detail.contains("(removed)"), "{id}: {detail}");
+        for c in ["chain", "seals", "fleet_key"] {
+            assert_eq!(check(&r, &format!("gw1: {c}")).0, "ok", "{id}: {c}: {r}");
+        }
+        // The late one's last session (its end, written at the restart)
+        // saw no canary probe: that alone is unverified.
+        if id != late {
+            assert_eq!(status(&r), "verified", "{id}: {}", r["integrity"]);
+        }
+    }
+
+    // The cut: every message and checkpoint after run 1's final seal.
+    let lines: Vec<Value> = gw.ledger(cut);
+    let run1_end = lines
+        .iter()
+        .find(|l| l["kind"] == "seal" && l["reason"] == "shutdown")
+        .and_then(|l| l["seq"].as_u64())
+        .expect("run 1's final seal");
+    let mut doomed: Vec<u64> = nats
+        .messages(&format!("veris.ledger.{cut}.gw1"))
+        .iter()
+        .filter(|m| m.first > run1_end)
+        .map(|m| m.sequence)
+        .collect();
+    assert!(!doomed.is_empty(), "run 2's lines are in the stream");
+    doomed.extend(
+        nats.messages(&format!("veris.checkpoint.{cut}.gw1"))
+            .iter()
+            .filter(|m| {
+                serde_json::from_slice::<Value>(m.payload.trim_ascii_end())
+                    .ok()
+                    .and_then(|v| v["seq"].as_u64())
+                    .is_none_or(|seq| seq > run1_end)
+            })
+            .map(|m| m.sequence),
+    );
+    crate::fleet_receipt::delete(&nats, &doomed);
+
+    let r = by_fleet(cut);
+    assert_eq!(requests(&r), 2, "the cut chain holds run 1's requests: {r}");
+    assert_ne!(status(&r), "verified", "{}", r["integrity"]);
+    let (st, detail) = check(&r, "gw1: complete");
+    assert_eq!(st, "unverified", "{detail}");
+    assert!(
+        detail.contains(&k2) && detail.contains("started again"),
+        "{detail}"
+    );
+    let r = by_keys(cut);
+    assert_ne!(status(&r), "verified", "{}", r["integrity"]);
+    let (st, detail) = check(&r, "pins");
+    assert_eq!(st, "unverified", "{detail}");
+    assert!(detail.contains(&k2), "{detail}");
+}

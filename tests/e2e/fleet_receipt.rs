@@ -317,7 +317,7 @@ fn two_gateways_one_stream_receipt_is_the_merge_of_the_local_ones() {
 }
 
 /// Deletes stream messages (`$JS.API.STREAM.MSG.DELETE`), as an operator can.
-fn delete(nats: &Nats, seqs: &[u64]) {
+pub(crate) fn delete(nats: &Nats, seqs: &[u64]) {
     with_js(&nats.url(), async |js| {
         let stream = js
             .get_stream(veris_fleet::DEFAULT_STREAM)

@@ -48,7 +48,7 @@ pub use read::{
     mentions, open_ledger, read, read_bytes, scan, scan_file, LineReader, RawLine, MAX_LINE,
     PROBLEM_CAP,
 };
-pub use tail::line_at;
+pub use tail::{last_line, line_at};
 pub use write::{Appending, Ledger, INDEX_EVERY};
 
 /// A line as committed: its seq and its exact text (without `\n`).
@@ -1083,6 +1083,33 @@ mod tests {
         let empty = dir.0.join("empty.jsonl");
         std::fs::write(&empty, "").unwrap();
         assert!(line_at(&open_ledger(&empty).unwrap(), 1).unwrap().is_none());
+    }
+
+    /// The last complete line: the final seal, also behind a torn tail;
+    /// none in an empty file or one holding only a torn line.
+    #[test]
+    fn the_last_line_is_the_last_complete_one() {
+        let dir = TempDir::new();
+        let path = dir.0.join("ledger.jsonl");
+        let sealer = Sealer::generate().unwrap();
+        sealed(&path, &sealer, 40);
+        let head = read(&path).unwrap().head.0;
+        let last = |p: &Path| last_line(&open_ledger(p).unwrap()).unwrap();
+        let l = last(&path).expect("a line");
+        assert_eq!(l.seq, head);
+        assert!(matches!(l.entry, Entry::Seal { .. }));
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, br#"{"v":5,"seq":99,"kind":"se"#).unwrap();
+        assert_eq!(last(&path).map(|l| l.seq), Some(head));
+        let torn = dir.0.join("torn.jsonl");
+        std::fs::write(&torn, br#"{"v":5,"seq":1"#).unwrap();
+        assert!(last(&torn).is_none());
+        let empty = dir.0.join("empty.jsonl");
+        std::fs::write(&empty, "").unwrap();
+        assert!(last(&empty).is_none());
     }
 
     /// Attacks on a stopped proxy's file, then a restart: what the open

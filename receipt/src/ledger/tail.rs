@@ -278,6 +278,28 @@ pub(super) fn offset_of_seq(file: &File, len: u64, target: u64) -> io::Result<u6
     Ok(lo)
 }
 
+/// The file's last complete line, parsed (`None`: none, or it does not
+/// parse, or it is longer than [`MAX_LINE`]): what a chain ends in,
+/// without reading its history.
+pub fn last_line(file: &File) -> io::Result<Option<Line>> {
+    let len = file.metadata()?.len();
+    let mut end = len;
+    // A torn tail (no `\n` yet) is not a line.
+    let mut last = [0u8; 1];
+    if len > 0 && read_at(file, &mut last, len - 1)? == 1 && last[0] != b'\n' {
+        end = match line_before(file, len)? {
+            Some(b) => b.start().saturating_sub(1),
+            None => 0,
+        };
+    } else {
+        end = end.saturating_sub(1);
+    }
+    Ok(match line_before(file, end)? {
+        Some(Back::Line { bytes, .. }) => serde_json::from_slice(&bytes).ok(),
+        _ => None,
+    })
+}
+
 /// Line `seq` of `file`, parsed: found by [`offset_of_seq`] and read
 /// forward from there, so a few blocks whatever the file's length, a line
 /// at a time and never more than [`MAX_LINE`] of one. `None` when no

@@ -289,7 +289,7 @@ impl Evidence {
                         self.seals.check(l, k);
                     }
                 }
-                self.last_was_final = reason == "shutdown";
+                self.last_was_final = crate::seal::is_final(reason);
             }
             Entry::Session(_) => {}
             _ => self.last_was_final = false,

@@ -112,15 +112,22 @@ impl Fleet {
             anyhow::anyhow!("{e}. The fleet's registry is unreachable: no sandbox can be added until it is (those registered are served meanwhile)")
         })?;
         if let Some(value) = &current.value {
-            // A malformed entry may be replaced; a live one may not.
+            // A malformed entry may be replaced; a live one may not, nor a
+            // removed or expired one: an id is served once (its chains end
+            // in their final seal, which a stream reader takes as the end).
             if let Ok(old) = parse(&record.id, value) {
-                if old.revoked_ms.is_none() && old.expires().is_none_or(|e| SystemTime::now() < e) {
+                let bucket = self.registry.bucket();
+                if old.revoked_ms.is_some() || old.expires().is_some_and(|e| SystemTime::now() >= e)
+                {
                     bail!(
-                        "sandbox {} is registered already in the fleet (bucket {}). Next: remove it first, or pick another id",
-                        record.id,
-                        self.registry.bucket()
+                        "sandbox {} was registered in the fleet before and has ended (removed or expired; bucket {bucket}): an id is served once, so that its receipt stays its own. Next: pick another id",
+                        record.id
                     );
                 }
+                bail!(
+                    "sandbox {} is registered already in the fleet (bucket {bucket}). Next: pick another id (an id is served once)",
+                    record.id
+                );
             }
         }
         self.registry
@@ -320,7 +327,7 @@ async fn apply(shared: &Arc<Shared>, fleet: &Fleet, r: Record) {
             match saved.and_then(|()| shared.sandboxes.insert(s.clone())) {
                 Ok(()) => Ok(()),
                 Err(e) => {
-                    super::close(&s, &shared.sealer).await;
+                    super::close(&s, &shared.sealer, veris_receipt::seal::SHUTDOWN).await;
                     Err(e)
                 }
             }
