@@ -750,6 +750,7 @@ fn paced_rows(rate: f64, paced: &[Paced]) -> Vec<(String, String, String)> {
     ) {
         let (noise50, noise99) = (spread(of("gateway", 0)), spread(of("gateway", 1)));
         let within = (n50 - g50) <= noise50.max(0.05) && (n99 - g99) <= noise99.max(0.1);
+        let rounds = of("gateway", 0).len();
         rows.push((
             format!("added by --nats at {rate:.0} req/s"),
             format!(
@@ -759,7 +760,11 @@ fn paced_rows(rate: f64, paced: &[Paced]) -> Vec<(String, String, String)> {
             ),
             format!(
                 "target none beyond noise: {}",
-                if within { "met" } else { "NOT met" }
+                match (rounds, within) {
+                    (0 | 1, _) => "no verdict: one round has no spread",
+                    (_, true) => "met",
+                    (_, false) => "NOT met",
+                }
             ),
         ));
     }
@@ -1266,6 +1271,37 @@ mod tests {
         assert!(parse(&args(&["--conns"])).is_err());
         assert!(parse(&args(&["--idle", "x"])).is_err());
         assert!(parse(&args(&["--nope"])).is_err());
+        // The open loop: off by default, on with --nats, or at --rate.
+        assert_eq!(o.open_rate(), 0.0);
+        assert_eq!(parse(&args(&["--nats"])).unwrap().open_rate(), DEFAULT_RATE);
+        let o = parse(&args(&["--nats", "--rate", "300"])).unwrap();
+        assert_eq!(o.open_rate(), 300.0);
+    }
+
+    /// The open-loop rows: medians per path, and the verdict only with a
+    /// spread to judge against.
+    #[test]
+    fn open_loop_rows() {
+        let p = |path, ms| Paced { path, ms };
+        let one = [p("gateway", [1.0, 2.0, 3.0]), p(NATS_PATH, [1.5, 2.5, 3.5])];
+        let rows = paced_rows(500.0, &one);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert!(
+            rows[1].1.starts_with("p50 +0.50 ms, p99 +0.50 ms"),
+            "{rows:?}"
+        );
+        assert!(rows[1].2.contains("no verdict"), "{rows:?}");
+        let three = [
+            p("gateway", [1.0, 2.0, 3.0]),
+            p(NATS_PATH, [1.1, 2.1, 3.0]),
+            p("gateway", [1.3, 2.4, 3.0]),
+            p(NATS_PATH, [1.2, 2.2, 3.0]),
+            p("gateway", [1.1, 2.2, 3.0]),
+            p(NATS_PATH, [1.1, 2.3, 3.0]),
+        ];
+        let rows = paced_rows(500.0, &three);
+        assert!(rows[1].2.ends_with(": met"), "{rows:?}");
+        assert!(paced_rows(500.0, &[]).is_empty());
     }
 
     #[test]
