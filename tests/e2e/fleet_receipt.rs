@@ -353,8 +353,8 @@ fn publish(nats: &Nats, subject: &str, payload: Vec<u8>, ledger: &str, first: u6
 /// with every checkpoint, a well-formed chain under a foreign gateway
 /// subject sealed by a key nobody pinned, another sandbox's genuine chain
 /// under this sandbox's subject, and this sandbox's own chain again under
-/// another gateway name. None reads `verified`; each says why; the copies
-/// never add their requests.
+/// another gateway name. None reads `verified` (receipt or `veris har
+/// --nats`); each says why; the copies never add their requests.
 #[test]
 fn stream_receipt_of_an_altered_stream_is_never_verified() {
     let Some(nats) = Nats::start() else { return };
@@ -489,6 +489,25 @@ fn stream_receipt_of_an_altered_stream_is_never_verified() {
         for c in ["chain", "seals", "complete"] {
             assert_eq!(check(&r, &format!("{gw}: {c}")).0, "ok", "{c}");
         }
+    }
+    // The HAR from the stream says what the receipt says.
+    for id in ids {
+        let out = output(&mut support::veris([
+            "har",
+            "--nats",
+            &nats.url(),
+            "--sandbox",
+            id,
+            "--key",
+            &key,
+        ]));
+        let har: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{id}: not JSON ({e}): {:?}", text(&out)));
+        assert_ne!(
+            har["log"]["_veris"]["integrity"], "verified",
+            "{id}: {}",
+            har["log"]["comment"]
+        );
     }
 }
 
