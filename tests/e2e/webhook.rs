@@ -152,12 +152,21 @@ fn the_app_verifies_charge_succeeded_with_the_official_sdk() {
     let dir = TempDir::new("webhook-ok");
     let port = free_port();
     let url = format!("stripe=http://127.0.0.1:{port}/webhook");
-    let out = run_app(&dir, &["--webhook", &url], &[format!("{port}:ok")], &[]);
+    let out = run_app(
+        &dir,
+        &["--webhook", &url, "--require-callback", "/webhook"],
+        &[format!("{port}:ok")],
+        &[],
+    );
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(
         stdout.contains("verified charge.succeeded ch_"),
         "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(r#"stripe POST "/webhook" "charge.succeeded" #1 -> 200"#),
+        "the receipt lists the callback: {stderr}"
     );
     let lines = ledger(&dir);
     let calls = callbacks(&lines);
@@ -210,7 +219,12 @@ fn an_app_that_answers_500_twice_gets_three_attempts() {
     let dir = TempDir::new("webhook-flaky");
     let port = free_port();
     let url = format!("stripe=http://127.0.0.1:{port}/webhook");
-    let out = run_app(&dir, &["--webhook", &url], &[format!("{port}:flaky")], &[]);
+    let out = run_app(
+        &dir,
+        &["--webhook", &url, "--require-callback", "/webhook"],
+        &[format!("{port}:flaky")],
+        &[],
+    );
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     let lines = ledger(&dir);
@@ -241,11 +255,20 @@ fn a_wrong_secret_is_a_400_on_record() {
     let url = format!("stripe=http://127.0.0.1:{port}/webhook");
     let out = run_app(
         &dir,
-        &["--webhook", &url],
+        &["--webhook", &url, "--require-callback", "/webhook"],
         &[format!("{port}:wrong-secret")],
         &[],
     );
     let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(r#""charge.succeeded" #1 -> 400"#),
+        "the receipt shows the 400: {stderr}"
+    );
+    assert!(
+        stderr.contains(r#"required callback "/webhook": at least 1 delivery(ies) of the twin's events answered 2xx; saw"#),
+        "{stderr}"
+    );
     assert!(
         stdout.contains("rejected SignatureVerificationError"),
         "{stdout}\n{stderr}"
@@ -353,11 +376,24 @@ subprocess.run(["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/cu
     );
     let url = format!("stripe=http://127.0.0.1:{port}/webhook");
     let mut cmd = veris(["run", "--tier", "explicit", "--state-dir"]);
-    cmd.arg(dir.join("state"))
-        .args(["--webhook", &url, "--", "python3", "-c", &script]);
+    cmd.arg(dir.join("state")).args([
+        "--webhook",
+        &url,
+        "--require-callback",
+        "/webhook",
+        "--",
+        "python3",
+        "-c",
+        &script,
+    ]);
     let out = output(&mut cmd);
     let (stdout, stderr) = text(&out);
     assert!(stdout.contains("200"), "{stdout}\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "not met by the workload's own post: {stderr}"
+    );
     let lines = ledger(&dir);
     assert!(callbacks(&lines).is_empty(), "{:?}", callbacks(&lines));
 }
