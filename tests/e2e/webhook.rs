@@ -397,3 +397,126 @@ subprocess.run(["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/cu
     let lines = ledger(&dir);
     assert!(callbacks(&lines).is_empty(), "{:?}", callbacks(&lines));
 }
+
+/// `serve --webhook`: the secret is in the env file the app reads; a
+/// charge through the proxy is delivered to an app outside, verified by
+/// the SDK with that secret, and recorded; the receipt's requirement holds.
+#[test]
+fn serve_writes_the_secret_to_the_env_file_and_delivers() {
+    if let Err(why) = tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("webhook-serve");
+    let (env_file, got) = (dir.join("client.env"), dir.join("got.txt"));
+    let app = r#"
+import http.server, re, sys, stripe
+port, env_file, got = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        secret = re.search(r"STRIPE_WEBHOOK_SECRET='([^']+)'", open(env_file).read()).group(1)
+        try:
+            kind = stripe.Webhook.construct_event(body, self.headers.get("Stripe-Signature", ""), secret)["type"]
+            code = 200
+        except Exception as e:
+            kind, code = type(e).__name__, 400
+        self.send_response(code)
+        self.end_headers()
+        with open(got, "a") as f:
+            f.write(f"{code} {kind}\n")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+    let port = free_port();
+    let mut app_cmd = support::command("python3");
+    app_cmd
+        .args(["-c", app, &port.to_string()])
+        .arg(&env_file)
+        .arg(&got);
+    let _app = support::Guard::spawn(&mut app_cmd);
+    // The first attempt must find the app up: the next is a minute later.
+    support::wait_for("the app to listen", support::DEADLINE, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    let hook = format!("stripe=http://127.0.0.1:{port}/webhook");
+    let mut serve = support::Serve::start_in(
+        dir,
+        &[
+            "--workload-uid",
+            support::DECLARED_WORKLOAD_UID,
+            "--webhook",
+            &hook,
+        ],
+    );
+    let env_text = std::fs::read_to_string(&serve.env_file).unwrap();
+    assert!(
+        env_text.contains("export STRIPE_WEBHOOK_SECRET='whsec_"),
+        "{env_text}"
+    );
+    let out = output(serve.curl().args([
+        "https://api.stripe.com/v1/charges",
+        "-d",
+        "amount=100",
+        "-d",
+        "currency=usd",
+    ]));
+    assert!(out.status.success(), "{:?}", text(&out));
+    support::wait_for("the app's verified delivery", support::DEADLINE, || {
+        let got = std::fs::read_to_string(&got).ok()?;
+        got.contains("200 charge.succeeded").then_some(())
+    });
+    serve.stop();
+    let lines = serve.ledger_lines();
+    let delivered = callbacks(&lines)
+        .into_iter()
+        .any(|c| c["event"] == "charge.succeeded" && c["status"] == 200);
+    assert!(delivered, "{:?}", callbacks(&lines));
+    // The secret is the app's, in the env file; never in the ledger.
+    let ledger_text = std::fs::read_to_string(serve.ledger()).unwrap();
+    assert!(!ledger_text.contains("whsec_"));
+    let mut receipt = veris(["receipt", "--state-dir"]);
+    receipt
+        .arg(&serve.state)
+        .args(["--require-callback", "/webhook"]);
+    let out = output(&mut receipt);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !stdout.contains("FAIL") && !stderr.contains("FAIL"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains(r#""charge.succeeded" #1 -> 200"#),
+        "{stdout}\n{stderr}"
+    );
+}
+
+/// Bad input: each wrong `--webhook` or `--require-callback` is a usage
+/// error that names the syntax, before anything starts.
+#[test]
+fn bad_webhook_flags_say_the_syntax() {
+    let dir = TempDir::new("webhook-bad");
+    for (flags, says) in [
+        (vec!["--webhook", "stripe"], "SERVICE=http://HOST:PORT/PATH"),
+        (
+            vec!["--webhook", "stripe=https://127.0.0.1/x"],
+            "only http://",
+        ),
+        (
+            vec!["--webhook", "acme=http://127.0.0.1:1/x"],
+            "stripe only",
+        ),
+        (
+            vec!["--isolate", "--webhook", "stripe=http://127.0.0.1:1/x"],
+            "cannot deliver into an isolated run",
+        ),
+        (vec!["--require-callback", "webhook"], "expected PATH[:N]"),
+    ] {
+        let mut cmd = veris(["run", "--state-dir"]);
+        cmd.arg(dir.join("state")).args(&flags).args(["--", "true"]);
+        let out = output(&mut cmd);
+        let (stdout, stderr) = text(&out);
+        assert_ne!(out.status.code(), Some(0), "{flags:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
+}
