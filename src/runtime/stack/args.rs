@@ -81,7 +81,7 @@ pub struct ProxyArgs {
     /// Deliver the built-in twin's webhook events for SERVICE (stripe) to
     /// URL, signed the vendor's way (repeatable): 'SERVICE=http://HOST:PORT/PATH'.
     /// The signing secret is made per start and given to the command as
-    /// STRIPE_WEBHOOK_SECRET (`serve`: printed and written to --write-env);
+    /// STRIPE_WEBHOOK_SECRET (`serve` prints it and writes it to its env file);
     /// every attempt is a `callback` line in the ledger.
     #[arg(long = "webhook", value_name = "SERVICE=URL")]
     pub webhooks: Vec<String>,
