@@ -948,6 +948,41 @@ mod tests {
         assert!(rx.try_recv().is_err(), "reads and faults give no event");
     }
 
+    /// Attack: a workload that calls the built-in twin's port itself
+    /// (without the proxy's credential) makes no object, so no event: only
+    /// requests the twin served for the proxy give webhooks.
+    #[tokio::test]
+    async fn a_direct_call_without_the_credential_gives_no_event() {
+        let twin = Twin::new(TwinOptions {
+            fixtures: Fixtures::builtin(),
+            sandbox: None,
+            log: None,
+            credential: Some("proxy-secret".into()),
+        })
+        .expect("twin builds");
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        twin.send_events_to(tx);
+        let charge = |auth: Option<&str>| {
+            let mut req = Request::post("/s/sbx/stripe/v1/charges")
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded");
+            if let Some(a) = auth {
+                req = req.header(http::header::AUTHORIZATION, a);
+            }
+            req.body(Full::new(Bytes::from_static(b"amount=100&currency=usd")))
+                .expect("request builds")
+        };
+        let resp = Arc::clone(&twin).handle(charge(None)).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        let resp = Arc::clone(&twin).handle(charge(Some("Bearer guess"))).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        assert!(rx.try_recv().is_err(), "no event without the credential");
+        let resp = Arc::clone(&twin)
+            .handle(charge(Some("Bearer proxy-secret")))
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(rx.try_recv().expect("an event").kind, "charge.succeeded");
+    }
+
     #[test]
     fn bearer_tokens_parse_with_any_case_scheme() {
         assert_eq!(bearer_token("Bearer abc"), Some("abc"));
