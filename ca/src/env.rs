@@ -40,6 +40,9 @@ pub struct EnvSpec<'a> {
     /// Existing PHP_INI_SCAN_DIR to append the veris ini dir to; without one the value starts
     /// with `:`, which keeps PHP's compiled-in scan dir (the system's ini files) in front.
     pub php_ini_scan_dir_base: Option<&'a str>,
+    /// Further variables the command gets as they are (a webhook signing
+    /// secret), after veris's own.
+    pub extra: &'a [(String, String)],
 }
 
 /// Proxy variables, in both cases because clients disagree on which they read.
@@ -96,6 +99,7 @@ pub fn vars(spec: &EnvSpec) -> Vec<(String, String)> {
     }
     push("VERIS_SANDBOX_ID", spec.sandbox_id.to_owned());
     push("VERIS_CANARY", spec.canary.to_owned());
+    out.extend(spec.extra.iter().cloned());
     out
 }
 
@@ -344,6 +348,7 @@ mod tests {
             trust_only: true,
             java_tool_options_base: None,
             php_ini_scan_dir_base: None,
+            extra: &[],
         };
         assert_eq!(php_ini_scan_dir(&spec), ":/v/trust/php");
         spec.php_ini_scan_dir_base = Some("");

@@ -235,6 +235,7 @@ fn spec<'a>(trust: &'a TrustFiles, np: &'a [String], trust_only: bool) -> EnvSpe
         trust_only,
         java_tool_options_base: Some("-Xmx512m"),
         php_ini_scan_dir_base: None,
+        extra: &[],
     }
 }
 

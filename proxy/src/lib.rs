@@ -11,6 +11,7 @@
 //!   passthrough;
 //! - [`body`]: the wrappers that count, meter and capture bodies;
 //! - [`admin`]: the admin API, `/metrics` and the traffic summary;
+//! - [`callback`]: webhook deliveries to the app, each attempt recorded;
 //! - [`limit`]: a gateway sandbox's request and byte rates, and the lines
 //!   that record their hits.
 //!
@@ -56,6 +57,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod callback;
 pub mod canary;
 pub mod catalog;
 pub mod config;

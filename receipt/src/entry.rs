@@ -2,7 +2,7 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 5; versions 1 to 4 are still read)
+//! # File format (version 6; versions 1 to 5 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
@@ -26,7 +26,9 @@
 //!   `bytes_in` and `declared_in` and its errors
 //!   `veris_request_body_incomplete` and `veris_session_ended`, written for
 //!   requests sent to the twin that got no answer because the client's body
-//!   broke off or the session ended first; no earlier field changed meaning);
+//!   broke off or the session ended first; no earlier field changed meaning;
+//!   version 6 added the kind `callback`, one line per webhook delivery
+//!   attempt to the app; no earlier field changed meaning);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -34,7 +36,7 @@
 //! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`,
 //!   `trust_failure`, `ech`, `quic`, `seal`, `reserved_path`, `tamper`,
 //!   `check`, `redirect_change`, `udp_dropped`, `dns`, `tls_abandoned`,
-//!   `response_incomplete`, `tunnel_close`, `body_capture`, followed by that kind's
+//!   `response_incomplete`, `tunnel_close`, `body_capture`, `callback`, followed by that kind's
 //!   fields (see [`Entry`]);
 //! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
 //!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
@@ -46,10 +48,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 5;
+pub const LEDGER_VERSION: u32 = 6;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -72,6 +74,7 @@ pub const KINDS: &[&str] = &[
     "response_incomplete",
     "tunnel_close",
     "body_capture",
+    "callback",
 ];
 
 /// TLS alerts that name the certificate: a client that sends one after our
@@ -384,6 +387,10 @@ pub enum Entry {
         request: CapturedBody,
         response: CapturedBody,
     },
+    /// One attempt of veris's to deliver a webhook event to the app (DESIGN
+    /// §15), written when the attempt ended. Only veris's own deliveries
+    /// are these lines: nothing the workload sends can become one.
+    Callback(CallbackLine),
 }
 
 /// The fields of an [`Entry::Session`].
@@ -476,6 +483,39 @@ pub struct RequestLine {
     /// executed the request, the client never saw the answer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub client_gone: bool,
+}
+
+/// The fields of an [`Entry::Callback`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallbackLine {
+    /// The service whose twin made the event (`stripe`).
+    pub service: String,
+    /// The event's type (`charge.succeeded`).
+    pub event: String,
+    /// The event's id (`evt_…`): attempts of one delivery share it.
+    pub event_id: String,
+    /// Where the delivery went: the URL's `host:port`.
+    pub target: String,
+    pub method: String,
+    /// The URL's path, and its query (redacted) when it had one.
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// The app's answer, when a response head arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Why there is no status, or why the answer was cut (`connect: …`,
+    /// `timeout`, `body_too_long`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Time from the dial to the end of the answer (or the error).
+    pub duration_ms: u64,
+    /// 1 for the first attempt of an event, then one more per retry.
+    pub attempt: u32,
+    /// Who asked for the delivery: `twin` (an object the twin created for
+    /// a request it served). Only `twin` deliveries count toward a
+    /// callback requirement by default.
+    pub origin: String,
 }
 
 /// The fields of an [`Entry::Passthrough`].
@@ -690,6 +730,7 @@ impl Entry {
             Entry::ResponseIncomplete(_) => "response_incomplete",
             Entry::TunnelClose(_) => "tunnel_close",
             Entry::BodyCapture { .. } => "body_capture",
+            Entry::Callback(_) => "callback",
         }
     }
 }
@@ -716,6 +757,7 @@ entry_from! {
     TlsAbandonedLine => TlsAbandoned,
     ResponseIncompleteLine => ResponseIncomplete,
     TunnelCloseLine => TunnelClose,
+    CallbackLine => Callback,
 }
 
 // Test builders: a line with plausible values for the fields a test does

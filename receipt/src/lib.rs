@@ -17,10 +17,10 @@ pub mod seal;
 mod wire;
 
 pub use entry::{
-    BlockedLine, CapturedBody, CheckLine, Coverage, Entry, Line, ListenerTier, Mode, MovedAside,
-    PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine, SessionLine,
-    TlsAbandonedLine, TornTail, TrustFailureLine, TunnelCloseLine, UpstreamErrorLine, GENESIS_PREV,
-    LEDGER_VERSION, READABLE_VERSIONS,
+    BlockedLine, CallbackLine, CapturedBody, CheckLine, Coverage, Entry, Line, ListenerTier, Mode,
+    MovedAside, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
+    SessionLine, TlsAbandonedLine, TornTail, TrustFailureLine, TunnelCloseLine, UpstreamErrorLine,
+    GENESIS_PREV, LEDGER_VERSION, READABLE_VERSIONS,
 };
 pub use ledger::{Ledger, LedgerError, LedgerRead, OpenReport, Problem};
 pub use receipt::{Receipt, Requirement, Verdict};

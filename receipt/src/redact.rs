@@ -23,8 +23,9 @@
 
 use crate::entry::Entry;
 use crate::entry::{
-    BlockedLine, CheckLine, PassthroughLine, RequestLine, ReservedPathLine, ResponseIncompleteLine,
-    SessionLine, TlsAbandonedLine, TrustFailureLine, TunnelCloseLine, UpstreamErrorLine,
+    BlockedLine, CallbackLine, CheckLine, PassthroughLine, RequestLine, ReservedPathLine,
+    ResponseIncompleteLine, SessionLine, TlsAbandonedLine, TrustFailureLine, TunnelCloseLine,
+    UpstreamErrorLine,
 };
 
 /// What a secret is replaced with.
@@ -1043,6 +1044,33 @@ pub fn entry(entry: Entry) -> Entry {
             error: owned(error),
             tier,
         }),
+        Entry::Callback(CallbackLine {
+            service,
+            event,
+            event_id,
+            target,
+            method,
+            path,
+            query: q,
+            status,
+            error,
+            duration_ms,
+            attempt,
+            origin,
+        }) => Entry::Callback(CallbackLine {
+            service: owned(service),
+            event: owned(event),
+            event_id: owned(event_id),
+            target: owned(target),
+            method: owned(method),
+            path: owned_url(path),
+            query: q.map(|q| if query_untouched(&q) { q } else { query(&q) }),
+            status,
+            error: error.map(owned),
+            duration_ms,
+            attempt,
+            origin: owned(origin),
+        }),
         Entry::Tamper { what, detail } => Entry::Tamper {
             what: owned(what),
             detail: owned(detail),
@@ -2025,6 +2053,36 @@ mod tests {
         assert_eq!(
             text("https://x/cb?code=abc&state=1"),
             "https://x/cb?code=[redacted]&state=1"
+        );
+    }
+
+    /// A webhook URL is the operator's, but its query may carry a token and
+    /// an app's error text may quote the signing secret: neither is kept.
+    #[test]
+    fn callback_lines_are_redacted_like_requests() {
+        let line = Entry::Callback(crate::entry::CallbackLine {
+            service: "stripe".into(),
+            event: "charge.succeeded".into(),
+            event_id: "evt_1".into(),
+            target: "127.0.0.1:4242".into(),
+            method: "POST".into(),
+            path: "/hooks/sk_live_abc123def".into(),
+            query: Some("token=abc123".into()),
+            status: Some(400),
+            error: Some("bad secret whsec_0123456789abcdef0123".into()),
+            duration_ms: 1,
+            attempt: 1,
+            origin: "twin".into(),
+        });
+        let Entry::Callback(c) = entry(line) else {
+            panic!("kind changed");
+        };
+        assert_eq!(c.path, "/hooks/[redacted]");
+        assert_eq!(c.query.as_deref(), Some("token=[redacted]"));
+        assert!(!c.error.unwrap_or_default().contains("whsec_0123"));
+        assert_eq!(
+            (c.event.as_str(), c.event_id.as_str()),
+            ("charge.succeeded", "evt_1")
         );
     }
 

@@ -872,7 +872,7 @@ mod tests {
     #[test]
     fn a_v4_body_capture_line_round_trips_and_v3_lines_still_read() {
         use crate::entry::{CapturedBody, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 5);
+        assert_eq!(LEDGER_VERSION, 6);
         assert!(READABLE_VERSIONS.contains(&3) && READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let sha = "cd".repeat(32);
@@ -918,7 +918,7 @@ mod tests {
     #[test]
     fn a_v5_upstream_error_with_its_body_round_trips_and_v4_lines_still_read() {
         use crate::entry::{ListenerTier, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 5);
+        assert_eq!(LEDGER_VERSION, 6);
         assert!(READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let text = format!(

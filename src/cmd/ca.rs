@@ -190,6 +190,7 @@ pub fn env_file(
         trust_only: proxy.is_none(),
         java_tool_options_base: base.java_tool_options.as_deref(),
         php_ini_scan_dir_base: base.php_ini_scan_dir.as_deref(),
+        extra: &[],
     };
     env::render(&env::vars(&spec), format.into())
 }

@@ -688,6 +688,7 @@ fn veris_vars(state: &Path) -> Vec<(String, VarKind)> {
         trust_only: false,
         java_tool_options_base: None,
         php_ini_scan_dir_base: None,
+        extra: &[],
     };
     let (ca, bundle) = (shown(&trust.ca_pem), shown(&trust.bundle));
     veris_ca::env::vars(&spec)

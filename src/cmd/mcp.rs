@@ -340,6 +340,8 @@ impl Veris {
                 require: p.require,
                 require_host: p.require_host,
                 require_request: p.require_request,
+                // The MCP tool takes no callback requirement yet.
+                require_callback: Vec::new(),
                 allow_empty: p.allow_empty,
                 require_verified: p.require_verified,
             },

@@ -302,6 +302,9 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     let tier = confine(&args).await?;
     let serve = ServeArgs::with_defaults(args.proxy.clone())?;
     let mut stack = Stack::start(&serve, "127.0.0.1:0", Role::Run, tier).await?;
+    for line in &stack.webhooks_described {
+        eprintln!("veris: {line}");
+    }
     // What `veris runs` shows as the command: beside the ledger, not under
     // its seals (the listing says so).
     if let Err(e) = crate::runtime::ledgers::write_run_file(
@@ -426,7 +429,19 @@ async fn confine(args: &RunArgs) -> Result<Box<dyn Tier>> {
     use crate::tier::{confined::Confined, explicit::Explicit, isolated};
     let strict = args.isolate || args.tier == TierArg::Isolated;
     let mut why_not_isolated = None;
-    if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
+    // The app of an isolated run listens inside its namespace, which
+    // deliveries do not reach yet: such a run would record every delivery
+    // as refused while the app never saw one.
+    let webhooks = !args.proxy.webhooks.is_empty();
+    if webhooks && strict {
+        bail!("--webhook cannot deliver into an isolated run yet (the app listens inside the run's namespace). Next: drop --isolate / --tier isolated: with --webhook the run is confined by Landlock, and the app's loopback port is the host's");
+    }
+    if webhooks && args.tier == TierArg::Auto {
+        why_not_isolated = Some(
+            "--webhook delivers to the host's loopback; deliveries into an isolated run are not built yet"
+                .to_string(),
+        );
+    } else if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
         match isolated::start(&args.command).await {
             Ok((isolation, sockets)) => {
                 return Ok(Box::new(isolated::Isolated::new(

@@ -25,6 +25,13 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
         stack.twin_base,
         stack.trust.ca_pem.display()
     );
+    for line in &stack.webhooks_described {
+        eprintln!("veris: {line}");
+    }
+    // Announced like the proxy URL: the app needs its signing secret.
+    for (name, value) in &stack.webhook_env {
+        eprintln!("veris: {name}={value}");
+    }
     crate::outln!("{}", stack.proxy_url);
     signals.wait().await;
     info!("shutting down");

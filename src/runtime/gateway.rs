@@ -178,7 +178,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         Some(url) => (url.trim_end_matches('/').to_string(), None, None),
         None => {
             let (url, task, credential) =
-                crate::runtime::stack::start_builtin_twin(None, shutdown_rx.clone()).await?;
+                crate::runtime::stack::start_builtin_twin(None, None, shutdown_rx.clone()).await?;
             (url, Some(task), Some(credential))
         }
     };

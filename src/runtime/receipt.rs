@@ -38,6 +38,11 @@ pub struct RequireArgs {
         value_name = "'SERVICE METHOD /path [status=…]'"
     )]
     pub require_request: Vec<String>,
+    /// Require at least N of veris's webhook deliveries to PATH answered
+    /// 2xx by the app (repeatable; only deliveries of events the twin made
+    /// for this run's requests count): 'PATH[:N] [status=CODE|Nxx|any]'.
+    #[arg(long = "require-callback", value_name = "PATH[:N] [status=…]")]
+    pub require_callback: Vec<String>,
     /// Do not fail when no request reached the twin.
     #[arg(long)]
     pub allow_empty: bool,
@@ -58,6 +63,9 @@ impl RequireArgs {
         }
         for s in &self.require_request {
             out.push(Requirement::parse_request(s).context("--require-request")?);
+        }
+        for s in &self.require_callback {
+            out.push(Requirement::parse_callback(s).context("--require-callback")?);
         }
         if self.require_verified {
             out.push(Requirement::Verified);

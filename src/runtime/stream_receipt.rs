@@ -1066,6 +1066,8 @@ fn merge(parts: Vec<Part>, sandbox: &str, pin: Option<&Pin>) -> Receipt {
         reserved_paths: BTreeMap::new(),
         set_aside: Vec::new(),
         dns_refused: Vec::new(),
+        // Gateways deliver no webhooks.
+        callbacks: Default::default(),
         publishing: None,
         requirements: Vec::new(),
     };

@@ -53,3 +53,4 @@ mod trust_evidence;
 mod tui;
 mod twin_credential;
 mod veris_headers;
+mod webhook;

@@ -104,6 +104,7 @@ impl Row {
             | Entry::UpstreamError(UpstreamErrorLine { status, .. }) => Some(*status),
             Entry::Blocked(_) => Some(421),
             Entry::ReservedPath(ReservedPathLine { status, .. }) => Some(*status),
+            Entry::Callback(c) => c.status,
             _ => None,
         }
     }
@@ -130,6 +131,7 @@ impl Row {
             Entry::ResponseIncomplete(ResponseIncompleteLine { service, .. }) => service,
             Entry::TunnelClose(_) => "tunnel-close",
             Entry::BodyCapture { .. } => "body-capture",
+            Entry::Callback(c) => &c.service,
         }
     }
 
@@ -572,7 +574,8 @@ impl App {
             | Entry::Dns { .. }
             | Entry::TlsAbandoned(_)
             | Entry::ResponseIncomplete(_)
-            | Entry::TunnelClose(_) => {}
+            | Entry::TunnelClose(_)
+            | Entry::Callback(_) => {}
             // Bookkeeping for `veris har --bodies`: neither traffic nor news.
             Entry::BodyCapture { .. } => return,
             Entry::Seal { sealed_seq, .. } => {

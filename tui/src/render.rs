@@ -349,6 +349,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         | Entry::TlsAbandoned(_) => Style::new().fg(Color::DarkGray),
         Entry::ResponseIncomplete(_) => Style::new().fg(Color::Red),
         Entry::TunnelClose(_) | Entry::BodyCapture { .. } => Style::new().fg(Color::DarkGray),
+        Entry::Callback(_) => Style::new().fg(Color::Magenta),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
@@ -407,6 +408,16 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 ),
                 Cell::from("tls").red().bold(),
                 String::new(),
+                String::new(),
+            ),
+            Entry::Callback(c) => (
+                format!("←{}", token(&c.method)),
+                format!("{}  {} #{}", quoted(&c.path), quoted(&c.event), c.attempt),
+                match c.status {
+                    Some(s) => Cell::from(s.to_string()).style(status_style(s)),
+                    None => Cell::from("err").red().bold(),
+                },
+                latency(c.duration_ms),
                 String::new(),
             ),
             Entry::BodyCapture { of, .. } => (
@@ -839,6 +850,36 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
         }
         Entry::BodyCapture { of, .. } => {
             lines.push(kv("request", format!("#{of}")));
+        }
+        Entry::Callback(c) => {
+            lines.push(kv("service", quoted(&c.service)));
+            lines.push(kv(
+                "event",
+                format!("{} {}", quoted(&c.event), quoted(&c.event_id)),
+            ));
+            lines.push(kv(
+                "delivery",
+                format!(
+                    "{} {} {}",
+                    token(&c.method),
+                    quoted(&c.target),
+                    quoted(&c.path)
+                ),
+            ));
+            lines.push(kv(
+                "status",
+                match (c.status, &c.error) {
+                    (Some(s), None) => s.to_string(),
+                    (Some(s), Some(e)) => format!("{s} ({})", escaped(e)),
+                    (None, Some(e)) => escaped(e).into_owned(),
+                    (None, None) => "none".into(),
+                },
+            ));
+            lines.push(kv(
+                "attempt",
+                format!("{} · origin {}", c.attempt, token(&c.origin)),
+            ));
+            lines.push(kv("duration", latency(c.duration_ms)));
         }
         Entry::TunnelClose(TunnelCloseLine {
             of,

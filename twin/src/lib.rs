@@ -27,6 +27,7 @@ mod log;
 mod server;
 mod template;
 mod twin;
+pub mod webhook;
 
 use std::path::PathBuf;
 

@@ -25,6 +25,7 @@ use subtle::ConstantTimeEq;
 use crate::fixtures::{self, Action, ErrorStyle, Fixtures, ListOrder, MAX_HANG_MS};
 use crate::log::{self, NewRow, RequestLog, Tier};
 use crate::template::{lookup_path, Context};
+use crate::webhook::event::{self, Event, EventSink};
 use crate::TwinError;
 
 /// Largest request body the twin parses; bigger bodies get a 413.
@@ -70,6 +71,8 @@ pub struct Twin {
     /// Applied to each path before it reaches the request log (see
     /// [`Twin::redact_paths_with`]).
     redact_path: std::sync::OnceLock<fn(&str) -> String>,
+    /// Where events for created objects go (see [`Twin::send_events_to`]).
+    events: std::sync::OnceLock<EventSink>,
 }
 
 impl std::fmt::Debug for Twin {
@@ -142,6 +145,7 @@ impl Twin {
             }),
             ids: IdGen::new(),
             redact_path: std::sync::OnceLock::new(),
+            events: std::sync::OnceLock::new(),
         }))
     }
 
@@ -151,6 +155,57 @@ impl Twin {
     /// (the twin crate depends on no workspace crate); the first call wins.
     pub fn redact_paths_with(&self, redact: fn(&str) -> String) {
         let _ = self.redact_path.set(redact);
+    }
+
+    /// Makes the twin hand an [`Event`] to `sink` for every object it stores
+    /// while serving a vendor request of a Stripe-style service (the first
+    /// call wins). Without a sink no event is made. The twin never blocks on
+    /// the sink: when it is full the event is dropped with a warning.
+    pub fn send_events_to(&self, sink: EventSink) {
+        let _ = self.events.set(sink);
+    }
+
+    /// Hands the events `object` gives to the sink, if there is one.
+    fn emit(&self, sandbox: &str, service: &str, object: &Value, headers: &HeaderMap) {
+        let Some(sink) = self.events.get() else {
+            return;
+        };
+        let kinds = event::stripe_types(object);
+        if kinds.is_empty() {
+            return;
+        }
+        let created = object
+            .get("created")
+            .and_then(Value::as_i64)
+            .unwrap_or_else(|| time::OffsetDateTime::now_utc().unix_timestamp());
+        let request_id = self.ids.next("req_");
+        let origin = event::Origin {
+            request_id: &request_id,
+            idempotency_key: headers.get("idempotency-key").and_then(|v| v.to_str().ok()),
+        };
+        for kind in kinds {
+            let id = self.ids.next("evt_");
+            let payload = event::stripe_event(&id, kind, created, object, origin).to_string();
+            let event = Event {
+                sandbox: sandbox.to_string(),
+                service: service.to_string(),
+                id,
+                kind: kind.to_string(),
+                payload: Bytes::from(payload),
+            };
+            if let Err(e) = sink.try_send(event) {
+                tracing::warn!(
+                    service,
+                    kind,
+                    reason = if matches!(e, tokio::sync::mpsc::error::TrySendError::Full(_)) {
+                        "queue full"
+                    } else {
+                        "no deliverer"
+                    },
+                    "webhook event dropped"
+                );
+            }
+        }
     }
 
     /// Rows of one (sandbox, service), oldest first (all of them).
@@ -469,6 +524,9 @@ impl Twin {
                         path = rest,
                         "store fixture rendered an object without a string id; not stored"
                     ),
+                }
+                if style == ErrorStyle::Stripe && (200..300).contains(&fx.status) {
+                    self.emit(sandbox, service, &object, &client_headers);
                 }
                 respond(fx.status, &object)
             }
@@ -834,6 +892,95 @@ mod tests {
         let rows = twin.requests("sbx", "stripe");
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].path, "/v1/keys/[redacted]/roll");
+    }
+
+    /// Only objects the twin stored give events, each carrying the object;
+    /// a request that fails (missing field) or only reads gives none.
+    #[tokio::test]
+    async fn stored_stripe_objects_give_events_with_the_object() {
+        let twin = Twin::new(TwinOptions {
+            fixtures: Fixtures::builtin(),
+            sandbox: None,
+            log: None,
+            credential: None,
+        })
+        .expect("twin builds");
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        twin.send_events_to(tx);
+        let post = |path: &str, body: &'static str| {
+            Request::post(format!("/s/sbx/stripe{path}"))
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .header("idempotency-key", "key-1")
+                .body(Full::new(Bytes::from_static(body.as_bytes())))
+                .expect("request builds")
+        };
+        let resp = Arc::clone(&twin)
+            .handle(post(
+                "/v1/charges",
+                "amount=2000&currency=usd&source=tok_visa",
+            ))
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let charge: Value =
+            serde_json::from_slice(&resp.into_body().collect().await.expect("body").to_bytes())
+                .expect("json");
+        let event = rx.try_recv().expect("one event");
+        assert_eq!(
+            (event.service.as_str(), event.kind.as_str()),
+            ("stripe", "charge.succeeded")
+        );
+        let payload: Value = serde_json::from_slice(&event.payload).expect("json payload");
+        assert_eq!(payload["id"], event.id.as_str());
+        assert_eq!(payload["data"]["object"], charge);
+        assert_eq!(payload["request"]["idempotency_key"], "key-1");
+        assert!(rx.try_recv().is_err(), "one charge, one event");
+
+        let _ = Arc::clone(&twin)
+            .handle(
+                Request::get("/s/sbx/stripe/v1/charges")
+                    .body(Full::new(Bytes::new()))
+                    .expect("builds"),
+            )
+            .await;
+        let _ = Arc::clone(&twin)
+            .handle(post("/v1/test/fault/500", ""))
+            .await;
+        assert!(rx.try_recv().is_err(), "reads and faults give no event");
+    }
+
+    /// Attack: a workload that calls the built-in twin's port itself
+    /// (without the proxy's credential) makes no object, so no event: only
+    /// requests the twin served for the proxy give webhooks.
+    #[tokio::test]
+    async fn a_direct_call_without_the_credential_gives_no_event() {
+        let twin = Twin::new(TwinOptions {
+            fixtures: Fixtures::builtin(),
+            sandbox: None,
+            log: None,
+            credential: Some("proxy-secret".into()),
+        })
+        .expect("twin builds");
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        twin.send_events_to(tx);
+        let charge = |auth: Option<&str>| {
+            let mut req = Request::post("/s/sbx/stripe/v1/charges")
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded");
+            if let Some(a) = auth {
+                req = req.header(http::header::AUTHORIZATION, a);
+            }
+            req.body(Full::new(Bytes::from_static(b"amount=100&currency=usd")))
+                .expect("request builds")
+        };
+        let resp = Arc::clone(&twin).handle(charge(None)).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        let resp = Arc::clone(&twin).handle(charge(Some("Bearer guess"))).await;
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        assert!(rx.try_recv().is_err(), "no event without the credential");
+        let resp = Arc::clone(&twin)
+            .handle(charge(Some("Bearer proxy-secret")))
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(rx.try_recv().expect("an event").kind, "charge.succeeded");
     }
 
     #[test]

@@ -73,6 +73,7 @@ struct WindowFold {
     upstream_errors: Vec<UpstreamErrorEntry>,
     reserved_paths: BTreeMap<String, u64>,
     dns_refused: Vec<String>,
+    callbacks: super::Callbacks,
     publishing: Option<PublishRefused>,
     passthrough: HostCounts,
     blocked: HostCounts,
@@ -233,6 +234,7 @@ impl<'o> Builder<'o> {
                     declared_in: e.declared_in,
                 })
             }
+            Entry::Callback(c) if wanted(&c.service) => w.callbacks.add(line.seq, c),
             Entry::ReservedPath(ReservedPathLine {
                 service,
                 method,
@@ -456,6 +458,7 @@ impl<'o> Builder<'o> {
             reserved_paths: w.reserved_paths,
             set_aside,
             dns_refused: w.dns_refused,
+            callbacks: w.callbacks,
             publishing: w.publishing,
             requirements: Vec::new(),
         }

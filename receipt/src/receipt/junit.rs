@@ -146,6 +146,9 @@ fn requirement_name(req: &Requirement) -> String {
             path,
             status,
         } => format!("require request {service} {method} {path} ({status})"),
+        Requirement::Callback { path, min, status } => {
+            format!("require callback {path} >= {min} ({status})")
+        }
         Requirement::Verified => "require integrity verified".into(),
     }
 }
@@ -366,6 +369,7 @@ mod tests {
             reserved_paths: BTreeMap::new(),
             set_aside: Vec::new(),
             dns_refused: Vec::new(),
+            callbacks: Default::default(),
             publishing: None,
             requirements: Vec::new(),
         }

@@ -27,6 +27,7 @@ use crate::ledger::SealInfo;
 use crate::seal::PublicKeys;
 
 mod build;
+mod callbacks;
 mod integrity;
 mod junit;
 mod leaks;
@@ -35,6 +36,7 @@ mod text;
 mod tls;
 
 pub use build::{build, build_file, build_file_with, Builder};
+pub use callbacks::{CallbackEntry, Callbacks};
 pub use integrity::{NO_SANDBOX_PROBE, PROXY_NOT_LIVE, SANDBOX_PROBE_HINT};
 pub use junit::{render_junit, render_junit_error, JunitContext};
 pub use require::{
@@ -69,7 +71,7 @@ pub use text::{integrity_text, render_text};
 ///
 /// Still version 4, with additions only: the interception `gateway` (and
 /// the listener tier `gateway` of a request entry), for a gateway
-/// sandbox's window.
+/// sandbox's window; `callbacks` (webhook deliveries to the app).
 pub const RECEIPT_VERSION: u32 = 4;
 
 /// Requests listed per service in the text receipt.
@@ -144,6 +146,10 @@ pub struct Receipt {
     /// names did not resolve because of veris, not the code.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dns_refused: Vec<String>,
+    /// veris's webhook deliveries to the app (`--webhook`), apart from
+    /// the requests that reached the twin; absent when there were none.
+    #[serde(default, skip_serializing_if = "Callbacks::is_empty")]
+    pub callbacks: Callbacks,
     /// Publishing the window's ledger lines to a NATS stream (`--nats`,
     /// G2) was refused (a fork: another writer on the sandbox's subject,
     /// for good; a full stream, until it takes lines again), as the proxy

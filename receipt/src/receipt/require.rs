@@ -93,6 +93,16 @@ pub enum Requirement {
         path: String,
         status: StatusFilter,
     },
+    /// At least `min` of veris's deliveries of the twin's own events to
+    /// `path` (one trailing slash aside, no query) answered as `status`
+    /// says (`--require-callback`). Deliveries another origin made
+    /// (`trigger`, `replay`) never count: a callback for an object the
+    /// twin never made proves nothing.
+    Callback {
+        path: String,
+        min: u64,
+        status: StatusFilter,
+    },
     /// Integrity must be `verified` (`--require-verified`).
     Verified,
 }
@@ -114,6 +124,8 @@ pub enum RequirementError {
     Clause(String, String),
     #[error("requirement {0} has a control or invisible character. Next: write it in plain text")]
     Hidden(String),
+    #[error("bad callback requirement `{0}`; expected PATH[:N], e.g. /webhook or /webhook:2, the path the app was delivered to, without a query")]
+    Callback(String),
 }
 
 /// Splits a trailing ` status=…` clause off `s` (2xx when there is none),
@@ -186,6 +198,15 @@ impl Requirement {
         })
     }
 
+    /// `/webhook` (at least 1), `/webhook:3`, `/webhook:1 status=4xx`.
+    pub fn parse_callback(s: &str) -> Result<Requirement, RequirementError> {
+        let (path, min, status) = parse_counted(s, "path")?;
+        if !path.starts_with('/') || path.contains(['?', '#']) {
+            return Err(RequirementError::Callback(s.trim().into()));
+        }
+        Ok(Requirement::Callback { path, min, status })
+    }
+
     /// `stripe POST /v1/charges`, `stripe POST /v1/charges status=402`.
     pub fn parse_request(s: &str) -> Result<Requirement, RequirementError> {
         let (head, status) = split_status(s)?;
@@ -229,6 +250,9 @@ impl std::fmt::Display for Requirement {
                 path,
                 status,
             } => write!(f, "{service} {method} {path} status={status}"),
+            Requirement::Callback { path, min, status } => {
+                write!(f, "callback {path}:{min} status={status}")
+            }
             Requirement::Verified => f.write_str("integrity verified"),
         }
     }
@@ -329,6 +353,14 @@ fn seen_for(r: &Receipt, req: &Requirement) -> BTreeMap<u16, u64> {
                     .split_once(' ')
                     .is_some_and(|(m, p)| m == method && same_path(p, path));
                 if matches {
+                    add_statuses(&mut seen, by_status);
+                }
+            }
+        }
+        Requirement::Callback { path, .. } => {
+            let by_path = r.callbacks.statuses.get("twin").into_iter().flatten();
+            for (p, by_status) in by_path {
+                if same_path(p, path) {
                     add_statuses(&mut seen, by_status);
                 }
             }
@@ -447,6 +479,7 @@ fn judge_requirement(r: &Receipt, req: &Requirement) -> (Vec<String>, Requiremen
         Requirement::Service { min, status, .. } => ("service", Some(*status), Some(*min)),
         Requirement::Host { min, status, .. } => ("host", Some(*status), Some(*min)),
         Requirement::Request { status, .. } => ("request", Some(*status), Some(1)),
+        Requirement::Callback { min, status, .. } => ("callback", Some(*status), Some(*min)),
         Requirement::Verified => ("verified", None, None),
     };
     let seen = seen_for(r, req);
@@ -478,6 +511,27 @@ fn judge_requirement(r: &Receipt, req: &Requirement) -> (Vec<String>, Requiremen
             lines.push(format!(
                 "required host {}: at least {min} request(s) {}; {}",
                 quoted(&normalize_host(host)),
+                status.counted(),
+                seen_text(&seen)
+            ));
+        }
+        Requirement::Callback { path, min, status } if counted < *min => {
+            let unanswered: u64 = r
+                .callbacks
+                .unanswered
+                .get("twin")
+                .into_iter()
+                .flatten()
+                .filter(|(p, _)| same_path(p, path))
+                .map(|(_, n)| n)
+                .sum();
+            let no_answer = match unanswered {
+                0 => String::new(),
+                n => format!(", and {n} attempt(s) got no answer"),
+            };
+            lines.push(format!(
+                "required callback {}: at least {min} delivery(ies) of the twin's events {}; {}{no_answer}",
+                quoted(path),
                 status.counted(),
                 seen_text(&seen)
             ));
@@ -540,6 +594,60 @@ fn judge_requirement(r: &Receipt, req: &Requirement) -> (Vec<String>, Requiremen
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn delivery(path: &str, status: Option<u16>, origin: &str) -> crate::entry::CallbackLine {
+        crate::entry::CallbackLine {
+            service: "stripe".into(),
+            event: "charge.succeeded".into(),
+            event_id: "evt_1".into(),
+            target: "127.0.0.1:1".into(),
+            method: "POST".into(),
+            path: path.into(),
+            query: None,
+            status,
+            error: status.is_none().then(|| "timeout".into()),
+            duration_ms: 1,
+            attempt: 1,
+            origin: origin.into(),
+        }
+    }
+
+    /// The request requirements' grammar; only the twin's own deliveries
+    /// count, answered 2xx (one trailing slash aside).
+    #[test]
+    fn callback_requirements_share_the_grammar_and_count_twin_deliveries_only() {
+        assert_eq!(
+            Requirement::parse_callback("/webhook:2 status=4xx").unwrap(),
+            Requirement::Callback {
+                path: "/webhook".into(),
+                min: 2,
+                status: StatusFilter::Class(4),
+            }
+        );
+        for bad in ["webhook", "/webhook?x=1", "/webhook:0", ":2", "/a b"] {
+            assert!(Requirement::parse_callback(bad).is_err(), "{bad}");
+        }
+        let mut r = crate::receipt::build(
+            &crate::ledger::LedgerRead::default(),
+            &crate::receipt::Options::default(),
+        );
+        r.callbacks
+            .add(1, &delivery("/webhook/", Some(500), "twin"));
+        r.callbacks.add(2, &delivery("/webhook", None, "twin"));
+        r.callbacks
+            .add(3, &delivery("/webhook", Some(200), "trigger"));
+        r.callbacks.add(4, &delivery("/other", Some(200), "twin"));
+        let req = Requirement::parse_callback("/webhook").unwrap();
+        let v = evaluate(&r, std::slice::from_ref(&req), true);
+        assert_eq!(v.exit_code, EXIT_UNMET);
+        let line = v.lines.last().unwrap();
+        assert!(
+            line.contains("saw 1, with status 500, and 1 attempt(s) got no answer"),
+            "{line}"
+        );
+        r.callbacks.add(5, &delivery("/webhook", Some(204), "twin"));
+        assert_eq!(evaluate(&r, &[req], true).exit_code, 0);
+    }
 
     #[test]
     fn a_request_requirement_is_service_method_and_path_and_nothing_else() {

@@ -182,6 +182,11 @@ pub fn render_text(r: &Receipt) -> String {
         }
     }
 
+    if !r.callbacks.is_empty() {
+        out.push('\n');
+        r.callbacks.render(&mut out, TEXT_ENTRY_CAP);
+    }
+
     let mut extra = Vec::new();
     // A timeout, a body the client never finished or a session that ended
     // first means the twin may have executed the request; only a failure

@@ -25,11 +25,14 @@ pub(super) struct Announce<'a> {
     pub(super) admin: Option<SocketAddr>,
     pub(super) key_id: &'a str,
     pub(super) transparent: Option<(SocketAddr, SocketAddr)>,
+    /// The webhook secrets' variables (`STRIPE_WEBHOOK_SECRET`).
+    pub(super) webhook_env: &'a [(String, String)],
 }
 
 impl Announce<'_> {
-    /// `--write-env` (world-readable: it holds no secret, and the workload,
-    /// another uid, must source it), then `--ready-file`, last.
+    /// `--write-env` (the workload, maybe another uid, must source it; its
+    /// one secret is a webhook signing secret, which is the app's to know),
+    /// then `--ready-file`, last.
     pub(super) fn write(&self, args: &ServeArgs) -> Result<()> {
         if let Some(path) = &args.write_env {
             // The workload sources the file in an environment like this
@@ -50,6 +53,7 @@ impl Announce<'_> {
                 trust_only: args.env_trust_only,
                 java_tool_options_base: None,
                 php_ini_scan_dir_base: None,
+                extra: self.webhook_env,
             };
             veris_ca::env::write(path, &spec, args.env_format.into()).with_context(|| {
                 format!(

@@ -78,6 +78,13 @@ pub struct ProxyArgs {
     /// body's SHA-256 goes into the sealed ledger. Off by default.
     #[arg(long, value_name = "DIR")]
     pub capture_bodies: Option<PathBuf>,
+    /// Deliver the built-in twin's webhook events for SERVICE (stripe) to
+    /// URL, signed the vendor's way (repeatable): 'SERVICE=http://HOST:PORT/PATH'.
+    /// The signing secret is made per start and given to the command as
+    /// STRIPE_WEBHOOK_SECRET (`serve` prints it and writes it to its env file);
+    /// every attempt is a `callback` line in the ledger.
+    #[arg(long = "webhook", value_name = "SERVICE=URL")]
+    pub webhooks: Vec<String>,
     /// With --capture-bodies: bytes kept of each body (the rest is cut, and
     /// the cut is recorded).
     #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024, requires = "capture_bodies")]

@@ -35,6 +35,7 @@ mod announce;
 mod args;
 mod ledger;
 mod routing;
+mod webhooks;
 
 use announce::Announce;
 pub use announce::{merged_no_proxy, EnvBase};
@@ -98,6 +99,12 @@ pub struct Stack {
     unrecorded: Arc<veris_proxy::request::recorder::Unrecorded>,
     /// Publishing the ledger to NATS (`--nats`), flushed after the final seal.
     publisher: Option<Arc<crate::runtime::fleet::Publishing>>,
+    /// `--webhook`: the delivery engine, stopped before the final seal.
+    webhook_engine: Option<veris_proxy::callback::Engine>,
+    /// The variables that give the command its webhook secrets.
+    pub webhook_env: Vec<(String, String)>,
+    /// Where webhooks go, a line each, for a person.
+    pub webhooks_described: Vec<String>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -137,6 +144,7 @@ impl Stack {
             settings,
             twin_task,
             twin_auth,
+            webhooks,
         } = routing(&args.proxy, default_listen, shutdown_rx.clone()).await?;
         let services = crate::runtime::live::service_refs(&settings.router);
         let routed_hosts = settings.router.routed_hosts();
@@ -158,7 +166,10 @@ impl Stack {
             warn_unreachable_twins(&services)
         );
         let euid = crate::os::prctl::euid();
+        let webhook_env = webhooks.as_ref().map(|w| w.env()).unwrap_or_default();
+        let webhooks_described = webhooks.as_ref().map(|w| w.described()).unwrap_or_default();
         let announced = Announce {
+            webhook_env: &webhook_env,
             proxy_url: &bound.proxy_url,
             identity: &identity,
             twin_base: &settings.twin_base,
@@ -184,6 +195,7 @@ impl Stack {
             coverage,
         });
         let session_seq = append_session(args, &ledger, session)?;
+        let webhook_engine = webhooks.map(|w| w.start(Arc::clone(&ledger)));
         let publisher = fleet
             .as_ref()
             .map(|f| crate::runtime::fleet::Publishing::start(f, &ledger, &identity.sandbox_id))
@@ -234,6 +246,9 @@ impl Stack {
             capture,
             unrecorded,
             publisher,
+            webhook_engine,
+            webhook_env,
+            webhooks_described,
         })
     }
 
@@ -256,6 +271,7 @@ impl Stack {
                 trust_only: false,
                 java_tool_options_base: base.java_tool_options.as_deref(),
                 php_ini_scan_dir_base: base.php_ini_scan_dir.as_deref(),
+                extra: &self.webhook_env,
             },
             no_proxy: &no_proxy,
             trust: &self.trust,
@@ -309,6 +325,12 @@ impl Stack {
             self.capture.clone(),
         )
         .await;
+
+        // No request makes an event now: what was queued gets its attempt,
+        // recorded before the checks and the final seal.
+        if let Some(engine) = self.webhook_engine {
+            engine.stop().await;
+        }
 
         // No traffic can arrive now: the window is exact.
         let since = self.session_seq.saturating_sub(1);

@@ -24,6 +24,8 @@ pub(super) struct Routing {
     pub(super) settings: Settings,
     pub(super) twin_task: Option<JoinHandle<()>>,
     pub(super) twin_auth: Option<String>,
+    /// `--webhook`: the built-in twin's events and where they go.
+    pub(super) webhooks: Option<super::webhooks::Webhooks>,
 }
 
 /// Routing from `--config` or from flags; starts the built-in twin (with its
@@ -38,9 +40,13 @@ pub(super) async fn routing(
     // it execute (and log) a vendor request.
     let mut builtin_twin_credential = None;
     let mut builtin_url = None;
-    if args.config.is_none() && args.twin.is_none() {
+    let builtin = args.config.is_none() && args.twin.is_none();
+    let webhooks = super::webhooks::Webhooks::from_args(&args.webhooks, builtin)?;
+    if builtin {
         let sandbox = args.sandbox.as_deref().unwrap_or(DEFAULT_SANDBOX);
-        let (url, task, credential) = start_builtin_twin(Some(sandbox), shutdown_rx).await?;
+        let events = webhooks.as_ref().map(|w| w.sink());
+        let (url, task, credential) =
+            start_builtin_twin(Some(sandbox), events, shutdown_rx).await?;
         twin_task = Some(task);
         builtin_twin_credential = Some(credential);
         builtin_url = Some(url);
@@ -57,6 +63,7 @@ pub(super) async fn routing(
         settings,
         twin_task,
         twin_auth,
+        webhooks,
     })
 }
 
@@ -192,9 +199,11 @@ pub(crate) fn upstream_roots(
 /// caller hands the proxy as its `twin_auth`: the twin executes and logs only
 /// vendor requests that carry it, so a workload calling the twin's port
 /// directly can neither fake a call nor add a row to the log the receipt's
-/// cross-check reads. Returns (base URL, task, credential).
+/// cross-check reads. With `events`, the twin hands its webhook events
+/// there. Returns (base URL, task, credential).
 pub(crate) async fn start_builtin_twin(
     sandbox: Option<&str>,
+    events: Option<veris_twin::webhook::EventSink>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(String, JoinHandle<()>, String)> {
     let credential =
@@ -206,6 +215,9 @@ pub(crate) async fn start_builtin_twin(
         credential: Some(credential.clone()),
     })?;
     twin.redact_paths_with(veris_receipt::redact::text);
+    if let Some(sink) = events {
+        twin.send_events_to(sink);
+    }
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .context("binding the built-in twin")?;

@@ -1,0 +1,122 @@
+//! One delivery attempt: dial, POST the signed event, read the answer head
+//! and at most [`MAX_ANSWER`] bytes of its body, all before one deadline.
+//! The app's answer body is the workload's text: it is read only to let the
+//! app finish its answer and never kept.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HOST, USER_AGENT};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use veris_twin::webhook::{sign, Event, Secret, SIGNATURE_HEADER};
+
+use super::Webhook;
+
+/// Answer body bytes read at most; an app that sends more is cut off.
+pub const MAX_ANSWER: usize = 64 * 1024;
+
+/// What one attempt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The app's status, when its answer head arrived.
+    pub status: Option<u16>,
+    /// What went wrong: no status (`connect: …`, `timeout`, …), or an
+    /// answer cut after its head (`timeout reading the answer body`, …).
+    pub error: Option<String>,
+    pub duration: Duration,
+}
+
+/// Delivers `event` to `webhook` once, signed with `secrets` now.
+pub async fn attempt(
+    webhook: &Webhook,
+    event: &Event,
+    secrets: &[Secret],
+    timeout: Duration,
+) -> Outcome {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (status, error) = match exchange(webhook, event, secrets, deadline).await {
+        Ok((status, None)) => (Some(status), None),
+        Ok((status, Some(cut))) => (Some(status), Some(cut)),
+        Err(e) => (None, Some(e)),
+    };
+    Outcome {
+        status,
+        error,
+        duration: started.elapsed(),
+    }
+}
+
+/// The attempt's status and what cut its answer body short, if anything;
+/// or why no answer head arrived.
+async fn exchange(
+    webhook: &Webhook,
+    event: &Event,
+    secrets: &[Secret],
+    deadline: tokio::time::Instant,
+) -> Result<(u16, Option<String>), String> {
+    let within = |what: &'static str| move |_| format!("timeout ({what})");
+    let stream = tokio::time::timeout_at(deadline, TcpStream::connect(&webhook.authority))
+        .await
+        .map_err(within("connecting"))?
+        .map_err(|e| format!("connect: {e}"))?;
+    let (mut sender, conn) = tokio::time::timeout_at(
+        deadline,
+        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream)),
+    )
+    .await
+    .map_err(within("connecting"))?
+    .map_err(|e| format!("http: {e}"))?;
+    // The connection's task ends with this attempt, whatever happens.
+    let conn = AbortOnDrop(tokio::spawn(conn));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let target = match &webhook.query {
+        Some(q) => format!("{}?{q}", webhook.path),
+        None => webhook.path.clone(),
+    };
+    let request = http::Request::post(target)
+        .header(HOST, &webhook.authority)
+        .header(CONTENT_TYPE, "application/json; charset=utf-8")
+        .header(USER_AGENT, "Stripe/1.0 (+https://stripe.com/docs/webhooks)")
+        .header("accept", "*/*; q=0.5, application/xml")
+        .header("cache-control", "no-cache")
+        .header(
+            SIGNATURE_HEADER,
+            sign::stripe_signature(secrets, now, &event.payload),
+        )
+        .body(Full::new(event.payload.clone()))
+        .map_err(|e| format!("request: {e}"))?;
+    let response = tokio::time::timeout_at(deadline, sender.send_request(request))
+        .await
+        .map_err(within("waiting for the answer"))?
+        .map_err(|e| format!("http: {e}"))?;
+    let status = response.status().as_u16();
+    let body = Limited::new(response.into_body(), MAX_ANSWER).collect();
+    let cut = match tokio::time::timeout_at(deadline, body).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Some(format!(
+                "answer body longer than {MAX_ANSWER} bytes; cut off"
+            ))
+        }
+        Ok(Err(e)) => Some(format!("answer body: {e}")),
+        Err(_) => Some("timeout (reading the answer body)".into()),
+    };
+    drop(conn);
+    Ok((status, cut))
+}
+
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,99 @@
+//! A `--webhook SERVICE=URL` value: where one service's events go.
+
+/// Where one service's events are delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Webhook {
+    pub service: String,
+    /// `host:port` to dial (the port made explicit).
+    pub authority: String,
+    /// The URL's path (`/` when it had none).
+    pub path: String,
+    pub query: Option<String>,
+}
+
+impl Webhook {
+    /// Parses `SERVICE=http://HOST[:PORT]/PATH`; the error says what was
+    /// wrong, for a message that ends with the syntax.
+    pub fn parse(s: &str) -> Result<Webhook, String> {
+        let (service, url) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?} has no `=`"))?;
+        let service = service.trim();
+        if service.is_empty()
+            || !service
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!("{service:?} is not a service name"));
+        }
+        let uri: http::Uri = url
+            .trim()
+            .parse()
+            .map_err(|e| format!("{url:?} is not a URL ({e})"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return Err(format!(
+                    "{url:?}: only http:// URLs are delivered to (not {other}://); the app listens on loopback"
+                ))
+            }
+            None => return Err(format!("{url:?} has no http:// in front")),
+        }
+        let authority = uri
+            .authority()
+            .filter(|a| !a.host().is_empty() && !a.as_str().contains('@'))
+            .ok_or_else(|| format!("{url:?} names no host (or carries credentials)"))?;
+        let host = authority.host();
+        let port = authority.port_u16().unwrap_or(80);
+        Ok(Webhook {
+            service: service.to_string(),
+            authority: format!("{host}:{port}"),
+            path: uri.path().to_string(),
+            query: uri.query().map(str::to_string),
+        })
+    }
+
+    /// The URL as given back to a person (`http://host:port/path`).
+    pub fn url(&self) -> String {
+        match &self.query {
+            Some(q) => format!("http://{}{}?{q}", self.authority, self.path),
+            None => format!("http://{}{}", self.authority, self.path),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn webhooks_parse_and_bad_ones_say_why() {
+        let w = Webhook::parse("stripe=http://127.0.0.1:4242/webhook").expect("parses");
+        assert_eq!(
+            (
+                w.service.as_str(),
+                w.authority.as_str(),
+                w.path.as_str(),
+                w.query
+            ),
+            ("stripe", "127.0.0.1:4242", "/webhook", None)
+        );
+        let w = Webhook::parse("stripe=http://localhost/hooks?x=1").expect("parses");
+        assert_eq!(w.authority, "localhost:80");
+        assert_eq!(w.query.as_deref(), Some("x=1"));
+        assert_eq!(w.url(), "http://localhost:80/hooks?x=1");
+        let w = Webhook::parse("stripe=http://[::1]:9/").expect("parses");
+        assert_eq!(w.authority, "[::1]:9");
+        for bad in [
+            "stripe",
+            "=http://127.0.0.1/",
+            "str ipe=http://127.0.0.1/",
+            "stripe=127.0.0.1:4242/webhook",
+            "stripe=https://127.0.0.1/",
+            "stripe=http:///x",
+            "stripe=http://u:p@127.0.0.1/",
+        ] {
+            assert!(Webhook::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Callbacks in a receipt: veris's webhook deliveries to the app (ledger
+//! `callback` lines, DESIGN §15), listed apart from the requests that
+//! reached the twin, and what a callback requirement counts.
+//!
+//! Every attempt is listed (up to [`JSON_ENTRY_CAP`]) with its status or
+//! error; `statuses` counts every answered attempt exactly, per origin and
+//! path, so a requirement never depends on the cap.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use super::JSON_ENTRY_CAP;
+use crate::entry::CallbackLine;
+use crate::quote::{escaped, quoted, token};
+
+/// The window's callback attempts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Callbacks {
+    /// Attempts in the window.
+    pub attempts: u64,
+    /// Attempts, oldest first, at most [`JSON_ENTRY_CAP`].
+    pub entries: Vec<CallbackEntry>,
+    /// Per origin (`twin`), per path, how many attempts got each status
+    /// (attempts without an answer are not in it).
+    pub statuses: BTreeMap<String, BTreeMap<String, BTreeMap<u16, u64>>>,
+    /// Attempts that got no answer (refused, timed out, cut by the end of
+    /// the session), per origin and path.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unanswered: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+/// One delivery attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallbackEntry {
+    pub seq: u64,
+    pub service: String,
+    pub event: String,
+    pub event_id: String,
+    pub method: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub attempt: u32,
+    pub origin: String,
+    pub duration_ms: u64,
+}
+
+impl Callbacks {
+    pub fn is_empty(&self) -> bool {
+        self.attempts == 0
+    }
+
+    /// Takes one `callback` line of the window.
+    pub fn add(&mut self, seq: u64, c: &CallbackLine) {
+        self.attempts += 1;
+        let path = super::strip_query(&c.path).to_string();
+        match c.status {
+            Some(s) => {
+                *self
+                    .statuses
+                    .entry(c.origin.clone())
+                    .or_default()
+                    .entry(path.clone())
+                    .or_default()
+                    .entry(s)
+                    .or_default() += 1;
+            }
+            None => {
+                *self
+                    .unanswered
+                    .entry(c.origin.clone())
+                    .or_default()
+                    .entry(path.clone())
+                    .or_default() += 1;
+            }
+        }
+        if self.entries.len() < JSON_ENTRY_CAP {
+            self.entries.push(CallbackEntry {
+                seq,
+                service: c.service.clone(),
+                event: c.event.clone(),
+                event_id: c.event_id.clone(),
+                method: c.method.clone(),
+                path,
+                status: c.status,
+                error: c.error.clone(),
+                attempt: c.attempt,
+                origin: c.origin.clone(),
+                duration_ms: c.duration_ms,
+            });
+        }
+    }
+
+    /// The text receipt's section: the count, then each attempt
+    /// `METHOD "/path" event #attempt -> status` (or the error), at most
+    /// `shown`. Recorded strings are quoted or escaped: an event type is
+    /// the twin's word, a path the operator's, an error may quote the app.
+    pub fn render(&self, out: &mut String, shown: usize) {
+        let _ = writeln!(
+            out,
+            "{} callback attempt(s) to the app (webhook deliveries by veris):",
+            self.attempts
+        );
+        for e in self.entries.iter().take(shown) {
+            let answer = match (e.status, &e.error) {
+                (Some(s), None) => s.to_string(),
+                (Some(s), Some(why)) => format!("{s} ({})", escaped(why)),
+                (None, Some(why)) => format!("no answer ({})", escaped(why)),
+                (None, None) => "no answer".into(),
+            };
+            let origin = if e.origin == "twin" {
+                String::new()
+            } else {
+                format!(" [{}]", token(&e.origin))
+            };
+            let _ = writeln!(
+                out,
+                "  {} {} {} {} #{} -> {answer}{origin}",
+                token(&e.service),
+                token(&e.method),
+                quoted(&e.path),
+                quoted(&e.event),
+                e.attempt,
+            );
+        }
+        let listed = self.entries.len().min(shown) as u64;
+        if self.attempts > listed {
+            let _ = writeln!(out, "  … and {} more", self.attempts - listed);
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! Webhooks from the built-in twin (W1, DESIGN §15): `veris run --webhook
+//! stripe=URL` delivers the twin's `charge.succeeded` for a charge the
+//! command made to the command's own app, signed so the official `stripe`
+//! SDK's `Webhook.construct_event` accepts it with `STRIPE_WEBHOOK_SECRET`
+//! from the command's environment; every attempt is a `callback` line.
+//! Attacks: an app that never answers or sends an endless body is cut off,
+//! recorded, and holds up no other delivery; a workload that posts to its
+//! own app, or writes callback-looking text into a request, makes no
+//! `callback` line.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use support::{output, skip, text, veris, TempDir};
+
+/// The app: one `http.server` per `PORT:MODE` argument, a charge made with
+/// curl through the proxy, then waiting (up to `APP_WAIT` seconds) until a
+/// delivery to an `ok`/`flaky` server verified as `charge.succeeded`.
+/// Modes: `ok` (verifies with the SDK: 200, or 400 when it does not verify),
+/// `wrong-secret` (verifies with another secret: 400), `flaky` (500 twice,
+/// then as `ok`), `hang` (never answers), `endless` (200 and a body
+/// without end).
+const APP: &str = r#"
+import http.server, json, os, subprocess, sys, threading, time
+import stripe
+secret = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
+done = threading.Event()
+counts = {}
+lock = threading.Lock()
+
+def handler(mode):
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with lock:
+                counts[mode] = counts.get(mode, 0) + 1
+                n = counts[mode]
+            if mode == "hang":
+                time.sleep(120)
+                return
+            if mode == "endless":
+                self.send_response(200)
+                self.end_headers()
+                try:
+                    while True:
+                        self.wfile.write(b"x" * 65536)
+                except Exception:
+                    return
+            if mode == "flaky" and n <= 2:
+                self.send_response(500)
+                self.end_headers()
+                return
+            key = "whsec_not_the_one" if mode == "wrong-secret" else secret
+            try:
+                event = stripe.Webhook.construct_event(body, self.headers.get("Stripe-Signature", ""), key)
+            except Exception as e:
+                self.send_response(400)
+                self.end_headers()
+                print("rejected", type(e).__name__, flush=True)
+                done.set()
+                return
+            self.send_response(200)
+            self.end_headers()
+            print("verified", event["type"], event["data"]["object"]["id"], flush=True)
+            if event["type"] == "charge.succeeded":
+                done.set()
+        def log_message(self, *args):
+            pass
+    return H
+
+for arg in sys.argv[1:]:
+    port, mode = arg.split(":")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", int(port)), handler(mode))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+out = subprocess.run(["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/charges",
+                      "-d", "amount=100", "-d", "currency=usd"], capture_output=True, text=True)
+print("charge", json.loads(out.stdout)["id"], flush=True)
+done.wait(float(os.environ.get("APP_WAIT", "20")))
+"#;
+
+/// python3 with the `stripe` SDK, and curl; or why not.
+fn tools() -> Result<(), String> {
+    support::curl()?;
+    if support::tool_works("python3", &["-c", "import stripe"]) {
+        Ok(())
+    } else {
+        Err("python3 with the `stripe` SDK not available (pip install stripe)".into())
+    }
+}
+
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `veris run` confined (deliveries do not reach an isolated run yet) with
+/// `extra` flags and the app serving `servers`, each `PORT:MODE`.
+fn run_app(
+    dir: &TempDir,
+    extra: &[&str],
+    servers: &[String],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let app = dir.join("app.py");
+    std::fs::write(&app, APP).expect("writing the app");
+    let mut cmd = veris(["run", "--tier", "explicit", "--state-dir"]);
+    cmd.arg(dir.join("state"))
+        .env("VERIS_WEBHOOK_TIME_SCALE", "0.001")
+        .envs(env.iter().copied())
+        .args(extra)
+        .arg("--")
+        .arg("python3")
+        .arg(&app)
+        .args(servers);
+    output(&mut cmd)
+}
+
+/// The run's ledger lines.
+fn ledger(dir: &TempDir) -> Vec<Value> {
+    let runs = dir.join("state").join("runs");
+    let path: PathBuf = std::fs::read_dir(&runs)
+        .expect("the runs dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("ledger.jsonl"))
+        .find(|p| p.exists())
+        .expect("a run's ledger");
+    read_lines(&path)
+}
+
+fn read_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .expect("reading the ledger")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+fn callbacks(lines: &[Value]) -> Vec<&Value> {
+    lines.iter().filter(|l| l["kind"] == "callback").collect()
+}
+
+#[test]
+fn the_app_verifies_charge_succeeded_with_the_official_sdk() {
+    if let Err(why) = tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("webhook-ok");
+    let port = free_port();
+    let url = format!("stripe=http://127.0.0.1:{port}/webhook");
+    let out = run_app(
+        &dir,
+        &["--webhook", &url, "--require-callback", "/webhook"],
+        &[format!("{port}:ok")],
+        &[],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("verified charge.succeeded ch_"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(r#"stripe POST "/webhook" "charge.succeeded" #1 -> 200"#),
+        "the receipt lists the callback: {stderr}"
+    );
+    let lines = ledger(&dir);
+    let calls = callbacks(&lines);
+    let charge = calls
+        .iter()
+        .find(|c| c["event"] == "charge.succeeded")
+        .unwrap_or_else(|| panic!("no charge.succeeded line: {calls:?}"));
+    assert_eq!(charge["status"], 200, "{charge}");
+    assert_eq!(charge["path"], "/webhook");
+    assert_eq!(charge["attempt"], 1);
+    assert_eq!(charge["origin"], "twin");
+    assert_eq!(charge["target"], format!("127.0.0.1:{port}"));
+    // The secret the app was given reaches neither the ledger nor the logs.
+    let secret = stripe_secret_of(&stderr);
+    let ledger_text = std::fs::read_to_string(
+        std::fs::read_dir(dir.join("state").join("runs"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path().join("ledger.jsonl"))
+            .find(|p| p.exists())
+            .unwrap(),
+    )
+    .unwrap();
+    if let Some(secret) = secret {
+        assert!(!ledger_text.contains(&secret));
+    }
+    assert!(
+        !ledger_text.contains("whsec_"),
+        "no secret shape in the ledger"
+    );
+    assert!(
+        !stderr.contains("whsec_"),
+        "no secret in the logs: {stderr}"
+    );
+}
+
+/// `veris run` never prints the secret; the app printed nothing of it.
+fn stripe_secret_of(stderr: &str) -> Option<String> {
+    stderr
+        .split_whitespace()
+        .find(|w| w.starts_with("whsec_"))
+        .map(str::to_string)
+}
+
+#[test]
+fn an_app_that_answers_500_twice_gets_three_attempts() {
+    if let Err(why) = tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("webhook-flaky");
+    let port = free_port();
+    let url = format!("stripe=http://127.0.0.1:{port}/webhook");
+    let out = run_app(
+        &dir,
+        &["--webhook", &url, "--require-callback", "/webhook"],
+        &[format!("{port}:flaky")],
+        &[],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let lines = ledger(&dir);
+    let attempts: Vec<(u64, u64)> = callbacks(&lines)
+        .iter()
+        .filter(|c| c["event"] == "charge.succeeded")
+        .map(|c| {
+            (
+                c["attempt"].as_u64().unwrap(),
+                c["status"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        [(1, 500), (2, 500), (3, 200)],
+        "{stdout}\n{stderr}"
+    );
+}
+
+#[test]
+fn a_wrong_secret_is_a_400_on_record() {
+    if let Err(why) = tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("webhook-wrong");
+    let port = free_port();
+    let url = format!("stripe=http://127.0.0.1:{port}/webhook");
+    let out = run_app(
+        &dir,
+        &["--webhook", &url, "--require-callback", "/webhook"],
+        &[format!("{port}:wrong-secret")],
+        &[],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(r#""charge.succeeded" #1 -> 400"#),
+        "the receipt shows the 400: {stderr}"
+    );
+    assert!(
+        stderr.contains(r#"required callback "/webhook": at least 1 delivery(ies) of the twin's events answered 2xx; saw"#),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("rejected SignatureVerificationError"),
+        "{stdout}\n{stderr}"
+    );
+    let lines = ledger(&dir);
+    let first = callbacks(&lines)
+        .into_iter()
+        .find(|c| c["event"] == "charge.succeeded" && c["attempt"] == 1)
+        .cloned()
+        .unwrap_or_else(|| panic!("no first attempt: {stderr}"));
+    assert_eq!(first["status"], 400, "{first}");
+}
+
+/// Attack: one app never answers, another sends a body without end; the
+/// third gets its delivery all the same, well before the hung attempt's
+/// timeout (30 s) could have passed: the app waits 15 s at most.
+#[test]
+fn a_hung_or_endless_app_holds_up_no_other_delivery() {
+    if let Err(why) = tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("webhook-hang");
+    let (hang, endless, ok) = (free_port(), free_port(), free_port());
+    let hooks = [
+        format!("stripe=http://127.0.0.1:{hang}/hang"),
+        format!("stripe=http://127.0.0.1:{endless}/endless"),
+        format!("stripe=http://127.0.0.1:{ok}/webhook"),
+    ];
+    let mut extra = Vec::new();
+    for h in &hooks {
+        extra.extend(["--webhook", h.as_str()]);
+    }
+    let out = run_app(
+        &dir,
+        &extra,
+        &[
+            format!("{hang}:hang"),
+            format!("{endless}:endless"),
+            format!("{ok}:ok"),
+        ],
+        &[("VERIS_WEBHOOK_TIMEOUT_MS", "30000"), ("APP_WAIT", "15")],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("verified charge.succeeded"),
+        "{stdout}\n{stderr}"
+    );
+    let lines = ledger(&dir);
+    let calls = callbacks(&lines);
+    let at = |path: &str| -> Vec<&Value> {
+        calls
+            .iter()
+            .copied()
+            .filter(|c| c["path"] == path && c["event"] == "charge.succeeded")
+            .collect()
+    };
+    assert_eq!(at("/webhook")[0]["status"], 200);
+    let endless_line = at("/endless")[0];
+    assert_eq!(endless_line["status"], 200, "{endless_line}");
+    assert!(
+        endless_line["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("cut off"),
+        "{endless_line}"
+    );
+    // No answer came: cut at the session's end, or closed when the app
+    // exited; either way on record without a status.
+    let hung = at("/hang")[0];
+    assert!(hung["status"].is_null(), "{hung}");
+    assert!(
+        hung["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{hung}"
+    );
+}
+
+/// Attack: the workload posts a signed-looking event to its own app and
+/// puts callback words in a request to the vendor; neither is a callback
+/// line: only veris's deliveries are.
+#[test]
+fn a_workload_cannot_make_a_callback_line() {
+    if let Err(why) = tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("webhook-forge");
+    let port = free_port();
+    let script = format!(
+        r#"
+import http.server, threading, urllib.request, subprocess
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", {port}), H)
+threading.Thread(target=s.serve_forever, daemon=True).start()
+req = urllib.request.Request("http://127.0.0.1:{port}/webhook", data=b'{{"type":"charge.succeeded"}}',
+    headers={{"Stripe-Signature": "t=1,v1=00", "Content-Type": "application/json"}})
+urllib.request.ProxyHandler({{}})
+print(urllib.request.build_opener(urllib.request.ProxyHandler({{}})).open(req).status, flush=True)
+subprocess.run(["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/customers/callback%20charge.succeeded",
+    "-H", "X-Kind: callback", "-H", "Stripe-Signature: t=1,v1=00"], capture_output=True)
+"#
+    );
+    let url = format!("stripe=http://127.0.0.1:{port}/webhook");
+    let mut cmd = veris(["run", "--tier", "explicit", "--state-dir"]);
+    cmd.arg(dir.join("state")).args([
+        "--webhook",
+        &url,
+        "--require-callback",
+        "/webhook",
+        "--",
+        "python3",
+        "-c",
+        &script,
+    ]);
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("200"), "{stdout}\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "not met by the workload's own post: {stderr}"
+    );
+    let lines = ledger(&dir);
+    assert!(callbacks(&lines).is_empty(), "{:?}", callbacks(&lines));
+}
+
+/// `serve --webhook`: the secret is in the env file the app reads; a
+/// charge through the proxy is delivered to an app outside, verified by
+/// the SDK with that secret, and recorded; the receipt's requirement holds.
+#[test]
+fn serve_writes_the_secret_to_the_env_file_and_delivers() {
+    if let Err(why) = tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("webhook-serve");
+    let (env_file, got) = (dir.join("client.env"), dir.join("got.txt"));
+    let app = r#"
+import http.server, re, sys, stripe
+port, env_file, got = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        secret = re.search(r"STRIPE_WEBHOOK_SECRET='([^']+)'", open(env_file).read()).group(1)
+        try:
+            kind = stripe.Webhook.construct_event(body, self.headers.get("Stripe-Signature", ""), secret)["type"]
+            code = 200
+        except Exception as e:
+            kind, code = type(e).__name__, 400
+        self.send_response(code)
+        self.end_headers()
+        with open(got, "a") as f:
+            f.write(f"{code} {kind}\n")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+    let port = free_port();
+    let mut app_cmd = support::command("python3");
+    app_cmd
+        .args(["-c", app, &port.to_string()])
+        .arg(&env_file)
+        .arg(&got);
+    let _app = support::Guard::spawn(&mut app_cmd);
+    // The first attempt must find the app up: the next is a minute later.
+    support::wait_for("the app to listen", support::DEADLINE, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    let hook = format!("stripe=http://127.0.0.1:{port}/webhook");
+    let mut serve = support::Serve::start_in(
+        dir,
+        &[
+            "--workload-uid",
+            support::DECLARED_WORKLOAD_UID,
+            "--webhook",
+            &hook,
+        ],
+    );
+    let env_text = std::fs::read_to_string(&serve.env_file).unwrap();
+    assert!(
+        env_text.contains("export STRIPE_WEBHOOK_SECRET='whsec_"),
+        "{env_text}"
+    );
+    let out = output(serve.curl().args([
+        "https://api.stripe.com/v1/charges",
+        "-d",
+        "amount=100",
+        "-d",
+        "currency=usd",
+    ]));
+    assert!(out.status.success(), "{:?}", text(&out));
+    support::wait_for("the app's verified delivery", support::DEADLINE, || {
+        let got = std::fs::read_to_string(&got).ok()?;
+        got.contains("200 charge.succeeded").then_some(())
+    });
+    serve.stop();
+    let lines = serve.ledger_lines();
+    let delivered = callbacks(&lines)
+        .into_iter()
+        .any(|c| c["event"] == "charge.succeeded" && c["status"] == 200);
+    assert!(delivered, "{:?}", callbacks(&lines));
+    // The secret is the app's, in the env file; never in the ledger.
+    let ledger_text = std::fs::read_to_string(serve.ledger()).unwrap();
+    assert!(!ledger_text.contains("whsec_"));
+    let mut receipt = veris(["receipt", "--state-dir"]);
+    receipt
+        .arg(&serve.state)
+        .args(["--require-callback", "/webhook"]);
+    let out = output(&mut receipt);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !stdout.contains("FAIL") && !stderr.contains("FAIL"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains(r#""charge.succeeded" #1 -> 200"#),
+        "{stdout}\n{stderr}"
+    );
+}
+
+/// Bad input: each wrong `--webhook` or `--require-callback` is a usage
+/// error that names the syntax, before anything starts.
+#[test]
+fn bad_webhook_flags_say_the_syntax() {
+    let dir = TempDir::new("webhook-bad");
+    for (flags, says) in [
+        (vec!["--webhook", "stripe"], "SERVICE=http://HOST:PORT/PATH"),
+        (
+            vec!["--webhook", "stripe=https://127.0.0.1/x"],
+            "only http://",
+        ),
+        (
+            vec!["--webhook", "acme=http://127.0.0.1:1/x"],
+            "stripe only",
+        ),
+        (
+            vec!["--isolate", "--webhook", "stripe=http://127.0.0.1:1/x"],
+            "cannot deliver into an isolated run",
+        ),
+        (vec!["--require-callback", "webhook"], "expected PATH[:N]"),
+    ] {
+        let mut cmd = veris(["run", "--state-dir"]);
+        cmd.arg(dir.join("state")).args(&flags).args(["--", "true"]);
+        let out = output(&mut cmd);
+        let (stdout, stderr) = text(&out);
+        assert_ne!(out.status.code(), Some(0), "{flags:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
+}
