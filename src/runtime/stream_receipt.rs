@@ -344,6 +344,18 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
         ..Options::default()
     };
     let stream = reader.stream_name().to_string();
+    let report = |parts: Vec<Part>, read: &SandboxRead| {
+        finish(
+            parts,
+            &stream,
+            sandbox,
+            pin.as_ref(),
+            read,
+            &reqs,
+            args,
+            har,
+        )
+    };
     let failed =
         |e: String| anyhow::anyhow!(e).context("reading the sandbox's ledgers from the stream");
     // With --fleet-key, each gateway's keys are known only from its
@@ -366,16 +378,7 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
                 .await
                 .context("folding the stream's chains")?
         };
-        return Ok(finish(
-            parts,
-            &stream,
-            sandbox,
-            pin.as_ref(),
-            &read,
-            &reqs,
-            args,
-            har,
-        ));
+        return Ok(report(parts, &read));
     }
     // Folded as the lines arrive, one thread per gateway.
     let mut read = reader.prepare(sandbox, wait).await.map_err(failed)?;
@@ -413,16 +416,7 @@ pub async fn build_with_har(args: &ReceiptArgs, har: bool) -> Result<(Report, Op
                 .context("folding the stream's chains")?
         }
     };
-    Ok(finish(
-        parts,
-        &stream,
-        sandbox,
-        pin.as_ref(),
-        &read,
-        &reqs,
-        args,
-        har,
-    ))
+    Ok(report(parts, &read))
 }
 
 /// The parts merged, judged and reported; with `har`, their HARs merged.

@@ -872,18 +872,23 @@ mod tests {
         );
     }
 
+    /// The built-in twin with no sandbox or log, behind `credential`.
+    fn builtin_twin(credential: Option<&str>) -> Arc<Twin> {
+        Twin::new(TwinOptions {
+            fixtures: Fixtures::builtin(),
+            sandbox: None,
+            log: None,
+            credential: credential.map(str::to_string),
+        })
+        .expect("twin builds")
+    }
+
     #[tokio::test]
     async fn the_request_log_keeps_the_redacted_path() {
         fn hide_keys(path: &str) -> String {
             path.replace("sk_live_abc", "[redacted]")
         }
-        let twin = Twin::new(TwinOptions {
-            fixtures: Fixtures::builtin(),
-            sandbox: None,
-            log: None,
-            credential: None,
-        })
-        .expect("twin builds");
+        let twin = builtin_twin(None);
         twin.redact_paths_with(hide_keys);
         let req = Request::post("/s/sbx/stripe/v1/keys/sk_live_abc/roll")
             .body(Full::new(Bytes::new()))
@@ -898,13 +903,7 @@ mod tests {
     /// a request that fails (missing field) or only reads gives none.
     #[tokio::test]
     async fn stored_stripe_objects_give_events_with_the_object() {
-        let twin = Twin::new(TwinOptions {
-            fixtures: Fixtures::builtin(),
-            sandbox: None,
-            log: None,
-            credential: None,
-        })
-        .expect("twin builds");
+        let twin = builtin_twin(None);
         let (tx, mut rx) = tokio::sync::mpsc::channel(16);
         twin.send_events_to(tx);
         let post = |path: &str, body: &'static str| {
@@ -953,13 +952,7 @@ mod tests {
     /// requests the twin served for the proxy give webhooks.
     #[tokio::test]
     async fn a_direct_call_without_the_credential_gives_no_event() {
-        let twin = Twin::new(TwinOptions {
-            fixtures: Fixtures::builtin(),
-            sandbox: None,
-            log: None,
-            credential: Some("proxy-secret".into()),
-        })
-        .expect("twin builds");
+        let twin = builtin_twin(Some("proxy-secret"));
         let (tx, mut rx) = tokio::sync::mpsc::channel(16);
         twin.send_events_to(tx);
         let charge = |auth: Option<&str>| {
