@@ -1,6 +1,8 @@
 //! The ledger window as a HAR 1.2 document (HTTP Archive, the format browser
 //! devtools, proxies and HAR viewers read): one entry per `request` line of
-//! the window a receipt covers. It is a view of the record, never a second
+//! the window a receipt covers, and one per `callback` line (a webhook
+//! delivery attempt by veris to the app, the other direction: its
+//! `_veris.callback` names the event; the app's answer body is never kept). It is a view of the record, never a second
 //! judgement of it: the window and the integrity verdict are the receipt's
 //! ([`HarBuilder::finish`] takes the built [`Receipt`]), and every field comes
 //! from the ledger line or is marked unknown (`-1`, `""`, `[]`). The ledger
@@ -23,8 +25,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::capture::Loaded;
+use crate::entry::{CallbackLine, RequestLine, ResponseIncompleteLine};
 use crate::entry::{CapturedBody, Entry, Line, ListenerTier};
-use crate::entry::{RequestLine, ResponseIncompleteLine};
 use crate::receipt::{IntegrityStatus, Receipt, Window};
 
 /// The HAR version written in `log.version`.
@@ -184,11 +186,19 @@ pub struct Timings {
 pub struct EntryVeris {
     pub seq: u64,
     pub service: String,
-    pub tier: ListenerTier,
+    /// The listener that took the request; none for a callback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<ListenerTier>,
     /// `completed`; `client_gone` (the twin answered, the client had left);
     /// or why the body ended short (`twin_cut`, `client_gone`) when a
-    /// `response_incomplete` line follows the request.
+    /// `response_incomplete` line follows the request. For a callback:
+    /// `answered`, or `no_answer` (then `response.status` is 0).
     pub outcome: String,
+    /// Set on a webhook delivery by veris to the app (a `callback` line,
+    /// the other direction): the entry's request is veris's, its response
+    /// the app's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<CallbackVeris>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub websocket: bool,
     /// Body bytes handed to the client, when the body ended short.
@@ -198,6 +208,20 @@ pub struct EntryVeris {
     /// stream (`seq` is that gateway's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<String>,
+}
+
+/// A webhook delivery's own facts: the event and which attempt it was.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallbackVeris {
+    pub event: String,
+    pub event_id: String,
+    pub attempt: u32,
+    /// `twin`: an event for an object the twin created for a request it
+    /// served (only these count toward a callback requirement).
+    pub origin: String,
+    /// Why there is no answer, or why the answer was cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 const TIMINGS_COMMENT: &str = "wait: from the request head reaching the proxy to the twin's response head (sending included); send and receive not recorded";
@@ -304,7 +328,8 @@ impl HarBuilder {
                     veris: EntryVeris {
                         seq: line.seq,
                         service: service.clone(),
-                        tier: *tier,
+                        tier: Some(*tier),
+                        callback: None,
                         outcome: if *client_gone {
                             "client_gone".into()
                         } else {
@@ -318,6 +343,7 @@ impl HarBuilder {
                     capture_note: None,
                 });
             }
+            Entry::Callback(c) if wanted(&c.service) => self.entries.push(callback_entry(line, c)),
             // Follows its request line: what the client actually got.
             Entry::ResponseIncomplete(ResponseIncompleteLine {
                 of, bytes, reason, ..
@@ -393,6 +419,85 @@ impl HarBuilder {
             crate::receipt::integrity_text(&receipt.integrity)
         );
         har_of(self.entries, comment, receipt)
+    }
+}
+
+const CALLBACK_TIMINGS_COMMENT: &str = "wait: from veris dialing the app to the end of its answer (or the error); send and receive not recorded";
+
+/// A webhook delivery attempt (a `callback` line) as an entry: veris's
+/// POST to the app and the app's answer (status 0 when none came). The
+/// delivery's headers and body are veris's own and not recorded; the
+/// app's answer body is never kept.
+fn callback_entry(line: &Line, c: &CallbackLine) -> HarEntry {
+    let duration = i64::try_from(c.duration_ms).unwrap_or(i64::MAX);
+    let status = c.status.unwrap_or(0);
+    let target = match &c.query {
+        Some(q) => format!("http://{}{}?{q}", c.target, c.path),
+        None => format!("http://{}{}", c.target, c.path),
+    };
+    HarEntry {
+        started_date_time: started(&line.ts, c.duration_ms),
+        time: duration,
+        request: Request {
+            method: c.method.clone(),
+            url: target,
+            http_version: "HTTP/1.1".into(),
+            cookies: Vec::new(),
+            headers: Vec::new(),
+            query_string: c.query.as_deref().map(query_string).unwrap_or_default(),
+            headers_size: -1,
+            body_size: -1,
+            post_data: None,
+        },
+        response: Response {
+            status,
+            status_text: status_text(status).to_string(),
+            http_version: if c.status.is_some() {
+                "HTTP/1.1".into()
+            } else {
+                String::new()
+            },
+            cookies: Vec::new(),
+            headers: Vec::new(),
+            content: Content {
+                size: -1,
+                mime_type: String::new(),
+                text: None,
+                veris: None,
+            },
+            redirect_url: String::new(),
+            headers_size: -1,
+            body_size: -1,
+        },
+        cache: Cache {},
+        timings: Timings {
+            send: -1,
+            wait: duration,
+            receive: -1,
+            comment: CALLBACK_TIMINGS_COMMENT.into(),
+        },
+        veris: EntryVeris {
+            seq: line.seq,
+            service: c.service.clone(),
+            tier: None,
+            outcome: if c.status.is_some() {
+                "answered".into()
+            } else {
+                "no_answer".into()
+            },
+            callback: Some(CallbackVeris {
+                event: c.event.clone(),
+                event_id: c.event_id.clone(),
+                attempt: c.attempt,
+                origin: c.origin.clone(),
+                error: c.error.clone(),
+            }),
+            websocket: false,
+            delivered: None,
+            gateway: None,
+        },
+        captured: None,
+        capture_note: None,
     }
 }
 
@@ -698,6 +803,66 @@ mod tests {
             ),
             req(5, "stripe", "/v1/customers", None),
         ]
+    }
+
+    fn callback(seq: u64, status: Option<u16>, attempt: u32) -> Line {
+        line(
+            seq,
+            Entry::Callback(CallbackLine {
+                service: "stripe".into(),
+                event: "charge.succeeded".into(),
+                event_id: "evt_1".into(),
+                target: "127.0.0.1:4242".into(),
+                method: "POST".into(),
+                path: "/webhook".into(),
+                query: None,
+                status,
+                error: status
+                    .is_none()
+                    .then(|| "timeout (waiting for the answer)".into()),
+                duration_ms: 7,
+                attempt,
+                origin: "twin".into(),
+            }),
+        )
+    }
+
+    #[test]
+    fn a_callback_attempt_is_an_entry_of_its_own_direction() {
+        let mut lines = ledger();
+        lines.push(callback(6, None, 1));
+        lines.push(callback(7, Some(200), 2));
+        let har = har_of(lines.clone(), WindowSpec::All, None);
+        let seqs: Vec<u64> = har.log.entries.iter().map(|e| e.veris.seq).collect();
+        assert_eq!(seqs, [1, 2, 5, 6, 7]);
+        let cut = &har.log.entries[3];
+        assert_eq!(cut.request.url, "http://127.0.0.1:4242/webhook");
+        assert_eq!(cut.response.status, 0);
+        assert_eq!(cut.veris.outcome, "no_answer");
+        assert_eq!(cut.veris.tier, None);
+        let c = cut.veris.callback.as_ref().expect("callback facts");
+        assert_eq!((c.event.as_str(), c.attempt), ("charge.succeeded", 1));
+        assert!(c.error.as_deref().unwrap().starts_with("timeout"));
+        let ok = &har.log.entries[4];
+        assert_eq!(ok.response.status, 200);
+        assert_eq!(ok.response.status_text, "OK");
+        assert_eq!(ok.veris.outcome, "answered");
+        let json = serde_json::to_value(&har).unwrap();
+        assert_eq!(
+            json["log"]["entries"][4]["_veris"]["callback"]["origin"],
+            "twin"
+        );
+        assert!(json["log"]["entries"][0]["_veris"]
+            .get("callback")
+            .is_none());
+        assert_eq!(json["log"]["entries"][0]["_veris"]["tier"], "explicit");
+        // `--service` narrows callbacks as it narrows requests.
+        let github = har_of(lines, WindowSpec::All, Some("github"));
+        assert!(github
+            .log
+            .entries
+            .iter()
+            .all(|e| e.veris.callback.is_none()));
     }
 
     #[test]

@@ -229,6 +229,9 @@ pub struct ReceiptParams {
     /// Require one request answered 2xx: "SERVICE METHOD /path", e.g. "stripe POST /v1/charges" (one trailing slash does not matter); a last word "status=…" as for `require`, e.g. "stripe POST /v1/charges status=402".
     #[serde(default)]
     pub require_request: Vec<String>,
+    /// Require at least N of veris's webhook deliveries (the twin calling the app back) to PATH answered 2xx by the app: "PATH" or "PATH:N", e.g. "/webhook:2"; a last word "status=…" as for `require`. Only deliveries of events the twin made for requests it served count.
+    #[serde(default)]
+    pub require_callback: Vec<String>,
     /// Do not fail when no request reached the twin.
     #[serde(default)]
     pub allow_empty: bool,
@@ -256,6 +259,12 @@ pub struct RunParams {
     /// As for veris_receipt: "SERVICE METHOD /path [status=…]".
     #[serde(default)]
     pub require_request: Vec<String>,
+    /// As for veris_receipt: "PATH[:N] [status=…]".
+    #[serde(default)]
+    pub require_callback: Vec<String>,
+    /// Deliver the built-in twin's webhook events for SERVICE to the command's app: "SERVICE=URL", e.g. "stripe=http://127.0.0.1:4242/webhook"; the command gets the signing secret in its environment (STRIPE_WEBHOOK_SECRET).
+    #[serde(default)]
+    pub webhook: Vec<String>,
     /// Do not fail when no request reached the twin.
     #[serde(default)]
     pub allow_empty: bool,
@@ -340,8 +349,7 @@ impl Veris {
                 require: p.require,
                 require_host: p.require_host,
                 require_request: p.require_request,
-                // The MCP tool takes no callback requirement yet.
-                require_callback: Vec::new(),
+                require_callback: p.require_callback,
                 allow_empty: p.allow_empty,
                 require_verified: p.require_verified,
             },
@@ -557,6 +565,8 @@ async fn run_command(state_dir: &Path, p: &RunParams) -> Result<(String, Value, 
         ("--require", &p.require),
         ("--require-host", &p.require_host),
         ("--require-request", &p.require_request),
+        ("--require-callback", &p.require_callback),
+        ("--webhook", &p.webhook),
     ] {
         for v in values {
             cmd.arg(flag).arg(v);

@@ -131,7 +131,7 @@ impl Mcp {
     }
 
     /// Closes stdin: the session ends and the server exits 0.
-    fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         drop(self.stdin.take());
         let status = self
             .process

@@ -243,6 +243,39 @@ fn an_app_that_answers_500_twice_gets_three_attempts() {
         [(1, 500), (2, 500), (3, 200)],
         "{stdout}\n{stderr}"
     );
+    // The HAR lists the attempts apart from the requests, and stays valid
+    // HAR 1.2 (the finished run read without its key: unverified).
+    if let Err(why) = crate::har::validator() {
+        return skip(&why);
+    }
+    {
+        let out = output(veris(["har", "--state-dir"]).arg(dir.join("state")));
+        let (har, err) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{har}\n{err}");
+        let path = dir.join("run.har");
+        std::fs::write(&path, &out.stdout).unwrap();
+        crate::har::validate(&path);
+        let har: Value = serde_json::from_str(&har).unwrap();
+        let entries = har["log"]["entries"].as_array().unwrap();
+        let delivered: Vec<(u64, u64)> = entries
+            .iter()
+            .filter(|e| e["_veris"]["callback"]["event"] == "charge.succeeded")
+            .map(|e| {
+                (
+                    e["_veris"]["callback"]["attempt"].as_u64().unwrap(),
+                    e["response"]["status"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(delivered, [(1, 500), (2, 500), (3, 200)], "{har}");
+        assert!(
+            entries.iter().any(|e| e["request"]["url"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("https://api.stripe.com/v1/charges"))
+                && e["_veris"].get("callback").is_none()),
+            "the charge is a request entry: {har}"
+        );
+    }
 }
 
 #[test]
@@ -519,4 +552,51 @@ fn bad_webhook_flags_say_the_syntax() {
         assert_ne!(out.status.code(), Some(0), "{flags:?}: {stdout}\n{stderr}");
         assert!(stderr.contains(says), "{flags:?}: {stderr}");
     }
+}
+
+/// The MCP tools take webhooks and callback requirements as the CLI does:
+/// `veris_run` with `webhook` delivers to the command's app and its receipt
+/// lists the callback; `veris_receipt` judges `require_callback`.
+#[test]
+fn the_mcp_tools_deliver_and_judge_callbacks() {
+    if let Err(why) = tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("webhook-mcp");
+    let app = dir.join("app.py");
+    std::fs::write(&app, APP).expect("writing the app");
+    let port = free_port();
+    let mut mcp = crate::mcp::Mcp::start_with(&dir.join("state"), &dir, &[]);
+    mcp.initialize();
+    let run = mcp.call(
+        "veris_run",
+        serde_json::json!({
+            "command": ["python3", app.to_str().unwrap(), format!("{port}:ok")],
+            "webhook": [format!("stripe=http://127.0.0.1:{port}/webhook")],
+            "require_callback": ["/webhook"],
+            "timeout_secs": 120,
+        }),
+    );
+    let s = &run["structuredContent"];
+    assert_eq!(s["verdict"], "pass", "{run}");
+    let entries = s["receipt"]["callbacks"]["entries"].as_array().unwrap();
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["event"] == "charge.succeeded" && e["status"] == 200),
+        "{run}"
+    );
+    // Read back from the finished run: one delivery meets ":1", not ":2".
+    let met = mcp.call(
+        "veris_receipt",
+        serde_json::json!({"require_callback": ["/webhook"]}),
+    );
+    assert!(!crate::mcp::is_error(&met), "{met}");
+    let unmet = mcp.call(
+        "veris_receipt",
+        serde_json::json!({"require_callback": ["/webhook:2"]}),
+    );
+    assert!(crate::mcp::is_error(&unmet), "{unmet}");
+    assert_eq!(unmet["structuredContent"]["exit_code"], 3, "{unmet}");
+    mcp.finish();
 }
