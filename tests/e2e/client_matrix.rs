@@ -471,7 +471,7 @@ fn scratch() -> &'static Path {
 
 /// axios and stripe installed from the npm registry into a temp dir, once;
 /// its `node_modules`.
-fn npm_modules() -> Result<String, String> {
+pub(crate) fn npm_modules() -> Result<String, String> {
     static MODULES: OnceLock<Result<String, String>> = OnceLock::new();
     MODULES
         .get_or_init(|| {

@@ -600,3 +600,76 @@ fn the_mcp_tools_deliver_and_judge_callbacks() {
     assert_eq!(unmet["structuredContent"]["exit_code"], 3, "{unmet}");
     mcp.finish();
 }
+
+/// The app in Node: verifies each delivery with stripe-node's
+/// `webhooks.constructEvent` and `STRIPE_WEBHOOK_SECRET`, after making a
+/// charge with curl through the proxy; exits once `charge.succeeded`
+/// verified (1 after 20 s without).
+const NODE_APP: &str = r#"
+const http = require('http');
+const { execFileSync } = require('child_process');
+const stripe = require('stripe')('sk_test_veris');
+const secret = process.env.STRIPE_WEBHOOK_SECRET || '';
+const server = http.createServer((req, res) => {
+  const chunks = [];
+  req.on('data', (c) => chunks.push(c));
+  req.on('end', () => {
+    let event;
+    try {
+      event = stripe.webhooks.constructEvent(Buffer.concat(chunks), req.headers['stripe-signature'] || '', secret);
+    } catch (e) {
+      res.writeHead(400);
+      res.end();
+      console.log('rejected', e.type || e.message);
+      return;
+    }
+    res.writeHead(200);
+    res.end();
+    console.log('verified', event.type, event.data.object.id);
+    if (event.type === 'charge.succeeded') {
+      server.close();
+      setTimeout(() => process.exit(0), 200);
+    }
+  });
+});
+server.listen(Number(process.argv[2]), '127.0.0.1', () => {
+  const out = execFileSync('curl', ['-sS', '--max-time', '20', 'https://api.stripe.com/v1/charges',
+                                    '-d', 'amount=100', '-d', 'currency=usd']);
+  console.log('charge', JSON.parse(out).id);
+});
+setTimeout(() => { console.log('no charge.succeeded'); process.exit(1); }, 20000);
+"#;
+
+#[test]
+fn a_node_app_verifies_charge_succeeded_with_stripe_node() {
+    if let Err(why) = support::curl() {
+        return skip(&why);
+    }
+    let modules = match crate::client_matrix::npm_modules() {
+        Ok(m) => m,
+        Err(why) => return skip(&why),
+    };
+    let dir = TempDir::new("webhook-node");
+    let app = dir.join("app.js");
+    std::fs::write(&app, NODE_APP).expect("writing the app");
+    let port = free_port();
+    let mut cmd = veris(["run", "--tier", "explicit", "--state-dir"]);
+    cmd.arg(dir.join("state"))
+        .env("NODE_PATH", &modules)
+        .arg("--webhook")
+        .arg(format!("stripe=http://127.0.0.1:{port}/webhook"))
+        .args(["--require-callback", "/webhook", "--", "node"])
+        .arg(&app)
+        .arg(port.to_string());
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("verified charge.succeeded ch_"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(r#"stripe POST "/webhook" "charge.succeeded" #1 -> 200"#),
+        "{stderr}"
+    );
+}
