@@ -43,6 +43,7 @@ pub async fn har(args: HarArgs) -> Result<u8> {
         window: args.window.clone(),
         json: true,
         junit: None,
+        junit_suite: None,
         require: RequireArgs {
             allow_empty: true,
             ..RequireArgs::default()

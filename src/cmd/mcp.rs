@@ -345,6 +345,7 @@ impl Veris {
             },
             json: true,
             junit: None,
+            junit_suite: None,
             require: RequireArgs {
                 require: p.require,
                 require_host: p.require_host,

@@ -6,7 +6,11 @@ use anyhow::Result;
 use crate::runtime::receipt::{build, ReceiptArgs, Report};
 
 pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
-    let junit = crate::runtime::junit::Junit::start(args.junit.as_deref(), "veris receipt")?;
+    let junit = crate::runtime::junit::Junit::start(
+        args.junit.as_deref(),
+        args.junit_suite.as_deref().unwrap_or("veris receipt"),
+    )?;
+    let judging = std::time::Instant::now();
     let result = match build(&args).await {
         Ok(report) => {
             if let Some(note) = report.note() {
@@ -19,7 +23,7 @@ pub async fn receipt(args: ReceiptArgs) -> Result<u8> {
     match (junit, result) {
         (None, result) => result.map(|report| report.exit_code),
         (Some(junit), Ok(report)) => {
-            junit.write(&report, None)?;
+            junit.write(&report, None, judging.elapsed())?;
             Ok(report.exit_code)
         }
         (Some(junit), Err(e)) => {

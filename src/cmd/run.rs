@@ -59,6 +59,11 @@ pub struct RunArgs {
     /// also when it fails.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// The JUnit suite's name (default `veris run`); its cases'
+    /// `classname` is made of it (spaces become dots). Stable per job, so CI
+    /// history lines up the same checks across runs.
+    #[arg(long, value_name = "NAME", requires = "junit")]
+    pub junit_suite: Option<String>,
     /// Not for run (serve's transparent tier); accepted only to answer with
     /// what to do instead of a bare "unexpected argument".
     #[arg(long, hide = true)]
@@ -103,6 +108,10 @@ enum Ended {
         report: Box<Report>,
         /// The command's own code.
         status: u8,
+        /// How long the command ran, and how long reading and judging its
+        /// ledger took (the JUnit cases' times).
+        ran: std::time::Duration,
+        judged: std::time::Duration,
         /// The run's: the verdict's when it fails, else the command's.
         exit: u8,
         ledger: PathBuf,
@@ -194,7 +203,10 @@ struct RunReport {
 async fn run_reporting(args: RunArgs) -> Result<(u8, Reported)> {
     // First, so that a report left by an earlier run is gone even when this
     // one stops at a usage error (which then gets a report of its own).
-    let junit = Junit::start(args.junit.as_deref(), "veris run")?;
+    let junit = Junit::start(
+        args.junit.as_deref(),
+        args.junit_suite.as_deref().unwrap_or("veris run"),
+    )?;
     let receipt_file = args.receipt.clone();
     if let Some(path) = &receipt_file {
         // Likewise a receipt left by an earlier run (unlinked, never
@@ -223,6 +235,8 @@ async fn run_reporting(args: RunArgs) -> Result<(u8, Reported)> {
         Ok(Ended::Judged {
             report,
             status,
+            ran,
+            judged,
             exit,
             ledger,
             key_id,
@@ -243,7 +257,8 @@ async fn run_reporting(args: RunArgs) -> Result<(u8, Reported)> {
                 }
             }
             if let Some(junit) = &junit {
-                if let Err(e) = junit.write(&report, Some(status)) {
+                let command = veris_receipt::receipt::CommandRan { code: status, ran };
+                if let Err(e) = junit.write(&report, Some(command), judged) {
                     failures.push(e);
                 }
             }
@@ -315,6 +330,7 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
         warn!(error = %e, "cannot write the run's run.json; `veris runs` will show no command");
     }
 
+    let running = std::time::Instant::now();
     let (status, canary) = match stack.run_workload(&args.command, started).await {
         Ok(ran) => {
             let canary = ran.canary.map(|(answer, where_)| {
@@ -337,10 +353,13 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     // Nothing the command started may outlive it (DESIGN §7a.14): ended
     // before the final seal, so the check is recorded under it, and before
     // any report is written, so nothing can rewrite one afterwards.
+    let ran = running.elapsed();
     let leftovers = end_leftovers().await;
     let finished = stack.finish_with(canary, vec![leftovers]).await?;
+    let judging = std::time::Instant::now();
     let (read, options) = finished_receipt(&finished)?;
     let report = report(&read, &options, reqs, args.require.allow_empty);
+    let judged = judging.elapsed();
     // The text first, whatever then happens to the files (DESIGN §7a.15).
     crate::os::fd::blocking_stdio();
     let ledger_line = format!(
@@ -382,6 +401,8 @@ async fn run_with(args: RunArgs, reqs: &[Requirement]) -> Result<Ended> {
     Ok(Ended::Judged {
         report: Box::new(report),
         status,
+        ran,
+        judged,
         exit,
         ledger: finished.ledger_path.clone(),
         key_id: finished.key_id.clone(),

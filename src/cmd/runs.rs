@@ -123,6 +123,7 @@ async fn entry(state_dir: &std::path::Path, r: &RunInfo) -> Value {
         },
         json: true,
         junit: None,
+        junit_suite: None,
         require: RequireArgs::default(),
         stream: Default::default(),
     };

@@ -208,6 +208,7 @@ fn state_dir_receipt(state_dir: Option<PathBuf>, sandbox: Option<String>) -> Rec
             },
             json: false,
             junit: None,
+            junit_suite: None,
             require: Default::default(),
             stream: Default::default(),
         };

@@ -116,6 +116,7 @@ impl FleetView {
                 },
                 json: false,
                 junit: None,
+                junit_suite: None,
                 require: Default::default(),
                 stream: stream.clone(),
             };

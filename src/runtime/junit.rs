@@ -6,31 +6,40 @@
 //! receipt: then the report holds one case in error).
 
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
-use veris_receipt::receipt::{render_junit, render_junit_error, JunitContext};
+use veris_receipt::receipt::{render_junit, render_junit_error, CommandRan, JunitContext};
 
 use crate::runtime::receipt::Report;
+
+/// A suite name's length at most, in characters.
+const MAX_SUITE: usize = 200;
 
 /// Where the report goes, and the clock of the command it reports on.
 pub struct Junit {
     path: PathBuf,
-    suite: &'static str,
+    suite: String,
     started: SystemTime,
     clock: Instant,
 }
 
 impl Junit {
-    /// Starts the clock; checks that `path` can be written, so a typo fails
-    /// before a whole run is spent.
-    pub fn start(path: Option<&Path>, suite: &'static str) -> Result<Option<Junit>> {
+    /// Starts the clock; checks that `path` can be written and `suite` is a
+    /// name, so a typo fails before a whole run is spent.
+    pub fn start(path: Option<&Path>, suite: &str) -> Result<Option<Junit>> {
         let Some(path) = path else {
             return Ok(None);
         };
+        if suite.trim().is_empty()
+            || suite.chars().count() > MAX_SUITE
+            || suite.chars().any(char::is_control)
+        {
+            bail!("--junit-suite {suite:?}: not a suite name. Next: give a name of 1 to {MAX_SUITE} printable characters, e.g. --junit-suite 'payments e2e'");
+        }
         let junit = Junit {
             path: path.to_path_buf(),
-            suite,
+            suite: suite.to_string(),
             started: SystemTime::now(),
             clock: Instant::now(),
         };
@@ -70,34 +79,37 @@ impl Junit {
             .with_context(cannot)
     }
 
-    fn context<'a>(&self, hostname: &'a str) -> JunitContext<'a> {
+    fn context<'a>(&'a self, hostname: &'a str, judged: Duration) -> JunitContext<'a> {
         JunitContext {
-            suite: self.suite,
+            suite: &self.suite,
             started: self.started,
             elapsed: self.clock.elapsed(),
+            judged,
             hostname,
         }
     }
 
-    /// Writes the report of a judged receipt (`command_exit`: `veris run`'s
-    /// command's own code).
-    pub fn write(&self, report: &Report, command_exit: Option<u8>) -> Result<()> {
+    /// Writes the report of a judged receipt: `command` is `veris run`'s
+    /// command, `judged` how long reading and judging its ledger took.
+    pub fn write(
+        &self,
+        report: &Report,
+        command: Option<CommandRan>,
+        judged: Duration,
+    ) -> Result<()> {
         let host = hostname();
-        let cx = self.context(&host);
-        let xml = render_junit(
-            &report.receipt,
-            &report.verdict,
-            &report.text,
-            command_exit,
-            &cx,
-        );
+        let cx = self.context(&host, judged);
+        let xml = render_junit(&report.receipt, &report.verdict, &report.text, command, &cx);
         self.save(&xml)
     }
 
     /// Writes the report of a command that ended without a receipt.
     pub fn write_error(&self, message: &str) -> Result<()> {
         let host = hostname();
-        self.save(&render_junit_error(message, &self.context(&host)))
+        self.save(&render_junit_error(
+            message,
+            &self.context(&host, Duration::ZERO),
+        ))
     }
 
     fn save(&self, xml: &str) -> Result<()> {

@@ -136,6 +136,11 @@ pub struct ReceiptArgs {
     /// requirement, integrity and non-emptiness), also when it fails.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// The JUnit suite's name (default `veris receipt`); its cases'
+    /// `classname` is made of it (spaces become dots). Stable per job, so CI
+    /// history lines up the same checks across runs.
+    #[arg(long, value_name = "NAME", requires = "junit")]
+    pub junit_suite: Option<String>,
     #[command(flatten)]
     pub require: RequireArgs,
     #[command(flatten)]

@@ -19,23 +19,38 @@ use super::*;
 /// What a report says besides the verdict: who wrote it, when, where.
 #[derive(Debug, Clone)]
 pub struct JunitContext<'a> {
-    /// The suite's name, e.g. `veris receipt` or `veris run`.
+    /// The suite's name, e.g. `veris receipt` or `veris run`, or the
+    /// user's (`--junit-suite`); the cases' `classname` is made of it.
     pub suite: &'a str,
     /// When the command started (the suite's `timestamp`, UTC).
     pub started: SystemTime,
     /// How long it took (the suite's `time`).
     pub elapsed: Duration,
+    /// How long reading, verifying and judging the ledger took (the
+    /// integrity case's `time`).
+    pub judged: Duration,
     pub hostname: &'a str,
 }
 
+/// `veris run`'s command: its own exit code and how long it ran (a case of
+/// its own, with that time).
+#[derive(Debug, Clone, Copy)]
+pub struct CommandRan {
+    pub code: u8,
+    pub ran: Duration,
+}
+
 /// The JUnit report of a judged receipt. `text` is the receipt text as
-/// printed (with its `FAIL:` lines); `command_exit` is `veris run`'s
-/// command's own code, which becomes a case of its own.
+/// printed (with its `FAIL:` lines); `command` is `veris run`'s command,
+/// which becomes a case of its own.
+///
+/// Case names are stable across runs (CI history keys tests by name): a
+/// case is named for what it asserts, never for its result.
 pub fn render_junit(
     r: &Receipt,
     verdict: &Verdict,
     text: &str,
-    command_exit: Option<u8>,
+    command: Option<CommandRan>,
     cx: &JunitContext<'_>,
 ) -> String {
     let mut cases = Vec::new();
@@ -51,27 +66,23 @@ pub fn render_junit(
         })
         .flat_map(|o| o.failures.iter().cloned())
         .collect();
-    let word = match r.integrity.status {
-        IntegrityStatus::Verified => "verified",
-        IntegrityStatus::Unverified => "unverified",
-        IntegrityStatus::Failed => "failed",
-    };
     let mut checks = format!("integrity: {}\n", super::text::integrity_text(&r.integrity));
     for c in &r.integrity.checks {
         let _ = writeln!(
             checks,
-            "  {}: {:?} {}",
+            "  {}: {} {}",
             c.name,
-            c.status,
+            c.status.word(),
             crate::quote::escaped(&c.detail)
         );
     }
     cases.push(Case {
-        name: format!("integrity: {word}"),
+        name: "integrity".into(),
         kind: "integrity",
         failures: integrity_failures,
         skipped: None,
         out: Some(checks),
+        time: cx.judged,
     });
     for o in &verdict.outcomes {
         let (name, kind) = match &o.assertion {
@@ -91,18 +102,20 @@ pub fn render_junit(
                 .waived
                 .then(|| format!("not asserted (--allow-empty): {EMPTY_SENTENCE}")),
             out: None,
+            time: Duration::ZERO,
         });
     }
-    if let Some(code) = command_exit {
+    if let Some(command) = command {
         cases.push(Case {
             name: "command exits 0".into(),
             kind: "command",
-            failures: match code {
+            failures: match command.code {
                 0 => Vec::new(),
                 c => vec![format!("the command exited {c}")],
             },
             skipped: None,
             out: None,
+            time: command.ran,
         });
     }
     let mut properties = vec![
@@ -127,6 +140,7 @@ pub fn render_junit_error(message: &str, cx: &JunitContext<'_>) -> String {
         failures: Vec::new(),
         skipped: None,
         out: None,
+        time: cx.elapsed,
     };
     document(cx, &[], &[case], Some(message), message)
 }
@@ -160,6 +174,9 @@ struct Case {
     failures: Vec<String>,
     skipped: Option<String>,
     out: Option<String>,
+    /// What the case took: the command's run, the ledger's reading and
+    /// verifying; judging a requirement takes no measurable time.
+    time: Duration,
 }
 
 /// The whole document; `error` puts the (single) case in error instead.
@@ -203,8 +220,9 @@ fn document(
     for c in cases {
         let _ = write!(
             x,
-            "    <testcase name=\"{}\" classname=\"{classname}\" time=\"0.000\"",
-            attr(&c.name)
+            "    <testcase name=\"{}\" classname=\"{classname}\" time=\"{:.3}\"",
+            attr(&c.name),
+            c.time.as_secs_f64()
         );
         if c.failures.is_empty() && c.skipped.is_none() && c.out.is_none() && error.is_none() {
             x.push_str("/>\n");
@@ -308,6 +326,7 @@ mod tests {
             suite: "veris receipt",
             started: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
             elapsed: Duration::from_millis(1234),
+            judged: Duration::from_micros(4_250),
             hostname: "ci-1",
         }
     }
@@ -356,7 +375,11 @@ mod tests {
             integrity: Integrity {
                 status: IntegrityStatus::Unverified,
                 reason: Some("no \"anchor\"".into()),
-                checks: Vec::new(),
+                checks: vec![Check {
+                    name: "chain".into(),
+                    status: CheckStatus::Ok,
+                    detail: "9 lines".into(),
+                }],
             },
             leaks: vec!["direct-egress-possible".into()],
             services,
@@ -406,7 +429,11 @@ mod tests {
         let v = evaluate(&r, &reqs, false);
         assert_eq!(v.exit_code, EXIT_UNMET);
         let text = render_text(&r);
-        let x = render_junit(&r, &v, &text, Some(7), &cx());
+        let ran = CommandRan {
+            code: 7,
+            ran: Duration::from_millis(900),
+        };
+        let x = render_junit(&r, &v, &text, Some(ran), &cx());
         assert!(x.contains("<testsuite name=\"veris receipt\" tests=\"7\" failures=\"4\" errors=\"0\" skipped=\"0\" time=\"1.234\" timestamp=\"2023-11-14T22:13:20\" hostname=\"ci-1\">"), "{x}");
         assert!(x.contains("<testcase name=\"require stripe &gt;= 1 (2xx)\" classname=\"veris.receipt\" time=\"0.000\"/>"), "{x}");
         assert!(
@@ -419,7 +446,16 @@ mod tests {
             "{x}"
         );
         assert!(
-            x.contains("<testcase name=\"integrity: unverified\""),
+            x.contains("<testcase name=\"integrity\" classname=\"veris.receipt\" time=\"0.004\">"),
+            "{x}"
+        );
+        // The checks in words, not as the enum's names.
+        assert!(x.contains("  chain: ok "), "{x}");
+        assert!(!x.contains(": Ok ") && !x.contains(": Unverified "), "{x}");
+        assert!(
+            x.contains(
+                "<testcase name=\"command exits 0\" classname=\"veris.receipt\" time=\"0.900\">"
+            ),
             "{x}"
         );
         assert!(x.contains("required verified integrity (--require-verified), got unverified (no &quot;anchor&quot;)"), "{x}");
@@ -449,12 +485,17 @@ mod tests {
         };
         let v = evaluate(&r, &[Requirement::Verified], false);
         assert_eq!(v.exit_code, 0);
-        let x = render_junit(&r, &v, &render_text(&r), Some(0), &cx());
+        let ran = CommandRan {
+            code: 0,
+            ran: Duration::from_secs(2),
+        };
+        let x = render_junit(&r, &v, &render_text(&r), Some(ran), &cx());
         assert!(
             x.contains("tests=\"4\" failures=\"0\" errors=\"0\" skipped=\"0\""),
             "{x}"
         );
-        assert!(x.contains("<testcase name=\"integrity: verified\""), "{x}");
+        // The same case name whatever the result: CI history keeps one test.
+        assert!(x.contains("<testcase name=\"integrity\""), "{x}");
         assert!(!x.contains("<failure"), "{x}");
 
         let r = receipt(&[]);

@@ -38,7 +38,7 @@ mod tls;
 pub use build::{build, build_file, build_file_with, Builder};
 pub use callbacks::{CallbackEntry, Callbacks};
 pub use integrity::{NO_SANDBOX_PROBE, PROXY_NOT_LIVE, SANDBOX_PROBE_HINT};
-pub use junit::{render_junit, render_junit_error, JunitContext};
+pub use junit::{render_junit, render_junit_error, CommandRan, JunitContext};
 pub use require::{
     evaluate, split_status, Assertion, Outcome, Requirement, RequirementError, RequirementResult,
     StatusFilter, Verdict,
@@ -304,6 +304,18 @@ pub enum CheckStatus {
     Failed,
     Unverified,
     NotImplemented,
+}
+
+impl CheckStatus {
+    /// The status as the JSON receipt spells it (`ok`, `not_implemented`).
+    pub fn word(self) -> &'static str {
+        match self {
+            CheckStatus::Ok => "ok",
+            CheckStatus::Failed => "failed",
+            CheckStatus::Unverified => "unverified",
+            CheckStatus::NotImplemented => "not_implemented",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
