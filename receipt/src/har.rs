@@ -13,9 +13,11 @@
 //! and content type (empty), header sizes (`-1`), the split of the time
 //! between sending and waiting (the line's duration runs from the request
 //! head to the twin's response head: all of it is `wait`, `send` and
-//! `receive` are `-1`). veris's own facts go in `_veris` fields (HAR's
+//! `receive` are `0`, as HAR allows no `-1` there, and the timings'
+//! comment says so). veris's own facts go in `_veris` fields (HAR's
 //! custom-field prefix): seq, service, tier and outcome per entry; window,
-//! twin and integrity for the log.
+//! twin and integrity for the log. Each proxy session in the window is a
+//! page (`log.pages`, `pageref`), so HAR tools that group by page load it.
 //!
 //! Like the receipt, it is a fold ([`HarBuilder::line`]) over verified
 //! lines in file order, in the same pass as the receipt's own
@@ -42,6 +44,13 @@ pub struct Har {
 pub struct Log {
     pub version: String,
     pub creator: Creator,
+    /// What made the requests: not a browser, so veris says it stood
+    /// between the workload's clients and the twin (HAR viewers expect it).
+    pub browser: Creator,
+    /// One page per proxy session in the window (a session line: a start
+    /// of `veris serve`, `run` or a gateway's sandbox); each entry's
+    /// `pageref` names its session.
+    pub pages: Vec<Page>,
     pub entries: Vec<HarEntry>,
     /// The window and the receipt's integrity verdict, in words.
     pub comment: String,
@@ -53,6 +62,31 @@ pub struct Log {
 pub struct Creator {
     pub name: String,
     pub version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+/// A proxy session as a HAR page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Page {
+    /// The session line's time.
+    pub started_date_time: String,
+    /// `session_<seq>` (prefixed by the gateway in a stream HAR).
+    pub id: String,
+    pub title: String,
+    /// A proxy has no page loads: both `-1`.
+    pub page_timings: PageTimings,
+    /// The session line's seq (its gateway's, in a stream HAR).
+    #[serde(skip)]
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PageTimings {
+    pub on_content_load: i64,
+    pub on_load: i64,
 }
 
 /// The receipt's facts about the window, as the receipt states them.
@@ -72,6 +106,9 @@ pub struct LogVeris {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HarEntry {
+    /// The id of the page of the session the line belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pageref: Option<String>,
     /// When the request head reached the proxy: the line's time less its
     /// duration (the line is written when the twin's answer arrives).
     pub started_date_time: String,
@@ -224,7 +261,7 @@ pub struct CallbackVeris {
     pub error: Option<String>,
 }
 
-const TIMINGS_COMMENT: &str = "wait: from the request head reaching the proxy to the twin's response head (sending included); send and receive not recorded";
+const TIMINGS_COMMENT: &str = "wait: from the request head reaching the proxy to the twin's response head (sending included); send and receive are not measured apart: 0, all of it is in wait";
 
 /// The HAR of a receipt's window, as a fold over the ledger's lines.
 pub struct HarBuilder {
@@ -233,6 +270,8 @@ pub struct HarBuilder {
     /// gone (a later session line moved the latest session's start).
     since: u64,
     entries: Vec<HarEntry>,
+    /// The sessions seen, oldest first.
+    pages: Vec<Page>,
     /// `body_capture` lines no seal covers yet: (the line's seq, its
     /// request's seq, the bodies).
     unsealed: Vec<(u64, u64, Box<Bodies>)>,
@@ -245,6 +284,7 @@ impl HarBuilder {
             service: service.map(str::to_string),
             since: 0,
             entries: Vec::new(),
+            pages: Vec::new(),
             unsealed: Vec::new(),
         }
     }
@@ -258,9 +298,27 @@ impl HarBuilder {
             self.entries.retain(|e| e.veris.seq > since);
             self.since = since;
         }
+        // Every session is a page for now, also one that began before the
+        // window (its entries in the window name it); [`Self::finish`]
+        // keeps the pages the window needs.
+        if let Entry::Session(s) = &line.entry {
+            self.pages.push(session_page(line, s));
+        }
         if line.seq <= since || line.seq > until {
             return;
         }
+        let before = self.entries.len();
+        self.fold(line);
+        if self.entries.len() > before {
+            let page = self.pages.last().map(|p| p.id.clone());
+            if let Some(e) = self.entries.last_mut() {
+                e.pageref = page;
+            }
+        }
+    }
+
+    /// [`HarBuilder::line`]'s work on a line of the window.
+    fn fold(&mut self, line: &Line) {
         let wanted = |s: &str| self.service.as_deref().is_none_or(|w| w == s);
         match &line.entry {
             Entry::Request(RequestLine {
@@ -283,6 +341,7 @@ impl HarBuilder {
                 let duration = i64::try_from(*duration_ms).unwrap_or(i64::MAX);
                 let declared = bytes_out.map_or(-1, size);
                 self.entries.push(HarEntry {
+                    pageref: None,
                     started_date_time: started(&line.ts, *duration_ms),
                     time: duration,
                     request: Request {
@@ -320,9 +379,9 @@ impl HarBuilder {
                     },
                     cache: Cache {},
                     timings: Timings {
-                        send: -1,
+                        send: 0,
                         wait: duration,
-                        receive: -1,
+                        receive: 0,
                         comment: TIMINGS_COMMENT.into(),
                     },
                     veris: EntryVeris {
@@ -407,6 +466,13 @@ impl HarBuilder {
         let w = receipt.window;
         self.entries
             .retain(|e| e.veris.seq > w.since_seq && e.veris.seq <= w.until_seq);
+        // The window's sessions, and the one its first entries belong to
+        // when the window starts inside it (a baseline).
+        let entries = &self.entries;
+        self.pages.retain(|p| {
+            (p.seq > w.since_seq && p.seq <= w.until_seq)
+                || entries.iter().any(|e| e.pageref.as_deref() == Some(&p.id))
+        });
         let scope = match w.scope {
             crate::receipt::Scope::Session => "latest session",
             crate::receipt::Scope::All => "whole ledger",
@@ -418,11 +484,25 @@ impl HarBuilder {
             w.until_seq,
             crate::receipt::integrity_text(&receipt.integrity)
         );
-        har_of(self.entries, comment, receipt)
+        har_of(self.pages, self.entries, comment, receipt)
     }
 }
 
-const CALLBACK_TIMINGS_COMMENT: &str = "wait: from veris dialing the app to the end of its answer (or the error); send and receive not recorded";
+/// A session line as a HAR page.
+fn session_page(line: &Line, s: &crate::entry::SessionLine) -> Page {
+    Page {
+        started_date_time: line.ts.clone(),
+        id: format!("session_{}", line.seq),
+        title: format!("veris session at seq {} (run {})", line.seq, s.run_id),
+        page_timings: PageTimings {
+            on_content_load: -1,
+            on_load: -1,
+        },
+        seq: line.seq,
+    }
+}
+
+const CALLBACK_TIMINGS_COMMENT: &str = "wait: from veris dialing the app to the end of its answer (or the error); send and receive are not measured apart: 0, all of it is in wait";
 
 /// A webhook delivery attempt (a `callback` line) as an entry: veris's
 /// POST to the app and the app's answer (status 0 when none came). The
@@ -436,6 +516,7 @@ fn callback_entry(line: &Line, c: &CallbackLine) -> HarEntry {
         None => format!("http://{}{}", c.target, c.path),
     };
     HarEntry {
+        pageref: None,
         started_date_time: started(&line.ts, c.duration_ms),
         time: duration,
         request: Request {
@@ -471,9 +552,9 @@ fn callback_entry(line: &Line, c: &CallbackLine) -> HarEntry {
         },
         cache: Cache {},
         timings: Timings {
-            send: -1,
+            send: 0,
             wait: duration,
-            receive: -1,
+            receive: 0,
             comment: CALLBACK_TIMINGS_COMMENT.into(),
         },
         veris: EntryVeris {
@@ -502,14 +583,21 @@ fn callback_entry(line: &Line, c: &CallbackLine) -> HarEntry {
 }
 
 /// A HAR of `entries` under `receipt`'s window and verdict.
-fn har_of(entries: Vec<HarEntry>, comment: String, receipt: &Receipt) -> Har {
+fn har_of(pages: Vec<Page>, entries: Vec<HarEntry>, comment: String, receipt: &Receipt) -> Har {
     Har {
         log: Log {
             version: HAR_VERSION.into(),
             creator: Creator {
                 name: "veris".into(),
                 version: env!("CARGO_PKG_VERSION").into(),
+                comment: None,
             },
+            browser: Creator {
+                name: "veris".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                comment: Some("an interception proxy: the requests are what it forwarded for the workload's own clients".into()),
+            },
+            pages,
             entries,
             comment,
             veris: LogVeris {
@@ -527,15 +615,21 @@ fn har_of(entries: Vec<HarEntry>, comment: String, receipt: &Receipt) -> Har {
 /// under `receipt`'s window and verdict (the merged receipt of the same
 /// chains), the comment naming where the lines came from.
 pub fn merged(parts: Vec<(String, Har)>, receipt: &Receipt, source: &str) -> Har {
-    let mut entries: Vec<HarEntry> = parts
-        .into_iter()
-        .flat_map(|(gateway, har)| {
-            har.log.entries.into_iter().map(move |mut e| {
-                e.veris.gateway = Some(gateway.clone());
-                e
-            })
-        })
-        .collect();
+    let mut pages = Vec::new();
+    let mut entries: Vec<HarEntry> = Vec::new();
+    for (gateway, har) in parts {
+        // Each gateway numbers its own sessions: ids get its name.
+        pages.extend(har.log.pages.into_iter().map(|mut p| {
+            p.id = format!("{gateway}.{}", p.id);
+            p
+        }));
+        entries.extend(har.log.entries.into_iter().map(|mut e| {
+            e.pageref = e.pageref.map(|p| format!("{gateway}.{p}"));
+            e.veris.gateway = Some(gateway.clone());
+            e
+        }));
+    }
+    pages.sort_by(|a, b| (&a.started_date_time, &a.id).cmp(&(&b.started_date_time, &b.id)));
     // RFC 3339 times of one format sort as text; ties by gateway and seq.
     entries.sort_by(|a, b| {
         (&a.started_date_time, &a.veris.gateway, a.veris.seq).cmp(&(
@@ -548,7 +642,7 @@ pub fn merged(parts: Vec<(String, Har)>, receipt: &Receipt, source: &str) -> Har
         "veris ledgers from {source}, each gateway's chain verified and windowed on its own (`_veris.gateway`, `_veris.seq`); integrity: {}",
         crate::receipt::integrity_text(&receipt.integrity)
     );
-    har_of(entries, comment, receipt)
+    har_of(pages, entries, comment, receipt)
 }
 
 /// Said in the log's comment when bodies are attached.
@@ -827,6 +921,65 @@ mod tests {
         )
     }
 
+    fn session(seq: u64) -> Line {
+        line(
+            seq,
+            Entry::Session(crate::entry::SessionLine {
+                run_id: format!("run{seq}"),
+                ..crate::entry::SessionLine::test()
+            }),
+        )
+    }
+
+    #[test]
+    fn each_session_is_a_page_and_entries_name_theirs() {
+        let mut lines = vec![session(1)];
+        lines.extend(ledger().into_iter().map(|mut l| {
+            l.seq += 1;
+            if let Entry::ResponseIncomplete(r) = &mut l.entry {
+                r.of += 1;
+            }
+            l
+        }));
+        lines.push(session(7));
+        lines.push(req(8, "stripe", "/v1/refunds", None));
+        let all = har_of(lines.clone(), WindowSpec::All, None);
+        let ids: Vec<&str> = all.log.pages.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["session_1", "session_7"]);
+        let refs: Vec<(u64, Option<&str>)> = all
+            .log
+            .entries
+            .iter()
+            .map(|e| (e.veris.seq, e.pageref.as_deref()))
+            .collect();
+        assert_eq!(
+            refs,
+            [
+                (2, Some("session_1")),
+                (3, Some("session_1")),
+                (6, Some("session_1")),
+                (8, Some("session_7"))
+            ]
+        );
+        assert!(
+            all.log.pages[1].title.contains("run7"),
+            "{:?}",
+            all.log.pages
+        );
+        // The latest session: its page only.
+        let latest = har_of(lines.clone(), WindowSpec::LatestSession, None);
+        let ids: Vec<&str> = latest.log.pages.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["session_7"]);
+        // A window starting inside a session keeps that session's page.
+        let since = har_of(lines, WindowSpec::Since(4), None);
+        let ids: Vec<&str> = since.log.pages.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["session_1", "session_7"]);
+        let json = serde_json::to_value(&all).unwrap();
+        assert_eq!(json["log"]["pages"][0]["pageTimings"]["onLoad"], -1);
+        assert_eq!(json["log"]["entries"][0]["pageref"], "session_1");
+        assert_eq!(json["log"]["browser"]["name"], "veris");
+    }
+
     #[test]
     fn a_callback_attempt_is_an_entry_of_its_own_direction() {
         let mut lines = ledger();
@@ -912,7 +1065,7 @@ mod tests {
         assert_eq!(e.started_date_time, "2026-11-29T07:28:17.873Z");
         assert_eq!(
             (e.timings.send, e.timings.wait, e.timings.receive),
-            (-1, 1250, -1)
+            (0, 1250, 0)
         );
         assert_eq!(e.time, 1250);
         // The receipt's verdict, not a second one.

@@ -157,6 +157,19 @@ fn a_serve_session_exports_as_valid_har() {
     assert_eq!(e["_veris"]["tier"], "explicit");
     assert_eq!(e["_veris"]["outcome"], "completed");
     assert!(e["_veris"]["seq"].as_u64().unwrap() > 1);
+    // One page, the serve's session, and every entry on it; no negative
+    // send/receive (HAR allows none).
+    let pages = har["log"]["pages"].as_array().expect("log.pages");
+    assert_eq!(pages.len(), 1, "{har}");
+    let page = pages[0]["id"].as_str().unwrap();
+    for e in entries(&har) {
+        assert_eq!(e["pageref"], page, "{e}");
+        assert_eq!(
+            (&e["timings"]["send"], &e["timings"]["receive"]),
+            (&0.into(), &0.into())
+        );
+    }
+    assert_eq!(har["log"]["browser"]["name"], "veris");
     let headers = e["request"]["headers"].as_array().unwrap();
     assert!(
         headers
