@@ -44,8 +44,36 @@ pub fn reset(terminal: bool) -> &'static str {
     }
 }
 
+/// The format [`init`] installed: [`announce`] follows it.
+static FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// A long-running command's announcement on stderr (`veris: proxy …`,
+/// where a person or a log collector reads it): `veris: TEXT` in the text
+/// format, and in the JSON format a line shaped as the subscriber's own
+/// (`timestamp`, `level`, `fields.message`, `target`), so that every stderr
+/// line of `--log-format json` is JSON. Not subject to the level filter:
+/// the announcement is what the command is for.
+pub fn announce(text: &str) {
+    match FORMAT.get() {
+        Some(LogFormat::Json) => {
+            let now = time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default();
+            let line = serde_json::json!({
+                "timestamp": now,
+                "level": "INFO",
+                "fields": {"message": text},
+                "target": "veris",
+            });
+            eprintln!("{line}");
+        }
+        _ => eprintln!("veris: {text}"),
+    }
+}
+
 /// Installs the subscriber writing to stderr.
 pub fn init(format: LogFormat, default_level: &str) {
+    let _ = FORMAT.set(format);
     let ansi = colour(
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),

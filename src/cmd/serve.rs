@@ -18,19 +18,19 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
         crate::tier::for_serve(&args.transparent),
     )
     .await?;
-    eprintln!(
-        "veris: proxy {} (sandbox {}, twin {}); CA {}",
+    crate::logging::announce(&format!(
+        "proxy {} (sandbox {}, twin {}); CA {}",
         stack.proxy_url,
         stack.identity.sandbox_id,
         stack.twin_base,
         stack.trust.ca_pem.display()
-    );
+    ));
     for line in &stack.webhooks_described {
-        eprintln!("veris: {line}");
+        crate::logging::announce(line);
     }
     // Announced like the proxy URL: the app needs its signing secret.
     for (name, value) in &stack.webhook_env {
-        eprintln!("veris: {name}={value}");
+        crate::logging::announce(&format!("{name}={value}"));
     }
     crate::outln!("{}", stack.proxy_url);
     signals.wait().await;

@@ -321,11 +321,11 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         write_file(ready, format!("{body}\n").as_bytes(), 0o644)
             .with_context(|| format!("writing the ready file {}", ready.display()))?;
     }
-    eprintln!(
-        "veris: gateway {listen} (admin {admin_addr}, twin {}); CA {}",
+    crate::logging::announce(&format!(
+        "gateway {listen} (admin {admin_addr}, twin {}); CA {}",
         shared.twin,
         trust.ca_pem.display()
-    );
+    ));
     crate::outln!("{listen}");
     stop.await;
     info!("shutting down");

@@ -43,6 +43,7 @@ mod har;
 mod integrity;
 mod isolated;
 mod junit;
+mod logs;
 mod mcp;
 mod metrics;
 mod report_files;
