@@ -93,6 +93,23 @@ fn trigger_delivers_a_fixture_event_that_never_counts() {
         said.contains(r#""customer.created" #1 -> 200 [trigger: not counted]"#),
         "{said}"
     );
+    // The JSON receipt carries the origin, and counts it apart.
+    let mut cmd = veris(["receipt", "--json", "--state-dir"]);
+    cmd.arg(&serve.state);
+    let out = output(&mut cmd);
+    let receipt: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {:?}", text(&out)));
+    let callbacks = &receipt["callbacks"];
+    assert_eq!(callbacks["entries"][0]["origin"], "trigger", "{callbacks}");
+    assert!(
+        callbacks["entries"][0].get("fault").is_none(),
+        "{callbacks}"
+    );
+    assert_eq!(
+        callbacks["statuses"]["trigger"]["/webhook"]["200"], 1,
+        "{callbacks}"
+    );
+    assert!(callbacks["statuses"].get("twin").is_none(), "{callbacks}");
 }
 
 /// An event the twin delivered, replayed: two deliveries with one id, the
@@ -324,6 +341,8 @@ fn duplicate_and_delay_are_recorded_and_counted_right() {
             "duplicate",
             "--require-callback",
             "/webhook:2",
+            "--receipt",
+            dir.join("receipt.json").to_str().unwrap(),
         ],
         &[format!("{port}:ok")],
         &[("APP_EVENTS", "2")],
@@ -348,6 +367,14 @@ fn duplicate_and_delay_are_recorded_and_counted_right() {
     assert_eq!(faults, [Value::from("duplicate"), Value::Null], "{lines:?}");
     let ids: Vec<&Value> = callbacks(&lines).iter().map(|c| &c["event_id"]).collect();
     assert_eq!(ids[0], ids[1], "one event, twice");
+    let receipt: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("receipt.json")).unwrap()).unwrap();
+    let statuses = &receipt["callbacks"]["statuses"];
+    assert_eq!(statuses["twin"]["/webhook"]["200"], 1, "{statuses}");
+    assert_eq!(
+        statuses["twin+duplicate"]["/webhook"]["200"], 1,
+        "{statuses}"
+    );
 
     let dir = TempDir::new("wh-delay");
     let out = run_app(
