@@ -105,7 +105,8 @@ impl Webhooks {
     /// One line per target for a person: where events go and the variable
     /// that holds their secret.
     pub(super) fn described(&self) -> Vec<String> {
-        self.targets
+        let mut lines: Vec<String> = self
+            .targets
             .iter()
             .map(|w| {
                 format!(
@@ -115,7 +116,14 @@ impl Webhooks {
                     env_name(&w.service)
                 )
             })
-            .collect()
+            .collect();
+        // Said up front: every delivery of this start is wrong on purpose.
+        if let Some(faults) = self.faults.label(self.faults.duplicate) {
+            lines.push(format!(
+                "webhook faults: {faults} (these deliveries never count toward --require-callback)"
+            ));
+        }
+        lines
     }
 
     /// Starts delivering into `ledger`.
