@@ -69,6 +69,12 @@ enum Command {
     FleetKey(cmd::fleet_key::FleetKeyCommand),
     /// Offline demo: built-in twin, proxy, real HTTPS requests, receipt.
     Demo(cmd::demo::DemoArgs),
+    /// Ask a live `serve` to deliver one webhook event now, for a fixture
+    /// object (like `stripe trigger`); never counted by --require-callback.
+    Trigger(cmd::trigger::TriggerArgs),
+    /// Ask a live `serve` to deliver again an event it delivered (by id);
+    /// never counted by --require-callback.
+    Replay(cmd::replay::ReplayArgs),
     /// Watch twin traffic live (admin API, state dir or ledger file).
     Tui(cmd::tui::TuiArgs),
     /// Check what makes runs fail (CA, trust, env, namespaces, nft, the live
@@ -180,6 +186,8 @@ fn main() -> ExitCode {
             Command::FleetKey(cmd) => cmd::fleet_key::fleet_key(cmd),
             Command::Demo(args) => cmd::demo::demo(args).await,
             Command::DemoClient(args) => cmd::demo::client_main(args).await,
+            Command::Trigger(args) => cmd::trigger::trigger(args).await,
+            Command::Replay(args) => cmd::replay::replay(args).await,
             Command::Tui(args) => cmd::tui::tui(args).await,
             #[cfg(feature = "mcp")]
             Command::Mcp(args) => cmd::mcp::mcp(args).await,

@@ -47,6 +47,25 @@ pub fn emit(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// `5s`, `500ms`, `2m` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?}; expected e.g. 5s or 500ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        _ => Err(format!("bad duration {s:?}; expected e.g. 5s or 500ms")),
+    }
+}
+
 /// Random lower-case hex (`bytes` random bytes) from the TLS provider's
 /// CSPRNG (aws-lc, seeded by the kernel).
 pub fn random_hex(bytes: usize) -> anyhow::Result<String> {
@@ -127,6 +146,16 @@ pub fn until(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_parse() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("s").is_err());
+    }
 
     #[test]
     fn random_hex_is_hex_of_the_length_asked_and_differs() {

@@ -2,12 +2,12 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 6; versions 1 to 5 are still read)
+//! # File format (version 7; versions 1 to 6 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`5`); readers accept every
+//! - `v`: the format version, [`LEDGER_VERSION`] (`7`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
 //!   `tamper` and `check`; version 3 added the kinds `tls_abandoned`,
@@ -28,7 +28,10 @@
 //!   requests sent to the twin that got no answer because the client's body
 //!   broke off or the session ended first; no earlier field changed meaning;
 //!   version 6 added the kind `callback`, one line per webhook delivery
-//!   attempt to the app; no earlier field changed meaning);
+//!   attempt to the app; no earlier field changed meaning; version 7 added
+//!   the callback's `fault` and the origins `trigger` and `replay`: a
+//!   version-6 reader would count a fault-injected delivery as the twin's
+//!   own, so it must refuse these lines rather than read them);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -48,10 +51,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 6;
+pub const LEDGER_VERSION: u32 = 7;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6, 7];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -513,9 +516,15 @@ pub struct CallbackLine {
     /// 1 for the first attempt of an event, then one more per retry.
     pub attempt: u32,
     /// Who asked for the delivery: `twin` (an object the twin created for
-    /// a request it served). Only `twin` deliveries count toward a
-    /// callback requirement by default.
+    /// a request it served), `trigger` (`veris trigger`: a fixture object)
+    /// or `replay` (`veris replay`). Only `twin` deliveries without a
+    /// `fault` count toward a callback requirement by default.
     pub origin: String,
+    /// The faults `--webhook-faults` put on this delivery, comma-separated
+    /// (`duplicate`, `reorder`, `delay=30s`, `stale-signature`,
+    /// `bad-signature`); absent for a faithful one (and in version 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
 
 /// The fields of an [`Entry::Passthrough`].

@@ -1057,6 +1057,7 @@ pub fn entry(entry: Entry) -> Entry {
             duration_ms,
             attempt,
             origin,
+            fault,
         }) => Entry::Callback(CallbackLine {
             service: owned(service),
             event: owned(event),
@@ -1070,6 +1071,7 @@ pub fn entry(entry: Entry) -> Entry {
             duration_ms,
             attempt,
             origin: owned(origin),
+            fault: fault.map(owned),
         }),
         Entry::Tamper { what, detail } => Entry::Tamper {
             what: owned(what),
@@ -2073,6 +2075,7 @@ mod tests {
             duration_ms: 1,
             attempt: 1,
             origin: "twin".into(),
+            fault: None,
         });
         let Entry::Callback(c) = entry(line) else {
             panic!("kind changed");

@@ -872,7 +872,7 @@ mod tests {
     #[test]
     fn a_v4_body_capture_line_round_trips_and_v3_lines_still_read() {
         use crate::entry::{CapturedBody, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 6);
+        assert_eq!(LEDGER_VERSION, 7);
         assert!(READABLE_VERSIONS.contains(&3) && READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let sha = "cd".repeat(32);
@@ -918,7 +918,7 @@ mod tests {
     #[test]
     fn a_v5_upstream_error_with_its_body_round_trips_and_v4_lines_still_read() {
         use crate::entry::{ListenerTier, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 6);
+        assert_eq!(LEDGER_VERSION, 7);
         assert!(READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let text = format!(
@@ -957,5 +957,22 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(serde_json::to_string(&old).unwrap(), v4);
+    }
+
+    /// A version-6 callback line (no `fault`) reads as a faithful delivery,
+    /// and writes back byte for byte.
+    #[test]
+    fn a_v6_callback_line_still_reads() {
+        let prev = "ab".repeat(32);
+        let v6 = format!(
+            r#"{{"v":6,"seq":9,"ts":"2026-12-04T13:39:14.698Z","kind":"callback","service":"stripe","event":"charge.succeeded","event_id":"evt_1","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":200,"duration_ms":3,"attempt":1,"origin":"twin","prev":"{prev}"}}"#
+        );
+        let old = serde_json::from_str::<Line>(&v6).unwrap();
+        assert_eq!(old.v, 6);
+        match &old.entry {
+            Entry::Callback(c) => assert_eq!((c.origin.as_str(), &c.fault), ("twin", &None)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(serde_json::to_string(&old).unwrap(), v6);
     }
 }

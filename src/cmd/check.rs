@@ -58,26 +58,8 @@ pub struct CheckArgs {
     #[arg(long, value_name = "ID", requires = "gateway")]
     pub sandbox: Option<String>,
     /// How long the probe may take: `5s`, `500ms`.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::util::parse_duration)]
     pub timeout: Duration,
-}
-
-/// `5s`, `500ms`, `2m` or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad duration {s:?}; expected e.g. 5s or 500ms"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
-        _ => Err(format!("bad duration {s:?}; expected e.g. 5s or 500ms")),
-    }
 }
 
 /// `veris check`.
@@ -308,15 +290,6 @@ pub fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert!(parse_duration("5h").is_err());
-        assert!(parse_duration("s").is_err());
-    }
 
     fn answer(sandbox: &str, canary: &str, tier: veris_receipt::ListenerTier) -> CanaryAnswer {
         CanaryAnswer {

@@ -15,8 +15,10 @@ pub mod man;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod receipt;
+pub mod replay;
 pub mod run;
 pub mod runs;
 pub mod serve;
+pub mod trigger;
 pub mod tui;
 pub mod twin;

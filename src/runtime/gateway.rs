@@ -792,6 +792,7 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         publishing: publishing
             .as_ref()
             .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
+        webhooks: None,
     });
     let sandbox = Arc::new(Sandbox {
         id: record.id.clone(),

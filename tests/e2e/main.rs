@@ -55,3 +55,4 @@ mod tui;
 mod twin_credential;
 mod veris_headers;
 mod webhook;
+mod webhook_faults;

@@ -21,11 +21,14 @@ use support::{output, skip, text, veris, TempDir};
 /// Modes: `ok` (verifies with the SDK: 200, or 400 when it does not verify),
 /// `wrong-secret` (verifies with another secret: 400), `flaky` (500 twice,
 /// then as `ok`), `hang` (never answers), `endless` (200 and a body
-/// without end).
-const APP: &str = r#"
+/// without end). With `APP_CUSTOMER=1` it makes a customer before the
+/// charge; with `APP_EVENTS=N` it waits for N verified events of any type
+/// instead. It prints `verified TYPE ID` per event, in arrival order.
+pub(crate) const APP: &str = r#"
 import http.server, json, os, subprocess, sys, threading, time
 import stripe
 secret = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
+want = int(os.environ.get("APP_EVENTS", "0"))
 done = threading.Event()
 counts = {}
 lock = threading.Lock()
@@ -64,7 +67,10 @@ def handler(mode):
             self.send_response(200)
             self.end_headers()
             print("verified", event["type"], event["data"]["object"]["id"], flush=True)
-            if event["type"] == "charge.succeeded":
+            with lock:
+                counts["verified"] = counts.get("verified", 0) + 1
+                enough = want > 0 and counts["verified"] >= want
+            if enough or (want == 0 and event["type"] == "charge.succeeded"):
                 done.set()
         def log_message(self, *args):
             pass
@@ -74,6 +80,9 @@ for arg in sys.argv[1:]:
     port, mode = arg.split(":")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", int(port)), handler(mode))
     threading.Thread(target=server.serve_forever, daemon=True).start()
+if os.environ.get("APP_CUSTOMER") == "1":
+    subprocess.run(["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/customers",
+                    "-d", "email=a@example.com"], capture_output=True, text=True)
 out = subprocess.run(["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/charges",
                       "-d", "amount=100", "-d", "currency=usd"], capture_output=True, text=True)
 print("charge", json.loads(out.stdout)["id"], flush=True)
@@ -81,7 +90,7 @@ done.wait(float(os.environ.get("APP_WAIT", "20")))
 "#;
 
 /// python3 with the `stripe` SDK, and curl; or why not.
-fn tools() -> Result<(), String> {
+pub(crate) fn tools() -> Result<(), String> {
     support::curl()?;
     if support::tool_works("python3", &["-c", "import stripe"]) {
         Ok(())
@@ -91,7 +100,7 @@ fn tools() -> Result<(), String> {
 }
 
 /// A loopback port nothing listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -100,7 +109,7 @@ fn free_port() -> u16 {
 
 /// `veris run` confined (deliveries do not reach an isolated run yet) with
 /// `extra` flags and the app serving `servers`, each `PORT:MODE`.
-fn run_app(
+pub(crate) fn run_app(
     dir: &TempDir,
     extra: &[&str],
     servers: &[String],
@@ -121,7 +130,7 @@ fn run_app(
 }
 
 /// The run's ledger lines.
-fn ledger(dir: &TempDir) -> Vec<Value> {
+pub(crate) fn ledger(dir: &TempDir) -> Vec<Value> {
     let runs = dir.join("state").join("runs");
     let path: PathBuf = std::fs::read_dir(&runs)
         .expect("the runs dir")
@@ -140,7 +149,7 @@ fn read_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn callbacks(lines: &[Value]) -> Vec<&Value> {
+pub(crate) fn callbacks(lines: &[Value]) -> Vec<&Value> {
     lines.iter().filter(|l| l["kind"] == "callback").collect()
 }
 
@@ -440,38 +449,8 @@ fn serve_writes_the_secret_to_the_env_file_and_delivers() {
         return skip(&why);
     }
     let dir = TempDir::new("webhook-serve");
-    let (env_file, got) = (dir.join("client.env"), dir.join("got.txt"));
-    let app = r#"
-import http.server, re, sys, stripe
-port, env_file, got = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        secret = re.search(r"STRIPE_WEBHOOK_SECRET='([^']+)'", open(env_file).read()).group(1)
-        try:
-            kind = stripe.Webhook.construct_event(body, self.headers.get("Stripe-Signature", ""), secret)["type"]
-            code = 200
-        except Exception as e:
-            kind, code = type(e).__name__, 400
-        self.send_response(code)
-        self.end_headers()
-        with open(got, "a") as f:
-            f.write(f"{code} {kind}\n")
-    def log_message(self, *a):
-        pass
-http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-"#;
-    let port = free_port();
-    let mut app_cmd = support::command("python3");
-    app_cmd
-        .args(["-c", app, &port.to_string()])
-        .arg(&env_file)
-        .arg(&got);
-    let _app = support::Guard::spawn(&mut app_cmd);
-    // The first attempt must find the app up: the next is a minute later.
-    support::wait_for("the app to listen", support::DEADLINE, || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
-    });
+    let app = ServeApp::start(&dir);
+    let port = app.port;
     let hook = format!("stripe=http://127.0.0.1:{port}/webhook");
     let mut serve = support::Serve::start_in(
         dir,
@@ -495,10 +474,7 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
         "currency=usd",
     ]));
     assert!(out.status.success(), "{:?}", text(&out));
-    support::wait_for("the app's verified delivery", support::DEADLINE, || {
-        let got = std::fs::read_to_string(&got).ok()?;
-        got.contains("200 charge.succeeded").then_some(())
-    });
+    app.wait_for("200 charge.succeeded", 1);
     serve.stop();
     let lines = serve.ledger_lines();
     let delivered = callbacks(&lines)
@@ -522,6 +498,74 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
         stdout.contains(r#""charge.succeeded" #1 -> 200"#),
         "{stdout}\n{stderr}"
     );
+}
+
+/// An app outside a `serve`: verifies each delivery with the `stripe` SDK
+/// and the secret from the serve's env file (read per delivery), answers
+/// 200 or 400, and appends `STATUS TYPE` to a file.
+const SERVE_APP: &str = r#"
+import http.server, re, sys, stripe
+port, env_file, got = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        secret = re.search(r"STRIPE_WEBHOOK_SECRET='([^']+)'", open(env_file).read()).group(1)
+        try:
+            kind = stripe.Webhook.construct_event(body, self.headers.get("Stripe-Signature", ""), secret)["type"]
+            code = 200
+        except Exception as e:
+            kind, code = type(e).__name__, 400
+        self.send_response(code)
+        self.end_headers()
+        with open(got, "a") as f:
+            f.write(f"{code} {kind}\n")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+
+/// [`SERVE_APP`] running, listening before this returns (the first
+/// attempt must find it up: the next is a minute later).
+pub(crate) struct ServeApp {
+    pub port: u16,
+    got: PathBuf,
+    _process: support::Guard,
+}
+
+impl ServeApp {
+    /// Starts the app for a serve whose env file is `dir/client.env`
+    /// (`Serve::start_in`'s).
+    pub(crate) fn start(dir: &TempDir) -> ServeApp {
+        let (env_file, got) = (dir.join("client.env"), dir.join("got.txt"));
+        let port = free_port();
+        let mut app_cmd = support::command("python3");
+        app_cmd
+            .args(["-c", SERVE_APP, &port.to_string()])
+            .arg(&env_file)
+            .arg(&got);
+        let process = support::Guard::spawn(&mut app_cmd);
+        support::wait_for("the app to listen", support::DEADLINE, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+        ServeApp {
+            port,
+            got,
+            _process: process,
+        }
+    }
+
+    /// Waits until the app has answered `line` (`200 charge.succeeded`)
+    /// `times` times.
+    pub(crate) fn wait_for(&self, line: &str, times: usize) {
+        support::wait_for(
+            &format!("the app's {line} x{times}"),
+            support::DEADLINE,
+            || {
+                let got = std::fs::read_to_string(&self.got).ok()?;
+                (got.lines().filter(|l| *l == line).count() >= times).then_some(())
+            },
+        );
+    }
 }
 
 /// Bad input: each wrong `--webhook` or `--require-callback` is a usage

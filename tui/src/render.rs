@@ -412,7 +412,13 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
             ),
             Entry::Callback(c) => (
                 format!("←{}", token(&c.method)),
-                format!("{}  {} #{}", quoted(&c.path), quoted(&c.event), c.attempt),
+                format!(
+                    "{}  {} #{}{}",
+                    quoted(&c.path),
+                    quoted(&c.event),
+                    c.attempt,
+                    callback_mark(c)
+                ),
                 match c.status {
                     Some(s) => Cell::from(s.to_string()).style(status_style(s)),
                     None => Cell::from("err").red().bold(),
@@ -879,6 +885,11 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
                 "attempt",
                 format!("{} · origin {}", c.attempt, token(&c.origin)),
             ));
+            if let Some(fault) = &c.fault {
+                lines.push(kv("fault", format!("{} (not counted)", quoted(fault))));
+            } else if c.origin != "twin" {
+                lines.push(kv("counted", "no: not the twin's own event".into()));
+            }
             lines.push(kv("duration", latency(c.duration_ms)));
         }
         Entry::TunnelClose(TunnelCloseLine {
@@ -1107,4 +1118,14 @@ fn render_footer(app: &App, frame: &mut Frame, area: Rect) {
         TextLine::from(spans)
     };
     frame.render_widget(Paragraph::new(line), area);
+}
+
+/// A callback row's mark when its delivery does not count toward a
+/// requirement: its origin, and its fault (`--webhook-faults`).
+fn callback_mark(c: &veris_receipt::CallbackLine) -> String {
+    match (c.origin.as_str(), &c.fault) {
+        ("twin", None) => String::new(),
+        (origin, None) => format!("  [{}]", token(origin)),
+        (origin, Some(f)) => format!("  [{} fault {}]", token(origin), quoted(f)),
+    }
 }

@@ -167,3 +167,48 @@ fn status_cells_are_coloured_by_class() {
     }
     assert_eq!(seen.len(), 3, "{seen:?}");
 }
+
+/// Webhook deliveries that do not count show their origin and fault in the
+/// table, and the detail pane says so.
+#[test]
+fn callback_rows_show_origin_and_fault() {
+    let callback = |event: &str, origin: &str, fault: Option<&str>| {
+        veris_receipt::Entry::Callback(veris_receipt::CallbackLine {
+            service: "stripe".into(),
+            event: event.into(),
+            event_id: "evt_1".into(),
+            target: "127.0.0.1:4242".into(),
+            method: "POST".into(),
+            path: "/webhook".into(),
+            query: None,
+            status: Some(400),
+            error: None,
+            duration_ms: 3,
+            attempt: 1,
+            origin: origin.into(),
+            fault: fault.map(str::to_string),
+        })
+    };
+    let lines = chain(vec![
+        (4_000, session()),
+        (3_000, callback("charge.succeeded", "twin", None)),
+        (2_000, callback("customer.created", "trigger", None)),
+        (
+            1_000,
+            callback("charge.succeeded", "twin", Some("bad-signature")),
+        ),
+    ]);
+    let mut app = app_with(lines, (160, 45));
+    let s = screen(&app);
+    assert!(s.contains("\"customer.created\" #1  [trigger]"), "{s}");
+    assert!(
+        s.contains("\"charge.succeeded\" #1  [twin fault \"bad-signature\"]"),
+        "{s}"
+    );
+    app.update(code(KeyCode::Enter));
+    let s = screen(&app);
+    assert!(
+        s.contains("fault    \"bad-signature\" (not counted)"),
+        "{s}"
+    );
+}

@@ -208,6 +208,79 @@ impl Twin {
         }
     }
 
+    /// A Stripe event of type `kind` for a fresh fixture object (`veris
+    /// trigger`, like `stripe trigger`): the object is what the twin's own
+    /// create fixture renders for a small request (so it has the shape of
+    /// the twin's objects and a fresh id), with the status the event needs.
+    /// It is not stored: no request of the workload made it. `Err` says
+    /// why not (a service without Stripe's events, an unknown type).
+    pub fn fixture_event(&self, service: &str, kind: &str) -> Result<Event, String> {
+        if self.fixtures.error_style(service) != ErrorStyle::Stripe {
+            return Err(format!("the twin makes no webhook events for {service:?}"));
+        }
+        let Some(request) = event::stripe_fixture(kind) else {
+            return Err(format!(
+                "the twin makes no event {kind:?}; it makes {}",
+                event::STRIPE_TYPES.join(", ")
+            ));
+        };
+        let Some((fx, params)) = self.fixtures.find(service, "POST", request.path) else {
+            return Err(format!("the twin has no fixture for POST {}", request.path));
+        };
+        let (Action::Store(_), Some(body)) = (&fx.action, &fx.body) else {
+            return Err(format!("POST {} is not a create fixture", request.path));
+        };
+        let form: Map<String, Value> = request
+            .form
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect();
+        let sandbox = self.sandbox.as_deref().unwrap_or_default();
+        let mut object = body.render(&Context {
+            params: &params,
+            body: &Value::Object(form),
+            query: &BTreeMap::new(),
+            headers: &HeaderMap::new(),
+            method: "POST",
+            path: request.path,
+            service,
+            sandbox,
+            list: None,
+            ids: &self.ids,
+        });
+        if let (Some(status), Some(fields)) = (request.status, object.as_object_mut()) {
+            fields.insert("status".into(), Value::String(status.into()));
+            if status != "succeeded" && fields.contains_key("paid") {
+                fields.insert("paid".into(), Value::Bool(false));
+            }
+        }
+        // The fixture file is the operator's: it must still make this event.
+        if !event::stripe_types(&object).contains(&kind) {
+            return Err(format!(
+                "the twin's POST {} fixture does not make a {kind:?} object",
+                request.path
+            ));
+        }
+        let created = object
+            .get("created")
+            .and_then(Value::as_i64)
+            .unwrap_or_else(|| time::OffsetDateTime::now_utc().unix_timestamp());
+        let request_id = self.ids.next("req_");
+        let origin = event::Origin {
+            request_id: &request_id,
+            idempotency_key: None,
+        };
+        let id = self.ids.next("evt_");
+        let payload = event::stripe_event(&id, kind, created, &object, origin).to_string();
+        Ok(Event {
+            sandbox: sandbox.to_string(),
+            service: service.to_string(),
+            id,
+            kind: kind.to_string(),
+            payload: Bytes::from(payload),
+        })
+    }
+
     /// Rows of one (sandbox, service), oldest first (all of them).
     pub fn requests(&self, sandbox: &str, service: &str) -> Vec<log::RequestRow> {
         let q = log::RequestsQuery {
@@ -881,6 +954,39 @@ mod tests {
             credential: credential.map(str::to_string),
         })
         .expect("twin builds")
+    }
+
+    /// A triggered event carries an object of the twin's own shape with a
+    /// fresh id, is not stored, and unknown types or services are refused.
+    #[test]
+    fn fixture_events_carry_the_twins_objects() {
+        let twin = builtin_twin(None);
+        for kind in event::STRIPE_TYPES {
+            let e = twin.fixture_event("stripe", kind).expect(kind);
+            let v: Value = serde_json::from_slice(&e.payload).unwrap();
+            assert_eq!(v["type"], *kind);
+            assert!(e.id.starts_with("evt_"));
+            let object = &v["data"]["object"];
+            assert!(event::stripe_types(object).contains(kind), "{v}");
+        }
+        let a = twin.fixture_event("stripe", "customer.created").unwrap();
+        let b = twin.fixture_event("stripe", "customer.created").unwrap();
+        let id = |e: &Event| {
+            serde_json::from_slice::<Value>(&e.payload).unwrap()["data"]["object"]["id"].clone()
+        };
+        assert_ne!(id(&a), id(&b));
+        assert!(id(&a).as_str().unwrap().starts_with("cus_"));
+        // The same fields as a customer the workload creates.
+        let v: Value = serde_json::from_slice(&a.payload).unwrap();
+        for field in ["object", "email", "livemode", "created", "metadata"] {
+            assert!(v["data"]["object"].get(field).is_some(), "{field}");
+        }
+        assert!(twin.state().store.is_empty(), "a trigger stores nothing");
+        assert!(twin
+            .fixture_event("stripe", "charge.refunded")
+            .unwrap_err()
+            .contains("customer.created"));
+        assert!(twin.fixture_event("github", "customer.created").is_err());
     }
 
     #[tokio::test]

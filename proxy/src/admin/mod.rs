@@ -18,6 +18,9 @@
 //!   nothing was written since), then returns the receipt JSON for the
 //!   window `(SEQ, seal]` (default: this run's lines).
 //! - `GET /metrics`: Prometheus metrics in the text format ([`crate::admin::metrics`]).
+//! - `POST /webhooks/trigger?service=S&event=E`, `POST
+//!   /webhooks/replay?event_id=ID`: a webhook delivery on demand
+//!   ([`webhooks`]; `veris trigger`, `veris replay`).
 //!
 //! Everything but `/healthz` (and `/metrics` when [`Admin::metrics_open`])
 //! needs `Authorization: Bearer <token>` and answers 401 otherwise. The
@@ -25,6 +28,7 @@
 
 pub mod metrics;
 pub mod summary;
+mod webhooks;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -104,6 +108,9 @@ pub struct Admin {
     pub unrecorded: Arc<crate::request::recorder::Unrecorded>,
     /// Where publishing the ledger to NATS stands (`--nats`), for `/status`.
     pub publishing: Option<StatusFn>,
+    /// The webhook engine's on-demand deliveries (`--webhook`), for
+    /// `/webhooks/*`.
+    pub webhooks: Option<crate::callback::Control>,
 }
 
 /// A part of `/status` the binary supplies.
@@ -203,7 +210,13 @@ pub async fn handle(
         },
         (Method::GET, "/receipt") => receipt_json(&admin, since).await,
         (Method::GET, "/metrics") => metrics(&admin),
-        (_, "/status" | "/ledger" | "/events" | "/seal" | "/receipt" | "/metrics") => respond::error(
+        (Method::POST, "/webhooks/trigger") => webhooks::trigger(&admin, req.uri().query()),
+        (Method::POST, "/webhooks/replay") => webhooks::replay(&admin, req.uri().query()),
+        (
+            _,
+            "/status" | "/ledger" | "/events" | "/seal" | "/receipt" | "/metrics"
+            | "/webhooks/trigger" | "/webhooks/replay",
+        ) => respond::error(
             StatusCode::METHOD_NOT_ALLOWED,
             "veris_method_not_allowed",
             format!("{} does not take this method", path),
@@ -231,16 +244,20 @@ fn authorized(headers: &HeaderMap, token: &str) -> bool {
     bool::from(presented.trim().as_bytes().ct_eq(token.as_bytes()))
 }
 
-/// The parameter `name` as a number: `Ok(None)` when absent, `Err` with the
-/// value when it is there but not a `u64`.
-fn query_u64(query: Option<&str>, name: &str) -> Result<Option<u64>, String> {
-    let Some(value) = query
+/// The parameter `name`'s raw value, when the query has it.
+fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query
         .unwrap_or("")
         .split('&')
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
-    else {
+}
+
+/// The parameter `name` as a number: `Ok(None)` when absent, `Err` with the
+/// value when it is there but not a `u64`.
+fn query_u64(query: Option<&str>, name: &str) -> Result<Option<u64>, String> {
+    let Some(value) = query_param(query, name) else {
         return Ok(None);
     };
     value
@@ -716,6 +733,7 @@ mod tests {
             metrics_open: false,
             unrecorded: Arc::default(),
             publishing: None,
+            webhooks: None,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -28,16 +28,18 @@ pub struct Outcome {
     pub duration: Duration,
 }
 
-/// Delivers `event` to `webhook` once, signed with `secrets` now.
+/// Delivers `event` to `webhook` once, signed with `secrets` as of
+/// `backdate` ago (zero but for a `stale-signature` fault).
 pub async fn attempt(
     webhook: &Webhook,
     event: &Event,
     secrets: &[Secret],
+    backdate: Duration,
     timeout: Duration,
 ) -> Outcome {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
-    let (status, error) = match exchange(webhook, event, secrets, deadline).await {
+    let (status, error) = match exchange(webhook, event, secrets, backdate, deadline).await {
         Ok((status, None)) => (Some(status), None),
         Ok((status, Some(cut))) => (Some(status), Some(cut)),
         Err(e) => (None, Some(e)),
@@ -55,6 +57,7 @@ async fn exchange(
     webhook: &Webhook,
     event: &Event,
     secrets: &[Secret],
+    backdate: Duration,
     deadline: tokio::time::Instant,
 ) -> Result<(u16, Option<String>), String> {
     let within = |what: &'static str| move |_| format!("timeout ({what})");
@@ -72,6 +75,8 @@ async fn exchange(
     // The connection's task ends with this attempt, whatever happens.
     let conn = AbortOnDrop(tokio::spawn(conn));
     let now = std::time::SystemTime::now()
+        .checked_sub(backdate)
+        .unwrap_or(std::time::UNIX_EPOCH)
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     let target = match &webhook.query {

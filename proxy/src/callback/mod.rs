@@ -11,23 +11,34 @@
 //! answers, answers slowly or sends an endless body costs one attempt's
 //! timeout and blocks nothing else.
 //!
+//! Besides the twin's events, the engine delivers what the admin API asks
+//! for ([`control`]: `veris trigger`, `veris replay`) and puts the faults
+//! of `--webhook-faults` on deliveries ([`faults`]); each line says its
+//! origin and fault.
+//!
 //! Only this engine writes `callback` lines: nothing a workload sends
 //! (a request to its own app, a header that looks like a callback) can
 //! become one.
 
+pub mod control;
 pub mod deliver;
+pub mod faults;
 pub mod target;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::task::JoinSet;
 use tracing::warn;
 use veris_receipt::ledger::Ledger;
 use veris_receipt::{CallbackLine, Entry};
 use veris_twin::webhook::{Event, Secret};
+use veris_twin::Twin;
 
+pub use control::{Control, Origin, Queued, Refusal};
+use control::{Job, Recent};
+pub use faults::Faults;
 pub use target::Webhook;
 
 /// Waits before the retries of a delivery whose app did not answer 2xx,
@@ -54,6 +65,9 @@ const PENDING: usize = 4096;
 /// Attempts in flight at once.
 const CONCURRENT: usize = 32;
 
+/// On-demand deliveries (trigger, replay) waiting to be taken at most.
+const ON_DEMAND: usize = 64;
+
 /// How an engine delivers.
 pub struct EngineOptions {
     pub webhooks: Vec<Webhook>,
@@ -64,20 +78,58 @@ pub struct EngineOptions {
     /// Waits between attempts ([`BACKOFF`] times this).
     pub backoff_scale: f64,
     pub attempt_timeout: Duration,
+    /// `--webhook-faults`.
+    pub faults: Faults,
+    /// Renders `veris trigger`'s fixture events (the built-in twin).
+    pub twin: Option<Arc<Twin>>,
 }
 
 /// A running delivery engine.
 pub struct Engine {
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    control: Control,
 }
 
 impl Engine {
-    /// Starts delivering the events `events` yields.
+    /// Starts delivering the events `events` yields, and those asked for
+    /// through [`Engine::control`].
     pub fn start(events: mpsc::Receiver<Event>, options: EngineOptions) -> Engine {
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(run(events, Arc::new(options), stopped));
-        Engine { stop, task }
+        let (jobs, on_demand) = mpsc::channel(ON_DEMAND);
+        let recent = Arc::new(Mutex::new(Recent::default()));
+        let control = Control {
+            jobs,
+            recent: Arc::clone(&recent),
+            webhooks: options.webhooks.clone(),
+            twin: options.twin.clone(),
+        };
+        let wrong_key = if options.faults.bad_signature {
+            match Secret::generate() {
+                Ok(k) => Some(k),
+                // Without a random source no secret would have been made
+                // either; sign with a fixed wrong key rather than the right one.
+                Err(_) => Some(Secret::from_text("whsec_veris_bad_signature")),
+            }
+        } else {
+            None
+        };
+        let engine = Run {
+            options: Arc::new(options),
+            recent,
+            wrong_key,
+        };
+        let task = tokio::spawn(engine.run(events, on_demand, stopped));
+        Engine {
+            stop,
+            task,
+            control,
+        }
+    }
+
+    /// The handle that asks for deliveries on demand (the admin API's).
+    pub fn control(&self) -> Control {
+        self.control.clone()
     }
 
     /// Stops taking events, starts the first attempt of every event already
@@ -92,51 +144,187 @@ impl Engine {
     }
 }
 
-async fn run(
-    mut events: mpsc::Receiver<Event>,
+/// The engine's task: takes events, holds them for `reorder`, and starts
+/// one [`Delivery`] per event and URL (two with `duplicate`).
+struct Run {
     options: Arc<EngineOptions>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    let pending = Arc::new(Semaphore::new(PENDING));
-    let attempts = Arc::new(Semaphore::new(CONCURRENT));
-    let mut deliveries = JoinSet::new();
-    loop {
-        let Ok(permit) = Arc::clone(&pending).acquire_owned().await else {
-            break;
-        };
-        let next = tokio::select! {
-            e = events.recv() => Some(e),
-            () = stopping(&mut stopped) => None,
-        };
-        let event = match next {
-            Some(e) => e,
-            // What was queued before the stop is still delivered (once).
-            None => {
-                events.close();
-                events.recv().await
-            }
-        };
-        let Some(event) = event else { break };
-        let event = Arc::new(event);
-        for webhook in options
-            .webhooks
-            .iter()
-            .filter(|w| w.service == event.service)
-        {
-            let delivery = Delivery {
-                webhook: webhook.clone(),
-                event: Arc::clone(&event),
-                options: Arc::clone(&options),
-                attempts: Arc::clone(&attempts),
-                stopped: stopped.clone(),
+    recent: Arc<Mutex<Recent>>,
+    /// `bad-signature`'s key: not the app's secret.
+    wrong_key: Option<Secret>,
+}
+
+impl Run {
+    async fn run(
+        self,
+        mut events: mpsc::Receiver<Event>,
+        mut on_demand: mpsc::Receiver<Job>,
+        mut stopped: watch::Receiver<bool>,
+    ) {
+        let pending = Arc::new(Semaphore::new(PENDING));
+        let attempts = Arc::new(Semaphore::new(CONCURRENT));
+        let mut deliveries = JoinSet::new();
+        // `reorder`'s hold: events in order of creation, sent newest first.
+        let mut held: Vec<Job> = Vec::new();
+        let mut hold_until = tokio::time::Instant::now();
+        let mut twin_open = true;
+        loop {
+            let Ok(permit) = Arc::clone(&pending).acquire_owned().await else {
+                break;
             };
+            let holding = !held.is_empty();
+            let next = tokio::select! {
+                e = events.recv(), if twin_open => match e {
+                    Some(event) => Some(Job { event: Arc::new(event), origin: Origin::Twin }),
+                    // The twin is gone: on-demand jobs still come.
+                    None => {
+                        twin_open = false;
+                        continue;
+                    }
+                },
+                // `None` only once the engine itself is dropped: a stop.
+                j = on_demand.recv() => j,
+                () = tokio::time::sleep_until(hold_until), if holding => {
+                    self.dispatch_held(&mut held, &mut deliveries, &attempts, &stopped);
+                    continue;
+                }
+                () = stopping(&mut stopped) => None,
+            };
+            let last = next.is_none();
+            let mut jobs: Vec<Job> = Vec::new();
+            match next {
+                Some(job) => jobs.push(job),
+                // What was queued before the stop is still delivered (once).
+                None => {
+                    events.close();
+                    on_demand.close();
+                    while let Some(e) = events.recv().await {
+                        jobs.push(Job {
+                            event: Arc::new(e),
+                            origin: Origin::Twin,
+                        });
+                    }
+                    while let Some(j) = on_demand.recv().await {
+                        jobs.push(j);
+                    }
+                }
+            }
+            for job in jobs {
+                if job.origin != Origin::Replay {
+                    self.recent
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .keep(&job.event);
+                }
+                if self.options.faults.reorder {
+                    if held.is_empty() {
+                        hold_until = tokio::time::Instant::now() + faults::REORDER_HOLD;
+                    }
+                    held.push(job);
+                    if held.len() >= faults::REORDER_BATCH {
+                        self.dispatch_held(&mut held, &mut deliveries, &attempts, &stopped);
+                    }
+                } else {
+                    self.dispatch(job, &mut deliveries, &attempts, &stopped);
+                }
+            }
+            drop(permit);
+            if last {
+                self.dispatch_held(&mut held, &mut deliveries, &attempts, &stopped);
+                break;
+            }
+            // Finished deliveries are reaped as we go (their results are unit).
+            while deliveries.try_join_next().is_some() {}
+        }
+        self.dispatch_held(&mut held, &mut deliveries, &attempts, &stopped);
+        while deliveries.join_next().await.is_some() {}
+    }
+
+    /// Sends what `reorder` holds, newest first: each event's first
+    /// attempts are answered (or fail) before the next event is sent, so
+    /// the app sees them in that order; retries run on their own.
+    fn dispatch_held(
+        &self,
+        held: &mut Vec<Job>,
+        deliveries: &mut JoinSet<()>,
+        attempts: &Arc<Semaphore>,
+        stopped: &watch::Receiver<bool>,
+    ) {
+        if held.is_empty() {
+            return;
+        }
+        let batch: Vec<Vec<Delivery>> = held
+            .drain(..)
+            .rev()
+            .map(|job| self.deliveries_of(&job, attempts, stopped))
+            .collect();
+        deliveries.spawn(async move {
+            let mut running = JoinSet::new();
+            for group in batch {
+                let mut firsts = Vec::new();
+                for mut delivery in group {
+                    let (done, first) = oneshot::channel();
+                    delivery.first_done = Some(done);
+                    firsts.push(first);
+                    running.spawn(delivery.run());
+                }
+                for first in firsts {
+                    let _ = first.await;
+                }
+            }
+            while running.join_next().await.is_some() {}
+        });
+    }
+
+    /// Starts the deliveries of one event.
+    fn dispatch(
+        &self,
+        job: Job,
+        deliveries: &mut JoinSet<()>,
+        attempts: &Arc<Semaphore>,
+        stopped: &watch::Receiver<bool>,
+    ) {
+        for delivery in self.deliveries_of(&job, attempts, stopped) {
             deliveries.spawn(delivery.run());
         }
-        drop(permit);
-        // Finished deliveries are reaped as we go (their results are unit).
-        while deliveries.try_join_next().is_some() {}
     }
-    while deliveries.join_next().await.is_some() {}
+
+    /// One delivery per URL of the event's service, and a marked second
+    /// one each with `duplicate`.
+    fn deliveries_of(
+        &self,
+        job: &Job,
+        attempts: &Arc<Semaphore>,
+        stopped: &watch::Receiver<bool>,
+    ) -> Vec<Delivery> {
+        let faults = &self.options.faults;
+        let copies: &[bool] = if faults.duplicate {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        let mut out = Vec::new();
+        for webhook in self
+            .options
+            .webhooks
+            .iter()
+            .filter(|w| w.service == job.event.service)
+        {
+            for &copy in copies {
+                out.push(Delivery {
+                    webhook: webhook.clone(),
+                    event: Arc::clone(&job.event),
+                    origin: job.origin,
+                    fault: faults.label(copy),
+                    wrong_key: self.wrong_key.clone(),
+                    options: Arc::clone(&self.options),
+                    attempts: Arc::clone(attempts),
+                    stopped: stopped.clone(),
+                    first_done: None,
+                });
+            }
+        }
+        out
+    }
 }
 
 /// Resolves once the engine is told to stop.
@@ -148,19 +336,43 @@ async fn stopping(stopped: &mut watch::Receiver<bool>) {
 struct Delivery {
     webhook: Webhook,
     event: Arc<Event>,
+    origin: Origin,
+    /// The line's `fault`, when `--webhook-faults` touched this delivery.
+    fault: Option<String>,
+    wrong_key: Option<Secret>,
     options: Arc<EngineOptions>,
     attempts: Arc<Semaphore>,
     stopped: watch::Receiver<bool>,
+    /// Told once the first attempt is recorded (`reorder`'s sequencing).
+    first_done: Option<oneshot::Sender<()>>,
 }
 
 impl Delivery {
     async fn run(mut self) {
-        let secrets: &[Secret] = self
+        let faults = &self.options.faults;
+        let right: &[Secret] = self
             .options
             .secrets
             .iter()
             .find(|(s, _)| *s == self.event.service)
             .map_or(&[], |(_, v)| v.as_slice());
+        let secrets: &[Secret] = match &self.wrong_key {
+            Some(wrong) => std::slice::from_ref(wrong),
+            None => right,
+        };
+        let backdate = if faults.stale_signature {
+            faults::STALE_BY
+        } else {
+            Duration::ZERO
+        };
+        if let Some(delay) = faults.delay {
+            let wait = delay.mul_f64(self.options.backoff_scale.max(0.0));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                // A stopping engine delivers what it holds now, still marked.
+                () = stopping(&mut self.stopped) => {}
+            }
+        }
         for attempt in 1..=(BACKOFF.len() as u32 + 1) {
             let outcome = {
                 let Ok(_permit) = self.attempts.acquire().await else {
@@ -173,6 +385,7 @@ impl Delivery {
                         &self.webhook,
                         &self.event,
                         secrets,
+                        backdate,
                         self.options.attempt_timeout,
                     ) => o,
                     // A session that ends waits a little for an answer on
@@ -189,6 +402,9 @@ impl Delivery {
             };
             let delivered = outcome.status.is_some_and(|s| (200..300).contains(&s));
             self.record(attempt, outcome).await;
+            if let Some(done) = self.first_done.take() {
+                let _ = done.send(());
+            }
             if delivered {
                 return;
             }
@@ -217,7 +433,8 @@ impl Delivery {
             error: outcome.error,
             duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
             attempt,
-            origin: "twin".into(),
+            origin: self.origin.as_str().into(),
+            fault: self.fault.clone(),
         });
         let ledger = Arc::clone(&self.options.ledger);
         match tokio::task::spawn_blocking(move || ledger.append(entry)).await {

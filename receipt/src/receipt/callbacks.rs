@@ -3,8 +3,9 @@
 //! reached the twin, and what a callback requirement counts.
 //!
 //! Every attempt is listed (up to [`JSON_ENTRY_CAP`]) with its status or
-//! error; `statuses` counts every answered attempt exactly, per origin and
-//! path, so a requirement never depends on the cap.
+//! error, its origin and its fault; `statuses` counts every answered
+//! attempt exactly, per [`bucket`] (origin, and fault when one was put on
+//! it) and path, so a requirement never depends on the cap.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,11 +23,12 @@ pub struct Callbacks {
     pub attempts: u64,
     /// Attempts, oldest first, at most [`JSON_ENTRY_CAP`].
     pub entries: Vec<CallbackEntry>,
-    /// Per origin (`twin`), per path, how many attempts got each status
-    /// (attempts without an answer are not in it).
+    /// Per [`bucket`] (`twin`, `trigger`, `replay`, or `ORIGIN+FAULT` for a
+    /// fault-injected delivery), per path, how many attempts got each
+    /// status (attempts without an answer are not in it).
     pub statuses: BTreeMap<String, BTreeMap<String, BTreeMap<u16, u64>>>,
     /// Attempts that got no answer (refused, timed out, cut by the end of
-    /// the session), per origin and path.
+    /// the session), per [`bucket`] and path.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unanswered: BTreeMap<String, BTreeMap<String, u64>>,
 }
@@ -46,7 +48,23 @@ pub struct CallbackEntry {
     pub error: Option<String>,
     pub attempt: u32,
     pub origin: String,
+    /// What `--webhook-faults` put on the delivery (`duplicate`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
     pub duration_ms: u64,
+}
+
+/// The origin a requirement counts by default: the twin's own events.
+pub const COUNTED: &str = "twin";
+
+/// Where an attempt is counted: its origin, or `ORIGIN+FAULT` when a fault
+/// was put on it, so that only [`COUNTED`] holds the faithful deliveries
+/// of the twin's own events.
+pub fn bucket(origin: &str, fault: Option<&str>) -> String {
+    match fault {
+        Some(f) => format!("{origin}+{f}"),
+        None => origin.to_string(),
+    }
 }
 
 impl Callbacks {
@@ -58,11 +76,12 @@ impl Callbacks {
     pub fn add(&mut self, seq: u64, c: &CallbackLine) {
         self.attempts += 1;
         let path = super::strip_query(&c.path).to_string();
+        let bucket = bucket(&c.origin, c.fault.as_deref());
         match c.status {
             Some(s) => {
                 *self
                     .statuses
-                    .entry(c.origin.clone())
+                    .entry(bucket)
                     .or_default()
                     .entry(path.clone())
                     .or_default()
@@ -72,7 +91,7 @@ impl Callbacks {
             None => {
                 *self
                     .unanswered
-                    .entry(c.origin.clone())
+                    .entry(bucket)
                     .or_default()
                     .entry(path.clone())
                     .or_default() += 1;
@@ -90,14 +109,15 @@ impl Callbacks {
                 error: c.error.clone(),
                 attempt: c.attempt,
                 origin: c.origin.clone(),
+                fault: c.fault.clone(),
                 duration_ms: c.duration_ms,
             });
         }
     }
 
     /// The text receipt's section: the count, then each attempt
-    /// `METHOD "/path" event #attempt -> status` (or the error), at most
-    /// `shown`. Recorded strings are quoted or escaped: an event type is
+    /// `METHOD "/path" event #attempt -> status` (or the error), and for a
+    /// delivery that is not counted its origin and fault, at most `shown`. Recorded strings are quoted or escaped: an event type is
     /// the twin's word, a path the operator's, an error may quote the app.
     pub fn render(&self, out: &mut String, shown: usize) {
         let _ = writeln!(
@@ -112,10 +132,14 @@ impl Callbacks {
                 (None, Some(why)) => format!("no answer ({})", escaped(why)),
                 (None, None) => "no answer".into(),
             };
-            let origin = if e.origin == "twin" {
-                String::new()
-            } else {
-                format!(" [{}]", token(&e.origin))
+            // What the delivery is, when it is not the twin's own event
+            // sent faithfully: it does not count toward a requirement.
+            let origin = match (e.origin.as_str(), &e.fault) {
+                (COUNTED, None) => String::new(),
+                (origin, None) => format!(" [{}: not counted]", token(origin)),
+                (origin, Some(f)) => {
+                    format!(" [{} fault {}: not counted]", token(origin), quoted(f))
+                }
             };
             let _ = writeln!(
                 out,

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::callbacks::COUNTED;
 use super::*;
 use crate::quote::{quoted, token};
 
@@ -358,7 +359,7 @@ fn seen_for(r: &Receipt, req: &Requirement) -> BTreeMap<u16, u64> {
             }
         }
         Requirement::Callback { path, .. } => {
-            let by_path = r.callbacks.statuses.get("twin").into_iter().flatten();
+            let by_path = r.callbacks.statuses.get(COUNTED).into_iter().flatten();
             for (p, by_status) in by_path {
                 if same_path(p, path) {
                     add_statuses(&mut seen, by_status);
@@ -519,7 +520,7 @@ fn judge_requirement(r: &Receipt, req: &Requirement) -> (Vec<String>, Requiremen
             let unanswered: u64 = r
                 .callbacks
                 .unanswered
-                .get("twin")
+                .get(COUNTED)
                 .into_iter()
                 .flatten()
                 .filter(|(p, _)| same_path(p, path))
@@ -529,8 +530,25 @@ fn judge_requirement(r: &Receipt, req: &Requirement) -> (Vec<String>, Requiremen
                 0 => String::new(),
                 n => format!(", and {n} attempt(s) got no answer"),
             };
+            // Deliveries that would have matched but prove nothing about the
+            // app's integration: said, so a reader is not left guessing.
+            let uncounted: u64 = r
+                .callbacks
+                .statuses
+                .iter()
+                .filter(|(bucket, _)| bucket.as_str() != COUNTED)
+                .flat_map(|(_, by_path)| by_path)
+                .filter(|(p, _)| same_path(p, path))
+                .flat_map(|(_, by_status)| by_status)
+                .filter(|(s, _)| status.matches(**s))
+                .map(|(_, n)| n)
+                .sum();
+            let not_counted = match uncounted {
+                0 => String::new(),
+                n => format!(" ({n} more were triggered, replayed or fault-injected: not counted)"),
+            };
             lines.push(format!(
-                "required callback {}: at least {min} delivery(ies) of the twin's events {}; {}{no_answer}",
+                "required callback {}: at least {min} delivery(ies) of the twin's events {}; {}{no_answer}{not_counted}",
                 quoted(path),
                 status.counted(),
                 seen_text(&seen)
@@ -609,6 +627,7 @@ mod tests {
             duration_ms: 1,
             attempt: 1,
             origin: origin.into(),
+            fault: None,
         }
     }
 
@@ -642,8 +661,26 @@ mod tests {
         assert_eq!(v.exit_code, EXIT_UNMET);
         let line = v.lines.last().unwrap();
         assert!(
-            line.contains("saw 1, with status 500, and 1 attempt(s) got no answer"),
+            line.contains("saw 1, with status 500, and 1 attempt(s) got no answer (1 more were triggered, replayed or fault-injected: not counted)"),
             "{line}"
+        );
+        // A fault-injected delivery of the twin's own event proves nothing
+        // either.
+        let faulted = crate::entry::CallbackLine {
+            fault: Some("duplicate".into()),
+            ..delivery("/webhook", Some(200), "twin")
+        };
+        r.callbacks.add(6, &faulted);
+        assert_eq!(
+            r.callbacks.entries.last().unwrap().fault.as_deref(),
+            Some("duplicate")
+        );
+        let v = evaluate(&r, std::slice::from_ref(&req), true);
+        assert_eq!(v.exit_code, EXIT_UNMET);
+        assert!(
+            v.lines.last().unwrap().contains("(2 more were"),
+            "{:?}",
+            v.lines
         );
         r.callbacks.add(5, &delivery("/webhook", Some(204), "twin"));
         assert_eq!(evaluate(&r, &[req], true).exit_code, 0);

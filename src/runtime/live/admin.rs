@@ -85,6 +85,8 @@ pub struct AdminStart<'a> {
     /// Publishing to NATS (`--nats`): its `/status` part and metrics, and
     /// its refusals recorded on the seal timer.
     pub publishing: Option<Arc<crate::runtime::fleet::Publishing>>,
+    /// `--webhook`'s on-demand deliveries (`veris trigger`, `veris replay`).
+    pub webhooks: Option<veris_proxy::callback::Control>,
 }
 
 /// The running admin API and seal timer.
@@ -162,6 +164,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
         publishing: a
             .publishing
             .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
+        webhooks: a.webhooks,
         // The checks every live reader runs (`checks::live_checks`), as the
         // proxy's own process can run them: in the transparent tier only the
         // workload's traffic is redirected (the proxy's uid is exempt), so

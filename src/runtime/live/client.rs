@@ -1,5 +1,6 @@
-//! A reader's side of the live proxy's admin API: `/status` and `/seal`,
-//! asked with the one HTTP/1 client (`veris-admin-client`), which also
+//! A reader's side of the live proxy's admin API: `/status`, `/seal` and
+//! the webhook deliveries on demand (`/webhooks/*`), asked with the one
+//! HTTP/1 client (`veris-admin-client`), which also
 //! reads the twins' logs under the same [`LIMITS`].
 
 use std::path::Path;
@@ -124,4 +125,37 @@ impl LiveProxy {
         let body = self.call("POST", "/seal").await?;
         serde_json::from_slice(&body).context("reading the admin /seal answer")
     }
+
+    /// `POST /webhooks/{action}?{query}`: a delivery on demand. `Err`
+    /// carries the proxy's own message (which says what to do next).
+    pub async fn webhook(&self, action: &str, query: &str) -> Result<Queued> {
+        let url = format!("{}/webhooks/{action}?{query}", self.base);
+        let Response { status, body } =
+            veris_admin_client::call("POST", &url, Some(&self.token), LIMITS).await?;
+        if status != 202 {
+            #[derive(Deserialize)]
+            struct Refused {
+                message: String,
+            }
+            match serde_json::from_slice::<Refused>(&body) {
+                Ok(r) => bail!("{}", r.message),
+                Err(_) => bail!(
+                    "POST {url} answered {status}: {}. Next: is this a veris {} proxy? `veris --version` against the one serving",
+                    String::from_utf8_lossy(&body).chars().take(200).collect::<String>(),
+                    env!("CARGO_PKG_VERSION")
+                ),
+            }
+        }
+        serde_json::from_slice(&body).context("reading the admin /webhooks answer")
+    }
+}
+
+/// What the proxy queued for `veris trigger` or `veris replay`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Queued {
+    pub service: String,
+    pub event: String,
+    pub event_id: String,
+    pub origin: String,
+    pub urls: Vec<String>,
 }

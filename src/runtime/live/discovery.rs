@@ -60,3 +60,18 @@ pub async fn discover(state_dir: &Path) -> Discovery {
         }
     }
 }
+
+/// The live proxy of `state_dir` for a command that needs one (`veris
+/// trigger`, `veris replay`); the error says why there is none and what to
+/// start.
+pub async fn require_live(state_dir: &Path, command: &str) -> anyhow::Result<LiveProxy> {
+    match discover(state_dir).await {
+        Discovery::Live(live) => Ok(live),
+        Discovery::Unusable(why) => anyhow::bail!("veris {command}: {why}"),
+        Discovery::NotLive => anyhow::bail!(
+            "veris {command}: no live veris proxy for state dir {} (no {ADDR_FILE} there, or nothing answers at it). Next: start `veris serve --state-dir {} --webhook stripe=http://HOST:PORT/PATH` (a `veris run` has no admin API to ask), or pass the serving proxy's --state-dir",
+            state_dir.display(),
+            state_dir.display()
+        ),
+    }
+}

@@ -85,6 +85,15 @@ pub struct ProxyArgs {
     /// every attempt is a `callback` line in the ledger.
     #[arg(long = "webhook", value_name = "SERVICE=URL")]
     pub webhooks: Vec<String>,
+    /// With --webhook: deliver wrong on purpose, to check that the app copes:
+    /// 'duplicate' (each event twice), 'reorder' (held up to 3 s, sent newest
+    /// first), 'delay=DURATION' (each first attempt waits, at most 10m),
+    /// 'stale-signature' (`t=` 600 s old, past Stripe's 300 s tolerance),
+    /// 'bad-signature' (signed with a wrong key). Comma-separated or
+    /// repeated; each delivery's line records its fault, and a fault-injected
+    /// delivery never counts toward --require-callback.
+    #[arg(long = "webhook-faults", value_name = "LIST")]
+    pub webhook_faults: Vec<String>,
     /// With --capture-bodies: bytes kept of each body (the rest is cut, and
     /// the cut is recorded).
     #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024, requires = "capture_bodies")]

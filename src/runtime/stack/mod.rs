@@ -218,6 +218,7 @@ impl Stack {
             shutdown: shutdown_rx.clone(),
             metrics_open: args.metrics_open,
             publishing: publisher.clone(),
+            webhooks: webhook_engine.as_ref().map(|e| e.control()),
         });
         tier.serving(&ledger);
         let unrecorded = proxy.unrecorded().clone();

@@ -41,12 +41,12 @@ pub(super) async fn routing(
     let mut builtin_twin_credential = None;
     let mut builtin_url = None;
     let builtin = args.config.is_none() && args.twin.is_none();
-    let webhooks = super::webhooks::Webhooks::from_args(&args.webhooks, builtin)?;
+    let mut webhooks =
+        super::webhooks::Webhooks::from_args(&args.webhooks, &args.webhook_faults, builtin)?;
     if builtin {
         let sandbox = args.sandbox.as_deref().unwrap_or(DEFAULT_SANDBOX);
-        let events = webhooks.as_ref().map(|w| w.sink());
         let (url, task, credential) =
-            start_builtin_twin(Some(sandbox), events, shutdown_rx).await?;
+            start_builtin_twin(Some(sandbox), webhooks.as_mut(), shutdown_rx).await?;
         twin_task = Some(task);
         builtin_twin_credential = Some(credential);
         builtin_url = Some(url);
@@ -199,11 +199,12 @@ pub(crate) fn upstream_roots(
 /// caller hands the proxy as its `twin_auth`: the twin executes and logs only
 /// vendor requests that carry it, so a workload calling the twin's port
 /// directly can neither fake a call nor add a row to the log the receipt's
-/// cross-check reads. With `events`, the twin hands its webhook events
-/// there. Returns (base URL, task, credential).
+/// cross-check reads. With `webhooks`, the twin hands its webhook events to
+/// their engine, which also asks it for `veris trigger`'s fixture events.
+/// Returns (base URL, task, credential).
 pub(crate) async fn start_builtin_twin(
     sandbox: Option<&str>,
-    events: Option<veris_twin::webhook::EventSink>,
+    webhooks: Option<&mut super::webhooks::Webhooks>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(String, JoinHandle<()>, String)> {
     let credential =
@@ -215,8 +216,9 @@ pub(crate) async fn start_builtin_twin(
         credential: Some(credential.clone()),
     })?;
     twin.redact_paths_with(veris_receipt::redact::text);
-    if let Some(sink) = events {
-        twin.send_events_to(sink);
+    if let Some(webhooks) = webhooks {
+        twin.send_events_to(webhooks.sink());
+        webhooks.twin = Some(Arc::clone(&twin));
     }
     let listener = TcpListener::bind("127.0.0.1:0")
         .await

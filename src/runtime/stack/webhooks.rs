@@ -1,12 +1,13 @@
 //! `--webhook SERVICE=URL`: the checked targets, the per-start signing
-//! secrets and the variables that give them to the app, and the delivery
-//! engine started once the ledger is open (DESIGN §15).
+//! secrets and the variables that give them to the app, `--webhook-faults`,
+//! and the delivery engine started once the ledger is open (DESIGN §15).
 
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tokio::sync::mpsc;
-use veris_proxy::callback::{Engine, EngineOptions, Webhook, ATTEMPT_TIMEOUT};
+use veris_proxy::callback::faults::MAX_DELAY;
+use veris_proxy::callback::{Engine, EngineOptions, Faults, Webhook, ATTEMPT_TIMEOUT};
 use veris_twin::webhook::{Event, EventSink, Secret, EVENT_QUEUE};
 
 /// Services whose vendor signature scheme the twin implements.
@@ -18,8 +19,11 @@ const TIME_SCALE_VAR: &str = "VERIS_WEBHOOK_TIME_SCALE";
 const TIMEOUT_VAR: &str = "VERIS_WEBHOOK_TIMEOUT_MS";
 
 /// The webhooks of a start, before the ledger is open.
-pub(super) struct Webhooks {
+pub(crate) struct Webhooks {
     targets: Vec<Webhook>,
+    faults: Faults,
+    /// The built-in twin, which renders `veris trigger`'s fixture events.
+    pub(super) twin: Option<std::sync::Arc<veris_twin::Twin>>,
     secrets: Vec<(String, Vec<Secret>)>,
     sink: EventSink,
     events: mpsc::Receiver<Event>,
@@ -28,10 +32,18 @@ pub(super) struct Webhooks {
 }
 
 impl Webhooks {
-    /// Parses `--webhook` values (none: `None`); `builtin` says whether
-    /// the built-in twin runs (only it makes events).
-    pub(super) fn from_args(values: &[String], builtin: bool) -> Result<Option<Webhooks>> {
+    /// Parses `--webhook` values (none: `None`) and `--webhook-faults`;
+    /// `builtin` says whether the built-in twin runs (only it makes events).
+    pub(super) fn from_args(
+        values: &[String],
+        faults: &[String],
+        builtin: bool,
+    ) -> Result<Option<Webhooks>> {
+        let faults = parse_faults(faults)?;
         if values.is_empty() {
+            if !faults.is_empty() {
+                bail!("--webhook-faults needs --webhook: there are no deliveries to put faults on. Next: add --webhook stripe=http://HOST:PORT/PATH");
+            }
             return Ok(None);
         }
         if !builtin {
@@ -63,6 +75,8 @@ impl Webhooks {
         let (sink, events) = mpsc::channel(EVENT_QUEUE);
         Ok(Some(Webhooks {
             targets,
+            faults,
+            twin: None,
             secrets,
             sink,
             events,
@@ -91,7 +105,8 @@ impl Webhooks {
     /// One line per target for a person: where events go and the variable
     /// that holds their secret.
     pub(super) fn described(&self) -> Vec<String> {
-        self.targets
+        let mut lines: Vec<String> = self
+            .targets
             .iter()
             .map(|w| {
                 format!(
@@ -101,7 +116,14 @@ impl Webhooks {
                     env_name(&w.service)
                 )
             })
-            .collect()
+            .collect();
+        // Said up front: every delivery of this start is wrong on purpose.
+        if let Some(faults) = self.faults.label(self.faults.duplicate) {
+            lines.push(format!(
+                "webhook faults: {faults} (these deliveries never count toward --require-callback)"
+            ));
+        }
+        lines
     }
 
     /// Starts delivering into `ledger`.
@@ -114,9 +136,38 @@ impl Webhooks {
                 ledger,
                 backoff_scale: self.backoff_scale,
                 attempt_timeout: self.attempt_timeout,
+                faults: self.faults,
+                twin: self.twin,
             },
         )
     }
+}
+
+/// `--webhook-faults duplicate,reorder,delay=DURATION,stale-signature,bad-signature`
+/// (repeatable, or comma-separated).
+fn parse_faults(values: &[String]) -> Result<Faults> {
+    const SYNTAX: &str = "Next: give a comma-separated list of duplicate, reorder, delay=DURATION (e.g. delay=30s, at most 10m), stale-signature, bad-signature";
+    let mut faults = Faults::default();
+    for item in values.iter().flat_map(|v| v.split(',')) {
+        let item = item.trim();
+        match item.split_once('=') {
+            None if item == "duplicate" => faults.duplicate = true,
+            None if item == "reorder" => faults.reorder = true,
+            None if item == "stale-signature" => faults.stale_signature = true,
+            None if item == "bad-signature" => faults.bad_signature = true,
+            Some(("delay", d)) => {
+                let delay = crate::util::parse_duration(d).map_err(|why| {
+                    anyhow::anyhow!("--webhook-faults delay={d}: {why}. {SYNTAX}")
+                })?;
+                if delay > MAX_DELAY {
+                    bail!("--webhook-faults delay={d}: longer than {} s, the longest delay taken. {SYNTAX}", MAX_DELAY.as_secs());
+                }
+                faults.delay = Some(delay);
+            }
+            _ => bail!("--webhook-faults: {item:?} is not a fault. {SYNTAX}"),
+        }
+    }
+    Ok(faults)
 }
 
 /// The test knobs: the backoff's scale and one attempt's bound.
@@ -144,4 +195,27 @@ fn env_name(service: &str) -> String {
         "{}_WEBHOOK_SECRET",
         service.to_ascii_uppercase().replace('-', "_")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_parse_and_bad_ones_say_the_syntax() {
+        let f = parse_faults(&["duplicate,delay=2s".into(), "bad-signature".into()]).unwrap();
+        assert!(f.duplicate && f.bad_signature && !f.reorder);
+        assert_eq!(f.delay, Some(Duration::from_secs(2)));
+        for bad in [
+            "nonsense",
+            "delay=abc",
+            "delay=99h",
+            "delay=11m",
+            "duplicate=1",
+            "",
+        ] {
+            let e = parse_faults(&[bad.into()]).unwrap_err().to_string();
+            assert!(e.contains("Next:"), "{bad}: {e}");
+        }
+    }
 }

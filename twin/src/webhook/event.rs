@@ -65,6 +65,43 @@ pub fn stripe_types(object: &Value) -> Vec<&'static str> {
     }
 }
 
+/// Every event type [`stripe_types`] can give, for `veris trigger`.
+pub const STRIPE_TYPES: &[&str] = &[
+    "customer.created",
+    "charge.succeeded",
+    "charge.failed",
+    "charge.pending",
+    "payment_intent.created",
+    "payment_intent.succeeded",
+];
+
+/// How `veris trigger` makes the object of an event `kind` (like `stripe
+/// trigger`): the twin's own create fixture (`POST path`) rendered with
+/// `form`, then `status` set when the event needs another than the
+/// fixture's. `None` for a type [`stripe_types`] never gives.
+pub fn stripe_fixture(kind: &str) -> Option<FixtureRequest> {
+    const NOTE: (&str, &str) = ("description", "(created by veris trigger)");
+    const PAYMENT: [(&str, &str); 3] = [("amount", "2000"), ("currency", "usd"), NOTE];
+    let (path, form, status): (_, &[(&str, &str)], _) = match kind {
+        "customer.created" => ("/v1/customers", &[NOTE], None),
+        "charge.succeeded" => ("/v1/charges", &PAYMENT, Some("succeeded")),
+        "charge.failed" => ("/v1/charges", &PAYMENT, Some("failed")),
+        "charge.pending" => ("/v1/charges", &PAYMENT, Some("pending")),
+        "payment_intent.created" => ("/v1/payment_intents", &PAYMENT, None),
+        "payment_intent.succeeded" => ("/v1/payment_intents", &PAYMENT, Some("succeeded")),
+        _ => return None,
+    };
+    Some(FixtureRequest { path, form, status })
+}
+
+/// The request whose create fixture makes a triggered event's object.
+#[derive(Debug, Clone, Copy)]
+pub struct FixtureRequest {
+    pub path: &'static str,
+    pub form: &'static [(&'static str, &'static str)],
+    pub status: Option<&'static str>,
+}
+
 /// The Stripe event `kind` for `object`, as Stripe shapes it.
 pub fn stripe_event(
     id: &str,
@@ -110,6 +147,15 @@ mod tests {
         );
         assert!(stripe_types(&json!({"object": "refund"})).is_empty());
         assert!(stripe_types(&json!({})).is_empty());
+    }
+
+    /// Every type the twin gives can be triggered, and nothing else.
+    #[test]
+    fn every_event_type_has_a_fixture() {
+        for kind in STRIPE_TYPES {
+            assert!(stripe_fixture(kind).is_some(), "{kind}");
+        }
+        assert!(stripe_fixture("charge.refunded").is_none());
     }
 
     #[test]
