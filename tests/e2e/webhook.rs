@@ -506,9 +506,15 @@ fn bad_webhook_flags_say_the_syntax() {
             vec!["--webhook", "acme=http://127.0.0.1:1/x"],
             "stripe only",
         ),
+        // An isolated run (the default tier, or asked for) delivers into
+        // the command's namespace, where only loopback exists.
         (
-            vec!["--isolate", "--webhook", "stripe=http://127.0.0.1:1/x"],
-            "cannot deliver into an isolated run",
+            vec!["--isolate", "--webhook", "stripe=http://192.0.2.1:1/x"],
+            "where only loopback exists",
+        ),
+        (
+            vec!["--webhook", "stripe=http://app.invalid:1/x"],
+            "or run with --tier confined",
         ),
         (vec!["--require-callback", "webhook"], "expected PATH[:N]"),
     ] {

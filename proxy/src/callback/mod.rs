@@ -16,6 +16,7 @@
 //! become one.
 
 pub mod deliver;
+pub mod dial;
 pub mod target;
 
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use veris_receipt::ledger::Ledger;
 use veris_receipt::{CallbackLine, Entry};
 use veris_twin::webhook::{Event, Secret};
 
+pub use dial::{Dialer, SocketSource};
 pub use target::Webhook;
 
 /// Waits before the retries of a delivery whose app did not answer 2xx,
@@ -64,6 +66,9 @@ pub struct EngineOptions {
     /// Waits between attempts ([`BACKOFF`] times this).
     pub backoff_scale: f64,
     pub attempt_timeout: Duration,
+    /// How attempts reach the app (the host's network, or an isolated
+    /// run's namespace).
+    pub dialer: Dialer,
 }
 
 /// A running delivery engine.
@@ -170,6 +175,7 @@ impl Delivery {
                 let mut stopped = self.stopped.clone();
                 tokio::select! {
                     o = deliver::attempt(
+                        &self.options.dialer,
                         &self.webhook,
                         &self.event,
                         secrets,

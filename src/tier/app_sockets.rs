@@ -1,0 +1,180 @@
+//! Sockets into an isolated run's network namespace, for webhook
+//! deliveries to the app that listens there (DESIGN §15).
+//!
+//! A socket belongs to the network namespace it was created in. The proxy
+//! runs in the host's, the app in the run's; so the init step (`veris
+//! __isolate`, inside the namespace, outside the command's PID namespace)
+//! serves a socket pair of its own, apart from the control socket: per
+//! request one fresh TCP socket, unconnected, nonblocking, close-on-exec,
+//! passed back with `SCM_RIGHTS` ([`serve`], a thread of the init step).
+//! The proxy connects it to the webhook's loopback address
+//! ([`Factory`], a [`veris_proxy::callback::SocketSource`]), which reaches
+//! the app's `127.0.0.1:4242` inside, never a listener of the host.
+//!
+//! Nothing here is the workload's: only the proxy holds the other end of
+//! the pair (the init step's end is close-on-exec, so neither pid 1 nor the
+//! command inherits it), and a socket made here is one the command could
+//! make itself, inside the same rules. Requests are made one at a time and
+//! each answer is bounded in time ([`ANSWER_TIMEOUT`]); a factory that
+//! stops answering, or whose namespace is gone (the command ended and the
+//! init step with it), fails every later request at once, and the engine
+//! records the delivery as failed.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+/// The factory's end of the pair in the init step.
+pub const FACTORY_FD: i32 = 4;
+
+/// How long the init step may take to answer one request.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The proxy's request: one socket of this family.
+#[derive(Debug, Serialize, Deserialize)]
+struct Make {
+    ipv6: bool,
+}
+
+/// The init step's answer; `Made` travels with the socket.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Answer {
+    Made,
+    Failed { why: String },
+}
+
+/// The proxy's side: asks the init step for sockets.
+pub struct Factory {
+    /// `None` once the init step is gone or stopped answering: a late
+    /// answer would be taken for the next request's.
+    conn: tokio::sync::Mutex<Option<UnixStream>>,
+}
+
+impl Factory {
+    /// The proxy's end of the pair.
+    pub fn new(conn: UnixStream) -> std::io::Result<Factory> {
+        conn.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+        conn.set_write_timeout(Some(ANSWER_TIMEOUT))?;
+        Ok(Factory {
+            conn: tokio::sync::Mutex::new(Some(conn)),
+        })
+    }
+}
+
+impl veris_proxy::callback::SocketSource for Factory {
+    fn socket(&self, ipv6: bool) -> BoxFuture<'_, std::io::Result<OwnedFd>> {
+        Box::pin(async move {
+            // One request at a time: answers come in order, and at most one
+            // blocking thread waits on the init step.
+            let mut slot = self.conn.lock().await;
+            let conn = slot.take().ok_or_else(gone)?;
+            let (conn, answer) = tokio::task::spawn_blocking(move || {
+                let answer = ask(&conn, ipv6);
+                (conn, answer)
+            })
+            .await
+            .map_err(std::io::Error::other)?;
+            // A refusal came in order: the pair still serves.
+            let made = answer?;
+            *slot = Some(conn);
+            made.map_err(|why| {
+                std::io::Error::other(format!("the run's namespace made no socket: {why}"))
+            })
+        })
+    }
+}
+
+fn gone() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the run's namespace is gone (the command ended)",
+    )
+}
+
+/// One request and its answer, blocking (bounded by the socket's
+/// timeouts): the socket, or why the init step made none; `Err` when the
+/// pair is no use any more.
+fn ask(conn: &UnixStream, ipv6: bool) -> std::io::Result<Result<OwnedFd, String>> {
+    let mut line = serde_json::to_vec(&Make { ipv6 }).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    std::io::Write::write_all(&mut &*conn, &line).map_err(|e| lost(&e))?;
+    let (line, fds) = super::isolated::recv_line_with_fds(conn).map_err(|e| lost(&e))?;
+    let mut fds = fds.into_iter();
+    match serde_json::from_slice::<Answer>(&line) {
+        Ok(Answer::Made) => match (fds.next(), fds.next()) {
+            (Some(fd), None) => Ok(Ok(fd)),
+            _ => Err(lost(&std::io::Error::other(
+                "not one socket with its answer",
+            ))),
+        },
+        Ok(Answer::Failed { why }) => Ok(Err(why)),
+        Err(e) => Err(lost(&std::io::Error::other(e))),
+    }
+}
+
+/// The pair is no use any more: why, for the delivery's record.
+fn lost(e: &std::io::Error) -> std::io::Error {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::BrokenPipe
+        | std::io::ErrorKind::ConnectionReset => gone(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the run's namespace made no socket within {ANSWER_TIMEOUT:?}"),
+        ),
+        _ => std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            format!("the run's namespace's socket factory failed: {e}"),
+        ),
+    }
+}
+
+/// The init step's side, on a thread of its own: answers each request with
+/// a fresh socket made in this (the run's) network namespace, until the
+/// proxy's end closes.
+pub fn serve(conn: UnixStream) {
+    let Ok(read) = conn.try_clone() else { return };
+    let mut reader = BufReader::new(read);
+    let mut conn = conn;
+    loop {
+        let mut line = String::new();
+        match reader.by_ref().take(1 << 10).read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let sent = match serde_json::from_str::<Make>(&line) {
+            Ok(Make { ipv6 }) => match socket(ipv6) {
+                Ok(fd) => super::isolated::send(&mut conn, &Answer::Made, &[fd.as_fd()]),
+                Err(e) => {
+                    super::isolated::send(&mut conn, &Answer::Failed { why: e.to_string() }, &[])
+                }
+            },
+            // Only the proxy writes here; anything else ends the service.
+            Err(_) => return,
+        };
+        if sent.is_err() {
+            return;
+        }
+    }
+}
+
+/// A TCP socket of this namespace: unconnected, nonblocking, close-on-exec.
+fn socket(ipv6: bool) -> rustix::io::Result<OwnedFd> {
+    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
+    let family = if ipv6 {
+        AddressFamily::INET6
+    } else {
+        AddressFamily::INET
+    };
+    socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+}
