@@ -107,7 +107,7 @@ fn ask(conn: &UnixStream, ipv6: bool) -> std::io::Result<Result<OwnedFd, String>
     let mut fds = fds.into_iter();
     match serde_json::from_slice::<Answer>(&line) {
         Ok(Answer::Made) => match (fds.next(), fds.next()) {
-            (Some(fd), None) => Ok(Ok(fd)),
+            (Some(fd), None) => Ok(checked(fd, ipv6)),
             _ => Err(lost(&std::io::Error::other(
                 "not one socket with its answer",
             ))),
@@ -115,6 +115,28 @@ fn ask(conn: &UnixStream, ipv6: bool) -> std::io::Result<Result<OwnedFd, String>
         Ok(Answer::Failed { why }) => Ok(Err(why)),
         Err(e) => Err(lost(&std::io::Error::other(e))),
     }
+}
+
+/// `fd` if it is what was asked for: a TCP socket of the family, not
+/// connected, made nonblocking here. Only the init step holds the pair's
+/// other end; checked all the same, since the proxy connects whatever it
+/// gets here.
+fn checked(fd: OwnedFd, ipv6: bool) -> Result<OwnedFd, String> {
+    use rustix::net::{sockopt, AddressFamily, SocketType};
+    let family = if ipv6 {
+        AddressFamily::INET6
+    } else {
+        AddressFamily::INET
+    };
+    let what = (sockopt::socket_type(&fd), sockopt::socket_domain(&fd));
+    if what != (Ok(SocketType::STREAM), Ok(family)) {
+        return Err("the answer was not a TCP socket of the family asked for".into());
+    }
+    if rustix::net::getpeername(&fd).is_ok() {
+        return Err("the answer was a socket connected already".into());
+    }
+    rustix::io::ioctl_fionbio(&fd, true).map_err(|e| e.to_string())?;
+    Ok(fd)
 }
 
 /// The pair is no use any more: why, for the delivery's record.

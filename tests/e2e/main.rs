@@ -54,3 +54,4 @@ mod tui;
 mod twin_credential;
 mod veris_headers;
 mod webhook;
+mod webhook_isolated;

@@ -22,7 +22,7 @@ use support::{output, skip, text, veris, TempDir};
 /// `wrong-secret` (verifies with another secret: 400), `flaky` (500 twice,
 /// then as `ok`), `hang` (never answers), `endless` (200 and a body
 /// without end).
-const APP: &str = r#"
+pub(super) const APP: &str = r#"
 import http.server, json, os, subprocess, sys, threading, time
 import stripe
 secret = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
@@ -81,7 +81,7 @@ done.wait(float(os.environ.get("APP_WAIT", "20")))
 "#;
 
 /// python3 with the `stripe` SDK, and curl; or why not.
-fn tools() -> Result<(), String> {
+pub(super) fn tools() -> Result<(), String> {
     support::curl()?;
     if support::tool_works("python3", &["-c", "import stripe"]) {
         Ok(())
@@ -91,25 +91,47 @@ fn tools() -> Result<(), String> {
 }
 
 /// A loopback port nothing listens on now.
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
 }
 
-/// `veris run` confined (deliveries do not reach an isolated run yet) with
-/// `extra` flags and the app serving `servers`, each `PORT:MODE`.
+/// `veris run` in the explicit tier with `extra` flags and the app serving
+/// `servers`, each `PORT:MODE`.
 fn run_app(
     dir: &TempDir,
     extra: &[&str],
     servers: &[String],
     env: &[(&str, &str)],
 ) -> std::process::Output {
+    output(&mut app_command(
+        dir,
+        &["--tier", "explicit"],
+        extra,
+        servers,
+        env,
+    ))
+}
+
+/// `veris run TIER EXTRA -- python3 APP SERVERS` (see [`APP`]) in `dir`,
+/// which an isolated run carries into its private /tmp; its state dir is
+/// `dir/state`.
+pub(super) fn app_command(
+    dir: &TempDir,
+    tier: &[&str],
+    extra: &[&str],
+    servers: &[String],
+    env: &[(&str, &str)],
+) -> std::process::Command {
     let app = dir.join("app.py");
     std::fs::write(&app, APP).expect("writing the app");
-    let mut cmd = veris(["run", "--tier", "explicit", "--state-dir"]);
-    cmd.arg(dir.join("state"))
+    let mut cmd = veris(["run"]);
+    cmd.args(tier)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .current_dir(dir.path())
         .env("VERIS_WEBHOOK_TIME_SCALE", "0.001")
         .envs(env.iter().copied())
         .args(extra)
@@ -117,11 +139,11 @@ fn run_app(
         .arg("python3")
         .arg(&app)
         .args(servers);
-    output(&mut cmd)
+    cmd
 }
 
 /// The run's ledger lines.
-fn ledger(dir: &TempDir) -> Vec<Value> {
+pub(super) fn ledger(dir: &TempDir) -> Vec<Value> {
     let runs = dir.join("state").join("runs");
     let path: PathBuf = std::fs::read_dir(&runs)
         .expect("the runs dir")
@@ -140,7 +162,7 @@ fn read_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn callbacks(lines: &[Value]) -> Vec<&Value> {
+pub(super) fn callbacks(lines: &[Value]) -> Vec<&Value> {
     lines.iter().filter(|l| l["kind"] == "callback").collect()
 }
 
