@@ -7,7 +7,9 @@
 //!   control socket on fd 3 ([`start`]), receives the listener sockets the
 //!   init step created inside the new network namespace, serves them (the
 //!   transparent tier's listeners, the QUIC sink and the DNS stub), and dials
-//!   the twin and passthrough hosts from the host namespace as ever.
+//!   the twin and passthrough hosts from the host namespace as ever; its
+//!   webhook deliveries connect sockets the init step makes inside on
+//!   request, over a second socket pair on fd 4 ([`super::app_sockets`]).
 //! - **the init step** (`veris __isolate`, [`init_main`]) creates the user,
 //!   network and mount namespaces (unprivileged: the user namespace maps
 //!   only the caller's uid, as uid 0), brings loopback up with a route for
@@ -15,7 +17,8 @@
 //!   transparent ruleset with DNS sent to the stub (`deploy/veris.nft`), and
 //!   hands the sockets over. Once the proxy is ready it bind-mounts the veris
 //!   bundle (system roots + veris CA) over the system trust stores, creates a
-//!   PID namespace and starts the next step; it then reports the UDP drop
+//!   PID namespace (starting the socket factory's thread just before) and
+//!   starts the next step; it then reports the UDP drop
 //!   counter and the child's exit, and probes the canary through the
 //!   redirect at the end. It is outside the child's PID namespace, so the
 //!   child cannot signal it, and holds capabilities the child lacks, so the
