@@ -50,9 +50,10 @@ enum Answer {
 
 /// The proxy's side: asks the init step for sockets.
 pub struct Factory {
-    /// `None` once the init step is gone or stopped answering: a late
-    /// answer would be taken for the next request's.
-    conn: tokio::sync::Mutex<Option<UnixStream>>,
+    /// Why the pair is no use any more, once the init step is gone or
+    /// stopped answering (a late answer would be taken for the next
+    /// request's): every later request fails at once with that reason.
+    conn: tokio::sync::Mutex<Result<UnixStream, String>>,
 }
 
 impl Factory {
@@ -61,7 +62,7 @@ impl Factory {
         conn.set_read_timeout(Some(ANSWER_TIMEOUT))?;
         conn.set_write_timeout(Some(ANSWER_TIMEOUT))?;
         Ok(Factory {
-            conn: tokio::sync::Mutex::new(Some(conn)),
+            conn: tokio::sync::Mutex::new(Ok(conn)),
         })
     }
 }
@@ -72,22 +73,38 @@ impl veris_proxy::callback::SocketSource for Factory {
             // One request at a time: answers come in order, and at most one
             // blocking thread waits on the init step.
             let mut slot = self.conn.lock().await;
-            let conn = slot.take().ok_or_else(gone)?;
+            let conn = match std::mem::replace(&mut *slot, Err(CUT.into())) {
+                Ok(conn) => conn,
+                Err(why) => {
+                    *slot = Err(why.clone());
+                    return Err(std::io::Error::new(std::io::ErrorKind::NotConnected, why));
+                }
+            };
             let (conn, answer) = tokio::task::spawn_blocking(move || {
                 let answer = ask(&conn, ipv6);
                 (conn, answer)
             })
             .await
-            .map_err(std::io::Error::other)?;
-            // A refusal came in order: the pair still serves.
-            let made = answer?;
-            *slot = Some(conn);
-            made.map_err(|why| {
-                std::io::Error::other(format!("the run's namespace made no socket: {why}"))
-            })
+            .map_err(|e| std::io::Error::other(format!("{CUT}: {e}")))?;
+            match answer {
+                // A refusal came in order: the pair still serves.
+                Ok(made) => {
+                    *slot = Ok(conn);
+                    made.map_err(|why| {
+                        std::io::Error::other(format!("the run's namespace made no socket: {why}"))
+                    })
+                }
+                Err(e) => {
+                    *slot = Err(e.to_string());
+                    Err(e)
+                }
+            }
         })
     }
 }
+
+/// Why the pair is unusable after a request that did not finish.
+const CUT: &str = "a request for a socket in the run's namespace failed";
 
 fn gone() -> std::io::Error {
     std::io::Error::new(
@@ -199,4 +216,82 @@ fn socket(ipv6: bool) -> rustix::io::Result<OwnedFd> {
         SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
         None,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::net::{sockopt, SocketType};
+    use veris_proxy::callback::SocketSource;
+
+    #[tokio::test]
+    async fn each_request_gets_a_fresh_unconnected_tcp_socket() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || serve(theirs));
+        let factory = Factory::new(ours).unwrap();
+        let a = factory.socket(false).await.expect("a socket");
+        let b = factory.socket(false).await.expect("another");
+        for fd in [&a, &b] {
+            assert_eq!(sockopt::socket_type(fd).unwrap(), SocketType::STREAM);
+            assert!(rustix::net::getpeername(fd).is_err());
+        }
+        assert_ne!(
+            rustix::fs::fstat(&a).unwrap().st_ino,
+            rustix::fs::fstat(&b).unwrap().st_ino
+        );
+        // A kernel without IPv6 refuses the socket: said, and the pair still serves.
+        if let Err(e) = factory.socket(true).await {
+            assert!(e.to_string().contains("made no socket"), "{e}");
+        }
+        assert!(factory.socket(false).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_gone_init_step_fails_every_request_at_once() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        drop(theirs);
+        let factory = Factory::new(ours).unwrap();
+        for _ in 0..2 {
+            let e = factory.socket(false).await.unwrap_err();
+            assert!(e.to_string().contains("namespace is gone"), "{e}");
+        }
+    }
+
+    /// An init step that never answers costs one request its bound, and
+    /// every later one fails at once, saying why.
+    #[tokio::test]
+    async fn a_silent_init_step_fails_in_bounded_time_then_at_once() {
+        let (ours, _silent) = UnixStream::pair().unwrap();
+        let factory = Factory::new(ours).unwrap();
+        for _ in 0..2 {
+            let e = factory.socket(false).await.unwrap_err();
+            assert!(e.to_string().contains("made no socket within"), "{e}");
+        }
+    }
+
+    /// Whatever the other end hands over is checked: a connected socket
+    /// (somewhere the proxy was not asked to go) is refused, and the pair
+    /// serves the next request.
+    #[tokio::test]
+    async fn a_connected_socket_is_refused() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let elsewhere = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let fake = std::thread::spawn(move || {
+            let mut conn = theirs;
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            super::super::isolated::send(&mut conn, &Answer::Made, &[elsewhere.as_fd()]).unwrap();
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            let fresh = socket(false).unwrap();
+            super::super::isolated::send(&mut conn, &Answer::Made, &[fresh.as_fd()]).unwrap();
+        });
+        let factory = Factory::new(ours).unwrap();
+        let e = factory.socket(false).await.unwrap_err();
+        assert!(e.to_string().contains("connected already"), "{e}");
+        assert!(factory.socket(false).await.is_ok());
+        fake.join().unwrap();
+    }
 }
