@@ -254,8 +254,12 @@ pub struct CallbackVeris {
     pub event_id: String,
     pub attempt: u32,
     /// `twin`: an event for an object the twin created for a request it
-    /// served (only these count toward a callback requirement).
+    /// served; `trigger` or `replay`: asked for by hand. Only `twin`
+    /// deliveries with no `fault` count toward a callback requirement.
     pub origin: String,
+    /// The fault `--webhook-faults` put on this delivery, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
     /// Why there is no answer, or why the answer was cut.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -571,6 +575,7 @@ fn callback_entry(line: &Line, c: &CallbackLine) -> HarEntry {
                 event_id: c.event_id.clone(),
                 attempt: c.attempt,
                 origin: c.origin.clone(),
+                fault: c.fault.clone(),
                 error: c.error.clone(),
             }),
             websocket: false,
@@ -917,6 +922,7 @@ mod tests {
                 duration_ms: 7,
                 attempt,
                 origin: "twin".into(),
+                fault: None,
             }),
         )
     }

@@ -450,19 +450,8 @@ async fn confine(args: &RunArgs) -> Result<Box<dyn Tier>> {
     use crate::tier::{confined::Confined, explicit::Explicit, isolated};
     let strict = args.isolate || args.tier == TierArg::Isolated;
     let mut why_not_isolated = None;
-    // The app of an isolated run listens inside its namespace, which
-    // deliveries do not reach yet: such a run would record every delivery
-    // as refused while the app never saw one.
-    let webhooks = !args.proxy.webhooks.is_empty();
-    if webhooks && strict {
-        bail!("--webhook cannot deliver into an isolated run yet (the app listens inside the run's namespace). Next: drop --isolate / --tier isolated: with --webhook the run is confined by Landlock, and the app's loopback port is the host's");
-    }
-    if webhooks && args.tier == TierArg::Auto {
-        why_not_isolated = Some(
-            "--webhook delivers to the host's loopback; deliveries into an isolated run are not built yet"
-                .to_string(),
-        );
-    } else if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
+    if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {
+        webhooks_reach_the_namespace(&args.proxy.webhooks)?;
         match isolated::start(&args.command).await {
             Ok((isolation, sockets)) => {
                 return Ok(Box::new(isolated::Isolated::new(
@@ -499,6 +488,21 @@ async fn confine(args: &RunArgs) -> Result<Box<dyn Tier>> {
             Ok(Box::new(Explicit))
         }
     }
+}
+
+/// An isolated run's app listens inside the run's network namespace,
+/// where only loopback exists, and deliveries go there: a `--webhook` URL
+/// of another host would be redirected to the proxy itself. Refused
+/// whenever the run may be isolated, so the same command line means the
+/// same thing on every machine (isolation available or not).
+fn webhooks_reach_the_namespace(values: &[String]) -> Result<()> {
+    for value in values {
+        let webhook = crate::runtime::stack::parse_webhook(value)?;
+        if !webhook.loopback() {
+            bail!("--webhook {value:?}: an isolated run delivers into the command's own network namespace, where only loopback exists. Next: let the app listen on 127.0.0.1 and name that (e.g. stripe=http://127.0.0.1:4242/webhook), or run with --tier confined to deliver to {} on the host's network", webhook.url());
+        }
+    }
+    Ok(())
 }
 
 /// The CA bundles the command's Python and Java ship ([`crate::tier::bundles`]),

@@ -7,7 +7,9 @@
 //!   control socket on fd 3 ([`start`]), receives the listener sockets the
 //!   init step created inside the new network namespace, serves them (the
 //!   transparent tier's listeners, the QUIC sink and the DNS stub), and dials
-//!   the twin and passthrough hosts from the host namespace as ever.
+//!   the twin and passthrough hosts from the host namespace as ever; its
+//!   webhook deliveries connect sockets the init step makes inside on
+//!   request, over a second socket pair on fd 4 ([`super::app_sockets`]).
 //! - **the init step** (`veris __isolate`, [`init_main`]) creates the user,
 //!   network and mount namespaces (unprivileged: the user namespace maps
 //!   only the caller's uid, as uid 0), brings loopback up with a route for
@@ -15,7 +17,8 @@
 //!   transparent ruleset with DNS sent to the stub (`deploy/veris.nft`), and
 //!   hands the sockets over. Once the proxy is ready it bind-mounts the veris
 //!   bundle (system roots + veris CA) over the system trust stores, creates a
-//!   PID namespace and starts the next step; it then reports the UDP drop
+//!   PID namespace (starting the socket factory's thread just before) and
+//!   starts the next step; it then reports the UDP drop
 //!   counter and the child's exit, and probes the canary through the
 //!   redirect at the end. It is outside the child's PID namespace, so the
 //!   child cannot signal it, and holds capabilities the child lacks, so the
@@ -41,6 +44,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -52,6 +56,7 @@ use veris_proxy::canary::{CanaryAnswer, ProbeError};
 use veris_receipt::Entry;
 
 use crate::os::ns::{MountFlags, UnshareFlags};
+use crate::tier::app_sockets::{Factory, FACTORY_FD};
 use crate::tier::transparent::{ruleset, RulesetParams};
 use crate::tier::{Bound, Ran, Tier, Workload};
 use futures_util::future::BoxFuture;
@@ -203,13 +208,19 @@ pub struct Isolation {
     writer: tokio::net::unix::OwnedWriteHalf,
     /// Process group of the init step, pid 1 and the command.
     pub pgid: Option<u32>,
+    /// Sockets made inside the namespace, for webhook deliveries to the app.
+    pub app_sockets: Arc<Factory>,
 }
 
 /// Starts the init step for `command` and waits (bounded) for the sockets.
 /// `Err` says why isolation is unavailable here, in a sentence.
 pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Sockets), String> {
-    let (ours, theirs) =
-        UnixStream::pair().map_err(|e| format!("cannot create a socket pair ({e})"))?;
+    let pair = || UnixStream::pair().map_err(|e| format!("cannot create a socket pair ({e})"));
+    let (ours, theirs) = pair()?;
+    let (factory, factory_theirs) = pair()?;
+    let app_sockets = Factory::new(factory)
+        .map(Arc::new)
+        .map_err(|e| format!("cannot set up the socket factory's pair ({e})"))?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the veris binary ({e})"))?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("__isolate")
@@ -219,11 +230,15 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .process_group(0);
+    // Both pairs' fds here are above 4 (stdio and the runtime's own come
+    // first), so neither dup2 overwrites the other's source.
     crate::os::fd::pass_fd(&mut cmd, theirs.as_raw_fd(), CONTROL_FD);
+    crate::os::fd::pass_fd(&mut cmd, factory_theirs.as_raw_fd(), FACTORY_FD);
     let mut init = cmd
         .spawn()
         .map_err(|e| format!("cannot start the isolation step ({e})"))?;
     drop(theirs);
+    drop(factory_theirs);
     let pgid = init.id();
     let received = tokio::task::spawn_blocking(move || {
         ours.set_read_timeout(Some(SETUP_TIMEOUT))?;
@@ -283,6 +298,7 @@ pub async fn start(command: &[String]) -> std::result::Result<(Isolation, Socket
             reader: tokio::io::BufReader::new(read),
             writer,
             pgid,
+            app_sockets,
         },
         sockets,
     ))
@@ -382,8 +398,8 @@ impl Isolation {
     }
 }
 
-/// One line and the file descriptors sent with it.
-fn recv_line_with_fds(sock: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+/// One line and the file descriptors sent with it (close-on-exec).
+pub(super) fn recv_line_with_fds(sock: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut line = Vec::new();
     let mut fds = Vec::new();
@@ -427,10 +443,14 @@ pub fn init_main(command: Vec<String>) -> u8 {
         return 1;
     };
     let mut control = UnixStream::from(fd);
-    // The commands started from here must not inherit the control socket.
-    if let Err(e) = rustix::io::fcntl_setfd(&control, rustix::io::FdFlags::CLOEXEC) {
-        eprintln!("veris: cannot set up the control socket: {e}");
-        return 1;
+    // The commands started from here (`ip`, `nft`, pid 1 and the command)
+    // must inherit neither the control socket nor the socket factory's.
+    let factory = crate::os::fd::inherited_fd(FACTORY_FD).map(UnixStream::from);
+    for fd in std::iter::once(control.as_fd()).chain(factory.as_ref().map(AsFd::as_fd)) {
+        if let Err(e) = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC) {
+            eprintln!("veris: cannot set up the control sockets: {e}");
+            return 1;
+        }
     }
     crate::os::procs::survive_job_signals();
     let (sockets, counters) = match setup() {
@@ -470,7 +490,7 @@ pub fn init_main(command: Vec<String>) -> u8 {
     drop(fds);
     // The proxy owns them now; ours would keep the ports open after it stops.
     drop(sockets);
-    match run_command(&mut control, counters, &command) {
+    match run_command(&mut control, counters, factory, &command) {
         Ok(code) => code,
         Err(e) => {
             let _ = send(
@@ -678,7 +698,12 @@ impl Drop for Counters {
 /// After the sockets are handed over: wait for `go`, mount the trust
 /// stores, start pid 1, report until the command exits, then answer the
 /// canary and wait for `done`.
-fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[String]) -> Result<u8> {
+fn run_command(
+    control: &mut UnixStream,
+    mut counters: Counters,
+    factory: Option<UnixStream>,
+    command: &[String],
+) -> Result<u8> {
     let mut reader = BufReader::new(control.try_clone()?);
     let (env, sources, extra_stores, bundles, share_tmp, keep) = match read_message(&mut reader)? {
         Some(ToInit::Go {
@@ -705,6 +730,15 @@ fn run_command(control: &mut UnixStream, mut counters: Counters, command: &[Stri
     }
     let trust_stores = mount_trust(&sources, &extra_stores, &bundles)?;
     hide_daemon_sockets();
+    // A thread only now, and not later: the user namespace wanted a
+    // single-threaded process, and once the PID namespace is unshared no
+    // thread can be created (EINVAL).
+    if let Some(factory) = factory {
+        std::thread::Builder::new()
+            .name("app-sockets".into())
+            .spawn(move || super::app_sockets::serve(factory))
+            .context("starting the socket factory for webhook deliveries")?;
+    }
     crate::os::ns::unshare(UnshareFlags::NEWPID).context("creating the PID namespace")?;
     // This very binary, wherever its path now leads (a private /tmp may
     // hide the copy it was started from).
@@ -998,9 +1032,10 @@ fn read_message(reader: &mut BufReader<UnixStream>) -> Result<Option<ToInit>> {
     Ok(Some(serde_json::from_str(&line)?))
 }
 
-fn send(
+/// Sends `message` as one JSON line, with `fds` (close-on-exec on arrival).
+pub(super) fn send<T: Serialize>(
     control: &mut UnixStream,
-    message: &FromInit,
+    message: &T,
     fds: &[BorrowedFd<'_>],
 ) -> std::io::Result<()> {
     use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
@@ -1157,10 +1192,12 @@ impl Tier for Isolated {
                 .take()
                 .context("the isolated run's sockets were bound already")?;
             let coverage = sockets.coverage();
+            let dialer = Arc::clone(&self.isolation.app_sockets);
             Ok(Bound {
                 listeners: Some(listeners(sockets)?),
                 coverage: Some(coverage),
                 redirected: None,
+                app_dialer: Some(veris_proxy::callback::Dialer::Namespace(dialer)),
             })
         })
     }

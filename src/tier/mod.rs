@@ -9,6 +9,7 @@
 //! tier by name; a command picks its tier and hands it over (`veris run`:
 //! [`crate::cmd::run`]'s `confine`, `veris serve`: [`for_serve`]).
 
+pub mod app_sockets;
 pub mod bundles;
 pub mod confined;
 pub mod explicit;
@@ -76,6 +77,9 @@ pub struct Bound {
     /// Listeners the host's rules redirect to (`serve --transparent`), as
     /// the env and ready files announce them.
     pub redirected: Option<(SocketAddr, SocketAddr)>,
+    /// How webhook deliveries reach the workload's app, when not through
+    /// the host's network (an isolated run's: into its namespace).
+    pub app_dialer: Option<veris_proxy::callback::Dialer>,
 }
 
 /// What a workload is started with ([`Tier::run`]).

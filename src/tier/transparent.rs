@@ -395,6 +395,7 @@ impl Tier for Transparent {
                 listeners: Some(listeners),
                 coverage: coverage(&self.args, self.redirect.as_ref()),
                 redirected: Some((https, http)),
+                app_dialer: None,
             })
         })
     }

@@ -464,7 +464,7 @@ fn host_ipv4() -> Option<Ipv4Addr> {
 }
 
 /// Whether a nonblocking accept finds a connection the listener received.
-fn received_a_connection(listener: &TcpListener) -> Option<std::net::SocketAddr> {
+pub(super) fn received_a_connection(listener: &TcpListener) -> Option<std::net::SocketAddr> {
     listener.set_nonblocking(true).expect("nonblocking");
     match listener.accept() {
         Ok((_, peer)) => Some(peer),

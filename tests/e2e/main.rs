@@ -56,3 +56,4 @@ mod twin_credential;
 mod veris_headers;
 mod webhook;
 mod webhook_faults;
+mod webhook_isolated;

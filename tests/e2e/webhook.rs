@@ -107,18 +107,40 @@ pub(crate) fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// `veris run` confined (deliveries do not reach an isolated run yet) with
-/// `extra` flags and the app serving `servers`, each `PORT:MODE`.
+/// `veris run` in the explicit tier with `extra` flags and the app serving
+/// `servers`, each `PORT:MODE`.
 pub(crate) fn run_app(
     dir: &TempDir,
     extra: &[&str],
     servers: &[String],
     env: &[(&str, &str)],
 ) -> std::process::Output {
+    output(&mut app_command(
+        dir,
+        &["--tier", "explicit"],
+        extra,
+        servers,
+        env,
+    ))
+}
+
+/// `veris run TIER EXTRA -- python3 APP SERVERS` (see [`APP`]) in `dir`,
+/// which an isolated run carries into its private /tmp; its state dir is
+/// `dir/state`.
+pub(super) fn app_command(
+    dir: &TempDir,
+    tier: &[&str],
+    extra: &[&str],
+    servers: &[String],
+    env: &[(&str, &str)],
+) -> std::process::Command {
     let app = dir.join("app.py");
     std::fs::write(&app, APP).expect("writing the app");
-    let mut cmd = veris(["run", "--tier", "explicit", "--state-dir"]);
-    cmd.arg(dir.join("state"))
+    let mut cmd = veris(["run"]);
+    cmd.args(tier)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .current_dir(dir.path())
         .env("VERIS_WEBHOOK_TIME_SCALE", "0.001")
         .envs(env.iter().copied())
         .args(extra)
@@ -126,7 +148,7 @@ pub(crate) fn run_app(
         .arg("python3")
         .arg(&app)
         .args(servers);
-    output(&mut cmd)
+    cmd
 }
 
 /// The run's ledger lines.
@@ -583,9 +605,15 @@ fn bad_webhook_flags_say_the_syntax() {
             vec!["--webhook", "acme=http://127.0.0.1:1/x"],
             "stripe only",
         ),
+        // An isolated run (the default tier, or asked for) delivers into
+        // the command's namespace, where only loopback exists.
         (
-            vec!["--isolate", "--webhook", "stripe=http://127.0.0.1:1/x"],
-            "cannot deliver into an isolated run",
+            vec!["--isolate", "--webhook", "stripe=http://192.0.2.1:1/x"],
+            "where only loopback exists",
+        ),
+        (
+            vec!["--webhook", "stripe=http://app.invalid:1/x"],
+            "or run with --tier confined",
         ),
         (vec!["--require-callback", "webhook"], "expected PATH[:N]"),
     ] {
@@ -607,15 +635,14 @@ fn the_mcp_tools_deliver_and_judge_callbacks() {
         return skip(&why);
     }
     let dir = TempDir::new("webhook-mcp");
-    let app = dir.join("app.py");
-    std::fs::write(&app, APP).expect("writing the app");
     let port = free_port();
     let mut mcp = crate::mcp::Mcp::start_with(&dir.join("state"), &dir, &[]);
     mcp.initialize();
     let run = mcp.call(
         "veris_run",
         serde_json::json!({
-            "command": ["python3", app.to_str().unwrap(), format!("{port}:ok")],
+            // The app as `-c`: an isolated run's /tmp is its own.
+            "command": ["python3", "-c", APP, format!("{port}:ok")],
             "webhook": [format!("stripe=http://127.0.0.1:{port}/webhook")],
             "require_callback": ["/webhook"],
             "timeout_secs": 120,

@@ -9,10 +9,9 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HOST, USER_AGENT};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use veris_twin::webhook::{sign, Event, Secret, SIGNATURE_HEADER};
 
-use super::Webhook;
+use super::{Dialer, Webhook};
 
 /// Answer body bytes read at most; an app that sends more is cut off.
 pub const MAX_ANSWER: usize = 64 * 1024;
@@ -28,9 +27,10 @@ pub struct Outcome {
     pub duration: Duration,
 }
 
-/// Delivers `event` to `webhook` once, signed with `secrets` as of
-/// `backdate` ago (zero but for a `stale-signature` fault).
+/// Delivers `event` to `webhook` once through `dialer`, signed with
+/// `secrets` as of `backdate` ago (zero but for a `stale-signature` fault).
 pub async fn attempt(
+    dialer: &Dialer,
     webhook: &Webhook,
     event: &Event,
     secrets: &[Secret],
@@ -39,7 +39,8 @@ pub async fn attempt(
 ) -> Outcome {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
-    let (status, error) = match exchange(webhook, event, secrets, backdate, deadline).await {
+    let (status, error) = match exchange(dialer, webhook, event, secrets, backdate, deadline).await
+    {
         Ok((status, None)) => (Some(status), None),
         Ok((status, Some(cut))) => (Some(status), Some(cut)),
         Err(e) => (None, Some(e)),
@@ -54,6 +55,7 @@ pub async fn attempt(
 /// The attempt's status and what cut its answer body short, if anything;
 /// or why no answer head arrived.
 async fn exchange(
+    dialer: &Dialer,
     webhook: &Webhook,
     event: &Event,
     secrets: &[Secret],
@@ -61,7 +63,7 @@ async fn exchange(
     deadline: tokio::time::Instant,
 ) -> Result<(u16, Option<String>), String> {
     let within = |what: &'static str| move |_| format!("timeout ({what})");
-    let stream = tokio::time::timeout_at(deadline, TcpStream::connect(&webhook.authority))
+    let stream = tokio::time::timeout_at(deadline, dialer.connect(&webhook.authority))
         .await
         .map_err(within("connecting"))?
         .map_err(|e| format!("connect: {e}"))?;

@@ -22,6 +22,7 @@
 
 pub mod control;
 pub mod deliver;
+pub mod dial;
 pub mod faults;
 pub mod target;
 
@@ -38,6 +39,7 @@ use veris_twin::Twin;
 
 pub use control::{Control, Origin, Queued, Refusal};
 use control::{Job, Recent};
+pub use dial::{Dialer, SocketSource};
 pub use faults::Faults;
 pub use target::Webhook;
 
@@ -82,6 +84,9 @@ pub struct EngineOptions {
     pub faults: Faults,
     /// Renders `veris trigger`'s fixture events (the built-in twin).
     pub twin: Option<Arc<Twin>>,
+    /// How attempts reach the app (the host's network, or an isolated
+    /// run's namespace).
+    pub dialer: Dialer,
 }
 
 /// A running delivery engine.
@@ -382,6 +387,7 @@ impl Delivery {
                 let mut stopped = self.stopped.clone();
                 tokio::select! {
                     o = deliver::attempt(
+                        &self.options.dialer,
                         &self.webhook,
                         &self.event,
                         secrets,

@@ -53,6 +53,20 @@ impl Webhook {
         })
     }
 
+    /// Whether the URL names this machine's loopback: `localhost` or a
+    /// loopback address (what an isolated run's namespace has).
+    pub fn loopback(&self) -> bool {
+        let host = self
+            .authority
+            .rsplit_once(':')
+            .map_or(self.authority.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+
     /// The URL as given back to a person (`http://host:port/path`).
     pub fn url(&self) -> String {
         match &self.query {
@@ -84,6 +98,23 @@ mod tests {
         assert_eq!(w.url(), "http://localhost:80/hooks?x=1");
         let w = Webhook::parse("stripe=http://[::1]:9/").expect("parses");
         assert_eq!(w.authority, "[::1]:9");
+        let loopback = |url: &str| Webhook::parse(&format!("stripe={url}")).unwrap().loopback();
+        for url in [
+            "http://127.0.0.1:1/",
+            "http://127.9.9.9/",
+            "http://[::1]:9/",
+            "http://LocalHost/",
+        ] {
+            assert!(loopback(url), "{url}");
+        }
+        for url in [
+            "http://192.0.2.1:1/",
+            "http://[::]:9/",
+            "http://localhost.example/",
+            "http://app/",
+        ] {
+            assert!(!loopback(url), "{url}");
+        }
         for bad in [
             "stripe",
             "=http://127.0.0.1/",

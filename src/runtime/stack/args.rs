@@ -82,7 +82,8 @@ pub struct ProxyArgs {
     /// URL, signed the vendor's way (repeatable): 'SERVICE=http://HOST:PORT/PATH'.
     /// The signing secret is made per start and given to the command as
     /// STRIPE_WEBHOOK_SECRET (`serve` prints it and writes it to its env file);
-    /// every attempt is a `callback` line in the ledger.
+    /// every attempt is a `callback` line in the ledger. An isolated
+    /// `run` delivers into the command's namespace: loopback URLs only.
     #[arg(long = "webhook", value_name = "SERVICE=URL")]
     pub webhooks: Vec<String>,
     /// With --webhook: deliver wrong on purpose, to check that the app copes:

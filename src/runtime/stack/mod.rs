@@ -44,6 +44,7 @@ use ledger::{open_ledger, session_entry, SessionFacts};
 pub use routing::routed_services;
 use routing::{routing, warn_unreachable_twins, Routing};
 pub(crate) use routing::{start_builtin_twin, upstream_roots};
+pub use webhooks::parse as parse_webhook;
 
 /// Which command the stack serves; it decides where the ledger and the seal
 /// key live and who may talk to the proxy (DESIGN §7a.2).
@@ -195,7 +196,8 @@ impl Stack {
             coverage,
         });
         let session_seq = append_session(args, &ledger, session)?;
-        let webhook_engine = webhooks.map(|w| w.start(Arc::clone(&ledger)));
+        let app_dialer = bound.app_dialer.take().unwrap_or_default();
+        let webhook_engine = webhooks.map(|w| w.start(Arc::clone(&ledger), app_dialer));
         let publisher = fleet
             .as_ref()
             .map(|f| crate::runtime::fleet::Publishing::start(f, &ledger, &identity.sandbox_id))
@@ -579,6 +581,8 @@ struct Bound {
     transparent_addrs: Option<(SocketAddr, SocketAddr)>,
     quic_addr: Option<SocketAddr>,
     isolated: bool,
+    /// How webhook deliveries reach the app (the host's network if `None`).
+    app_dialer: Option<veris_proxy::callback::Dialer>,
 }
 
 /// Binds the proxy's listener, then the tier's ([`Tier::bind`]).
@@ -594,6 +598,7 @@ async fn bind_listeners(settings: &Settings, tier: &mut dyn Tier) -> Result<Boun
         listeners,
         coverage,
         redirected,
+        app_dialer,
     } = tier.bind().await?;
     let isolated = listeners.as_ref().is_some_and(|l| l.dns.is_some());
     let quic_addr = listeners
@@ -610,6 +615,7 @@ async fn bind_listeners(settings: &Settings, tier: &mut dyn Tier) -> Result<Boun
         transparent_addrs: redirected,
         quic_addr,
         isolated,
+        app_dialer,
     })
 }
 

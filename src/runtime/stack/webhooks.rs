@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use tokio::sync::mpsc;
 use veris_proxy::callback::faults::MAX_DELAY;
-use veris_proxy::callback::{Engine, EngineOptions, Faults, Webhook, ATTEMPT_TIMEOUT};
+use veris_proxy::callback::{Dialer, Engine, EngineOptions, Faults, Webhook, ATTEMPT_TIMEOUT};
 use veris_twin::webhook::{Event, EventSink, Secret, EVENT_QUEUE};
 
 /// Services whose vendor signature scheme the twin implements.
@@ -49,19 +49,10 @@ impl Webhooks {
         if !builtin {
             bail!("--webhook needs the built-in twin, which makes the events; a twin named by --twin or --config delivers its own. Next: drop --twin/--config, or drop --webhook");
         }
-        let mut targets = Vec::new();
-        for v in values {
-            let w = Webhook::parse(v).map_err(|why| {
-                anyhow::anyhow!("--webhook {v:?}: {why}. Next: give it as SERVICE=http://HOST:PORT/PATH, e.g. --webhook stripe=http://127.0.0.1:4242/webhook")
-            })?;
-            if !SIGNED.contains(&w.service.as_str()) {
-                bail!(
-                    "--webhook {v:?}: the built-in twin makes webhook events for {} only. Next: name one of those services",
-                    SIGNED.join(", ")
-                );
-            }
-            targets.push(w);
-        }
+        let targets = values
+            .iter()
+            .map(|v| parse(v))
+            .collect::<Result<Vec<_>>>()?;
         let mut secrets: Vec<(String, Vec<Secret>)> = Vec::new();
         for w in &targets {
             if !secrets.iter().any(|(s, _)| *s == w.service) {
@@ -126,8 +117,12 @@ impl Webhooks {
         lines
     }
 
-    /// Starts delivering into `ledger`.
-    pub(super) fn start(self, ledger: std::sync::Arc<veris_receipt::ledger::Ledger>) -> Engine {
+    /// Starts delivering through `dialer`, recording into `ledger`.
+    pub(super) fn start(
+        self,
+        ledger: std::sync::Arc<veris_receipt::ledger::Ledger>,
+        dialer: Dialer,
+    ) -> Engine {
         Engine::start(
             self.events,
             EngineOptions {
@@ -138,6 +133,7 @@ impl Webhooks {
                 attempt_timeout: self.attempt_timeout,
                 faults: self.faults,
                 twin: self.twin,
+                dialer,
             },
         )
     }
@@ -168,6 +164,20 @@ fn parse_faults(values: &[String]) -> Result<Faults> {
         }
     }
     Ok(faults)
+}
+
+/// One `--webhook` value, checked; the error names the syntax.
+pub fn parse(value: &str) -> Result<Webhook> {
+    let w = Webhook::parse(value).map_err(|why| {
+        anyhow::anyhow!("--webhook {value:?}: {why}. Next: give it as SERVICE=http://HOST:PORT/PATH, e.g. --webhook stripe=http://127.0.0.1:4242/webhook")
+    })?;
+    if !SIGNED.contains(&w.service.as_str()) {
+        bail!(
+            "--webhook {value:?}: the built-in twin makes webhook events for {} only. Next: name one of those services",
+            SIGNED.join(", ")
+        );
+    }
+    Ok(w)
 }
 
 /// The test knobs: the backoff's scale and one attempt's bound.
