@@ -43,7 +43,8 @@ use crate::procstat;
 
 const USAGE: &str = "\
 veris-bench gateway [--quick] [--rounds R] [--requests N] [--seconds S] [--sandboxes N]
-                    [--conns N] [--idle N] [--adds N] [--nats] [--rate R] [--markdown]
+                    [--conns N] [--sandbox-rps N] [--idle N] [--adds N] [--nats] [--rate R]
+                    [--markdown]
 
   --quick         small counts, one round (a smoke run)
   --rounds R      rounds of serve and gateway runs, interleaved [3]
@@ -51,6 +52,8 @@ veris-bench gateway [--quick] [--rounds R] [--requests N] [--seconds S] [--sandb
   --seconds S     time limit of one run, whatever is answered by then counts [5]
   --sandboxes N   sandboxes under load [100]
   --conns N       keep-alive connections per sandbox (serve gets N × sandboxes) [4]
+  --sandbox-rps N the loaded gateways' `--sandbox-rps` [the gateway's default, 1000;
+                  0: no limit, for few sandboxes carrying the whole load]
   --idle N        idle sandboxes registered for the memory figure [1000; 0: skip]
   --adds N        add → first request measurements [50; 0: skip]
   --nats          a third path: a gateway publishing to NATS JetStream
@@ -74,6 +77,8 @@ struct Options {
     idle: usize,
     adds: usize,
     nats: bool,
+    /// `--sandbox-rps` for the gateways under load (None: their default).
+    sandbox_rps: Option<u64>,
     /// Open-loop requests a second (`--rate`; None: the default).
     rate: Option<f64>,
     markdown: bool,
@@ -101,6 +106,7 @@ fn parse(args: &[String]) -> Result<Options> {
         idle: 1000,
         adds: 50,
         nats: false,
+        sandbox_rps: None,
         rate: None,
         markdown: false,
     };
@@ -129,6 +135,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--idle" => o.idle = value("--idle")?.min(5000) as usize,
             "--adds" => o.adds = value("--adds")?.min(1000) as usize,
             "--nats" => o.nats = true,
+            "--sandbox-rps" => o.sandbox_rps = Some(value("--sandbox-rps")?),
             "--rate" => o.rate = Some(value("--rate")?.min(1_000_000) as f64),
             "--markdown" => o.markdown = true,
             "-h" | "--help" => {
@@ -398,10 +405,16 @@ async fn run(o: Options) -> Result<()> {
     let state = work.0.join("state");
     let twin = peers::start_twin(&bin, &state, &work.0)?;
     let serve = peers::start_veris(&bin, &state, &work.0, &twin)?;
-    let gateway = Gateway::start(&bin, &work.0, "gateway", &state, &twin, o.conns, &[])?;
+    let rps = o.sandbox_rps.map(|n| n.to_string());
+    let limits: Vec<&str> = match &rps {
+        Some(n) => vec!["--sandbox-rps", n],
+        None => Vec::new(),
+    };
+    let gateway = Gateway::start(&bin, &work.0, "gateway", &state, &twin, o.conns, &limits)?;
     let nats = match o.nats {
         true => {
             let (server, url) = peers::start_nats(&work.0)?;
+            let extra = [limits.as_slice(), &["--nats", &url]].concat();
             let published = Gateway::start(
                 &bin,
                 &work.0,
@@ -409,7 +422,7 @@ async fn run(o: Options) -> Result<()> {
                 &state,
                 &twin,
                 o.conns,
-                &["--nats", &url],
+                &extra,
             )?;
             Some((server, published))
         }

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{euid, output_within, skip, tool_works, Guard, TempDir};
+use support::{euid, output_within, python_module, skip, tool_works, Guard, TempDir};
 
 /// The deadline of one `veris run` (they take well under a second here).
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -424,16 +424,6 @@ fn this_user(label: &str) -> Runner {
         Who::Rootless
     };
     Runner::new(who, label).expect("a runner as this user")
-}
-
-fn python_module(module: &str) -> Result<(), String> {
-    if tool_works("python3", &["-c", &format!("import {module}")]) {
-        Ok(())
-    } else {
-        Err(format!(
-            "python3 with `{module}` not available (pip install {module})"
-        ))
-    }
 }
 
 /// A first non-loopback IPv4 address of this host (`ip`, else `hostname -I`), if any.

@@ -205,7 +205,22 @@ fn mcp_tools_report_what_the_receipt_reports() {
     for t in &tools {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert!(!t["description"].as_str().unwrap_or("").is_empty(), "{t}");
+        assert_eq!(t["outputSchema"]["type"], "object", "{t}");
+        assert_eq!(
+            t["outputSchema"]["required"],
+            json!(["verdict", "exit_code"]),
+            "{t}"
+        );
+        assert!(t["annotations"].is_object(), "{t}");
     }
+    let hint = |name: &str, h: &str| {
+        tools.iter().find(|t| t["name"] == name).unwrap()["annotations"][h].clone()
+    };
+    assert_eq!(hint("veris_baseline", "readOnlyHint"), true);
+    assert_eq!(hint("veris_runs", "readOnlyHint"), true);
+    assert_eq!(hint("veris_receipt", "idempotentHint"), true);
+    assert_eq!(hint("veris_run", "readOnlyHint"), false);
+    assert_eq!(hint("veris_run", "destructiveHint"), true);
     let receipt_tool = tools.iter().find(|t| t["name"] == "veris_receipt").unwrap();
     let props = receipt_tool["inputSchema"]["properties"]
         .as_object()
@@ -435,12 +450,31 @@ fn mcp_without_a_live_proxy_says_what_to_do_and_survives_garbage() {
     std::fs::create_dir_all(&state).unwrap();
     let mut mcp = Mcp::start(&state, &dir);
 
-    // A line that is not JSON, before and after initialize: dropped with a
-    // warning on stderr, and the session goes on.
+    // Before initialize: a line that is not JSON gets a parse error whose id
+    // is null (JSON-RPC: it could not be read), a request gets "not
+    // initialized", a ping its answer; the session goes on.
     mcp.send_raw("this is not JSON");
+    let v = mcp.recv();
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    assert!(v.get("id").is_some_and(Value::is_null), "{v}");
+    mcp.send(json!({"jsonrpc": "2.0", "id": "early", "method": "tools/list"}));
+    let v = mcp.recv();
+    assert_eq!(v["id"], "early", "{v}");
+    assert_eq!(v["error"]["code"], -32002, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("initialize")),
+        "{v}"
+    );
+    mcp.alive();
     let init = mcp.initialize();
     assert_eq!(init["result"]["serverInfo"]["name"], "veris", "{init}");
+    // After it, the same for a cut line.
     mcp.send_raw("{\"jsonrpc\": \"2.0\", \"id\": 99, \"method\": ");
+    let v = mcp.recv();
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    assert!(v.get("id").is_some_and(Value::is_null), "{v}");
     mcp.alive();
     assert!(
         mcp.stderr().contains("not JSON"),
@@ -459,6 +493,24 @@ fn mcp_without_a_live_proxy_says_what_to_do_and_survives_garbage() {
     let t = text_of(&check);
     assert!(t.contains("no live veris proxy"), "{t}");
     assert!(t.contains("Next:"), "{t}");
+
+    // A wrong argument name or type: an error result with the structured
+    // shape of every other failure, not text alone.
+    for (tool, args) in [
+        ("veris_receipt", json!({"require": 5})),
+        ("veris_receipt", json!({"ledger": "/tmp/forged.jsonl"})),
+        ("veris_check", json!({"verbose": true})),
+    ] {
+        let r = mcp.call(tool, args.clone());
+        assert!(is_error(&r), "{tool} {args}: {r}");
+        let s = &r["structuredContent"];
+        assert_eq!(s["verdict"], "error", "{r}");
+        assert_eq!(s["exit_code"], 1, "{r}");
+        assert!(
+            s["error"].as_str().is_some_and(|e| e.contains("Next:")),
+            "{r}"
+        );
+    }
 
     for tool in ["veris_receipt", "veris_baseline"] {
         let r = mcp.call(tool, json!({}));
@@ -686,4 +738,109 @@ fn mcp_run_stops_a_command_at_its_time_limit() {
     assert!(text_of(&r).contains("command not found"), "{r}");
     mcp.call("veris_check", json!({}));
     mcp.finish();
+}
+
+/// The official MCP Python SDK as the client: it lists the tools with their
+/// output schemas and annotations, and checks every result that is not an
+/// error against its tool's schema (it raises on a mismatch); the test asks
+/// it to check the error results too, since every result has one shape.
+#[test]
+fn the_mcp_python_sdk_checks_every_result_against_its_output_schema() {
+    for need in [support::curl(), support::python_module("mcp")] {
+        if let Err(why) = need {
+            return support::skip(&why);
+        }
+    }
+    let serve = Serve::start("mcp-sdk", &[]);
+    let out = output(serve.curl().args([
+        "-f",
+        "https://api.stripe.com/v1/charges",
+        "-d",
+        "amount=2000",
+        "-d",
+        "currency=usd",
+    ]));
+    assert!(out.status.success(), "curl: {:?}", text(&out));
+    let script = r#"
+import asyncio, json, sys
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+def field(o, snake, camel):
+    # The SDK's 2.x names are snake_case, 1.x's camelCase.
+    return getattr(o, snake, getattr(o, camel, None))
+
+async def main():
+    params = StdioServerParameters(command=sys.argv[1], args=["mcp", "--state-dir", sys.argv[2]])
+    async with stdio_client(params) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+            out = {"tools": {n: {"output_schema": field(t, "output_schema", "outputSchema") is not None,
+                                 "read_only": field(t.annotations, "read_only_hint", "readOnlyHint")}
+                             for n, t in tools.items()}}
+            calls = [("veris_check", {}), ("veris_baseline", {}), ("veris_runs", {}),
+                     ("veris_receipt", {"require": ["stripe:1"]}),
+                     ("veris_receipt", {"require": ["stripe:5"]}),
+                     ("veris_receipt", {"require": 5})]
+            out["calls"] = []
+            for name, args in calls:
+                res = await s.call_tool(name, args)
+                # The SDK checked a result that is not an error; check errors too.
+                await s.validate_tool_result(name, res)
+                out["calls"].append({"tool": name, "error": bool(field(res, "is_error", "isError")),
+                                     "verdict": field(res, "structured_content", "structuredContent")["verdict"]})
+            print(json.dumps(out))
+
+asyncio.run(main())
+"#;
+    let mut cmd = support::command("python3");
+    cmd.arg("-c")
+        .arg(script)
+        .arg(support::bin())
+        .arg(&serve.state);
+    for var in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "HTTPS_PROXY",
+        "HTTP_PROXY",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = output(&mut cmd);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "the SDK client failed:\n{stdout}\n{stderr}"
+    );
+    let v: Value = serde_json::from_str(stdout.trim()).expect("the script's JSON");
+    for (name, t) in v["tools"].as_object().expect("tools") {
+        assert_eq!(t["output_schema"], true, "{name}: {v}");
+    }
+    assert_eq!(v["tools"]["veris_baseline"]["read_only"], true, "{v}");
+    let calls: Vec<(String, bool, String)> = v["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["tool"].as_str().unwrap().to_string(),
+                c["error"].as_bool().unwrap(),
+                c["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expect = [
+        ("veris_check", false, "pass"),
+        ("veris_baseline", false, "pass"),
+        ("veris_runs", false, "pass"),
+        ("veris_receipt", false, "pass"),
+        ("veris_receipt", true, "fail"),
+        ("veris_receipt", true, "error"),
+    ];
+    let expect: Vec<(String, bool, String)> = expect
+        .iter()
+        .map(|(t, e, v)| (t.to_string(), *e, v.to_string()))
+        .collect();
+    assert_eq!(calls, expect, "{v}");
 }

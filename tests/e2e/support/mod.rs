@@ -167,6 +167,17 @@ pub fn python_requests() -> Result<(), String> {
     }
 }
 
+/// `python3` with `module` importable, or a skip reason.
+pub fn python_module(module: &str) -> Result<(), String> {
+    if tool_works("python3", &["-c", &format!("import {module}")]) {
+        Ok(())
+    } else {
+        Err(format!(
+            "python3 with `{module}` not available (pip install {module})"
+        ))
+    }
+}
+
 /// `curl` present, or a skip reason.
 pub fn curl() -> Result<(), String> {
     if tool_works("curl", &["--version"]) {

@@ -25,10 +25,18 @@
 //! rewrite nor from output the command shares. One run at a time, bounded
 //! by its time limit; whatever it leaves running is ended.
 //!
-//! stdout carries protocol messages only; logs go to stderr. A line on stdin
-//! that is not JSON is dropped with a warning on stderr and the session
-//! goes on (JSON-RPC has no id to answer it with; rmcp and the other official
-//! SDKs ignore such lines too, and the warning makes it visible).
+//! stdout carries protocol messages only; logs go to stderr. What the
+//! client sends that rmcp would not answer as JSON-RPC says (a line that is
+//! not JSON, a request before `initialize`) is answered by the stdio front
+//! ([`stdio`]); no line ends the session.
+//!
+//! Every tool declares the shape of its structured result (`outputSchema`,
+//! [`schema`]) and what it does to its environment
+//! (`annotations`). Every failure has one shape, `{verdict: "error",
+//! exit_code, error}`, a wrong argument name or type included.
+
+mod schema;
+mod stdio;
 
 use std::path::{Path, PathBuf};
 
@@ -39,7 +47,7 @@ use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabiliti
 use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler, ServiceExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use veris_receipt::receipt::IntegrityStatus;
 
 use crate::cmd::check::EXIT_CHECK_FAILED;
@@ -105,87 +113,12 @@ pub async fn mcp(args: McpArgs) -> Result<u8> {
     }
     tracing::info!(state_dir = %server.state_dir.display(), "veris mcp: serving on stdio");
     let running = server
-        .serve((json_lines(tokio::io::stdin()), tokio::io::stdout()))
+        .serve(stdio::front(tokio::io::stdin(), tokio::io::stdout()))
         .await
         .context("starting the MCP session on stdio (the client must send `initialize` first)")?;
     let reason = running.waiting().await.context("the MCP session")?;
     tracing::info!(?reason, "veris mcp: session ended");
     Ok(0)
-}
-
-/// Bound on one message line, as rmcp's own.
-const MAX_LINE: usize = rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH;
-
-/// `input` with every line that is not JSON (or is longer than [`MAX_LINE`])
-/// left out, each with a warning on stderr; the rest is passed on unchanged.
-fn json_lines(input: impl AsyncRead + Send + Unpin + 'static) -> impl AsyncRead {
-    let (reader, mut writer) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(async move {
-        let mut input = tokio::io::BufReader::new(input);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            let limit = (MAX_LINE + 1) as u64;
-            let n = match (&mut input).take(limit).read_until(b'\n', &mut line).await {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::error!(error = %e, "veris mcp: reading stdin");
-                    break;
-                }
-            };
-            if n > MAX_LINE && !line.ends_with(b"\n") {
-                tracing::warn!(
-                    max = MAX_LINE,
-                    "veris mcp: ignored a line on stdin longer than the limit"
-                );
-                if skip_line(&mut input).await.is_err() {
-                    break;
-                }
-                continue;
-            }
-            let body = line.trim_ascii();
-            if body.is_empty() {
-                continue;
-            }
-            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-                tracing::warn!(
-                    bytes = body.len(),
-                    error = %e,
-                    "veris mcp: ignored a line on stdin that is not JSON; the session goes on"
-                );
-                continue;
-            }
-            if !line.ends_with(b"\n") {
-                line.push(b'\n');
-            }
-            if writer.write_all(&line).await.is_err() {
-                break;
-            }
-        }
-        // Dropping the writer is the end of input for the session.
-    });
-    reader
-}
-
-/// Reads up to and including the next newline, keeping nothing.
-async fn skip_line(input: &mut (impl tokio::io::AsyncBufRead + Unpin)) -> std::io::Result<()> {
-    loop {
-        let buf = input.fill_buf().await?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                input.consume(i + 1);
-                return Ok(());
-            }
-            None => {
-                let n = buf.len();
-                input.consume(n);
-            }
-        }
-    }
 }
 
 /// The MCP server: which state dir it reports on, and its tools.
@@ -287,6 +220,8 @@ pub struct NoParams {}
 impl Veris {
     #[tool(
         name = "veris_baseline",
+        output_schema = schema::baseline(),
+        annotations(read_only_hint = true, idempotent_hint = true, open_world_hint = false),
         description = "Mark now, before the work whose calls you want to prove. Returns a baseline token; pass it as `since` to veris_receipt to cover exactly what happened after it. Writes nothing to the ledger."
     )]
     async fn veris_baseline(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
@@ -297,6 +232,8 @@ impl Veris {
                     "baseline: {token}\nPass it as `since` to veris_receipt to see only what happens from now on."
                 );
                 let structured = json!({
+                    "verdict": "pass",
+                    "exit_code": 0,
                     "baseline": token,
                     "ledger_id": b.ledger,
                     "seq": b.seq,
@@ -310,6 +247,13 @@ impl Veris {
 
     #[tool(
         name = "veris_receipt",
+        output_schema = schema::receipt(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        ),
         description = "What really reached the vendor twin (each request the proxy forwarded), with integrity and leaks, judged against requirements as `veris receipt` judges them. A failed requirement, an empty window or failed integrity is an error result (isError) with exit_code 3; use require_verified to also fail on anything short of `integrity: verified`."
     )]
     async fn veris_receipt(&self, Parameters(p): Parameters<ReceiptParams>) -> CallToolResult {
@@ -404,6 +348,8 @@ impl Veris {
 
     #[tool(
         name = "veris_runs",
+        output_schema = schema::runs(),
+        annotations(read_only_hint = true, idempotent_hint = true, open_world_hint = false),
         description = "The `veris run` runs of this state dir, newest first: id, start, command and the verdict of each run's own ledger. Read this way a finished run is `unverified` (its seal key lived only in the run's memory); pass a run's id as `run` to veris_receipt to read it, or use veris_run to get a `verified` receipt."
     )]
     async fn veris_runs(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
@@ -428,11 +374,17 @@ impl Veris {
         } else {
             text.push_str("Each verdict is read without a pin: a finished run is `unverified`, because its seal key lived only in the run's memory. The command is what the run wrote at its start (not sealed).");
         }
-        result(text, json!({ "runs": runs }), false)
+        result(
+            text,
+            json!({ "verdict": "pass", "exit_code": 0, "runs": runs }),
+            false,
+        )
     }
 
     #[tool(
         name = "veris_run",
+        output_schema = schema::run(),
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false),
         description = "Run a command under `veris run` (its own proxy and twin, sealed by a key held only in memory) and return its receipt, judged against the requirements: the way to a `verified` receipt. A failed requirement, an empty receipt or failed integrity is an error result with exit_code 3; otherwise exit_code is the command's. The command runs with no stdin; the tails of its stdout and stderr are returned as its output (its words, not veris's)."
     )]
     async fn veris_run(&self, Parameters(p): Parameters<RunParams>) -> CallToolResult {
@@ -449,6 +401,13 @@ impl Veris {
 
     #[tool(
         name = "veris_check",
+        output_schema = schema::check(),
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        ),
         description = "Is the veris proxy of this state dir live and on the interception path? Asks it for its canary the way intercepted traffic travels (as `veris check`); a failure is an error result with exit_code 2."
     )]
     async fn veris_check(&self, Parameters(_): Parameters<NoParams>) -> CallToolResult {
@@ -464,6 +423,36 @@ impl Veris {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Veris {
+    /// rmcp's call, with one change: a wrong argument name or type (which
+    /// rmcp answers as an error result with text only) gets the structured
+    /// shape of every other failure, so an agent reads it the same way.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let tool = request.name.to_string();
+        let ctx = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        let response = self.tool_router.call(ctx).await?;
+        Ok(match response {
+            rmcp::model::CallToolResponse::Complete(r)
+                if r.is_error == Some(true) && r.structured_content.is_none() =>
+            {
+                let said: Vec<&str> = r
+                    .content
+                    .iter()
+                    .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+                    .collect();
+                let e = anyhow::anyhow!(
+                    "{}. Next: call it with the arguments its inputSchema names (tools/list)",
+                    said.join(" ")
+                );
+                failure(&tool, EXIT_USAGE, &e).into()
+            }
+            other => other,
+        })
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(
@@ -789,26 +778,6 @@ fn failure(tool: &str, exit_code: u8, e: &anyhow::Error) -> CallToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn lines_that_are_not_json_are_dropped_and_the_rest_pass_unchanged() {
-        let input: &'static [u8] = b"not json\n{\"a\":1}\r\n\n  \n{\"b\":\n[1, 2]\n{\"c\":2}";
-        let mut out = String::new();
-        json_lines(input).read_to_string(&mut out).await.unwrap();
-        assert_eq!(out, "{\"a\":1}\r\n[1, 2]\n{\"c\":2}\n");
-    }
-
-    #[tokio::test]
-    async fn an_overlong_line_is_dropped_whole() {
-        let mut input = vec![b'"'; MAX_LINE + 10];
-        input.extend_from_slice(b"\n{\"ok\":true}\n");
-        let mut out = String::new();
-        json_lines(std::io::Cursor::new(input))
-            .read_to_string(&mut out)
-            .await
-            .unwrap();
-        assert_eq!(out, "{\"ok\":true}\n");
-    }
 
     #[test]
     fn receipt_arguments_name_no_ledger_or_key_and_refuse_unknown_ones() {
