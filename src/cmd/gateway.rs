@@ -47,6 +47,16 @@ pub struct GatewayArgs {
     /// The admin API (add and remove sandboxes, read receipts).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub admin: String,
+    /// Also serve GET /metrics on a listener of its own, a fixed address for
+    /// a scraper: ADDR, or 127.0.0.1:9479 when given without one. It serves
+    /// /metrics and /healthz only, with the admin token unless --metrics-open.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1,
+          default_missing_value = veris_proxy::admin::metrics::DEFAULT_LISTEN)]
+    pub metrics_listen: Option<String>,
+    /// Serve GET /metrics without the admin token (on the admin API and
+    /// --metrics-listen), for a scraper that cannot be given it.
+    #[arg(long)]
+    pub metrics_open: bool,
     /// Write JSON with `listen`, `admin` and `ca` here once serving.
     #[arg(long, value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
@@ -305,6 +315,8 @@ async fn serve(args: GatewayArgs) -> Result<u8> {
         state_dir: crate::util::state_dir(args.state_dir),
         listen: args.listen,
         admin: args.admin,
+        metrics_listen: args.metrics_listen,
+        metrics_open: args.metrics_open,
         ready_file: args.ready_file,
         ca_dir: args.ca_dir,
         twin: args.twin,

@@ -80,6 +80,10 @@ pub struct GatewayConfig {
     pub state_dir: PathBuf,
     pub listen: String,
     pub admin: String,
+    /// `--metrics-listen`: a scrape listener of its own.
+    pub metrics_listen: Option<String>,
+    /// `--metrics-open`: `/metrics` without the admin token.
+    pub metrics_open: bool,
     pub ready_file: Option<PathBuf>,
     /// `--ca-dir`: a CA shared by a fleet, loaded only (else STATE/ca).
     pub ca_dir: Option<PathBuf>,
@@ -119,6 +123,21 @@ fn load_ca(state_dir: &Path, shared: Option<&Path>) -> Result<CertificateAuthori
     }
 }
 
+/// What the gateway's `/metrics` serves: the process, and each sandbox's
+/// publishing to NATS.
+fn metrics_registry(shared: &Arc<Shared>) -> veris_proxy::admin::metrics::Registry {
+    let sandboxes = shared.sandboxes.clone();
+    let mut registry = veris_proxy::admin::metrics::registry();
+    registry.register_collector(Box::new(veris_fleet::metrics::Collect::each(move || {
+        sandboxes
+            .all()
+            .iter()
+            .filter_map(|s| Some(s.publishing.as_ref()?.watch().clone()))
+            .collect()
+    })));
+    registry
+}
+
 /// A sandbox's limits, as its record keeps them.
 pub use crate::tier::gateway_record::RecordLimits as SandboxLimits;
 
@@ -145,6 +164,8 @@ struct Shared {
     /// Ids being added or removed right now ([`reserve`]).
     busy: std::sync::Mutex<std::collections::BTreeSet<String>>,
     admin_token: String,
+    /// `--metrics-open`.
+    metrics_open: bool,
     cancel: CancellationToken,
     /// The NATS connection every sandbox's publisher shares (`--nats`).
     fleet: Option<veris_fleet::Fleet>,
@@ -222,6 +243,8 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         )
     })?;
     let admin_addr = admin_listener.local_addr()?;
+    let metrics_listener =
+        crate::runtime::live::bind_metrics(config.metrics_listen.as_deref()).await?;
     let admin_token = crate::util::random_hex(32)?;
     write_file(
         &state_dir.join(TOKEN_FILE),
@@ -261,6 +284,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         sandboxes: sandboxes.clone(),
         busy: std::sync::Mutex::default(),
         admin_token,
+        metrics_open: config.metrics_open,
         cancel: CancellationToken::new(),
         fleet,
         registry,
@@ -283,6 +307,17 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         .map(|r| tokio::spawn(registry::follow(shared.clone(), r)));
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = tokio::spawn(serve_admin(admin_listener, shared.clone(), stop_rx.clone()));
+    let metrics = metrics_listener.map(|l| {
+        let of = shared.clone();
+        crate::runtime::live::serve_metrics(
+            l,
+            Arc::new(move |headers| {
+                veris_proxy::admin::metrics::response(&metrics_registry(&of), headers)
+            }),
+            (!config.metrics_open).then(|| shared.admin_token.clone()),
+            stop_rx.clone(),
+        )
+    });
     // One cap for both listeners: --max-connections is the gateway's.
     let connections = veris_proxy::inbound::gateway::Connections::new(config.max_connections);
     let options = |tls| veris_proxy::inbound::gateway::Options {
@@ -336,6 +371,9 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         let _ = t.await;
     }
     let _ = admin.await;
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     if let Some(f) = follow {
         let _ = f.await;
     }
@@ -1121,31 +1159,8 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                 }),
             )
         }
-        (Method::GET, ["metrics"]) if is_admin => {
-            let sandboxes = shared.sandboxes.clone();
-            let registry = veris_fleet::metrics::Collect::each(move || {
-                sandboxes
-                    .all()
-                    .iter()
-                    .filter_map(|s| Some(s.publishing.as_ref()?.watch().clone()))
-                    .collect()
-            })
-            .registry();
-            match veris_proxy::admin::metrics::render(&registry) {
-                Ok(text) => {
-                    let mut resp = Response::new(veris_proxy::body::full(text));
-                    resp.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static(veris_proxy::admin::metrics::CONTENT_TYPE),
-                    );
-                    resp
-                }
-                Err(e) => error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "veris_internal",
-                    format!("encoding the metrics failed: {e}"),
-                ),
-            }
+        (Method::GET, ["metrics"]) if is_admin || shared.metrics_open => {
+            veris_proxy::admin::metrics::response(&metrics_registry(&shared), req.headers())
         }
         (Method::POST, ["sandboxes"]) if is_admin => {
             let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)

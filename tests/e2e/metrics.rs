@@ -244,3 +244,204 @@ fn metrics_open_serves_metrics_without_the_token_and_nothing_else() {
     assert_eq!(status["veris_proxy"], true);
     serve.stop();
 }
+
+/// A port nothing listens on now (bound and released: a test that loses the
+/// race fails to start, it never scrapes something else).
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// The `Content-Type` of an open scrape that sends `accept`.
+fn content_type(serve: &Serve, accept: Option<&str>) -> String {
+    let mut cmd = command("curl");
+    cmd.args(["-sS", "-o", "/dev/null", "-w", "%{content_type}"]);
+    if let Some(a) = accept {
+        cmd.args(["-H", &format!("Accept: {a}")]);
+    }
+    let out = output(cmd.arg(format!("http://{}/metrics", serve.admin())));
+    text(&out).0
+}
+
+/// `promtool check metrics` on `text`: its exit code and what it said.
+fn promtool(text: &str) -> (Option<i32>, String) {
+    let mut child = command("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin
+            .write_all(text.as_bytes())
+            .expect("writing the metrics");
+    }
+    let out = child.wait_with_output().expect("promtool ends");
+    let (o, e) = support::text(&out);
+    (out.status.code(), format!("{o}{e}"))
+}
+
+/// Prometheus's own linter passes the text format and a strict parser the
+/// OpenMetrics one, which is what an
+/// `Accept` asking for it gets (Prometheus asks), with the process's
+/// metrics and the build's version in both.
+#[test]
+fn both_formats_pass_their_checkers_with_the_process_metrics() {
+    if !tool_works("promtool", &["--version"]) {
+        return skip("promtool not installed (apt install prometheus)");
+    }
+    let mut serve = Serve::start("metrics-promtool", &["--metrics-open"]);
+    assert_eq!(serve.vendor("GET", "api.stripe.com", "/v1/customers"), 200);
+    let (status, text) = scrape(&serve, false);
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        content_type(&serve, None),
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let (code, said) = promtool(&text);
+    assert_eq!(code, Some(0), "promtool on the text format: {said}\n{text}");
+
+    let accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+    let header = format!("Accept: {accept}\r\n");
+    let (status, om) = http(serve.admin(), "GET", "/metrics", "127.0.0.1", &header, "");
+    assert_eq!(status, 200, "{om}");
+    assert_eq!(
+        content_type(&serve, Some(accept)),
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+    // promtool lints the text format only; OpenMetrics is read by the
+    // Python client's strict OpenMetrics parser.
+    if let Err(why) = support::python_module("prometheus_client.openmetrics.parser") {
+        return skip(&why);
+    }
+    let mut child = command("python3")
+        .args([
+            "-c",
+            "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as p\nprint(sum(1 for _ in p(sys.stdin.read())))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin.write_all(om.as_bytes()).expect("writing the metrics");
+    }
+    let out = child.wait_with_output().expect("python3 ends");
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser refused:\n{om}\n{:?}",
+        support::text(&out)
+    );
+
+    for body in [&text, &om] {
+        let version = format!(
+            r#"veris_build_info{{version="{}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(sample(body, &version), Some(1.0), "{body}");
+        assert!(
+            sample(body, "process_resident_memory_bytes").is_some_and(|v| v > 1e6),
+            "{body}"
+        );
+        assert!(
+            sample(body, "process_open_fds").is_some_and(|v| v >= 3.0),
+            "{body}"
+        );
+        assert!(
+            sample(body, "process_max_fds").is_some_and(|v| v >= 64.0),
+            "{body}"
+        );
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let started = sample(body, "process_start_time_seconds").expect("start time");
+        assert!(
+            (now - 600.0..=now + 5.0).contains(&started),
+            "{started} vs {now}"
+        );
+    }
+    serve.stop();
+}
+
+/// `--metrics-listen`: a fixed scrape address serving /metrics (with the
+/// admin token unless --metrics-open) and /healthz, and no admin endpoint.
+#[test]
+fn metrics_listen_is_a_scrape_address_and_nothing_else() {
+    let addr = free_addr();
+    let listen = addr.to_string();
+    let mut serve = Serve::start("metrics-listen", &["--metrics-listen", &listen]);
+    let bearer = format!("Authorization: Bearer {}\r\n", serve.token());
+    let (status, body) = http(addr, "GET", "/metrics", "127.0.0.1", "", "");
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = http(addr, "GET", "/metrics", "127.0.0.1", &bearer, "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("veris_requests_total") || body.contains("veris_build_info"),
+        "{body}"
+    );
+    // The admin API is not behind this address, token or not.
+    for path in ["/status", "/ledger", "/receipt", "/seal"] {
+        let (status, _) = http(addr, "GET", path, "127.0.0.1", &bearer, "");
+        assert_eq!(status, 404, "{path}");
+    }
+    let (status, _) = http(addr, "GET", "/healthz", "127.0.0.1", "", "");
+    assert_eq!(status, 200);
+    assert!(
+        serve.stderr().contains("metrics listening"),
+        "{}",
+        serve.stderr()
+    );
+
+    // The address is taken now: a second proxy told to use it says so.
+    let out = output(
+        veris(["serve", "--state-dir"])
+            .arg(serve.dir.join("other"))
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", &listen]),
+    );
+    assert!(!out.status.success());
+    let (_, err) = text(&out);
+    assert!(err.contains("--metrics-listen"), "{err}");
+    serve.stop();
+
+    let addr = free_addr();
+    let mut open = Serve::start(
+        "metrics-listen-open",
+        &["--metrics-listen", &addr.to_string(), "--metrics-open"],
+    );
+    let (status, body) = http(addr, "GET", "/metrics", "127.0.0.1", "", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains(&open.token()));
+    open.stop();
+}
+
+/// The gateway takes the same flags: its scrape address has the process's
+/// metrics, behind its admin token.
+#[test]
+fn a_gateway_serves_its_metrics_on_its_metrics_listen() {
+    let addr = free_addr();
+    let gw = support::gateway::Gateway::start(
+        "metrics-gateway",
+        "127.0.0.1:0",
+        &["--metrics-listen", &addr.to_string()],
+    );
+    let (status, _) = http(addr, "GET", "/metrics", "127.0.0.1", "", "");
+    assert_eq!(status, 401);
+    let bearer = format!("Authorization: Bearer {}\r\n", gw.admin_token());
+    let (status, body) = http(addr, "GET", "/metrics", "127.0.0.1", &bearer, "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        sample(&body, "process_threads").is_some_and(|v| v >= 1.0),
+        "{body}"
+    );
+    let (status, _) = http(addr, "GET", "/sandboxes", "127.0.0.1", &bearer, "");
+    assert_eq!(status, 404);
+}

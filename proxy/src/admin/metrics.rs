@@ -7,8 +7,11 @@
 //! read when a scrape asks ([`Scrape`]): the ledger writer's per-kind line
 //! counters (trust failures and QUIC attempts are ledger kinds, so they are
 //! not counted twice) and the open client connections (the permits the
-//! connection cap has handed out). The text itself is written by
-//! `prometheus-client` in the Prometheus text format (0.0.4).
+//! connection cap has handed out). Every registry also carries the
+//! process's own metrics and `veris_build_info` ([`super::process`]). The
+//! text itself is written by `prometheus-client`: OpenMetrics 1.0 when the
+//! scraper's `Accept` asks for it (Prometheus does), else the Prometheus
+//! text format 0.0.4 ([`response`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,18 +19,29 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::{Registry, Unit};
+pub use prometheus_client::registry::Registry;
+use prometheus_client::registry::Unit;
 use veris_receipt::ledger::Ledger;
 
+use crate::body::ProxyBody;
 use crate::Proxy;
 
-/// The `Content-Type` of a scrape's answer.
+/// The `Content-Type` of a scrape's answer in the Prometheus text format.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Where `--metrics-listen` without an address listens: a port of its own,
+/// so parallel proxies on one host only collide when told to.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9479";
+
+/// The `Content-Type` of a scrape's answer in OpenMetrics.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Upper bounds of the upstream latency buckets, in microseconds: 1 ms to
 /// 30 s (the default upstream timeout), roughly 1-2.5-5 per decade.
@@ -116,19 +130,142 @@ impl Scrape {
         }
     }
 
-    /// A registry whose every scrape reads these sources.
+    /// A registry whose every scrape reads these sources (and the process).
     pub fn registry(self) -> Registry {
-        let mut registry = Registry::default();
+        let mut registry = registry();
         registry.register_collector(Box::new(self));
         registry
     }
 }
 
-/// The registry's metrics as the Prometheus text format.
-pub fn render(registry: &Registry) -> Result<String, fmt::Error> {
+/// A registry with the process's metrics and `veris_build_info`, for a
+/// server to add its own to.
+pub fn registry() -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(super::process::Process));
+    registry
+}
+
+/// Whether an `Accept` header asks for OpenMetrics (any version: 1.0.0 is
+/// the one written).
+fn wants_openmetrics(accept: Option<&HeaderValue>) -> bool {
+    accept.and_then(|a| a.to_str().ok()).is_some_and(|a| {
+        a.split(',').any(|t| {
+            t.trim()
+                .to_ascii_lowercase()
+                .starts_with("application/openmetrics-text")
+        })
+    })
+}
+
+/// The registry's metrics in the format `accept` asks for, and its
+/// `Content-Type`.
+pub fn render(
+    registry: &Registry,
+    accept: Option<&HeaderValue>,
+) -> Result<(String, &'static str), fmt::Error> {
     let mut out = String::with_capacity(8 * 1024);
-    prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?;
-    Ok(out)
+    if wants_openmetrics(accept) {
+        prometheus_client::encoding::text::encode(&mut out, registry)?;
+        Ok((out, OPENMETRICS_CONTENT_TYPE))
+    } else {
+        prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?;
+        Ok((out, CONTENT_TYPE))
+    }
+}
+
+/// A scrape's answer: the registry rendered for the request's `Accept`,
+/// never cached.
+pub fn response(registry: &Registry, headers: &HeaderMap) -> Response<ProxyBody> {
+    match render(registry, headers.get(header::ACCEPT)) {
+        Ok((text, content_type)) => {
+            let mut resp = Response::new(crate::body::full(text));
+            let h = resp.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
+        }
+        Err(e) => crate::request::respond::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "veris_internal",
+            format!("encoding the metrics failed: {e}"),
+            serde_json::json!({}),
+        ),
+    }
+}
+
+/// What a scrape listener answers `GET /metrics` with.
+pub type ScrapeFn = Arc<dyn Fn(&HeaderMap) -> Response<ProxyBody> + Send + Sync>;
+
+/// A listener of its own for scrapers (`--metrics-listen`): `GET /metrics`
+/// (with the admin token unless `token` is `None`, `--metrics-open`) and
+/// `GET /healthz`, nothing else, so a scraper's fixed address never exposes
+/// the admin API. Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    scrape: ScrapeFn,
+    token: Option<String>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let token = token.map(Arc::new);
+    veris_accept::accept_until(
+        listener,
+        shutdown,
+        veris_accept::OnError::Retry,
+        |stream, peer| {
+            let (scrape, token, cancel) = (scrape.clone(), token.clone(), cancel.clone());
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let answer =
+                            scrape_answer(&scrape, token.as_deref().map(String::as_str), &req);
+                        async move { Ok::<_, std::convert::Infallible>(answer) }
+                    });
+                if let Err(e) = crate::inbound::http::serve_http1(
+                    stream,
+                    service,
+                    &cancel,
+                    crate::Limits::default().request_head,
+                )
+                .await
+                {
+                    tracing::debug!(error = %e, %peer, "metrics connection ended with an error");
+                }
+            });
+        },
+    )
+    .await?;
+    cancel.cancel();
+    Ok(())
+}
+
+fn scrape_answer<B>(
+    scrape: &ScrapeFn,
+    token: Option<&str>,
+    req: &http::Request<B>,
+) -> Response<ProxyBody> {
+    use crate::request::respond;
+    let (method, path) = (req.method(), req.uri().path());
+    match (method == http::Method::GET, path) {
+        (true, "/healthz") => respond::json(StatusCode::OK, serde_json::json!({"status": "ok"})),
+        (true, "/metrics") => match token {
+            Some(t) if !super::authorized(req.headers(), t) => super::unauthorized(),
+            _ => scrape(req.headers()),
+        },
+        (false, "/metrics" | "/healthz") => respond::error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "veris_method_not_allowed",
+            format!("{path} takes GET"),
+            serde_json::json!({}),
+        ),
+        _ => respond::error(
+            StatusCode::NOT_FOUND,
+            "veris_not_found",
+            format!("this listener serves /metrics and /healthz only, not {path}; the admin API has the rest"),
+            serde_json::json!({}),
+        ),
+    }
 }
 
 impl fmt::Debug for Scrape {
@@ -189,13 +326,18 @@ impl Collector for Scrape {
             )?,
         )?;
 
-        let mut buckets = [(0.0, 0); LATENCY_BOUNDS_US.len()];
+        // The last slot is the `+Inf` bucket, named: OpenMetrics requires
+        // it, and the text encoder adds none of its own when it is there.
+        let mut buckets = [(f64::INFINITY, 0); LATENCY_BOUNDS_US.len() + 1];
         let mut count = 0;
         for (i, slot) in stats.latency.iter().enumerate() {
             let n = slot.load(Relaxed);
             count += n;
-            if let (Some(bucket), Some(bound)) = (buckets.get_mut(i), LATENCY_BOUNDS_US.get(i)) {
-                *bucket = (*bound as f64 / 1e6, n);
+            if let Some(bucket) = buckets.get_mut(i) {
+                let bound = LATENCY_BOUNDS_US
+                    .get(i)
+                    .map_or(f64::INFINITY, |b| *b as f64 / 1e6);
+                *bucket = (bound, n);
             }
         }
         let sum = stats.latency_sum_us.load(Relaxed) as f64 / 1e6;
@@ -258,7 +400,8 @@ mod tests {
             }),
         }
         .registry();
-        let text = render(&registry).unwrap();
+        let (text, content_type) = render(&registry, None).unwrap();
+        assert_eq!(content_type, CONTENT_TYPE);
         for line in [
             "# TYPE veris_requests_total counter",
             "veris_requests_total{service=\"stripe\",class=\"2xx\"} 2",

@@ -27,6 +27,7 @@
 //! token never reaches a log or a metric.
 
 pub mod metrics;
+pub mod process;
 pub mod summary;
 mod webhooks;
 
@@ -167,20 +168,10 @@ pub async fn handle(
         return respond::json(StatusCode::OK, json!({"status": "ok"}));
     }
     if path == "/metrics" && method == Method::GET && admin.metrics_open {
-        return metrics(&admin);
+        return metrics(&admin, req.headers());
     }
     if !authorized(req.headers(), &admin.token) {
-        let mut resp = respond::error(
-            StatusCode::UNAUTHORIZED,
-            "veris_unauthorized",
-            "this endpoint needs `Authorization: Bearer <token>`. Next: read the token from <state>/admin.token".into(),
-            json!({}),
-        );
-        resp.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"veris\""),
-        );
-        return resp;
+        return unauthorized();
     }
     let since = match query_u64(req.uri().query(), "since") {
         Ok(since) => since,
@@ -209,7 +200,7 @@ pub async fn handle(
             Err(resp) => resp,
         },
         (Method::GET, "/receipt") => receipt_json(&admin, since).await,
-        (Method::GET, "/metrics") => metrics(&admin),
+        (Method::GET, "/metrics") => metrics(&admin, req.headers()),
         (Method::POST, "/webhooks/trigger") => webhooks::trigger(&admin, req.uri().query()),
         (Method::POST, "/webhooks/replay") => webhooks::replay(&admin, req.uri().query()),
         (
@@ -232,6 +223,21 @@ pub async fn handle(
 }
 
 /// Constant-time comparison of the presented bearer token with ours.
+/// The 401 of every endpoint that needs the token.
+fn unauthorized() -> Response<ProxyBody> {
+    let mut resp = respond::error(
+        StatusCode::UNAUTHORIZED,
+        "veris_unauthorized",
+        "this endpoint needs `Authorization: Bearer <token>`. Next: read the token from <state>/admin.token".into(),
+        json!({}),
+    );
+    resp.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"veris\""),
+    );
+    resp
+}
+
 fn authorized(headers: &HeaderMap, token: &str) -> bool {
     let Some(presented) = headers
         .get(header::AUTHORIZATION)
@@ -415,31 +421,14 @@ async fn status(admin: &Admin) -> Response<ProxyBody> {
 }
 
 /// `GET /metrics`: the registry encoded now (its collector reads the
-/// counters as they are).
-fn metrics(admin: &Admin) -> Response<ProxyBody> {
-    let Some(registry) = &admin.metrics else {
-        return respond::error(
+/// counters as they are), in the format the scraper accepts.
+fn metrics(admin: &Admin, headers: &HeaderMap) -> Response<ProxyBody> {
+    match &admin.metrics {
+        Some(registry) => crate::admin::metrics::response(registry, headers),
+        None => respond::error(
             StatusCode::NOT_FOUND,
             "veris_not_found",
             "this admin API serves no metrics".into(),
-            json!({}),
-        );
-    };
-    match crate::admin::metrics::render(registry) {
-        Ok(text) => {
-            let mut resp = Response::new(body::full(text));
-            let h = resp.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(crate::admin::metrics::CONTENT_TYPE),
-            );
-            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-            resp
-        }
-        Err(e) => respond::error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "veris_internal",
-            format!("encoding the metrics failed: {e}"),
             json!({}),
         ),
     }

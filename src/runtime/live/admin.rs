@@ -33,6 +33,8 @@ const SEAL_INTERVAL: Duration = Duration::from_secs(1);
 pub struct AdminListener {
     bound: Option<(TcpListener, SocketAddr, String)>,
     files: Vec<PathBuf>,
+    /// `--metrics-listen`: the scrape listener, served with the API.
+    metrics: Option<TcpListener>,
 }
 
 impl AdminListener {
@@ -42,14 +44,20 @@ impl AdminListener {
 }
 
 /// Binds the admin listener and writes `admin.token` (0600, new each start)
-/// then `admin.addr`.
-pub async fn bind_admin(listen: Option<&str>, state_dir: &Path) -> Result<AdminListener> {
+/// then `admin.addr`; and the scrape listener of `--metrics-listen`.
+pub async fn bind_admin(
+    listen: Option<&str>,
+    metrics_listen: Option<&str>,
+    state_dir: &Path,
+) -> Result<AdminListener> {
     let Some(listen) = listen else {
         return Ok(AdminListener {
             bound: None,
             files: Vec::new(),
+            metrics: None,
         });
     };
+    let metrics = bind_metrics(metrics_listen).await?;
     let listener = TcpListener::bind(listen).await.with_context(|| {
         format!(
             "binding the admin API to {listen}. Next: pick a free address with --admin (port 0 picks one)"
@@ -66,7 +74,39 @@ pub async fn bind_admin(listen: Option<&str>, state_dir: &Path) -> Result<AdminL
     Ok(AdminListener {
         bound: Some((listener, addr, token)),
         files: vec![addr_path, token_path],
+        metrics,
     })
+}
+
+/// Binds `--metrics-listen`'s address, if given.
+pub async fn bind_metrics(listen: Option<&str>) -> Result<Option<TcpListener>> {
+    let Some(listen) = listen else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(listen).await.with_context(|| {
+        format!(
+            "binding the metrics listener to {listen}. Next: another veris or exporter may hold it; pick a free address with --metrics-listen ADDR"
+        )
+    })?;
+    info!(addr = %listener.local_addr()?, "metrics listening (GET /metrics)");
+    Ok(Some(listener))
+}
+
+/// Serves `registry` to scrapers on `listener` until `shutdown` is set.
+pub fn serve_metrics(
+    listener: TcpListener,
+    scrape: veris_proxy::admin::metrics::ScrapeFn,
+    token: Option<String>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    tokio::spawn(veris_proxy::admin::metrics::serve(
+        listener,
+        scrape,
+        token,
+        async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        },
+    ))
 }
 
 /// What [`start_admin`] needs.
@@ -93,6 +133,8 @@ pub struct AdminStart<'a> {
 pub struct AdminHandle {
     sealer: Arc<Sealer>,
     server: Option<JoinHandle<std::io::Result<()>>>,
+    /// The `--metrics-listen` server.
+    metrics: Option<JoinHandle<std::io::Result<()>>>,
     timer: JoinHandle<()>,
     files: Vec<PathBuf>,
 }
@@ -126,10 +168,12 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
             }
         }
     });
+    let metrics_listener = a.listener.metrics;
     let Some((listener, addr, token)) = a.listener.bound else {
         return AdminHandle {
             sealer: a.sealer,
             server: None,
+            metrics: None,
             timer,
             files: Vec::new(),
         };
@@ -210,6 +254,20 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
             })
         }),
     });
+    let metrics = metrics_listener.map(|l| {
+        let (of, token) = (admin.clone(), admin.token.clone());
+        let scrape: veris_proxy::admin::metrics::ScrapeFn =
+            Arc::new(move |headers| match &of.metrics {
+                Some(registry) => veris_proxy::admin::metrics::response(registry, headers),
+                None => veris_proxy::admin::metrics::response(&Default::default(), headers),
+            });
+        serve_metrics(
+            l,
+            scrape,
+            (!a.metrics_open).then_some(token),
+            a.shutdown.clone(),
+        )
+    });
     let mut rx = a.shutdown.clone();
     let server = tokio::spawn(veris_proxy::admin::serve_admin(
         listener,
@@ -222,6 +280,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
     AdminHandle {
         sealer: a.sealer,
         server: Some(server),
+        metrics,
         timer,
         files: a.listener.files,
     }
@@ -234,7 +293,7 @@ impl AdminHandle {
     /// written (the ledger's write error, with its path and cause).
     pub async fn stop(self, ledger: &Ledger) -> Result<SealInfo, String> {
         let _ = self.timer.await;
-        if let Some(server) = self.server {
+        for server in [self.server, self.metrics].into_iter().flatten() {
             let _ = server.await;
         }
         let seal = ledger.seal(&self.sealer, "shutdown").map_err(|e| {

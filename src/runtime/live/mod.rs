@@ -9,7 +9,9 @@ pub mod discovery;
 pub mod session;
 pub mod twin_check;
 
-pub use admin::{bind_admin, start_admin, AdminHandle, AdminListener, AdminStart};
+pub use admin::{
+    bind_admin, bind_metrics, serve_metrics, start_admin, AdminHandle, AdminListener, AdminStart,
+};
 pub use client::LiveStatus;
 pub use discovery::{discover, require_live, Discovery, ADDR_FILE, TOKEN_FILE};
 pub use session::SessionFacts;

@@ -135,6 +135,13 @@ pub struct ServeArgs {
     /// still needs the token.
     #[arg(long)]
     pub metrics_open: bool,
+    /// Also serve GET /metrics on a listener of its own, a fixed address for
+    /// a scraper (the admin port is random unless --admin is set): ADDR, or
+    /// 127.0.0.1:9479 when given without one. It serves /metrics and
+    /// /healthz only, with the admin token unless --metrics-open.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1,
+          default_missing_value = veris_proxy::admin::metrics::DEFAULT_LISTEN)]
+    pub metrics_listen: Option<String>,
     #[command(flatten)]
     pub nats: crate::runtime::fleet::NatsArgs,
 }

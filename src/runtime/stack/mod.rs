@@ -653,6 +653,7 @@ async fn announce(
             Role::Serve => Some(&args.admin),
             Role::Run => None,
         },
+        args.metrics_listen.as_deref(),
         announced.state_dir,
     )
     .await?;
