@@ -260,6 +260,75 @@ fn strict_mode_records_a_name_outside_the_constraints_as_blocked_not_a_trust_fai
     assert!(!stdout.contains("trust failure"), "{stdout}");
 }
 
+/// Python: CONNECT through the proxy to a routed host, then a TLS handshake
+/// naming another host (SNI) and trusting the veris CA; prints what happened.
+const SNI_NOT_THE_CONNECT_HOST_PY: &str = r#"
+import socket, ssl, sys
+addr, ca, connect_host, sni = sys.argv[1:5]
+host, port = addr.rsplit(":", 1)
+s = socket.create_connection((host, int(port)), timeout=10)
+s.sendall(f"CONNECT {connect_host}:443 HTTP/1.1\r\nHost: {connect_host}:443\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    c = s.recv(1)
+    if not c:
+        sys.exit("the proxy closed before answering the CONNECT")
+    head += c
+assert head.startswith(b"HTTP/1.1 200"), head
+ctx = ssl.create_default_context(cafile=ca)
+try:
+    ctx.wrap_socket(s, server_hostname=sni)
+    print("accepted")
+except ssl.SSLError as e:
+    print("refused:", e)
+"#;
+
+#[test]
+fn a_tls_name_outside_the_constraints_behind_a_routed_connect_gets_no_certificate() {
+    if !has_tool("python3", &["--version"]) {
+        return;
+    }
+    // Passthrough mode (the default): the CONNECT names a vendor, the
+    // ClientHello another host. veris minted a leaf for whatever the SNI
+    // said; now that name is outside the CA's constraints, so none.
+    let mut serve = Serve::start("ca-sni", &[]);
+    let addr = serve.proxy_addr().to_string();
+    let out = output(
+        command("python3")
+            .args(["-c", SNI_NOT_THE_CONNECT_HOST_PY])
+            .args([
+                addr.as_str(),
+                serve.ca.to_str().unwrap(),
+                "api.stripe.com",
+                "evil.example.com",
+            ]),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.starts_with("refused:") && stdout.contains("ACCESS_DENIED"),
+        "{stdout}{stderr}"
+    );
+    serve.stop();
+    let lines = serve.ledger_lines();
+    assert!(
+        !lines.iter().any(|l| l["kind"] == "trust_failure"),
+        "{lines:?}"
+    );
+    let blocked: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["kind"] == "blocked" && l["host"] == "evil.example.com")
+        .collect();
+    assert_eq!(blocked.len(), 1, "{lines:?}");
+    assert!(
+        blocked[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the name the client asked for is outside the CA's name constraints"),
+        "{}",
+        blocked[0]
+    );
+}
+
 /// A leaf for `host` signed with the CA's key by openssl, bypassing veris
 /// (which refuses to mint outside the constraints): (cert, key).
 fn leaf_signed_with_the_ca_key(dir: &Path, ca_dir: &Path, host: &str) -> (PathBuf, PathBuf) {
