@@ -2,12 +2,15 @@
 //! carries X.509 name constraints and lives a year.
 //! - `veris ca rotate` makes the next CA, keeps the previous certificate
 //!   and says what changed;
-//! - a route outside the CA's constraints is refused at start with the fix,
-//!   and the CA file is left as it was (never silently regenerated);
+//! - a route (or a gateway's `--tls-name`) outside the CA's constraints is
+//!   refused at start with the fix, and the CA file is left as it was
+//!   (never silently regenerated);
 //! - a CA made before constraints keeps working, and the start log and
 //!   `veris doctor` say it is unconstrained and how to get a constrained one;
 //! - strict mode refuses a name outside the constraints without a
-//!   certificate and records it as `blocked`, not as a `trust_failure`;
+//!   certificate and records it as `blocked`, not as a `trust_failure`, and
+//!   so does any mode for a ClientHello naming such a host behind a routed
+//!   `CONNECT`;
 //! - real clients (OpenSSL, Python, Node, Go, Java) trusting only the CA
 //!   accept a leaf for a routed vendor and refuse one a thief holding the
 //!   CA key made for another name.
@@ -611,4 +614,48 @@ fn clients_accept_a_routed_leaf_and_refuse_one_outside_the_constraints() {
             eprintln!("{name} {host}: {said}");
         }
     }
+}
+
+#[test]
+fn a_gateway_whose_tls_name_the_shared_ca_may_not_sign_for_is_refused() {
+    let dir = TempDir::new("ca-gw-name");
+    let shared = dir.join("fleet-ca");
+    ok_output(
+        veris(["ca", "init", "--ca-dir"])
+            .arg(&shared)
+            .arg("--state-dir")
+            .arg(dir.join("maker")),
+    );
+    let before = std::fs::read_to_string(shared.join("veris-ca.pem")).unwrap();
+    let start = || {
+        output_within(
+            veris(["gateway", "--state-dir"])
+                .arg(dir.join("gw"))
+                .args(["--listen", "127.0.0.1:0", "--tls-listen", "127.0.0.1:0"])
+                .args(["--tls-name", "gw.example.net", "--ca-dir"])
+                .arg(&shared),
+            std::time::Duration::from_secs(60),
+        )
+    };
+    let out = start();
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "started: {stdout}{stderr}");
+    assert!(
+        stderr.contains("may not sign for gw.example.net") && stderr.contains("veris ca rotate"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(shared.join("veris-ca.pem")).unwrap(),
+        before,
+        "the shared CA was changed"
+    );
+    // The fix names it: the rotated CA may sign for the gateway's name.
+    let said = ok_output(
+        veris(["ca", "rotate", "--ca-dir"])
+            .arg(&shared)
+            .arg("--state-dir")
+            .arg(dir.join("maker"))
+            .args(["--name", "gw.example.net"]),
+    );
+    assert!(said.contains("added:       gw.example.net"), "{said}");
 }
