@@ -5,6 +5,8 @@
 //! - a route (or a gateway's `--tls-name`) outside the CA's constraints is
 //!   refused at start with the fix, and the CA file is left as it was
 //!   (never silently regenerated);
+//! - an expired CA is refused with the fix and left as it was; one within
+//!   30 days of its end is warned about (start log, doctor);
 //! - a CA made before constraints keeps working, and the start log and
 //!   `veris doctor` say it is unconstrained and how to get a constrained one;
 //! - strict mode refuses a name outside the constraints without a
@@ -150,13 +152,14 @@ fn a_route_outside_the_constraints_is_refused_at_start_with_the_fix() {
     serve.stop();
 }
 
-/// A CA as veris made them before name constraints: no constraints, ten
-/// years, `pathlen:0`.
-fn legacy_ca(ca_dir: &Path) {
+/// A CA as veris made them before name constraints: no constraints,
+/// `pathlen:0`, valid `days` (veris made them for ten years).
+fn legacy_ca(ca_dir: &Path, days: u32) {
     std::fs::create_dir_all(ca_dir).unwrap();
     let made = command("openssl")
         .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .args(["ec_paramgen_curve:P-256", "-nodes", "-days", "3650"])
+        .args(["ec_paramgen_curve:P-256", "-nodes", "-days"])
+        .arg(days.to_string())
         .args(["-subj", "/CN=veris interception CA/O=veris"])
         .args(["-addext", "basicConstraints=critical,CA:TRUE,pathlen:0"])
         .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
@@ -184,7 +187,7 @@ fn an_unconstrained_ca_keeps_working_and_doctor_and_the_start_log_say_so() {
     }
     let dir = TempDir::new("ca-legacy");
     let state = dir.join("state");
-    legacy_ca(&state.join("ca"));
+    legacy_ca(&state.join("ca"), 3650);
     let before = std::fs::read_to_string(state.join("ca").join("veris-ca.pem")).unwrap();
     // Any route: an unconstrained CA signs for anything.
     let mut serve = Serve::start_in(dir, &["--route", "acme=api.acme.test"]);
@@ -212,6 +215,111 @@ fn an_unconstrained_ca_keeps_working_and_doctor_and_the_start_log_say_so() {
         before,
         "the old CA was replaced"
     );
+}
+
+/// A veris-shaped CA whose validity ended in 2021 (`openssl ca -selfsign`
+/// sets dates in the past).
+fn expired_ca(ca_dir: &Path, work: &Path) {
+    std::fs::create_dir_all(ca_dir).unwrap();
+    std::fs::create_dir_all(work).unwrap();
+    let key = ca_dir.join("veris-ca-key.pem");
+    ok_output(
+        command("openssl")
+            .args(["req", "-new", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:P-256", "-nodes"])
+            .args(["-subj", "/CN=veris interception CA"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(work.join("ca.csr")),
+    );
+    std::fs::write(work.join("index.txt"), "").unwrap();
+    std::fs::write(work.join("serial"), "01\n").unwrap();
+    std::fs::write(
+        work.join("ca.cnf"),
+        "[ca]\ndefault_ca=c\n[c]\ndatabase=index.txt\nnew_certs_dir=.\nserial=serial\npolicy=p\ndefault_md=sha256\n[p]\ncommonName=supplied\n[v]\nbasicConstraints=critical,CA:TRUE,pathlen:0\nkeyUsage=critical,keyCertSign,cRLSign\n",
+    )
+    .unwrap();
+    ok_output(
+        command("openssl")
+            .current_dir(work)
+            .args(["ca", "-batch", "-config", "ca.cnf", "-selfsign", "-keyfile"])
+            .arg(&key)
+            .args(["-in", "ca.csr", "-extensions", "v", "-notext"])
+            .args([
+                "-startdate",
+                "20200101000000Z",
+                "-enddate",
+                "20210101000000Z",
+            ])
+            .arg("-out")
+            .arg(ca_dir.join("veris-ca.pem")),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(ca_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+#[test]
+fn an_expired_ca_is_refused_with_the_fix_and_never_replaced_behind_the_users_back() {
+    if !has_tool("openssl", &["version"]) {
+        return;
+    }
+    let dir = TempDir::new("ca-expired");
+    let state = dir.join("state");
+    expired_ca(&state.join("ca"), &dir.join("openssl"));
+    let ca_pem = state.join("ca").join("veris-ca.pem");
+    let before = std::fs::read_to_string(&ca_pem).unwrap();
+    let out = output_within(
+        veris(["serve", "--listen", "127.0.0.1:0", "--state-dir"]).arg(&state),
+        DEADLINE,
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "served: {stdout}{stderr}");
+    assert!(
+        stderr.contains("expired") && stderr.contains("veris ca rotate"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&ca_pem).unwrap(), before);
+    let doctor = output(veris(["doctor", "--state-dir"]).arg(&state));
+    let (stdout, _) = text(&doctor);
+    assert!(
+        stdout.contains("expired") && stdout.contains("`veris ca rotate --state-dir"),
+        "{stdout}"
+    );
+    let said = ok_output(veris(["ca", "rotate", "--state-dir"]).arg(&state));
+    assert!(
+        said.contains("the previous CA could sign for any name"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(state.join("ca").join("veris-ca.prev.pem")).unwrap(),
+        before
+    );
+    let mut serve = Serve::start_in(dir, &[]);
+    serve.stop();
+}
+
+#[test]
+fn a_ca_within_30_days_of_its_end_is_warned_about_at_start_and_by_doctor() {
+    if !has_tool("openssl", &["version"]) {
+        return;
+    }
+    let dir = TempDir::new("ca-ending");
+    legacy_ca(&dir.join("state").join("ca"), 10);
+    let mut serve = Serve::start_in(dir, &[]);
+    let log = serve.stderr();
+    assert!(
+        log.contains("the CA expires within 30 days") && log.contains("veris ca rotate"),
+        "{log}"
+    );
+    let doctor = output(veris(["doctor", "--state-dir"]).arg(&serve.state));
+    let (stdout, stderr) = text(&doctor);
+    assert!(
+        stdout.contains("the CA expires at") && stdout.contains("`veris ca rotate --state-dir"),
+        "{stdout}\n{stderr}"
+    );
+    serve.stop();
 }
 
 #[test]
