@@ -14,7 +14,10 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("veris-ca-bench-{}", std::process::id()));
-    let (ca, _) = CertificateAuthority::load_or_create(&dir)?;
+    let (ca, _) = CertificateAuthority::load_or_create(
+        &dir,
+        &veris_ca::Scope::of(&["bench.example", "api.stripe.com"])?,
+    )?;
     let ca = Arc::new(ca);
 
     let n = 1_000;

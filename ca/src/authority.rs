@@ -1,9 +1,14 @@
 //! The persisted interception CA: creation, loading, validation and leaf minting.
 //!
 //! The CA lives in one directory (0700) as `veris-ca.pem` (0644) and `veris-ca-key.pem` (0600).
-//! It is reused on every start and regenerated only when a file is missing, unparsable or the
-//! certificate has expired; the reason is logged and returned. A key file that group or others
-//! can read is refused outright: silently "fixing" it would hide that the key may have leaked.
+//! It is reused on every start and generated only when a file is missing or unparsable; the
+//! reason is logged and returned. A CA is valid for a year and carries name constraints (its
+//! [`Scope`]): a stolen key can sign only for the names veris routes. An expired CA is refused
+//! with the fix, never silently replaced: every client that trusts it would need the new file,
+//! so a new CA is made deliberately, by [`CertificateAuthority::rotate`], which keeps the
+//! previous certificate beside it (`veris-ca.prev.pem`) so old ledgers can still be explained.
+//! A key file that group or others can read is refused outright: silently "fixing" it would
+//! hide that the key may have leaked.
 
 use std::fmt;
 use std::fs;
@@ -20,17 +25,22 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use time::{Duration, OffsetDateTime};
 
 use crate::fsutil::{ensure_dir, write_atomic};
-use crate::CaError;
+use crate::{CaError, Scope};
 
 /// File name of the CA certificate inside the CA dir.
 pub const CA_CERT_FILE: &str = "veris-ca.pem";
 /// File name of the CA private key inside the CA dir.
 pub const CA_KEY_FILE: &str = "veris-ca-key.pem";
+/// File name of the previous CA certificate, kept by a rotation (no key is kept).
+pub const CA_PREV_FILE: &str = "veris-ca.prev.pem";
 
 const CA_COMMON_NAME: &str = "veris interception CA";
 const CA_ORGANIZATION: &str = "veris";
-/// Ten years: long enough that a sandbox image never sees it expire, short enough to be sane.
-const CA_VALIDITY: Duration = Duration::days(3650);
+/// One year: a key that leaks stops being useful within it, and a yearly `veris ca rotate`
+/// is rare enough for fleets whose sandboxes all trust one CA file.
+const CA_VALIDITY: Duration = Duration::days(365);
+/// A CA this close to its end is warned about at every start (and by `veris doctor`).
+pub const EXPIRY_WARNING: Duration = Duration::days(30);
 pub(crate) const LEAF_VALIDITY: Duration = Duration::days(30);
 /// Clocks in sandboxes drift; backdating keeps a freshly minted cert valid for a slow client.
 const BACKDATE: Duration = Duration::minutes(5);
@@ -70,6 +80,26 @@ pub struct CertificateAuthority {
     fingerprint: String,
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
+    /// `None` for a CA made before veris constrained its CAs: it signs for any name.
+    scope: Option<Scope>,
+}
+
+/// What [`CertificateAuthority::rotate`] replaced, and the CA it made.
+#[derive(Debug)]
+pub struct Rotated {
+    /// The CA that was in the dir, if a usable one was (its certificate is now
+    /// `veris-ca.prev.pem`).
+    pub previous: Option<Previous>,
+    pub ca: CertificateAuthority,
+}
+
+/// The certificate a rotation replaced.
+#[derive(Debug)]
+pub struct Previous {
+    pub path: PathBuf,
+    pub fingerprint: String,
+    pub not_after: OffsetDateTime,
+    pub scope: Option<Scope>,
 }
 
 impl fmt::Debug for CertificateAuthority {
@@ -89,17 +119,24 @@ enum Found {
 }
 
 impl CertificateAuthority {
-    /// Loads the CA from `dir` or creates it; logs (tracing::info/warn) why it was (re)generated.
-    pub fn load_or_create(dir: &Path) -> Result<(CertificateAuthority, LoadOutcome), CaError> {
+    /// Loads the CA from `dir` or creates it, constrained to `scope`; logs (tracing::info/warn)
+    /// why it was (re)generated. An expired CA is [`CaError::Expired`]. A loaded CA keeps the
+    /// scope it was made with: the caller checks its names against it
+    /// ([`CertificateAuthority::permits`]).
+    pub fn load_or_create(
+        dir: &Path,
+        scope: &Scope,
+    ) -> Result<(CertificateAuthority, LoadOutcome), CaError> {
         ensure_dir(dir, 0o700)?;
         match Self::inspect(dir)? {
             Found::Usable(ca) => {
+                let ca = ca.unexpired()?;
                 tracing::debug!(path = %ca.cert_path.display(), fingerprint = %ca.fingerprint, "loaded veris ca");
-                Ok((*ca, LoadOutcome::Loaded))
+                Ok((ca, LoadOutcome::Loaded))
             }
             Found::Regenerate(reason) => {
                 let now = OffsetDateTime::now_utc();
-                let ca = Self::create(dir, now - BACKDATE, now + CA_VALIDITY)?;
+                let ca = Self::create(dir, now - BACKDATE, now + CA_VALIDITY, scope)?;
                 if reason.starts_with("missing") {
                     tracing::info!(path = %ca.cert_path.display(), %reason, fingerprint = %ca.fingerprint, "generated a new veris ca");
                 } else {
@@ -112,15 +149,51 @@ impl CertificateAuthority {
 
     /// Loads the CA from `dir` without creating or changing anything (not
     /// even the dir): [`CaError::NoCa`] says why there is none usable —
-    /// what [`CertificateAuthority::load_or_create`] would regenerate.
+    /// what [`CertificateAuthority::load_or_create`] would regenerate —
+    /// and [`CaError::Expired`] that it expired.
     pub fn load(dir: &Path) -> Result<CertificateAuthority, CaError> {
         match Self::inspect(dir)? {
-            Found::Usable(ca) => Ok(*ca),
+            Found::Usable(ca) => ca.unexpired(),
             Found::Regenerate(reason) => Err(CaError::NoCa {
                 dir: dir.to_path_buf(),
                 reason,
             }),
         }
+    }
+
+    /// Makes the next CA in `dir`, constrained to `scope`, valid for a year from now: a new
+    /// key replaces the old one, and the old certificate (if there was a usable one, expired
+    /// or not) is kept as `veris-ca.prev.pem`.
+    pub fn rotate(dir: &Path, scope: &Scope) -> Result<Rotated, CaError> {
+        ensure_dir(dir, 0o700)?;
+        let previous = match Self::inspect(dir)? {
+            Found::Usable(old) => {
+                let path = dir.join(CA_PREV_FILE);
+                write_atomic(&path, old.cert_pem.as_bytes(), 0o644)?;
+                Some(Previous {
+                    path,
+                    fingerprint: old.fingerprint,
+                    not_after: old.not_after,
+                    scope: old.scope,
+                })
+            }
+            Found::Regenerate(_) => None,
+        };
+        let now = OffsetDateTime::now_utc();
+        let ca = Self::create(dir, now - BACKDATE, now + CA_VALIDITY, scope)?;
+        tracing::info!(path = %ca.cert_path.display(), fingerprint = %ca.fingerprint, "rotated the veris ca; clients must trust the new one");
+        Ok(Rotated { previous, ca })
+    }
+
+    /// The CA, or [`CaError::Expired`] when its validity has ended.
+    fn unexpired(self: Box<Self>) -> Result<CertificateAuthority, CaError> {
+        if self.not_after <= OffsetDateTime::now_utc() {
+            return Err(CaError::Expired {
+                path: self.cert_path.clone(),
+                not_after: self.not_after.to_string(),
+            });
+        }
+        Ok(*self)
     }
 
     /// Where the CA certificate in `dir` is (or would be created).
@@ -177,9 +250,6 @@ impl CertificateAuthority {
             )));
         };
         match Self::from_pems(cert_path, key_path, cert_pem, &key_pem) {
-            Ok(ca) if ca.not_after <= OffsetDateTime::now_utc() => {
-                Ok(Found::Regenerate("expired".to_owned()))
-            }
             Ok(ca) => Ok(Found::Usable(Box::new(ca))),
             Err(why) => Ok(Found::Regenerate(format!("unparsable: {why}"))),
         }
@@ -211,6 +281,7 @@ impl CertificateAuthority {
         let subject = x509.subject().to_string();
         let not_before = x509.validity().not_before.to_datetime();
         let not_after = x509.validity().not_after.to_datetime();
+        let scope = Scope::from_cert(&x509)?;
         let issuer = rcgen::Issuer::from_ca_cert_der(&cert_der, key)
             .map_err(|e| format!("certificate as issuer: {e}"))?;
         Ok(CertificateAuthority {
@@ -223,15 +294,18 @@ impl CertificateAuthority {
             subject,
             not_before,
             not_after,
+            scope,
         })
     }
 
-    /// Generates a new CA with the given validity and writes it atomically into `dir`.
+    /// Generates a new CA with the given validity and scope and writes it atomically into `dir`.
     pub(crate) fn create(
         dir: &Path,
         not_before: OffsetDateTime,
         not_after: OffsetDateTime,
+        scope: &Scope,
     ) -> Result<CertificateAuthority, CaError> {
+        let name_constraints = scope.to_rcgen()?;
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(CaError::GenerateCa)?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
@@ -243,6 +317,7 @@ impl CertificateAuthority {
         params.serial_number = Some(random_serial());
         params.not_before = not_before;
         params.not_after = not_after;
+        params.name_constraints = Some(name_constraints);
         let cert = params.self_signed(&key).map_err(CaError::GenerateCa)?;
 
         let cert_path = dir.join(CA_CERT_FILE);
@@ -301,6 +376,22 @@ impl CertificateAuthority {
         self.not_after
     }
 
+    /// True when the CA's validity ends within [`EXPIRY_WARNING`].
+    pub fn expires_soon(&self) -> bool {
+        self.not_after - OffsetDateTime::now_utc() <= EXPIRY_WARNING
+    }
+
+    /// The names the CA may sign for; `None` for a CA without name constraints (made before
+    /// veris constrained its CAs), which can sign for any name.
+    pub fn scope(&self) -> Option<&Scope> {
+        self.scope.as_ref()
+    }
+
+    /// Whether the CA may sign a leaf for `host` (always, without name constraints).
+    pub fn permits(&self, host: &str) -> bool {
+        self.scope.as_ref().is_none_or(|s| s.permits(host))
+    }
+
     /// Mints a leaf for `host` (DNS name, IPv4 or IPv6 literal without brackets) with its own
     /// fresh P-256 key. The leaf never outlives the CA.
     pub fn mint_leaf(&self, host: &str) -> Result<Leaf, CaError> {
@@ -319,6 +410,13 @@ impl CertificateAuthority {
                 host: String::new(),
             });
         };
+        // A leaf outside the constraints is one no checking client accepts: refuse to mint it
+        // rather than hand out a certificate that only fails later, in the client.
+        if let Some(outside) = hosts.iter().find(|h| !self.permits(h)) {
+            return Err(CaError::OutsideConstraints {
+                host: outside.clone(),
+            });
+        }
         let mint_err = |source| CaError::MintLeaf {
             host: host.clone(),
             source,
@@ -334,8 +432,13 @@ impl CertificateAuthority {
         }
         let mut dn = DistinguishedName::new();
         // ub-common-name is 64; longer hosts live only in the SAN, which is what clients check.
-        if host.len() <= 64 {
-            dn.push(DnType::CommonName, host.as_str());
+        // An IP address never goes in the common name: OpenSSL checks a dotted common name
+        // against the CA's DNS name constraints, and `127.0.0.1` is no permitted DNS name.
+        if let Some(cn) = hosts
+            .iter()
+            .find(|h| h.len() <= 64 && h.parse::<IpAddr>().is_err())
+        {
+            dn.push(DnType::CommonName, cn.as_str());
         }
         dn.push(DnType::OrganizationName, CA_ORGANIZATION);
         params.distinguished_name = dn;
@@ -408,6 +511,14 @@ pub(crate) fn fingerprint_sha256(der: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn scope(names: &[&str]) -> Scope {
+        let mut s = Scope::new();
+        for n in names {
+            s.permit(n).unwrap();
+        }
+        s
+    }
+
     fn temp_dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("veris-ca-unit-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
@@ -422,7 +533,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!dir.exists(), "load created the CA dir");
-        let (made, _) = CertificateAuthority::load_or_create(&dir).unwrap();
+        let (made, _) = CertificateAuthority::load_or_create(&dir, &scope(&["a.test"])).unwrap();
         let loaded = CertificateAuthority::load(&dir).unwrap();
         assert_eq!(loaded.fingerprint_sha256(), made.fingerprint_sha256());
         assert_eq!(loaded.cert_path(), CertificateAuthority::cert_path_in(&dir));
@@ -430,25 +541,69 @@ mod tests {
     }
 
     #[test]
-    fn expired_ca_is_regenerated() {
+    fn expired_ca_is_refused_until_rotated() {
         let dir = temp_dir("expired");
         ensure_dir(&dir, 0o700).unwrap();
         let now = OffsetDateTime::now_utc();
-        let old =
-            CertificateAuthority::create(&dir, now - Duration::days(20), now - Duration::days(1))
-                .unwrap();
-        let (ca, outcome) = CertificateAuthority::load_or_create(&dir).unwrap();
-        assert_eq!(
-            outcome,
-            LoadOutcome::Created {
-                reason: "expired".into()
-            }
-        );
+        let names = scope(&["api.stripe.com"]);
+        let old = CertificateAuthority::create(
+            &dir,
+            now - Duration::days(20),
+            now - Duration::days(1),
+            &names,
+        )
+        .unwrap();
+        for refused in [
+            CertificateAuthority::load_or_create(&dir, &names).map(|_| ()),
+            CertificateAuthority::load(&dir).map(|_| ()),
+        ] {
+            let err = refused.unwrap_err();
+            assert!(matches!(err, CaError::Expired { .. }), "{err:?}");
+            assert!(err.to_string().contains("veris ca rotate"), "{err}");
+        }
+        // Nothing was replaced behind the user's back.
+        let kept = fs::read_to_string(dir.join(CA_CERT_FILE)).unwrap();
+        assert_eq!(kept, old.cert_pem());
+        let rotated = CertificateAuthority::rotate(&dir, &names).unwrap();
+        let previous = rotated.previous.expect("the expired CA was there");
+        assert_eq!(previous.fingerprint, old.fingerprint_sha256());
+        assert_eq!(fs::read_to_string(&previous.path).unwrap(), old.cert_pem());
+        let ca = rotated.ca;
         assert_ne!(ca.fingerprint_sha256(), old.fingerprint_sha256());
-        assert!(ca.not_after() > now + Duration::days(365));
-        let (again, outcome) = CertificateAuthority::load_or_create(&dir).unwrap();
+        assert!(ca.not_after() > now + Duration::days(364));
+        assert!(ca.not_after() < now + Duration::days(366));
+        let (again, outcome) = CertificateAuthority::load_or_create(&dir, &names).unwrap();
         assert_eq!(outcome, LoadOutcome::Loaded);
         assert_eq!(again.fingerprint_sha256(), ca.fingerprint_sha256());
+        assert_eq!(again.scope(), Some(&names));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_name_outside_the_constraints_gets_no_leaf() {
+        let dir = temp_dir("outside");
+        let names = scope(&["api.stripe.com", "127.0.0.0/8"]);
+        let (ca, _) = CertificateAuthority::load_or_create(&dir, &names).unwrap();
+        assert!(ca.mint_leaf("api.stripe.com").is_ok());
+        assert!(ca.mint_leaf("127.0.0.1").is_ok());
+        for outside in ["evil.example", "stripe.com", "10.0.0.1", "::1"] {
+            let err = ca.mint_leaf(outside).unwrap_err();
+            assert!(
+                matches!(err, CaError::OutsideConstraints { .. }),
+                "{outside}: {err:?}"
+            );
+        }
+        assert!(ca
+            .mint_leaf_for(&["api.stripe.com", "evil.example"])
+            .is_err());
+        // The constraints are in the certificate, critical, as the scope says.
+        let (_, x) = x509_parser::parse_x509_certificate(ca.cert_der()).unwrap();
+        let ext = x
+            .get_extension_unique(&x509_parser::oid_registry::OID_X509_EXT_NAME_CONSTRAINTS)
+            .unwrap()
+            .unwrap();
+        assert!(ext.critical);
+        assert_eq!(Scope::from_cert(&x).unwrap(), Some(names));
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -457,8 +612,13 @@ mod tests {
         let dir = temp_dir("short");
         ensure_dir(&dir, 0o700).unwrap();
         let now = OffsetDateTime::now_utc();
-        let ca =
-            CertificateAuthority::create(&dir, now - BACKDATE, now + Duration::days(2)).unwrap();
+        let ca = CertificateAuthority::create(
+            &dir,
+            now - BACKDATE,
+            now + Duration::days(2),
+            &scope(&["example.com"]),
+        )
+        .unwrap();
         let leaf = ca.mint_leaf("example.com").unwrap();
         let (_, x) = x509_parser::parse_x509_certificate(&leaf.chain[0]).unwrap();
         assert_eq!(x.validity().not_after.to_datetime(), ca.not_after());

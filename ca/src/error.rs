@@ -44,6 +44,23 @@ pub enum CaError {
     /// Generating or signing the CA certificate failed.
     #[error("cannot generate the ca certificate")]
     GenerateCa(#[source] rcgen::Error),
+    /// The CA certificate's validity ended: it is refused, never silently replaced, since
+    /// every client that trusts it would have to be given the new one.
+    #[error(
+        "the ca {path} expired on {not_after}; next: `veris ca rotate` makes the next one \
+         (then give clients the new certificate file)"
+    )]
+    Expired { path: PathBuf, not_after: String },
+    /// A scope without one DNS name: its certificate would constrain no DNS name at all.
+    #[error("a ca's name constraints need at least one dns name")]
+    EmptyScope,
+    /// The name is outside the CA's name constraints: no client that checks them would
+    /// accept a leaf for it, so none is minted.
+    #[error(
+        "{host} is outside the ca's name constraints; next: `veris ca rotate` with the route \
+         (or `--name {host}`) makes a ca that may sign for it"
+    )]
+    OutsideConstraints { host: String },
     /// The host cannot be put in a certificate (empty, or not a DNS name or IP literal).
     #[error("invalid host for a certificate: {host:?}")]
     InvalidHost { host: String },

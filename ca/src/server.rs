@@ -162,7 +162,11 @@ mod tests {
     #[test]
     fn minted_leaf_names_every_name_and_verifies_against_the_ca() {
         let dir = temp_dir("mint");
-        let (ca, _) = CertificateAuthority::load_or_create(&dir.join("ca")).unwrap();
+        let (ca, _) = CertificateAuthority::load_or_create(
+            &dir.join("ca"),
+            &crate::Scope::of(&["localhost", "a.example", "b.example", "10.0.0.0/8"]).unwrap(),
+        )
+        .unwrap();
         let ca = Arc::new(ca);
         let names = vec!["10.0.0.5".to_string(), "localhost".to_string()];
         let cert = ServerCert::mint(ca.clone(), &names).unwrap();
@@ -204,7 +208,11 @@ mod tests {
     #[test]
     fn loading_refuses_a_key_of_another_certificate_and_missing_files() {
         let dir = temp_dir("load");
-        let (ca, _) = CertificateAuthority::load_or_create(&dir.join("ca")).unwrap();
+        let (ca, _) = CertificateAuthority::load_or_create(
+            &dir.join("ca"),
+            &crate::Scope::of(&["localhost", "a.example", "b.example", "10.0.0.0/8"]).unwrap(),
+        )
+        .unwrap();
         let a = ca.mint_leaf("a.example").unwrap();
         let b = ca.mint_leaf("b.example").unwrap();
         let pem = |label: &str, der: &[u8]| {

@@ -18,7 +18,7 @@ use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::*;
 
 fn ca(scratch: &Scratch) -> CertificateAuthority {
-    CertificateAuthority::load_or_create(&scratch.path().join("ca"))
+    CertificateAuthority::load_or_create(&scratch.path().join("ca"), &common::scope())
         .unwrap()
         .0
 }
@@ -186,7 +186,9 @@ fn webpki_verifies_leaf_chain_with_ca_as_only_root() {
     }
     // A chain from a different CA is rejected.
     let s2 = Scratch::new("webpki-other");
-    let other_ca = CertificateAuthority::load_or_create(s2.path()).unwrap().0;
+    let other_ca = CertificateAuthority::load_or_create(s2.path(), &common::scope())
+        .unwrap()
+        .0;
     let leaf = other_ca.mint_leaf("api.stripe.com").unwrap();
     let name = ServerName::try_from("api.stripe.com").unwrap();
     assert!(verifier
@@ -312,7 +314,7 @@ async fn curl_trusts_a_rustls_server_using_minted_leaves() {
 
     // Without our CA, curl refuses the leaf: the trust really comes from the CA.
     let empty = s.path().join("empty.pem");
-    let other = CertificateAuthority::load_or_create(&s.path().join("other"))
+    let other = CertificateAuthority::load_or_create(&s.path().join("other"), &common::scope())
         .unwrap()
         .0;
     std::fs::write(&empty, other.cert_pem()).unwrap();
@@ -323,4 +325,56 @@ async fn curl_trusts_a_rustls_server_using_minted_leaves() {
         .arg(format!("https://api.stripe.com:{port}/"));
     let out = tokio::process::Command::from(cmd).output().await.unwrap();
     assert!(!out.status.success());
+}
+
+/// A leaf the CA's key signs for `host`, made directly with rcgen: what a
+/// thief holding the key could make, bypassing veris's own refusal.
+fn forged_leaf(ca: &CertificateAuthority, host: &str) -> CertificateDer<'static> {
+    let key_pem = std::fs::read_to_string(ca.key_path()).unwrap();
+    let ca_key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_der(ca.cert_der(), ca_key).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let key = rcgen::KeyPair::generate().unwrap();
+    params.signed_by(&key, &issuer).unwrap().der().clone()
+}
+
+#[test]
+fn webpki_refuses_a_leaf_outside_the_name_constraints() {
+    let s = Scratch::new("webpki-constraints");
+    let scope = veris_ca::Scope::of(&["api.stripe.com", "127.0.0.0/8", "::1"]).unwrap();
+    let ca = CertificateAuthority::load_or_create(&s.path().join("ca"), &scope)
+        .unwrap()
+        .0;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert_der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .unwrap();
+    let verify = |leaf: &CertificateDer<'static>, host: &str| {
+        verifier.verify_server_cert(
+            leaf,
+            &[ca.cert_der().clone()],
+            &ServerName::try_from(host.to_owned()).unwrap(),
+            &[],
+            UnixTime::now(),
+        )
+    };
+    // Inside: accepted, whether veris or the key's holder made the leaf.
+    for host in ["api.stripe.com", "127.0.0.1"] {
+        verify(&forged_leaf(&ca, host), host).unwrap_or_else(|e| panic!("{host}: {e}"));
+        verify(&ca.mint_leaf(host).unwrap().chain[0], host)
+            .unwrap_or_else(|e| panic!("{host}: {e}"));
+    }
+    // Outside: veris mints nothing, and a leaf made with the key is refused.
+    for host in ["evil.example.com", "stripe.com", "10.0.0.1", "2001:db8::1"] {
+        assert!(ca.mint_leaf(host).is_err(), "{host}: veris minted it");
+        let err = verify(&forged_leaf(&ca, host), host).expect_err(host);
+        assert!(
+            format!("{err:?}").contains("NameConstraint"),
+            "{host}: {err:?}"
+        );
+    }
 }

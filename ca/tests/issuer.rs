@@ -12,7 +12,9 @@ use veris_ca::{CertificateAuthority, Issuer};
 
 fn issuer(name: &str, capacity: usize) -> (Scratch, Issuer) {
     let s = Scratch::new(name);
-    let ca = CertificateAuthority::load_or_create(s.path()).unwrap().0;
+    let ca = CertificateAuthority::load_or_create(s.path(), &common::scope())
+        .unwrap()
+        .0;
     (s, Issuer::new(Arc::new(ca), capacity))
 }
 

@@ -19,7 +19,7 @@ fn mode(p: &std::path::Path) -> u32 {
 fn first_load_creates_files_with_their_modes() {
     let s = Scratch::new("store-create");
     let dir = s.path().join("state").join("ca");
-    let (ca, outcome) = CertificateAuthority::load_or_create(&dir).unwrap();
+    let (ca, outcome) = CertificateAuthority::load_or_create(&dir, &common::scope()).unwrap();
     match outcome {
         LoadOutcome::Created { reason } => assert!(reason.starts_with("missing"), "{reason}"),
         LoadOutcome::Loaded => panic!("nothing to load"),
@@ -44,8 +44,8 @@ fn first_load_creates_files_with_their_modes() {
 #[test]
 fn second_load_reuses_the_same_ca() {
     let s = Scratch::new("store-reuse");
-    let (a, _) = CertificateAuthority::load_or_create(s.path()).unwrap();
-    let (b, outcome) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (a, _) = CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
+    let (b, outcome) = CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     assert_eq!(outcome, LoadOutcome::Loaded);
     assert_eq!(a.fingerprint_sha256(), b.fingerprint_sha256());
     assert_eq!(a.cert_pem(), b.cert_pem());
@@ -57,10 +57,10 @@ fn second_load_reuses_the_same_ca() {
 #[test]
 fn group_or_world_readable_key_is_refused_with_a_fix() {
     let s = Scratch::new("store-perms");
-    let (ca, _) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (ca, _) = CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     for bad in [0o644, 0o640, 0o604] {
         fs::set_permissions(ca.key_path(), fs::Permissions::from_mode(bad)).unwrap();
-        let err = CertificateAuthority::load_or_create(s.path()).unwrap_err();
+        let err = CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap_err();
         match &err {
             CaError::InsecureKeyPermissions { path, mode } => {
                 assert_eq!(path, ca.key_path());
@@ -74,7 +74,8 @@ fn group_or_world_readable_key_is_refused_with_a_fix() {
     }
     // The refused key was left as it was, not replaced.
     fs::set_permissions(ca.key_path(), fs::Permissions::from_mode(0o600)).unwrap();
-    let (again, outcome) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (again, outcome) =
+        CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     assert_eq!(outcome, LoadOutcome::Loaded);
     assert_eq!(again.fingerprint_sha256(), ca.fingerprint_sha256());
 }
@@ -83,17 +84,18 @@ fn group_or_world_readable_key_is_refused_with_a_fix() {
 fn loose_dir_mode_is_tightened() {
     let s = Scratch::new("store-dirmode");
     fs::set_permissions(s.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    CertificateAuthority::load_or_create(s.path()).unwrap();
+    CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     assert_eq!(mode(s.path()), 0o700);
 }
 
 #[test]
 fn missing_or_unparsable_files_regenerate_and_say_why() {
     let s = Scratch::new("store-regen");
-    let (first, _) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (first, _) = CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
 
     fs::remove_file(first.cert_path()).unwrap();
-    let (second, outcome) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (second, outcome) =
+        CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     assert!(
         matches!(&outcome, LoadOutcome::Created { reason } if reason.starts_with("missing") && reason.contains("veris-ca.pem")),
         "{outcome:?}"
@@ -101,7 +103,8 @@ fn missing_or_unparsable_files_regenerate_and_say_why() {
     assert_ne!(second.fingerprint_sha256(), first.fingerprint_sha256());
 
     fs::write(second.cert_path(), "not a certificate").unwrap();
-    let (third, outcome) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (third, outcome) =
+        CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     assert!(
         matches!(&outcome, LoadOutcome::Created { reason } if reason.starts_with("unparsable")),
         "{outcome:?}"
@@ -109,7 +112,8 @@ fn missing_or_unparsable_files_regenerate_and_say_why() {
     assert_ne!(third.fingerprint_sha256(), second.fingerprint_sha256());
 
     fs::write(third.key_path(), "garbage").unwrap();
-    let (fourth, outcome) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (fourth, outcome) =
+        CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     assert!(
         matches!(&outcome, LoadOutcome::Created { reason } if reason.starts_with("unparsable: key")),
         "{outcome:?}"
@@ -118,16 +122,16 @@ fn missing_or_unparsable_files_regenerate_and_say_why() {
 
     // A key from another CA does not match the certificate.
     let other = Scratch::new("store-regen-other");
-    let (o, _) = CertificateAuthority::load_or_create(other.path()).unwrap();
+    let (o, _) = CertificateAuthority::load_or_create(other.path(), &common::scope()).unwrap();
     fs::copy(o.key_path(), fourth.key_path()).unwrap();
-    let (_, outcome) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (_, outcome) = CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     assert!(
         matches!(&outcome, LoadOutcome::Created { reason } if reason.contains("does not match")),
         "{outcome:?}"
     );
 
     fs::remove_file(fourth.key_path()).unwrap();
-    let (_, outcome) = CertificateAuthority::load_or_create(s.path()).unwrap();
+    let (_, outcome) = CertificateAuthority::load_or_create(s.path(), &common::scope()).unwrap();
     assert!(
         matches!(&outcome, LoadOutcome::Created { reason } if reason.starts_with("missing") && reason.contains("veris-ca-key.pem")),
         "{outcome:?}"
@@ -145,7 +149,7 @@ fn umask() -> Option<u32> {
 fn parents_of_the_ca_dir_keep_the_ordinary_mode() {
     let s = Scratch::new("store-parents");
     let state = s.path().join("state");
-    CertificateAuthority::load_or_create(&state.join("ca")).unwrap();
+    CertificateAuthority::load_or_create(&state.join("ca"), &common::scope()).unwrap();
     assert_eq!(mode(&state.join("ca")), 0o700);
     let Some(umask) = umask() else {
         println!("SKIP: no /proc/self/status umask");

@@ -22,9 +22,11 @@ fn mode(p: &Path) -> u32 {
 #[test]
 fn publish_writes_ca_bundle_and_truststore_with_modes() {
     let s = Scratch::new("trust-publish");
-    let (ca, _) = CertificateAuthority::load_or_create(&s.path().join("ca")).unwrap();
+    let (ca, _) =
+        CertificateAuthority::load_or_create(&s.path().join("ca"), &common::scope()).unwrap();
     // A stand-in system bundle: another CA's certificate, without a trailing newline.
-    let (sys_ca, _) = CertificateAuthority::load_or_create(&s.path().join("sys")).unwrap();
+    let (sys_ca, _) =
+        CertificateAuthority::load_or_create(&s.path().join("sys"), &common::scope()).unwrap();
     let sys_bundle = s.path().join("system.crt");
     fs::write(&sys_bundle, sys_ca.cert_pem().trim_end()).unwrap();
 
@@ -99,7 +101,8 @@ fn keytool_reads_the_truststore_with_system_roots() {
         return;
     }
     let s = Scratch::new("trust-keytool");
-    let (ca, _) = CertificateAuthority::load_or_create(&s.path().join("ca")).unwrap();
+    let (ca, _) =
+        CertificateAuthority::load_or_create(&s.path().join("ca"), &common::scope()).unwrap();
     let system = trust::find_system_bundle(None);
     let roots = system
         .as_ref()
@@ -369,7 +372,8 @@ async fn java_trusts_minted_leaf_through_java_tool_options() {
     }
     use std::sync::Arc;
     let s = Scratch::new("java");
-    let (ca, _) = CertificateAuthority::load_or_create(&s.path().join("ca")).unwrap();
+    let (ca, _) =
+        CertificateAuthority::load_or_create(&s.path().join("ca"), &common::scope()).unwrap();
     let ca = Arc::new(ca);
     let files = trust::publish(
         &s.path().join("trust dir"),

@@ -65,6 +65,7 @@ pub mod inbound;
 pub mod limit;
 pub mod outbound;
 pub mod request;
+pub mod scope;
 mod sys;
 
 use std::sync::Arc;

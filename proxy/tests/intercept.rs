@@ -63,7 +63,11 @@ struct Setup {
 
 async fn start_proxy(setup: Setup, tag: &str) -> Harness {
     let dir = temp_dir(tag);
-    let (ca, _) = CertificateAuthority::load_or_create(&dir.join("ca")).unwrap();
+    let (ca, _) = CertificateAuthority::load_or_create(
+        &dir.join("ca"),
+        &veris_proxy::scope::scope(None, &["acme.test".into(), "example.test".into()]).unwrap(),
+    )
+    .unwrap();
     let ca_der = ca.cert_der().clone();
     let issuer = Arc::new(Issuer::new(Arc::new(ca), 100));
     let recorder = Arc::new(MemoryRecorder::default());

@@ -1,4 +1,4 @@
-//! `veris ca init|show|path|env`.
+//! `veris ca init|show|path|env|rotate`.
 
 use std::path::{Path, PathBuf};
 
@@ -19,10 +19,39 @@ pub struct CaDirs {
     pub ca_dir: Option<PathBuf>,
 }
 
+/// What a new CA may sign for besides the built-in catalog and veris's own
+/// names (the canary host, localhost and loopback addresses).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ScopeArgs {
+    /// Config file whose routes the CA must be able to sign for (its
+    /// `ca_dir` is used unless --ca-dir is given).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Route the CA must be able to sign for, repeatable: SERVICE=HOST[/PREFIX],
+    /// as `veris serve --route`.
+    #[arg(long = "route", value_name = "SERVICE=HOST[/PREFIX]")]
+    pub routes: Vec<String>,
+    /// Another name the CA may sign for, repeatable: a DNS name (it and the
+    /// names under it), an IP address or a subnet, e.g. the gateway's
+    /// --tls-name or a TLS twin's address.
+    #[arg(long = "name", value_name = "NAME")]
+    pub names: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ScopedDirs {
+    #[command(flatten)]
+    pub dirs: CaDirs,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum CaCommand {
     /// Create the CA (if needed) and publish trust material, without serving.
-    Init(CaDirs),
+    /// A new CA may sign only for the catalog, the routes given, the --name
+    /// names and veris's own names (its X.509 name constraints).
+    Init(ScopedDirs),
     /// Print the CA's subject, fingerprint, validity and paths. Creates
     /// nothing: without a usable CA it says so, and how to make one, and
     /// exits 1.
@@ -33,6 +62,11 @@ pub enum CaCommand {
     Path(CaDirs),
     /// Print the client env file for a proxy URL.
     Env(EnvArgs),
+    /// Make the next CA (a new key, valid one year, may sign for the
+    /// catalog, the routes given and the --name names), keep the previous
+    /// certificate as veris-ca.prev.pem, and say what changed. Every client
+    /// that trusts the CA file must then be given the new one.
+    Rotate(ScopedDirs),
 }
 
 #[derive(Args, Debug)]
@@ -78,27 +112,134 @@ fn load_existing(command: &str, ca_dir: &Path) -> Result<Result<CertificateAutho
             );
             Ok(Err(reason))
         }
+        Err(e @ veris_ca::CaError::Expired { .. }) => {
+            eprintln!("veris ca {command}: {e}");
+            Ok(Err("expired".into()))
+        }
         Err(e) => {
             Err(anyhow::Error::new(e).context(format!("loading the CA in {}", ca_dir.display())))
         }
     }
 }
 
-fn load(dirs: &CaDirs) -> Result<Loaded> {
-    let (state, ca_dir) = dirs_of(dirs);
-    let (ca, outcome) = CertificateAuthority::load_or_create(&ca_dir)
+/// The CA in `dirs` (created, constrained to `scope`, when there is none
+/// usable) and its published trust material.
+fn load(dirs: &CaDirs, scope: &ScopeArgs) -> Result<Loaded> {
+    let (state, ca_dir, router) = scoped(dirs, scope)?;
+    let names = veris_proxy::scope::scope(router.as_ref(), &scope.names)
+        .context("the names the CA may sign for (--name)")?;
+    let (ca, outcome) = CertificateAuthority::load_or_create(&ca_dir, &names)
         .with_context(|| format!("loading the CA in {}", ca_dir.display()))?;
     if let LoadOutcome::Created { reason } = outcome {
         eprintln!("veris: created a new CA in {} ({reason})", ca_dir.display());
     }
+    let trust = publish(&state, &ca)?;
+    Ok(Loaded { ca, trust })
+}
+
+/// Publishes `ca`'s trust material in `<state>/trust`.
+fn publish(state: &Path, ca: &CertificateAuthority) -> Result<veris_ca::trust::TrustFiles> {
     let bundle = veris_ca::trust::find_system_bundle(
         std::env::var_os("VERIS_SYSTEM_CA_BUNDLE")
             .as_deref()
             .map(Path::new),
     );
-    let trust = veris_ca::trust::publish(&state.join("trust"), &ca, bundle.as_deref())
-        .context("publishing trust material")?;
-    Ok(Loaded { ca, trust })
+    veris_ca::trust::publish(&state.join("trust"), ca, bundle.as_deref())
+        .context("publishing trust material")
+}
+
+/// The state and CA dirs, and the routes `scope` names (its config file's
+/// `ca_dir` counts when no --ca-dir is given).
+fn scoped(
+    dirs: &CaDirs,
+    scope: &ScopeArgs,
+) -> Result<(
+    PathBuf,
+    PathBuf,
+    Option<veris_proxy::request::route::Router>,
+)> {
+    use veris_proxy::config::{Flags, Settings};
+    let (state, mut ca_dir) = dirs_of(dirs);
+    let settings = match &scope.config {
+        Some(path) => {
+            if !scope.routes.is_empty() {
+                anyhow::bail!("--route and --config {} both name routes. Next: put the routes in the config file, or drop --config", path.display());
+            }
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading config {}", path.display()))?;
+            let settings = Settings::from_json(&text, &path.display().to_string())?;
+            if let (None, Some(dir)) = (&dirs.ca_dir, &settings.ca_dir) {
+                ca_dir = dir.clone();
+            }
+            Some(settings)
+        }
+        None if scope.routes.is_empty() => None,
+        // Only the routes' hosts are read: any twin will do.
+        None => Some(Settings::from_flags(Flags {
+            listen: "127.0.0.1:0",
+            twin: "http://127.0.0.1:1",
+            sandbox_id: DEFAULT_SANDBOX,
+            services: &[],
+            routes: &scope.routes,
+            mode: veris_receipt::Mode::Passthrough,
+            allow_passthrough: &[],
+        })?),
+    };
+    Ok((state, ca_dir, settings.map(|s| s.router)))
+}
+
+/// `veris ca rotate`: the next CA, and what changed.
+fn rotate(args: &ScopedDirs) -> Result<()> {
+    let (state, ca_dir, router) = scoped(&args.dirs, &args.scope)?;
+    let names = veris_proxy::scope::scope(router.as_ref(), &args.scope.names)
+        .context("the names the CA may sign for (--name)")?;
+    let rotated = CertificateAuthority::rotate(&ca_dir, &names)
+        .with_context(|| format!("making the next CA in {}", ca_dir.display()))?;
+    let ca = &rotated.ca;
+    let trust = publish(&state, ca)?;
+    let now: Vec<String> = names.subtrees();
+    crate::outln!("made the next CA in {}", ca_dir.display());
+    crate::outln!("sha256:      {}", ca.fingerprint_sha256());
+    crate::outln!("not after:   {}", utc(ca.not_after()));
+    crate::outln!("certificate: {}", ca.cert_path().display());
+    crate::outln!("may sign for ({}): {}", now.len(), now.join(", "));
+    match &rotated.previous {
+        None => crate::outln!("previous:    none usable was there"),
+        Some(prev) => {
+            crate::outln!(
+                "previous:    sha256 {} (not after {}), kept as {}; its key is gone",
+                prev.fingerprint,
+                utc(prev.not_after),
+                prev.path.display()
+            );
+            match &prev.scope {
+                None => crate::outln!(
+                    "changed:     the previous CA could sign for any name; this one only for the names above"
+                ),
+                Some(before) => {
+                    let before = before.subtrees();
+                    let added: Vec<&String> = now.iter().filter(|n| !before.contains(n)).collect();
+                    let removed: Vec<&String> =
+                        before.iter().filter(|n| !now.contains(n)).collect();
+                    let list = |v: &[&String]| {
+                        if v.is_empty() {
+                            "none".to_string()
+                        } else {
+                            v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                        }
+                    };
+                    crate::outln!("added:       {}", list(&added));
+                    crate::outln!("removed:     {}", list(&removed));
+                }
+            }
+        }
+    }
+    crate::outln!(
+        "Next: give every client the new {} (trust bundle: {}); until then they refuse every intercepted connection. A gateway fleet: put it in every sandbox image and the fleet's --ca-dir, then restart the gateways; running proxies keep the previous CA until restarted.",
+        ca.cert_path().display(),
+        trust.bundle.display()
+    );
+    Ok(())
 }
 
 /// A certificate date as `2026-12-03 06:23:28 UTC` (the `time` crate's own
@@ -113,8 +254,8 @@ fn utc(t: time::OffsetDateTime) -> String {
 
 pub fn ca(cmd: CaCommand) -> Result<u8> {
     match cmd {
-        CaCommand::Init(dirs) => {
-            let l = load(&dirs)?;
+        CaCommand::Init(args) => {
+            let l = load(&args.dirs, &args.scope)?;
             crate::outln!("{}", l.ca.cert_path().display());
         }
         CaCommand::Show(dirs) => {
@@ -128,6 +269,15 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
             crate::outln!("sha256:      {}", ca.fingerprint_sha256());
             crate::outln!("not before:  {}", utc(ca.not_before()));
             crate::outln!("not after:   {}", utc(ca.not_after()));
+            match ca.scope() {
+                Some(scope) => crate::outln!(
+                    "may sign for: {}",
+                    scope.subtrees().join(", ")
+                ),
+                None => crate::outln!(
+                    "may sign for: any name (unconstrained; `veris ca rotate` makes a constrained one)"
+                ),
+            }
             crate::outln!("certificate: {}", ca.cert_path().display());
             crate::outln!("key:         {}", ca.key_path().display());
             crate::outln!("trust dir:   {}", trust.dir.display());
@@ -138,6 +288,7 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
                 trust.truststore_type
             );
         }
+        CaCommand::Rotate(args) => rotate(&args)?,
         CaCommand::Path(dirs) => {
             let (_, ca_dir) = dirs_of(&dirs);
             // The path either way: a script may configure clients before
@@ -146,7 +297,7 @@ pub fn ca(cmd: CaCommand) -> Result<u8> {
             crate::outln!("{}", CertificateAuthority::cert_path_in(&ca_dir).display());
         }
         CaCommand::Env(args) => {
-            let l = load(&args.dirs)?;
+            let l = load(&args.dirs, &ScopeArgs::default())?;
             let text = env_file(
                 &l.trust,
                 (!args.trust_only).then_some(args.proxy.as_str()),

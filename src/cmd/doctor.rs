@@ -20,7 +20,7 @@ use clap::Args;
 use time::OffsetDateTime;
 use veris_ca::env::EnvSpec;
 use veris_ca::trust::TrustFiles;
-use veris_ca::{CaError, CertificateAuthority};
+use veris_ca::{CaError, CertificateAuthority, EXPIRY_WARNING};
 use veris_receipt::receipt::CheckStatus;
 
 use crate::outln;
@@ -28,8 +28,6 @@ use crate::runtime::live::{Discovery, LiveStatus, ADDR_FILE, TOKEN_FILE};
 
 /// Exit code when a check FAILs: the same as a failed `veris check`.
 pub const EXIT_FAILED: u8 = 2;
-/// A CA this close to its end gets a warning.
-const EXPIRY_WARNING: time::Duration = time::Duration::days(30);
 /// Bound on the namespace probe (it runs `ip` and `nft`).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on the entries the permission walk looks at.
@@ -188,6 +186,7 @@ fn ca(state: &Path, dir: &Path, proxy_live: bool) -> (Finding, Option<Certificat
         "`veris ca init {}` (serve and run create one too)",
         dir_flags(state, dir)
     );
+    let rotate = format!("`veris ca rotate {}`", dir_flags(state, dir));
     match CertificateAuthority::load(dir) {
         Ok(ca) => {
             let detail = format!(
@@ -196,8 +195,33 @@ fn ca(state: &Path, dir: &Path, proxy_live: bool) -> (Finding, Option<Certificat
                 shown(dir),
                 ca.fingerprint_sha256().get(..23).unwrap_or_default()
             );
-            (Finding::ok("ca", detail), Some(ca))
+            let finding = match ca.scope() {
+                Some(scope) => Finding::ok(
+                    "ca",
+                    format!(
+                        "{detail}, name-constrained to {} subtrees",
+                        scope.subtrees().len()
+                    ),
+                ),
+                None => Finding::warn(
+                    "ca",
+                    format!("{detail} is unconstrained: made before veris constrained its CAs, it can sign for any name, so whoever copies its key can intercept anything that trusts it"),
+                    format!("{rotate} makes one that can sign only for the names veris routes; then give clients the new CA file"),
+                ),
+            };
+            (finding, Some(ca))
         }
+        Err(CaError::Expired { not_after, .. }) => (
+            Finding::fail(
+                "ca",
+                format!(
+                    "the CA in {} expired on {not_after} (or this clock is ahead): serve and run refuse it",
+                    shown(dir)
+                ),
+                format!("check the clock (`date -u`); if it is right, {rotate} makes the next CA, which clients must trust again"),
+            ),
+            None,
+        ),
         Err(CaError::NoCa { reason, .. }) if reason.starts_with("missing") && !proxy_live => (
             Finding::ok(
                 "ca",
@@ -220,14 +244,6 @@ fn ca(state: &Path, dir: &Path, proxy_live: bool) -> (Finding, Option<Certificat
                     "`veris ca init {}` makes one there; or pass `veris doctor` the --ca-dir the proxy was given",
                     dir_flags(state, dir)
                 ),
-            ),
-            None,
-        ),
-        Err(CaError::NoCa { reason, .. }) if reason == "expired" => (
-            Finding::fail(
-                "ca",
-                format!("the CA in {} has expired (or this clock is ahead)", shown(dir)),
-                format!("check the clock (`date -u`); if it is right, {init} makes a new CA, which clients must trust again"),
             ),
             None,
         ),
@@ -308,13 +324,13 @@ fn clock(
         Finding::fail(
             "clock",
             format!("the CA expired at {} (now {})", when(na), when(now)),
-            format!("check the clock; if it is right, `veris ca init {flags}` makes a new CA"),
+            format!("check the clock; if it is right, `veris ca rotate {flags}` makes the next CA"),
         )
     } else if na - now < EXPIRY_WARNING {
         Finding::warn(
             "clock",
             format!("the CA expires at {}", when(na)),
-            format!("after it does, serve and run make a new CA (`veris ca init {flags}` now), which clients must trust again"),
+            format!("after it does, serve and run refuse it: `veris ca rotate {flags}` makes the next one now, which clients must trust again"),
         )
     } else {
         Finding::ok(

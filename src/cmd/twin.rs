@@ -67,11 +67,16 @@ pub async fn twin(args: TwinArgs) -> Result<u8> {
     let addr = listener.local_addr()?;
     let tls = if args.tls {
         let state = crate::util::state_dir(args.state_dir.clone());
-        let (ca, _) =
-            CertificateAuthority::load_or_create(&state.join("ca")).context("loading the CA")?;
+        let scope =
+            veris_proxy::scope::scope(None, &[]).context("the names the CA may sign for")?;
+        let (ca, _) = CertificateAuthority::load_or_create(&state.join("ca"), &scope)
+            .context("loading the CA")?;
         let issuer = Issuer::new(Arc::new(ca), 16);
         let host = addr.ip().to_string();
-        let key = issuer.certified_key(&host)?;
+        // The CA signs for loopback addresses; another one needs `veris ca rotate --name`.
+        let key = issuer
+            .certified_key(&host)
+            .with_context(|| format!("minting the twin's TLS certificate for {host}"))?;
         Some(veris_proxy::inbound::tls::server_config(key))
     } else {
         None

@@ -106,21 +106,40 @@ pub struct GatewayConfig {
 /// The gateway's interception CA: the fleet's shared one (`--ca-dir`),
 /// which a gateway must never replace with one of its own (its sandboxes
 /// trust only the shared file), else its state dir's, made on first start.
-fn load_ca(state_dir: &Path, shared: Option<&Path>) -> Result<CertificateAuthority> {
-    match shared {
-        Some(dir) => CertificateAuthority::load(dir).with_context(|| {
-            format!(
-                "loading the fleet's CA from --ca-dir {}. Next: put the fleet's veris-ca.pem and veris-ca-key.pem (0600, owned by this user) there, e.g. copied from the first gateway's STATE/ca",
-                dir.display()
-            )
-        }),
+/// Either must be allowed to sign for the catalog's hosts (the gateway's
+/// sandboxes route catalog services), the canary and `tls_names` (its TLS
+/// listener's leaf).
+fn load_ca(
+    state_dir: &Path,
+    shared: Option<&Path>,
+    tls_names: &[String],
+) -> Result<CertificateAuthority> {
+    let (ca, dir) = match shared {
+        Some(dir) => (
+            CertificateAuthority::load(dir).with_context(|| {
+                format!(
+                    "loading the fleet's CA from --ca-dir {}. Next: put the fleet's veris-ca.pem and veris-ca-key.pem (0600, owned by this user) there, e.g. copied from the first gateway's STATE/ca",
+                    dir.display()
+                )
+            })?,
+            dir.to_path_buf(),
+        ),
         None => {
             let dir = state_dir.join("ca");
-            let (ca, _) = CertificateAuthority::load_or_create(&dir)
+            let scope = veris_proxy::scope::scope(None, tls_names)
+                .context("the names the CA may sign for (--tls-name)")?;
+            let (ca, _) = CertificateAuthority::load_or_create(&dir, &scope)
                 .with_context(|| format!("loading the CA in {}", dir.display()))?;
-            Ok(ca)
+            (ca, dir)
         }
-    }
+    };
+    let needed: Vec<String> = veris_proxy::scope::catalog_hosts()
+        .map(str::to_owned)
+        .chain([veris_proxy::canary::CANARY_HOST.to_owned()])
+        .chain(tls_names.iter().cloned())
+        .collect();
+    crate::runtime::ca_check::check(&ca, &dir, &needed)?;
+    Ok(ca)
 }
 
 /// What the gateway's `/metrics` serves: the process, and each sandbox's
@@ -203,7 +222,11 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
             (url, Some(task), Some(credential))
         }
     };
-    let ca = Arc::new(load_ca(&state_dir, config.ca_dir.as_deref())?);
+    let tls_names = match &config.tls {
+        Some(settings) => crate::runtime::gateway_tls::minted_names(settings)?,
+        None => Vec::new(),
+    };
+    let ca = Arc::new(load_ca(&state_dir, config.ca_dir.as_deref(), &tls_names)?);
     let system_bundle = veris_ca::trust::find_system_bundle(
         std::env::var_os("VERIS_SYSTEM_CA_BUNDLE")
             .as_deref()

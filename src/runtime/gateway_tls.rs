@@ -40,29 +40,43 @@ pub struct TlsListener {
     pub ca: Option<PathBuf>,
 }
 
+/// `--tls-listen` as an address.
+fn listen_addr(settings: &TlsSettings) -> Result<SocketAddr> {
+    settings.listen.parse().with_context(|| {
+        format!(
+            "--tls-listen {:?} is not an IP:PORT. Next: e.g. --tls-listen 0.0.0.0:1443",
+            settings.listen
+        )
+    })
+}
+
+/// The names the listener's leaf of the CA carries: `--tls-name`, else
+/// its address and `localhost`; none with an operator's certificate. The
+/// CA must be allowed to sign for each (its name constraints).
+pub fn minted_names(settings: &TlsSettings) -> Result<Vec<String>> {
+    if settings.cert.is_some() {
+        return Ok(Vec::new());
+    }
+    if !settings.names.is_empty() {
+        return Ok(settings.names.clone());
+    }
+    Ok(default_names(listen_addr(settings)?))
+}
+
 /// Loads or mints the certificate, then binds `settings.listen`.
 pub async fn bind(
     settings: &TlsSettings,
     ca: &Arc<CertificateAuthority>,
     ca_pem: PathBuf,
 ) -> Result<TlsListener> {
-    let listen: SocketAddr = settings.listen.parse().with_context(|| {
-        format!(
-            "--tls-listen {:?} is not an IP:PORT. Next: e.g. --tls-listen 0.0.0.0:1443",
-            settings.listen
-        )
-    })?;
+    let listen = listen_addr(settings)?;
     let (cert, trust) = match &settings.cert {
         Some((cert, key)) => (
             ServerCert::load(cert, key).context("loading the TLS listener's certificate")?,
             None,
         ),
         None => {
-            let names = if settings.names.is_empty() {
-                default_names(listen)
-            } else {
-                settings.names.clone()
-            };
+            let names = minted_names(settings)?;
             let cert = ServerCert::mint(ca.clone(), &names).with_context(|| {
                 format!("minting the TLS listener's certificate for {names:?}. Next: give each --tls-name as a DNS name or an IP address")
             })?;

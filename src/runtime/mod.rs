@@ -3,6 +3,7 @@
 //! state dir means, and building and judging a receipt.
 
 pub mod baseline;
+pub mod ca_check;
 pub mod checks;
 pub mod fleet;
 pub mod fleet_identity;

@@ -10,6 +10,7 @@
 
 mod support;
 
+mod ca_constraints;
 mod capture;
 mod cli;
 mod client_matrix;

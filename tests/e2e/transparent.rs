@@ -453,7 +453,8 @@ fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
         &["--mode", "strict", "--allow-quic", "--route", &route],
     );
 
-    // With SNI: terminated with our leaf (-k) and refused in words.
+    // With SNI outside the CA's name constraints: no leaf is made for it,
+    // the handshake is refused (even with -k) and recorded as blocked.
     let (code, body, err) = curl(
         &ns,
         &[
@@ -463,9 +464,8 @@ fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
             "https://origin.test/",
         ],
     );
-    assert_eq!(code, "421", "{err}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["error"], "veris_unmapped_host");
+    assert_eq!(code, "000", "{err}");
+    assert_ne!(body, "origin ok");
     // Without SNI and without a route for the address: the connection is closed.
     let (code, body, _) = curl(&ns, &["-k", &format!("https://{LOCAL_V4}/")]);
     assert_eq!(code, "000");
@@ -491,9 +491,13 @@ fn strict_mode_refuses_unmapped_hosts_in_the_transparent_tier() {
     assert!(!ns.has_veris_table(), "the rules are removed on exit");
     let ledger = ledger(&state);
     let blocked = kinds(&ledger, "blocked");
-    assert!(blocked
-        .iter()
-        .any(|b| b["host"] == "origin.test" && b["tier"] == "transparent"));
+    assert!(blocked.iter().any(|b| b["host"] == "origin.test"
+        && b["tier"] == "transparent"
+        && b["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("outside the CA's name constraints")));
+    assert!(kinds(&ledger, "trust_failure").is_empty());
     assert!(blocked.iter().any(|b| b["host"] == LOCAL_V4
         && b["reason"].as_str().unwrap_or("").contains("without SNI")
         && b["dst"] == format!("{LOCAL_V4}:443").as_str()));
@@ -859,7 +863,20 @@ fn a_connect_through_an_outside_proxy_is_caught_and_served_by_the_twin() {
     let ns = Netns::create("connect");
     let vendor = FakeVendor::start(&ns, &dir, "3128", "9");
     let uid = WORKLOAD_UID.to_string();
-    let veris = Veris::start(&ns, &dir, &["--mode", "strict", "--workload-uid", &uid]);
+    // Stripe alone: api.github.com is unmapped but inside the CA's name
+    // constraints (the whole catalog), so it can be refused in words.
+    let veris = Veris::start(
+        &ns,
+        &dir,
+        &[
+            "--mode",
+            "strict",
+            "--services",
+            "stripe",
+            "--workload-uid",
+            &uid,
+        ],
+    );
     readable(&dir);
     let ca = veris.ca();
     let outside_proxy = format!("http://{VENDOR_V4}:3128");
@@ -882,7 +899,7 @@ fn a_connect_through_an_outside_proxy_is_caught_and_served_by_the_twin() {
     let v: Value = serde_json::from_str(&body).expect("twin JSON");
     assert_eq!(v["object"], "list");
     // An unmapped host through the same "proxy": refused in words (strict).
-    let (code, body, err) = curl("https://unmapped.example/");
+    let (code, body, err) = curl("https://api.github.com/user");
     assert_eq!(code, "421", "{body} {err}");
     assert!(body.contains("veris_unmapped_host"), "{body}");
     assert_eq!(vendor.hits(), "", "nothing reached the outside proxy");
@@ -897,7 +914,7 @@ fn a_connect_through_an_outside_proxy_is_caught_and_served_by_the_twin() {
     assert_eq!(requests[0]["tier"], "transparent");
     let blocked = kinds(&ledger, "blocked");
     assert_eq!(blocked.len(), 1, "{blocked:?}");
-    assert_eq!(blocked[0]["host"], "unmapped.example");
+    assert_eq!(blocked[0]["host"], "api.github.com");
     // Where the client's bytes were headed: the outside proxy.
     assert_eq!(blocked[0]["dst"], format!("{VENDOR_V4}:3128"));
 }

@@ -140,3 +140,20 @@ pub fn record_skip(why: &str) {
         .open(log)
         .and_then(|mut f| f.write_all(line.as_bytes()));
 }
+
+/// The names these tests mint leaves for, as a CA's name constraints.
+pub fn scope() -> veris_ca::Scope {
+    veris_ca::Scope::of(&[
+        "example.com",
+        "example",
+        "bench.example",
+        "api.stripe.com",
+        "www.googleapis.com",
+        "localhost",
+        "127.0.0.0/8",
+        "10.0.0.0/8",
+        "::1",
+        "2001:db8::/32",
+    ])
+    .expect("test scope")
+}

@@ -185,6 +185,16 @@ impl Proxy {
             .unwrap_or_else(|| leg.host.clone());
         let key = match self.issuer.certified_key(&name) {
             Ok(key) => key,
+            Err(veris_ca::CaError::OutsideConstraints { .. }) => {
+                // No client that checks the CA's name constraints would accept a leaf for
+                // this name, so none is minted: a refusal by us, recorded as `blocked`,
+                // never a client's `trust_failure`. The handshake ends with an
+                // `access_denied` alert (what rustls sends when it has no certificate).
+                info!(host = %name, "outside the CA's name constraints; refusing the handshake");
+                let _ = tokio::time::timeout(handshake, start.into_stream(no_certificate())).await;
+                self.record_outside_constraints(&name, leg).await;
+                return None;
+            }
             Err(e) => {
                 warn!(error = %e, host = %name, "cannot mint a leaf; closing the connection");
                 return None;
@@ -210,6 +220,29 @@ impl Proxy {
         }
     }
 
+    /// A connection for `name`, outside the CA's name constraints, refused
+    /// without a certificate.
+    async fn record_outside_constraints(&self, name: &str, leg: &Leg) {
+        let unmapped = self.router.route_connection(name) == Route::Unmapped;
+        let why = if unmapped && self.identity.mode == Mode::Strict {
+            "strict mode: unmapped host"
+        } else {
+            "the name the client asked for"
+        };
+        self.record_or_log(Entry::Blocked(BlockedLine {
+            host: name.to_string(),
+            port: leg.port,
+            tier: leg.tier,
+            method: Some("CONNECT".into()),
+            path: None,
+            reason: format!(
+                "{why} is outside the CA's name constraints: no certificate a client accepts can be made for it"
+            ),
+            dst: leg.headed_to(),
+        }))
+        .await;
+    }
+
     /// Strict mode: a `CONNECT` to a host no service routes is terminated
     /// only so its refusal reaches the client as words; a client that then
     /// speaks no TLS is refused all the same, and that refusal is recorded.
@@ -232,6 +265,23 @@ impl Proxy {
     }
 }
 
+/// A server config with no certificate: rustls ends the handshake with an
+/// `access_denied` alert.
+fn no_certificate() -> Arc<ServerConfig> {
+    #[derive(Debug)]
+    struct None_;
+    impl ResolvesServerCert for None_ {
+        fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+            None
+        }
+    }
+    Arc::new(
+        ServerConfig::builder()
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(None_)),
+    )
+}
+
 /// A rustls server config presenting one minted leaf, offering h2 and
 /// http/1.1 (the built-in twin's; the proxy keeps one per leaf in [`ServerConfigs`]).
 pub fn server_config(key: Arc<rustls::sign::CertifiedKey>) -> Arc<rustls::ServerConfig> {
@@ -245,7 +295,11 @@ mod tests {
     fn issuer() -> veris_ca::Issuer {
         let dir = std::env::temp_dir().join(format!("veris-tls-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (ca, _) = veris_ca::CertificateAuthority::load_or_create(&dir).expect("ca");
+        let (ca, _) = veris_ca::CertificateAuthority::load_or_create(
+            &dir,
+            &crate::scope::scope(None, &["example".into()]).unwrap(),
+        )
+        .expect("ca");
         let _ = std::fs::remove_dir_all(&dir);
         veris_ca::Issuer::new(Arc::new(ca), 2)
     }

@@ -954,7 +954,11 @@ mod tests {
     async fn a_real_post_quantum_hello_read_byte_by_byte_is_replayed_into_rustls() {
         let dir = std::env::temp_dir().join(format!("veris-rewind-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (ca, _) = veris_ca::CertificateAuthority::load_or_create(&dir).unwrap();
+        let (ca, _) = veris_ca::CertificateAuthority::load_or_create(
+            &dir,
+            &crate::scope::scope(None, &["example".into()]).unwrap(),
+        )
+        .unwrap();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca.cert_der().clone()).unwrap();
         let issuer = veris_ca::Issuer::new(Arc::new(ca), 8);
@@ -1086,7 +1090,11 @@ mod lifecycle_tests {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
-        let (ca, _) = veris_ca::CertificateAuthority::load_or_create(&dir).unwrap();
+        let (ca, _) = veris_ca::CertificateAuthority::load_or_create(
+            &dir,
+            &crate::scope::scope(None, &["example".into()]).unwrap(),
+        )
+        .unwrap();
         let ca_der = ca.cert_der().clone();
         let issuer = Arc::new(veris_ca::Issuer::new(Arc::new(ca), 16));
         let twin = twin().await;

@@ -526,11 +526,14 @@ fn ca_and_trust(
         .clone()
         .or_else(|| settings.ca_dir.clone())
         .unwrap_or_else(|| state_dir.join("ca"));
-    let (ca, outcome) = CertificateAuthority::load_or_create(&ca_dir)
+    let scope = veris_proxy::scope::scope(Some(&settings.router), &[])
+        .context("the names the CA may sign for")?;
+    let (ca, outcome) = CertificateAuthority::load_or_create(&ca_dir, &scope)
         .with_context(|| format!("loading the CA in {}", ca_dir.display()))?;
     if let LoadOutcome::Created { reason } = &outcome {
         info!(dir = %ca_dir.display(), %reason, "created the interception CA");
     }
+    crate::runtime::ca_check::check(&ca, &ca_dir, &veris_proxy::scope::needed(&settings.router))?;
     let ca = Arc::new(ca);
     let system_bundle = veris_ca::trust::find_system_bundle(
         std::env::var_os("VERIS_SYSTEM_CA_BUNDLE")
