@@ -39,6 +39,7 @@ mod gateway_limits;
 mod gateway_restart;
 mod gateway_tls;
 mod gateway_views;
+mod gateway_webhook;
 mod har;
 mod integrity;
 mod isolated;

@@ -35,7 +35,7 @@ mod announce;
 mod args;
 mod ledger;
 mod routing;
-mod webhooks;
+pub(crate) mod webhooks;
 
 use announce::Announce;
 pub use announce::{merged_no_proxy, EnvBase};

@@ -39,32 +39,26 @@ impl Webhooks {
         faults: &[String],
         builtin: bool,
     ) -> Result<Option<Webhooks>> {
-        let faults = parse_faults(faults)?;
-        if values.is_empty() {
-            if !faults.is_empty() {
-                bail!("--webhook-faults needs --webhook: there are no deliveries to put faults on. Next: add --webhook stripe=http://HOST:PORT/PATH");
-            }
+        let Some((targets, faults)) = targets(values, faults)? else {
             return Ok(None);
-        }
+        };
         if !builtin {
             bail!("--webhook needs the built-in twin, which makes the events; a twin named by --twin or --config delivers its own. Next: drop --twin/--config, or drop --webhook");
         }
-        let targets = values
-            .iter()
-            .map(|v| parse(v))
-            .collect::<Result<Vec<_>>>()?;
-        let mut secrets: Vec<(String, Vec<Secret>)> = Vec::new();
-        for w in &targets {
-            if !secrets.iter().any(|(s, _)| *s == w.service) {
-                let secret = Secret::generate()
-                    .map_err(|_| anyhow::anyhow!("the system's random source failed"))
-                    .context("making a webhook signing secret")?;
-                secrets.push((w.service.clone(), vec![secret]));
-            }
-        }
+        let secrets = fresh_secrets(&targets)?;
+        Webhooks::new(targets, faults, secrets).map(Some)
+    }
+
+    /// The webhooks of `targets`, signed with `secrets` (one list per
+    /// service, the newest first), with their own event queue.
+    pub(crate) fn new(
+        targets: Vec<Webhook>,
+        faults: Faults,
+        secrets: Vec<(String, Vec<Secret>)>,
+    ) -> Result<Webhooks> {
         let (backoff_scale, attempt_timeout) = time_knobs()?;
         let (sink, events) = mpsc::channel(EVENT_QUEUE);
-        Ok(Some(Webhooks {
+        Ok(Webhooks {
             targets,
             faults,
             twin: None,
@@ -73,11 +67,11 @@ impl Webhooks {
             events,
             backoff_scale,
             attempt_timeout,
-        }))
+        })
     }
 
     /// Where the twin hands its events.
-    pub(super) fn sink(&self) -> EventSink {
+    pub(crate) fn sink(&self) -> EventSink {
         self.sink.clone()
     }
 
@@ -95,7 +89,7 @@ impl Webhooks {
 
     /// One line per target for a person: where events go and the variable
     /// that holds their secret.
-    pub(super) fn described(&self) -> Vec<String> {
+    pub(crate) fn described(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
             .targets
             .iter()
@@ -118,7 +112,7 @@ impl Webhooks {
     }
 
     /// Starts delivering through `dialer`, recording into `ledger`.
-    pub(super) fn start(
+    pub(crate) fn start(
         self,
         ledger: std::sync::Arc<veris_receipt::ledger::Ledger>,
         dialer: Dialer,
@@ -137,6 +131,40 @@ impl Webhooks {
             },
         )
     }
+}
+
+/// `--webhook` and `--webhook-faults` values checked: the targets and
+/// their faults, `None` without targets (faults without one are refused).
+pub(crate) fn targets(
+    values: &[String],
+    faults: &[String],
+) -> Result<Option<(Vec<Webhook>, Faults)>> {
+    let faults = parse_faults(faults)?;
+    if values.is_empty() {
+        if !faults.is_empty() {
+            bail!("--webhook-faults needs --webhook: there are no deliveries to put faults on. Next: add --webhook stripe=http://HOST:PORT/PATH");
+        }
+        return Ok(None);
+    }
+    let targets = values
+        .iter()
+        .map(|v| parse(v))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some((targets, faults)))
+}
+
+/// A fresh signing secret for each service `targets` names.
+pub(crate) fn fresh_secrets(targets: &[Webhook]) -> Result<Vec<(String, Vec<Secret>)>> {
+    let mut secrets: Vec<(String, Vec<Secret>)> = Vec::new();
+    for w in targets {
+        if !secrets.iter().any(|(s, _)| *s == w.service) {
+            let secret = Secret::generate()
+                .map_err(|_| anyhow::anyhow!("the system's random source failed"))
+                .context("making a webhook signing secret")?;
+            secrets.push((w.service.clone(), vec![secret]));
+        }
+    }
+    Ok(secrets)
 }
 
 /// `--webhook-faults duplicate,reorder,delay=DURATION,stale-signature,bad-signature`
@@ -200,7 +228,7 @@ fn time_knobs() -> Result<(f64, Duration)> {
 }
 
 /// `STRIPE_WEBHOOK_SECRET` for `stripe`.
-fn env_name(service: &str) -> String {
+pub(crate) fn env_name(service: &str) -> String {
     format!(
         "{}_WEBHOOK_SECRET",
         service.to_ascii_uppercase().replace('-', "_")
