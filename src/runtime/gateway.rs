@@ -848,6 +848,7 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
             .as_ref()
             .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
         webhooks: None,
+        ingress: None,
     });
     let deliveries = webhooks::start(&dir, &record, &ledger);
     let sandbox = Arc::new(Sandbox {

@@ -18,72 +18,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::support::gateway::*;
+use crate::support::webhook_app::{app, wait_log};
 use crate::support::{self, command, output, skip, text, wait_for, TempDir, DEADLINE};
 use crate::webhook;
-
-/// The app: an `http.server` on loopback (port 0, printed as `ready
-/// PORT`) that verifies every POST with the official `stripe` SDK against
-/// the secret in the file `argv[1]` (read per request: the secret is known
-/// only once the sandbox is registered) and answers 200, or 400 when it
-/// does not verify; and tries the secret in `argv[2]` too. With `argv[3]`
-/// = `fail` it answers 500 to everything. Logs to `argv[-1]`:
-/// `verified TYPE OBJECT_ID`, `rejected`, `other-secret verifies` or
-/// `other-secret rejects`, `failed`.
-const APP: &str = r#"
-import http.server, stripe
-own_file, other_file, mode, log = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[-1]
-def note(line):
-    with open(log, "a") as f:
-        f.write(line + "\n")
-def secret(path):
-    try:
-        return open(path).read().strip()
-    except OSError:
-        return ""
-class H(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        if mode == "fail":
-            self.send_response(500)
-            self.end_headers()
-            note("failed")
-            return
-        sig = self.headers.get("Stripe-Signature", "")
-        try:
-            stripe.Webhook.construct_event(body, sig, secret(other_file))
-            note("other-secret verifies")
-        except Exception:
-            note("other-secret rejects")
-        try:
-            event = stripe.Webhook.construct_event(body, sig, secret(own_file))
-        except Exception:
-            self.send_response(400)
-            self.end_headers()
-            note("rejected")
-            return
-        self.send_response(200)
-        self.end_headers()
-        note("verified %s %s" % (event["type"], event["data"]["object"]["id"]))
-    def log_message(self, *args):
-        pass
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-print("ready", server.server_address[1], flush=True)
-server.serve_forever()
-"#;
-
-/// One app (see [`APP`]) in `dir` under `name`, verifying with the secret
-/// later written to `name.secret` (and trying `name.other`).
-fn app(dir: &TempDir, name: &str, mode: &str) -> PyServer {
-    let own = dir.join(format!("{name}.secret"));
-    let other = dir.join(format!("{name}.other"));
-    PyServer::start(
-        command("python3"),
-        dir,
-        name,
-        APP,
-        &[own.to_str().unwrap(), other.to_str().unwrap(), mode],
-    )
-}
 
 /// `add-sandbox ID --services stripe --webhook stripe=http://127.0.0.1:PORT/webhook EXTRA`:
 /// its proxy URL (the last stdout line) and its `STRIPE_WEBHOOK_SECRET`
@@ -115,14 +52,6 @@ fn callbacks(gw: &Gateway, id: &str) -> Vec<Value> {
         .into_iter()
         .filter(|l| l["kind"] == "callback")
         .collect()
-}
-
-/// Waits for the app's log to hold a line starting with `prefix`.
-fn wait_log(app: &PyServer, prefix: &str) -> String {
-    wait_for(&format!("{prefix:?} in the app's log"), DEADLINE, || {
-        let log = app.log();
-        log.lines().any(|l| l.starts_with(prefix)).then_some(log)
-    })
 }
 
 /// `veris receipt --state-dir S --sandbox ID --require-callback /webhook

@@ -57,4 +57,5 @@ mod twin_credential;
 mod veris_headers;
 mod webhook;
 mod webhook_faults;
+mod webhook_ingress;
 mod webhook_isolated;

@@ -186,10 +186,10 @@ pub(super) fn start(dir: &Path, record: &Record, ledger: &Arc<Ledger>) -> Option
         info!(sandbox = %record.id, "{line}");
     }
     let events = webhooks.sink();
-    let engine = webhooks.start(Arc::clone(ledger), Dialer::Policed);
+    let started = webhooks.start(Arc::clone(ledger), Dialer::Policed);
     Some(Deliveries {
         events,
-        engine: tokio::sync::Mutex::new(Some(engine)),
+        engine: tokio::sync::Mutex::new(started.engine),
     })
 }
 

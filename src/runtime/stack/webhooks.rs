@@ -1,13 +1,19 @@
 //! `--webhook SERVICE=URL`: the checked targets, the per-start signing
 //! secrets and the variables that give them to the app, `--webhook-faults`,
 //! and the delivery engine started once the ledger is open (DESIGN §15).
+//! With an external twin (`--twin`, `--config`), which makes and signs its
+//! own events, no engine: an ingress on the admin listener with a per-start
+//! token takes the twin's deliveries and forwards them
+//! ([`veris_proxy::callback::ingress`]).
 
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tokio::sync::mpsc;
 use veris_proxy::callback::faults::MAX_DELAY;
-use veris_proxy::callback::{Dialer, Engine, EngineOptions, Faults, Webhook, ATTEMPT_TIMEOUT};
+use veris_proxy::callback::{
+    Dialer, Engine, EngineOptions, Faults, Ingress, Webhook, ATTEMPT_TIMEOUT,
+};
 use veris_twin::webhook::{Event, EventSink, Secret, EVENT_QUEUE};
 
 /// Services whose vendor signature scheme the twin implements.
@@ -29,6 +35,15 @@ pub(crate) struct Webhooks {
     events: mpsc::Receiver<Event>,
     backoff_scale: f64,
     attempt_timeout: Duration,
+    /// With an external twin: the ingress token it must present.
+    ingress_token: Option<String>,
+}
+
+/// What [`Webhooks::start`] started: the engine (built-in twin) or the
+/// ingress (external twin).
+pub(crate) struct Started {
+    pub engine: Option<Engine>,
+    pub ingress: Option<std::sync::Arc<Ingress>>,
 }
 
 impl Webhooks {
@@ -43,7 +58,13 @@ impl Webhooks {
             return Ok(None);
         };
         if !builtin {
-            bail!("--webhook needs the built-in twin, which makes the events; a twin named by --twin or --config delivers its own. Next: drop --twin/--config, or drop --webhook");
+            if !faults.is_empty() {
+                bail!("--webhook-faults needs the built-in twin: an external twin (--twin, --config) makes and signs its own deliveries, which the ingress forwards unchanged. Next: drop --webhook-faults");
+            }
+            let mut w = Webhooks::new(targets, faults, Vec::new())?;
+            w.ingress_token =
+                Some(crate::util::random_hex(32).context("making the ingress token")?);
+            return Ok(Some(w));
         }
         let secrets = fresh_secrets(&targets)?;
         Webhooks::new(targets, faults, secrets).map(Some)
@@ -67,7 +88,14 @@ impl Webhooks {
             events,
             backoff_scale,
             attempt_timeout,
+            ingress_token: None,
         })
+    }
+
+    /// The ingress token, with an external twin: given to that twin (it is
+    /// never in the workload's environment, env file or state dir).
+    pub(crate) fn ingress_token(&self) -> Option<&str> {
+        self.ingress_token.as_deref()
     }
 
     /// Where the twin hands its events.
@@ -93,13 +121,18 @@ impl Webhooks {
         let mut lines: Vec<String> = self
             .targets
             .iter()
-            .map(|w| {
-                format!(
+            .map(|w| match self.ingress_token {
+                None => format!(
                     "webhook {} -> {} (secret in {})",
                     w.service,
                     w.url(),
                     env_name(&w.service)
-                )
+                ),
+                Some(_) => format!(
+                    "webhook {} -> {} (the external twin's events, through the ingress; it signs them)",
+                    w.service,
+                    w.url(),
+                ),
             })
             .collect();
         // Said up front: every delivery of this start is wrong on purpose.
@@ -111,13 +144,26 @@ impl Webhooks {
         lines
     }
 
-    /// Starts delivering through `dialer`, recording into `ledger`.
+    /// Starts delivering through `dialer`, recording into `ledger`: the
+    /// engine, or with an external twin the ingress.
     pub(crate) fn start(
         self,
         ledger: std::sync::Arc<veris_receipt::ledger::Ledger>,
         dialer: Dialer,
-    ) -> Engine {
-        Engine::start(
+    ) -> Started {
+        if let Some(token) = self.ingress_token {
+            return Started {
+                engine: None,
+                ingress: Some(std::sync::Arc::new(Ingress::new(
+                    token,
+                    self.targets,
+                    ledger,
+                    dialer,
+                    self.attempt_timeout,
+                ))),
+            };
+        }
+        let engine = Engine::start(
             self.events,
             EngineOptions {
                 webhooks: self.targets,
@@ -129,7 +175,11 @@ impl Webhooks {
                 twin: self.twin,
                 dialer,
             },
-        )
+        );
+        Started {
+            engine: Some(engine),
+            ingress: None,
+        }
     }
 }
 
