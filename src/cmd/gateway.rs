@@ -387,6 +387,9 @@ async fn add(a: AddArgs) -> Result<u8> {
                 registered.tls_address.as_deref().unwrap_or_default()
             );
         }
+        if let (Some(url), Some(token)) = (&registered.ingress_url, &registered.ingress_token) {
+            eprintln!("veris: webhook ingress for the sandbox's twin: POST {url} with Authorization: Bearer {token}");
+        }
         // The app's secrets, once; the proxy URL stays the last line.
         for (service, secret) in &registered.webhook_secrets {
             crate::outln!(

@@ -393,6 +393,9 @@ async fn close(sandbox: &Sandbox, sealer: &Sealer, reason: &str) {
         if let Some(engine) = deliveries.engine.lock().await.take() {
             engine.stop().await;
         }
+        if let Some(ingress) = &deliveries.ingress {
+            ingress.close().await;
+        }
     }
     // No traffic can arrive now: the window is exact.
     let since = sandbox.admin.session_seq.saturating_sub(1);
@@ -526,6 +529,13 @@ pub struct Registered {
     /// the app verifies deliveries with it (`STRIPE_WEBHOOK_SECRET`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub webhook_secrets: BTreeMap<String, String>,
+    /// With `--webhook` and an external twin: where that twin POSTs its
+    /// events (`SERVICE` replaced by the service) and the token it must
+    /// present, only here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_token: Option<String>,
 }
 
 /// Registers a sandbox from `POST /sandboxes`: its credentials (the
@@ -572,7 +582,7 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
         webhook_faults: new.webhook_faults.clone(),
     };
     let dir = sandbox_dir(shared, &new.id);
-    let webhook_secrets = webhooks::register(
+    let registration = webhooks::register(
         &dir,
         webhooks::Ask {
             webhooks: &new.webhooks,
@@ -634,7 +644,14 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
             .as_ref()
             .and_then(|(_, ca)| ca.as_ref())
             .map(|p| p.display().to_string()),
-        webhook_secrets,
+        webhook_secrets: registration.secrets,
+        ingress_url: registration.ingress_token.as_ref().map(|_| {
+            format!(
+                "http://{}/sandboxes/{}/ingress/SERVICE",
+                shared.admin_addr, sandbox.id
+            )
+        }),
+        ingress_token: registration.ingress_token,
     })
 }
 
@@ -825,6 +842,8 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         shared.issuer.clone(),
         ledger.clone(),
     );
+    let builtin_twin = record.twin.is_none() && shared.twin_auth.is_some();
+    let deliveries = webhooks::start(&dir, &record, &ledger, builtin_twin);
     let admin = Arc::new(veris_proxy::admin::Admin {
         token: admin_token.clone(),
         identity,
@@ -848,9 +867,8 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
             .as_ref()
             .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
         webhooks: None,
-        ingress: None,
+        ingress: deliveries.as_ref().and_then(|d| d.ingress.clone()),
     });
-    let deliveries = webhooks::start(&dir, &record, &ledger);
     let sandbox = Arc::new(Sandbox {
         webhooks: deliveries,
         id: record.id.clone(),

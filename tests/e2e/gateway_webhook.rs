@@ -18,7 +18,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::support::gateway::*;
-use crate::support::webhook_app::{app, wait_log};
+use crate::support::webhook_app::{app, deliver, wait_log, EVENT};
 use crate::support::{self, command, output, skip, text, wait_for, TempDir, DEADLINE};
 use crate::webhook;
 
@@ -106,7 +106,9 @@ fn secrets_kept_only_in_their_files(gw: &Gateway, secrets: &[&str]) {
     let mut files = Vec::new();
     walk(&gw.state, 0, &mut files);
     for f in files {
-        if f.file_name().is_some_and(|n| n == "webhook.secrets") {
+        if f.file_name()
+            .is_some_and(|n| n == "webhook.secrets" || n == "webhook.ingress")
+        {
             let mode = std::os::unix::fs::PermissionsExt::mode(
                 &std::fs::metadata(&f).unwrap().permissions(),
             );
@@ -330,7 +332,7 @@ fn a_removed_sandboxs_pending_retries_are_dropped() {
 
 /// Registration refuses what the gateway would not deliver honestly: a URL
 /// the dial policy forbids (loopback without --allow-dial, the metadata
-/// address), https://, a sandbox whose twin is not the built-in one, and
+/// address), https://, faults on an external twin's deliveries, and
 /// faults without a webhook.
 #[test]
 fn webhook_urls_the_dial_policy_refuses_are_refused_at_registration() {
@@ -371,6 +373,8 @@ fn webhook_urls_the_dial_policy_refuses_are_refused_at_registration() {
             "http://127.0.0.1:9",
             "--webhook",
             "stripe=http://203.0.113.9/webhook",
+            "--webhook-faults",
+            "duplicate",
         ],
         "built-in twin",
     );
@@ -410,5 +414,82 @@ fn a_restarted_gateway_signs_with_the_secret_the_app_was_given() {
     charge_ok(&a.url("socks5h"), &gw.ca(), "A after the restart");
     let log = wait_log(&app_a, "verified charge.succeeded");
     assert!(!log.contains("rejected"), "{log}");
+    gw.stop();
+}
+
+/// A sandbox whose twin is an external one gets an ingress: its twin
+/// POSTs signed events to `/sandboxes/ID/ingress/stripe` with the token
+/// add-sandbox answered; they reach the sandbox's app and its ledger
+/// (origin `ingress`) and count. The gateway's admin token and another
+/// sandbox's ingress token are refused 401, recorded nowhere.
+#[test]
+fn an_external_twins_events_reach_a_sandboxs_app_through_its_ingress() {
+    if let Err(why) = webhook::tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("gw-ingress");
+    let (_twin, twin_url) =
+        support::spawn_twin(&mut support::veris(["twin", "--listen", "127.0.0.1:0"]));
+    let mut gw = Gateway::start(
+        "gw-ingress",
+        "127.0.0.1:0",
+        &["--allow-dial", "127.0.0.1/32"],
+    );
+    let app_a = app(&dir, "app-a", "ok");
+    let secret = "whsec_the_external_twins_secret_for_a";
+    std::fs::write(dir.join("app-a.secret"), secret).unwrap();
+    let register = |id: &str, port: u16| {
+        let hook = format!("stripe=http://127.0.0.1:{port}/webhook");
+        let out = gw.admin_command(
+            "add-sandbox",
+            &[
+                id,
+                "--services",
+                "stripe",
+                "--twin",
+                &twin_url,
+                "--webhook",
+                &hook,
+                "--json",
+            ],
+        );
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "add-sandbox {id}: {stdout}{stderr}");
+        support::json(&stdout)
+    };
+    let a = register("sbx-a", app_a.port);
+    let b = register("sbx-b", app_a.port);
+    let url = a["ingress_url"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no ingress_url: {a}"))
+        .replace("SERVICE", "stripe");
+    let token = a["ingress_token"]
+        .as_str()
+        .expect("ingress_token")
+        .to_string();
+    assert!(
+        a["webhook_secrets"].is_null(),
+        "the external twin signs: {a}"
+    );
+    let other = b["ingress_token"].as_str().unwrap().to_string();
+    assert_ne!(token, other);
+    for wrong in [gw.admin_token(), other] {
+        assert_eq!(deliver(&dir, &url, secret, EVENT, &wrong), "401");
+    }
+    assert!(callbacks(&gw, "sbx-a").is_empty());
+    assert_eq!(deliver(&dir, &url, secret, EVENT, &token), "200");
+    wait_log(&app_a, "verified charge.succeeded ch_ext_1");
+    let lines = callbacks(&gw, "sbx-a");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["origin"], "ingress", "{}", lines[0]);
+    assert!(
+        callbacks(&gw, "sbx-b").is_empty(),
+        "B's ledger holds nothing of A's"
+    );
+    let sandbox = Sandbox::from_url("sbx-a", a["proxy_url"].as_str().unwrap());
+    charge_ok(&sandbox.url("socks5h"), &gw.ca(), "A");
+    let (code, receipt) = receipt_requiring_callback(&gw, "sbx-a");
+    assert_eq!(code, Some(0), "{receipt}");
+    secrets_kept_only_in_their_files(&gw, &[&token]);
     gw.stop();
 }

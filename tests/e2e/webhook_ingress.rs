@@ -14,46 +14,9 @@
 
 use serde_json::Value;
 
-use crate::support::webhook_app::{app, wait_log};
-use crate::support::{self, command, output, skip, text, veris, Serve, TempDir};
+use crate::support::webhook_app::{app, deliver, wait_log, EVENT};
+use crate::support::{self, output, skip, text, veris, Serve, TempDir};
 use crate::webhook;
-
-/// The external twin stand-in: signs `argv[3]` (the body) with the secret
-/// `argv[2]` as Stripe does and POSTs it to `argv[1]` with the bearer token
-/// `argv[4]`; prints the status it got.
-const EXTERNAL_TWIN: &str = r#"
-import hmac, hashlib, sys, time, urllib.request, urllib.error
-url, secret, body, token = sys.argv[1], sys.argv[2], sys.argv[3].encode(), sys.argv[4]
-t = int(time.time())
-sig = hmac.new(secret.encode(), b"%d." % t + body, hashlib.sha256).hexdigest()
-req = urllib.request.Request(url, data=body, method="POST", headers={
-    "Content-Type": "application/json; charset=utf-8",
-    "Stripe-Signature": "t=%d,v1=%s" % (t, sig),
-    "Authorization": "Bearer " + token,
-})
-try:
-    with urllib.request.urlopen(req, timeout=15) as r:
-        print(r.status)
-except urllib.error.HTTPError as e:
-    print(e.code)
-"#;
-
-const EVENT: &str = r#"{"id":"evt_ext_1","object":"event","type":"charge.succeeded","data":{"object":{"id":"ch_ext_1","object":"charge","status":"succeeded"}}}"#;
-
-/// The external twin POSTs `body` signed with `secret` to `url` with
-/// `token`: the status it got.
-fn deliver(dir: &TempDir, url: &str, secret: &str, body: &str, token: &str) -> String {
-    let script = dir.join("external_twin.py");
-    std::fs::write(&script, EXTERNAL_TWIN).unwrap();
-    let out = output(
-        command("python3")
-            .arg(&script)
-            .args([url, secret, body, token]),
-    );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "the external twin: {stdout}{stderr}");
-    stdout.trim().to_string()
-}
 
 /// The ingress URL and token `serve` printed on stderr.
 fn ingress(serve: &Serve) -> (String, String) {

@@ -16,6 +16,12 @@
 //! its engine before its final seal (retries not yet due are not made) and
 //! deletes the file.
 //!
+//! A sandbox whose twin is not the built-in one (its own `--twin`, or the
+//! gateway's) gets an ingress instead ([`veris_proxy::callback::Ingress`]):
+//! its twin POSTs signed events to `/sandboxes/{id}/ingress/{service}` on
+//! the admin API with a token of its own, made at registration, answered
+//! once and kept 0600 in `webhook.ingress` beside the record.
+//!
 //! Dials: an app's URL is the platform's (E2B exposes a sandbox's port at
 //! a public URL), dialed from the gateway's host under the gateway's dial
 //! policy ([`Dialer::Policed`]): only where a sandbox's passthrough could
@@ -42,6 +48,9 @@ use crate::tier::gateway_record::Record;
 /// The secrets file in the sandbox's directory.
 pub(super) const SECRETS_FILE: &str = "webhook.secrets";
 
+/// The ingress token's file in the sandbox's directory.
+pub(super) const INGRESS_FILE: &str = "webhook.ingress";
+
 /// The most bytes a secrets file may have (a real one is under 1 KiB).
 const SECRETS_CAP: u64 = 16 * 1024;
 
@@ -58,11 +67,19 @@ pub(super) struct Ask<'a> {
     pub fleet: bool,
 }
 
+/// What a registration answers once: the signing secrets (built-in twin)
+/// or the ingress token (an external twin).
+#[derive(Default)]
+pub(super) struct Registration {
+    pub secrets: BTreeMap<String, String>,
+    pub ingress_token: Option<String>,
+}
+
 /// Checks a registration's `--webhook` values (run's syntax and errors;
 /// `http://`; an address the dial policy lets the gateway reach) and, when
-/// there are any, writes fresh secrets to `dir` (created 0700); the
-/// secrets, service by service. `dir` must be the sandbox's.
-pub(super) async fn register(dir: &Path, ask: Ask<'_>) -> Result<BTreeMap<String, String>> {
+/// there are any, writes fresh secrets (or with an external twin an
+/// ingress token) to `dir` (created 0700). `dir` must be the sandbox's.
+pub(super) async fn register(dir: &Path, ask: Ask<'_>) -> Result<Registration> {
     for value in ask.webhooks {
         if let Some((_, url)) = value.split_once('=') {
             if url.trim().to_ascii_lowercase().starts_with("https://") {
@@ -70,11 +87,11 @@ pub(super) async fn register(dir: &Path, ask: Ask<'_>) -> Result<BTreeMap<String
             }
         }
     }
-    let Some((targets, _)) = stack::targets(ask.webhooks, ask.faults)? else {
-        return Ok(BTreeMap::new());
+    let Some((targets, faults)) = stack::targets(ask.webhooks, ask.faults)? else {
+        return Ok(Registration::default());
     };
-    if !ask.builtin_twin {
-        bail!("--webhook needs the gateway's built-in twin, which makes the events; this sandbox's twin (its --twin, or the gateway's) delivers its own. Next: drop --twin (the sandbox's and the gateway's), or drop --webhook");
+    if !ask.builtin_twin && !faults.is_empty() {
+        bail!("--webhook-faults needs the gateway's built-in twin: this sandbox's twin (its --twin, or the gateway's) makes and signs its own deliveries, which its ingress forwards unchanged. Next: drop --webhook-faults");
     }
     if ask.fleet {
         bail!("--webhook is not supported on a gateway with --nats yet: every gateway of the fleet serves the sandbox, and only this one would hold its signing secrets. Next: register it on a gateway without --nats, or drop --webhook");
@@ -82,12 +99,27 @@ pub(super) async fn register(dir: &Path, ask: Ask<'_>) -> Result<BTreeMap<String
     for w in &targets {
         reachable(w).await?;
     }
+    if !ask.builtin_twin {
+        let token = crate::util::random_hex(32).context("making the ingress token")?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        super::private(dir, 0o700)?;
+        let path = dir.join(INGRESS_FILE);
+        veris_ca::fsutil::write_file(&path, format!("{token}\n").as_bytes(), 0o600)
+            .with_context(|| format!("writing the sandbox's ingress token {}", path.display()))?;
+        return Ok(Registration {
+            secrets: BTreeMap::new(),
+            ingress_token: Some(token),
+        });
+    }
     let secrets = stack::fresh_secrets(&targets)?;
     save(dir, &secrets)?;
-    Ok(secrets
-        .into_iter()
-        .filter_map(|(service, s)| Some((service, s.first()?.expose().to_string())))
-        .collect())
+    Ok(Registration {
+        secrets: secrets
+            .into_iter()
+            .filter_map(|(service, s)| Some((service, s.first()?.expose().to_string())))
+            .collect(),
+        ingress_token: None,
+    })
 }
 
 /// Refuses a URL the gateway would not dial for the sandbox itself.
@@ -142,28 +174,48 @@ fn load(dir: &Path) -> Result<Vec<(String, Vec<Secret>)>> {
         .collect())
 }
 
-/// Deletes the secrets file of `dir` (a removed sandbox is never served again).
+/// Deletes the secrets and ingress token files of `dir` (a removed sandbox
+/// is never served again).
 pub(super) fn forget(dir: &Path) {
-    match std::fs::remove_file(dir.join(SECRETS_FILE)) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            warn!(dir = %dir.display(), error = %e, "cannot delete a removed sandbox's webhook secrets")
+    for file in [SECRETS_FILE, INGRESS_FILE] {
+        match std::fs::remove_file(dir.join(file)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                warn!(dir = %dir.display(), error = %e, "cannot delete a removed sandbox's webhook secrets")
+            }
         }
     }
 }
 
 /// Starts the deliveries of `record`'s webhooks into `ledger`, signed with
-/// the secrets in `dir`; none without webhooks. A sandbox whose webhooks
-/// cannot start is still served, with its webhooks off and a log line
-/// saying why and what to do.
-pub(super) fn start(dir: &Path, record: &Record, ledger: &Arc<Ledger>) -> Option<Deliveries> {
+/// the secrets in `dir` (`builtin_twin`), else its ingress with the token
+/// in `dir`; none without webhooks. A sandbox whose webhooks cannot start
+/// is still served, with its webhooks off and a log line saying why and
+/// what to do.
+pub(super) fn start(
+    dir: &Path,
+    record: &Record,
+    ledger: &Arc<Ledger>,
+    builtin_twin: bool,
+) -> Option<Deliveries> {
     if record.webhooks.is_empty() {
         return None;
     }
     let started = (|| -> Result<Webhooks> {
         let (targets, faults) =
             stack::targets(&record.webhooks, &record.webhook_faults)?.context("no webhooks")?;
+        if !builtin_twin {
+            let path = dir.join(INGRESS_FILE);
+            let token = crate::util::read_bounded_bytes(&path, SECRETS_CAP, false)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let token = String::from_utf8(token)
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| t.len() == 64)
+                .with_context(|| format!("{} holds no token", path.display()))?;
+            return Webhooks::new(targets, faults, Vec::new()).map(|w| w.with_ingress(token));
+        }
         let secrets = load(dir)?;
         for w in &targets {
             if !secrets
@@ -190,6 +242,7 @@ pub(super) fn start(dir: &Path, record: &Record, ledger: &Arc<Ledger>) -> Option
     Some(Deliveries {
         events,
         engine: tokio::sync::Mutex::new(started.engine),
+        ingress: started.ingress,
     })
 }
 

@@ -61,10 +61,8 @@ impl Webhooks {
             if !faults.is_empty() {
                 bail!("--webhook-faults needs the built-in twin: an external twin (--twin, --config) makes and signs its own deliveries, which the ingress forwards unchanged. Next: drop --webhook-faults");
             }
-            let mut w = Webhooks::new(targets, faults, Vec::new())?;
-            w.ingress_token =
-                Some(crate::util::random_hex(32).context("making the ingress token")?);
-            return Ok(Some(w));
+            let token = crate::util::random_hex(32).context("making the ingress token")?;
+            return Webhooks::new(targets, faults, Vec::new()).map(|w| Some(w.with_ingress(token)));
         }
         let secrets = fresh_secrets(&targets)?;
         Webhooks::new(targets, faults, secrets).map(Some)
@@ -90,6 +88,13 @@ impl Webhooks {
             attempt_timeout,
             ingress_token: None,
         })
+    }
+
+    /// These webhooks taken by an ingress with `token` (an external twin's
+    /// deliveries) instead of an engine.
+    pub(crate) fn with_ingress(mut self, token: String) -> Webhooks {
+        self.ingress_token = Some(token);
+        self
     }
 
     /// The ingress token, with an external twin: given to that twin (it is

@@ -1,10 +1,11 @@
 //! A webhook app for the tests of deliveries that do not come from `veris
 //! run`'s own command (the gateway's sandboxes, an external twin's
 //! ingress): a python3 `http.server` on loopback that verifies every POST
-//! with the official `stripe` SDK, and its log.
+//! with the official `stripe` SDK, and its log; and an external twin
+//! stand-in that signs an event as Stripe does and POSTs it to an ingress.
 
 use super::gateway::PyServer;
-use super::{command, wait_for, TempDir, DEADLINE};
+use super::{command, output, text, wait_for, TempDir, DEADLINE};
 
 /// The app: an `http.server` on loopback (port 0, printed as `ready
 /// PORT`) that verifies every POST with the official `stripe` SDK against
@@ -76,4 +77,41 @@ pub fn wait_log(app: &PyServer, prefix: &str) -> String {
         let log = app.log();
         log.lines().any(|l| l.starts_with(prefix)).then_some(log)
     })
+}
+
+/// The external twin stand-in: signs `argv[3]` (the body) with the secret
+/// `argv[2]` as Stripe does and POSTs it to `argv[1]` with the bearer token
+/// `argv[4]`; prints the status it got.
+pub const EXTERNAL_TWIN: &str = r#"
+import hmac, hashlib, sys, time, urllib.request, urllib.error
+url, secret, body, token = sys.argv[1], sys.argv[2], sys.argv[3].encode(), sys.argv[4]
+t = int(time.time())
+sig = hmac.new(secret.encode(), b"%d." % t + body, hashlib.sha256).hexdigest()
+req = urllib.request.Request(url, data=body, method="POST", headers={
+    "Content-Type": "application/json; charset=utf-8",
+    "Stripe-Signature": "t=%d,v1=%s" % (t, sig),
+    "Authorization": "Bearer " + token,
+})
+try:
+    with urllib.request.urlopen(req, timeout=15) as r:
+        print(r.status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+"#;
+
+pub const EVENT: &str = r#"{"id":"evt_ext_1","object":"event","type":"charge.succeeded","data":{"object":{"id":"ch_ext_1","object":"charge","status":"succeeded"}}}"#;
+
+/// The external twin POSTs `body` signed with `secret` to `url` with
+/// `token`: the status it got.
+pub fn deliver(dir: &TempDir, url: &str, secret: &str, body: &str, token: &str) -> String {
+    let script = dir.join("external_twin.py");
+    std::fs::write(&script, EXTERNAL_TWIN).unwrap();
+    let out = output(
+        command("python3")
+            .arg(&script)
+            .args([url, secret, body, token]),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "the external twin: {stdout}{stderr}");
+    stdout.trim().to_string()
 }
