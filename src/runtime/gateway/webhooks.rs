@@ -199,7 +199,12 @@ pub(super) fn start(
     ledger: &Arc<Ledger>,
     builtin_twin: bool,
 ) -> Option<Deliveries> {
-    if record.webhooks.is_empty() {
+    // An ended sandbox (its chain only gets its final seal) delivers nothing.
+    let ended = record.revoked_ms.is_some()
+        || record
+            .expires()
+            .is_some_and(|e| std::time::SystemTime::now() >= e);
+    if record.webhooks.is_empty() || ended {
         return None;
     }
     let started = (|| -> Result<Webhooks> {
