@@ -2,12 +2,12 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 7; versions 1 to 6 are still read)
+//! # File format (version 8; versions 1 to 7 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`7`); readers accept every
+//! - `v`: the format version, [`LEDGER_VERSION`] (`8`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
 //!   `tamper` and `check`; version 3 added the kinds `tls_abandoned`,
@@ -31,7 +31,10 @@
 //!   attempt to the app; no earlier field changed meaning; version 7 added
 //!   the callback's `fault` and the origins `trigger` and `replay`: a
 //!   version-6 reader would count a fault-injected delivery as the twin's
-//!   own, so it must refuse these lines rather than read them);
+//!   own, so it must refuse these lines rather than read them; version 8
+//!   added the origin `ingress`, an external twin's event forwarded through
+//!   the authenticated ingress, which counts like `twin`: a version-7
+//!   reader would count none of them, so it must refuse these lines);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -51,10 +54,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 7;
+pub const LEDGER_VERSION: u32 = 8;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6, 7];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -516,9 +519,11 @@ pub struct CallbackLine {
     /// 1 for the first attempt of an event, then one more per retry.
     pub attempt: u32,
     /// Who asked for the delivery: `twin` (an object the twin created for
-    /// a request it served), `trigger` (`veris trigger`: a fixture object)
-    /// or `replay` (`veris replay`). Only `twin` deliveries without a
-    /// `fault` count toward a callback requirement by default.
+    /// a request it served), `trigger` (`veris trigger`: a fixture object),
+    /// `replay` (`veris replay`) or `ingress` (an external twin's event,
+    /// forwarded unchanged through the ingress with its token; version 8).
+    /// Only `twin` and `ingress` deliveries without a `fault` count toward
+    /// a callback requirement by default.
     pub origin: String,
     /// The faults `--webhook-faults` put on this delivery, comma-separated
     /// (`duplicate`, `reorder`, `delay=30s`, `stale-signature`,

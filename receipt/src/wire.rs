@@ -872,7 +872,7 @@ mod tests {
     #[test]
     fn a_v4_body_capture_line_round_trips_and_v3_lines_still_read() {
         use crate::entry::{CapturedBody, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 7);
+        assert_eq!(LEDGER_VERSION, 8);
         assert!(READABLE_VERSIONS.contains(&3) && READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let sha = "cd".repeat(32);
@@ -915,10 +915,31 @@ mod tests {
         assert_eq!(old.entry.kind(), "response_incomplete");
     }
 
+    /// Version 8 added the origin `ingress`; a version-7 callback line
+    /// reads as before.
+    #[test]
+    fn a_v8_ingress_callback_round_trips_and_v7_callbacks_still_read() {
+        use crate::entry::READABLE_VERSIONS;
+        assert!(READABLE_VERSIONS.contains(&7) && READABLE_VERSIONS.contains(&8));
+        let prev = "ab".repeat(32);
+        for (v, origin) in [(7, "twin"), (8, "ingress")] {
+            let text = format!(
+                r#"{{"v":{v},"seq":3,"ts":"2026-12-02T05:00:00.123Z","kind":"callback","service":"stripe","event":"charge.succeeded","event_id":"evt_1","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":200,"duration_ms":3,"attempt":1,"origin":"{origin}","prev":"{prev}"}}"#
+            );
+            let line = serde_json::from_str::<Line>(&text).unwrap();
+            assert_eq!(line.v, v);
+            match &line.entry {
+                Entry::Callback(c) => assert_eq!(c.origin, origin),
+                other => panic!("not a callback: {other:?}"),
+            }
+            assert_eq!(serde_json::to_string(&line).unwrap(), text);
+        }
+    }
+
     #[test]
     fn a_v5_upstream_error_with_its_body_round_trips_and_v4_lines_still_read() {
         use crate::entry::{ListenerTier, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 7);
+        assert_eq!(LEDGER_VERSION, 8);
         assert!(READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let text = format!(

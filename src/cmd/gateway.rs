@@ -217,6 +217,20 @@ pub struct AddArgs {
     /// --sandbox-bytes-per-sec].
     #[arg(long, value_name = "N")]
     pub max_bytes_per_sec: Option<u64>,
+    /// Deliver the built-in twin's webhook events for this sandbox's
+    /// SERVICE (stripe) to URL, as `run --webhook` (repeatable):
+    /// 'SERVICE=http://HOST:PORT/PATH', the address the platform exposes
+    /// the app's port at, dialed from the gateway under its dial policy
+    /// (--allow-dial). Its own signing secret per service is printed once
+    /// (STRIPE_WEBHOOK_SECRET=…); every attempt is a `callback` line in
+    /// this sandbox's ledger.
+    #[arg(long = "webhook", value_name = "SERVICE=URL")]
+    pub webhooks: Vec<String>,
+    /// With --webhook: this sandbox's deliveries wrong on purpose, as
+    /// `run --webhook-faults` (duplicate, reorder, delay=DURATION,
+    /// stale-signature, bad-signature).
+    #[arg(long = "webhook-faults", value_name = "LIST")]
+    pub webhook_faults: Vec<String>,
     /// Print every field (address, username, password, read token, CA,
     /// canary) as JSON instead.
     #[arg(long)]
@@ -364,6 +378,8 @@ async fn add(a: AddArgs) -> Result<u8> {
         "max_connections": a.max_connections,
         "max_rps": a.max_rps,
         "max_bytes_per_sec": a.max_bytes_per_sec,
+        "webhooks": a.webhooks,
+        "webhook_faults": a.webhook_faults,
     });
     let answer = admin(&a.state, "POST", "/sandboxes", Some(body.to_string())).await?;
     let registered: Registered =
@@ -381,6 +397,16 @@ async fn add(a: AddArgs) -> Result<u8> {
             eprintln!(
                 "veris: over TLS (SOCKS5 or CONNECT at {}): {url}",
                 registered.tls_address.as_deref().unwrap_or_default()
+            );
+        }
+        if let (Some(url), Some(token)) = (&registered.ingress_url, &registered.ingress_token) {
+            eprintln!("veris: webhook ingress for the sandbox's twin: POST {url} with Authorization: Bearer {token}");
+        }
+        // The app's secrets, once; the proxy URL stays the last line.
+        for (service, secret) in &registered.webhook_secrets {
+            crate::outln!(
+                "{}={secret}",
+                crate::runtime::stack::webhooks::env_name(service)
             );
         }
         crate::outln!("{}", registered.proxy_url);

@@ -448,6 +448,10 @@ fn findable(program: &str) -> std::result::Result<(), (u8, String)> {
 /// otherwise), else Landlock, else the plain explicit tier, saying why.
 async fn confine(args: &RunArgs) -> Result<Box<dyn Tier>> {
     use crate::tier::{confined::Confined, explicit::Explicit, isolated};
+    if !args.proxy.webhooks.is_empty() && (args.proxy.twin.is_some() || args.proxy.config.is_some())
+    {
+        bail!("--webhook with an external twin (--twin, --config) needs the ingress that takes its deliveries, on an admin API a run does not have. Next: use `veris serve` (it prints the ingress URL and token), or drop --twin/--config to use the built-in twin");
+    }
     let strict = args.isolate || args.tier == TierArg::Isolated;
     let mut why_not_isolated = None;
     if matches!(args.tier, TierArg::Auto | TierArg::Isolated) {

@@ -32,6 +32,9 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
     for (name, value) in &stack.webhook_env {
         crate::logging::announce(&format!("{name}={value}"));
     }
+    if let Some(line) = &stack.ingress_described {
+        crate::logging::announce(line);
+    }
     crate::outln!("{}", stack.proxy_url);
     signals.wait().await;
     info!("shutting down");

@@ -20,9 +20,10 @@
 //!
 //! Admin API (bearer token from `<state>/admin.token`):
 //! - `POST /sandboxes` `{"id","services":[..],"mode","twin","ttl_secs",
-//!   "max_connections","max_rps","max_bytes_per_sec"}`: registers one (a
-//!   limit left out is the gateway's `--sandbox-…` default, 0 a rate
-//!   without limit); answers its credentials (the password only here);
+//!   "max_connections","max_rps","max_bytes_per_sec","webhooks",
+//!   "webhook_faults"}`: registers one (a limit left out is the gateway's
+//!   `--sandbox-…` default, 0 a rate without limit); answers its
+//!   credentials and webhook secrets (only here; [`webhooks`]);
 //! - `GET /sandboxes`; `DELETE /sandboxes/{id}` (refused from then on, its
 //!   record revoked, its final seal);
 //! - `/sandboxes/{id}/…`: that sandbox's `/status`, `/ledger`, `/events`,
@@ -40,6 +41,7 @@
 //! every one.
 
 mod registry;
+mod webhooks;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -214,11 +216,18 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     std::fs::create_dir_all(state_dir.join(SANDBOXES_DIR))
         .with_context(|| format!("creating state dir {}", state_dir.display()))?;
     let (shutdown, shutdown_rx) = watch::channel(false);
+    // The built-in twin's webhook events, each routed to its sandbox's
+    // deliveries ([`webhooks::route`]).
+    let (event_sink, events) = tokio::sync::mpsc::channel(veris_twin::webhook::EVENT_QUEUE);
     let (twin, twin_task, twin_auth) = match &config.twin {
         Some(url) => (url.trim_end_matches('/').to_string(), None, None),
         None => {
-            let (url, task, credential) =
-                crate::runtime::stack::start_builtin_twin(None, None, shutdown_rx.clone()).await?;
+            let (url, task, credential, _) = crate::runtime::stack::start_builtin_twin(
+                None,
+                Some(event_sink),
+                shutdown_rx.clone(),
+            )
+            .await?;
             (url, Some(task), Some(credential))
         }
     };
@@ -320,6 +329,11 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
             shared.cancel.clone(),
         )?;
     }
+    let router = tokio::spawn(webhooks::route(
+        events,
+        shared.sandboxes.clone(),
+        shared.cancel.clone(),
+    ));
     // Before the first connection is served: a sandbox the platform holds
     // is never refused for having been restarted.
     restore_all(&shared).await;
@@ -404,6 +418,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     let all = sandboxes.all();
     futures_util::future::join_all(all.iter().map(|s| close(s, &shared.sealer, seal::SHUTDOWN)))
         .await;
+    let _ = router.await;
     let _ = shutdown.send(true);
     if let Some(t) = twin_task {
         let _ = t.await;
@@ -432,6 +447,17 @@ async fn close(sandbox: &Sandbox, sealer: &Sealer, reason: &str) {
     }
     sandbox.timer.abort();
     sandbox.proxy.shutdown().await;
+    // No request makes an event now: what was queued gets its attempt,
+    // recorded before the check and the final seal; retries not yet due
+    // are not made.
+    if let Some(deliveries) = &sandbox.webhooks {
+        if let Some(engine) = deliveries.engine.lock().await.take() {
+            engine.stop().await;
+        }
+        if let Some(ingress) = &deliveries.ingress {
+            ingress.close().await;
+        }
+    }
     // No traffic can arrive now: the window is exact.
     let since = sandbox.admin.session_seq.saturating_sub(1);
     let head = sandbox.ledger.head().0;
@@ -518,6 +544,12 @@ pub struct NewSandbox {
     pub max_rps: Option<u32>,
     #[serde(default)]
     pub max_bytes_per_sec: Option<u64>,
+    /// `SERVICE=URL`: where the built-in twin's events for it go.
+    #[serde(default)]
+    pub webhooks: Vec<String>,
+    /// Faults on its deliveries, as `--webhook-faults`.
+    #[serde(default)]
+    pub webhook_faults: Vec<String>,
 }
 
 /// What `POST /sandboxes` answers: everything a platform needs, once.
@@ -554,6 +586,17 @@ pub struct Registered {
     /// with an operator's certificate, which the client's usual roots verify.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<String>,
+    /// Its webhook signing secret per service (`--webhook`), only here:
+    /// the app verifies deliveries with it (`STRIPE_WEBHOOK_SECRET`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub webhook_secrets: BTreeMap<String, String>,
+    /// With `--webhook` and an external twin: where that twin POSTs its
+    /// events (`SERVICE` replaced by the service) and the token it must
+    /// present, only here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_token: Option<String>,
 }
 
 /// Registers a sandbox from `POST /sandboxes`: its credentials (the
@@ -596,10 +639,29 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
             .ttl_secs
             .map(|s| record::unix_ms(now + Duration::from_secs(s))),
         revoked_ms: None,
+        webhooks: new.webhooks.clone(),
+        webhook_faults: new.webhook_faults.clone(),
     };
+    let dir = sandbox_dir(shared, &new.id);
+    let registration = webhooks::register(
+        &dir,
+        webhooks::Ask {
+            webhooks: &new.webhooks,
+            faults: &new.webhook_faults,
+            builtin_twin: new.twin.is_none() && shared.twin_auth.is_some(),
+            fleet: shared.registry.is_some(),
+        },
+    )
+    .await?;
     // The sandbox's dir reads as a live serve's: at registration its
     // admin.token is the read token itself.
-    let sandbox = start(shared, record, read_token.clone()).await?;
+    let sandbox = match start(shared, record, read_token.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            webhooks::forget(&dir);
+            return Err(e);
+        }
+    };
     // The fleet's first (`--nats`): refused there, refused here.
     let fleet = match &shared.registry {
         Some(r) => r.register(&sandbox.record).await,
@@ -608,7 +670,8 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
     let saved = fleet.and_then(|()| sandbox.record.save(&sandbox_dir(shared, &sandbox.id)));
     if let Err(e) = saved.and_then(|()| shared.sandboxes.insert(sandbox.clone())) {
         close(&sandbox, &shared.sealer, seal::SHUTDOWN).await;
-        let _ = std::fs::remove_file(sandbox_dir(shared, &sandbox.id).join(record::RECORD_FILE));
+        let _ = std::fs::remove_file(dir.join(record::RECORD_FILE));
+        webhooks::forget(&dir);
         return Err(e);
     }
     info!(sandbox = %new.id, services = ?sandbox.services, mode = ?sandbox.mode, "sandbox registered");
@@ -642,6 +705,14 @@ async fn add(shared: &Arc<Shared>, new: NewSandbox) -> Result<Registered> {
             .as_ref()
             .and_then(|(_, ca)| ca.as_ref())
             .map(|p| p.display().to_string()),
+        webhook_secrets: registration.secrets,
+        ingress_url: registration.ingress_token.as_ref().map(|_| {
+            format!(
+                "http://{}/sandboxes/{}/ingress/SERVICE",
+                shared.admin_addr, sandbox.id
+            )
+        }),
+        ingress_token: registration.ingress_token,
     })
 }
 
@@ -770,6 +841,7 @@ async fn remove(shared: &Arc<Shared>, id: &str, to_fleet: bool) -> Option<Result
         _ => Ok(()),
     };
     close(&sandbox, &shared.sealer, seal::REMOVED).await;
+    webhooks::forget(&dir);
     let stored = stored.context("the sandbox is refused now, but its record could not be revoked: a restart would serve it again. Next: delete that file");
     Some(stored.and(fleet))
 }
@@ -831,6 +903,8 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         shared.issuer.clone(),
         ledger.clone(),
     );
+    let builtin_twin = record.twin.is_none() && shared.twin_auth.is_some();
+    let deliveries = webhooks::start(&dir, &record, &ledger, builtin_twin);
     let admin = Arc::new(veris_proxy::admin::Admin {
         token: admin_token.clone(),
         identity,
@@ -854,8 +928,10 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
             .as_ref()
             .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
         webhooks: None,
+        ingress: deliveries.as_ref().and_then(|d| d.ingress.clone()),
     });
     let sandbox = Arc::new(Sandbox {
+        webhooks: deliveries,
         id: record.id.clone(),
         password,
         read_token_sha256: read_token,
@@ -1151,6 +1227,7 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
                         "max_rps": s.proxy.limits().max_rps,
                         "max_bytes_per_sec": s.proxy.limits().max_bytes_per_sec,
                         "expired": s.expired(SystemTime::now()),
+                        "webhooks": s.record.webhooks,
                         "publishing": s.publishing.as_ref().map(|p| json!(p.watch().state())),
                     })
                 })

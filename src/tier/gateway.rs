@@ -82,6 +82,19 @@ pub struct Sandbox {
     /// Its session has ended (final seal written): at most once, and a
     /// second caller waits for the first to finish.
     pub closed: tokio::sync::Mutex<bool>,
+    /// Its webhook deliveries (`--webhook`), if any.
+    pub webhooks: Option<Deliveries>,
+}
+
+/// A sandbox's webhook deliveries: where the built-in twin's events for it
+/// are handed, and the engine that delivers them into its ledger (taken
+/// and stopped when its session ends, before its final seal); or, for an
+/// external twin, its ingress (closed then).
+pub struct Deliveries {
+    pub events: veris_twin::webhook::EventSink,
+    pub engine: tokio::sync::Mutex<Option<veris_proxy::callback::Engine>>,
+    /// The ingress, when the sandbox's twin is an external one.
+    pub ingress: Option<Arc<veris_proxy::callback::Ingress>>,
 }
 
 impl Sandbox {

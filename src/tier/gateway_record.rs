@@ -56,6 +56,15 @@ pub struct Record {
     /// When it was removed, unix milliseconds: never served again.
     #[serde(default)]
     pub revoked_ms: Option<u64>,
+    /// Where its webhook events go (`--webhook SERVICE=URL` values). The
+    /// URLs only: their signing secrets live in their own 0600 file beside
+    /// the record ([`crate::runtime::gateway`]'s `webhook.secrets`), never
+    /// here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub webhooks: Vec<String>,
+    /// `--webhook-faults` of its deliveries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub webhook_faults: Vec<String>,
 }
 
 /// A sandbox's own limits, as registered: connections open at once,
@@ -241,6 +250,8 @@ pub(crate) fn sample(id: &str) -> Record {
         created_ms: 1,
         expires_ms: None,
         revoked_ms: None,
+        webhooks: Vec::new(),
+        webhook_faults: Vec::new(),
     }
 }
 

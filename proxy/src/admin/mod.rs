@@ -112,6 +112,9 @@ pub struct Admin {
     /// The webhook engine's on-demand deliveries (`--webhook`), for
     /// `/webhooks/*`.
     pub webhooks: Option<crate::callback::Control>,
+    /// The ingress for an external twin's deliveries (`POST
+    /// /ingress/{service}`, its own token).
+    pub ingress: Option<Arc<crate::callback::Ingress>>,
 }
 
 /// A part of `/status` the binary supplies.
@@ -170,6 +173,19 @@ pub async fn handle(
     if path == "/metrics" && method == Method::GET && admin.metrics_open {
         return metrics(&admin, req.headers());
     }
+    // The ingress checks its own token: the external twin never holds the
+    // admin token.
+    if let Some(service) = path.strip_prefix("/ingress/") {
+        return match &admin.ingress {
+            Some(ingress) => ingress.handle(service, req).await,
+            None => respond::error(
+                StatusCode::NOT_FOUND,
+                "veris_no_ingress",
+                "this proxy has no webhook ingress: it takes an external twin's deliveries only when started with --twin and --webhook".into(),
+                json!({}),
+            ),
+        };
+    }
     if !authorized(req.headers(), &admin.token) {
         return unauthorized();
     }
@@ -222,7 +238,6 @@ pub async fn handle(
     }
 }
 
-/// Constant-time comparison of the presented bearer token with ours.
 /// The 401 of every endpoint that needs the token.
 fn unauthorized() -> Response<ProxyBody> {
     let mut resp = respond::error(
@@ -238,7 +253,8 @@ fn unauthorized() -> Response<ProxyBody> {
     resp
 }
 
-fn authorized(headers: &HeaderMap, token: &str) -> bool {
+/// Constant-time comparison of the presented bearer token with ours.
+pub(crate) fn authorized(headers: &HeaderMap, token: &str) -> bool {
     let Some(presented) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -723,6 +739,7 @@ mod tests {
             unrecorded: Arc::default(),
             publishing: None,
             webhooks: None,
+            ingress: None,
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -6,7 +6,9 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HOST, USER_AGENT};
+use http::header::{
+    HeaderName, HeaderValue, ACCEPT, CACHE_CONTROL, CONTENT_TYPE, HOST, USER_AGENT,
+};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use veris_twin::webhook::{sign, Event, Secret, SIGNATURE_HEADER};
@@ -37,10 +39,46 @@ pub async fn attempt(
     backdate: Duration,
     timeout: Duration,
 ) -> Outcome {
+    let now = std::time::SystemTime::now()
+        .checked_sub(backdate)
+        .unwrap_or(std::time::UNIX_EPOCH)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let signature = sign::stripe_signature(secrets, now, &event.payload);
+    let mut headers = vec![
+        (
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        ),
+        (
+            USER_AGENT,
+            HeaderValue::from_static("Stripe/1.0 (+https://stripe.com/docs/webhooks)"),
+        ),
+        (
+            ACCEPT,
+            HeaderValue::from_static("*/*; q=0.5, application/xml"),
+        ),
+        (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+    ];
+    // Hex and digits only: always a valid header value.
+    if let Ok(v) = HeaderValue::from_str(&signature) {
+        headers.push((HeaderName::from_static(SIGNATURE_HEADER), v));
+    }
+    post(dialer, webhook, event.payload.clone(), headers, timeout).await
+}
+
+/// POSTs `body` with `headers` (and `Host`) to `webhook` once through
+/// `dialer`, bounded by `timeout`: what the app answered.
+pub async fn post(
+    dialer: &Dialer,
+    webhook: &Webhook,
+    body: Bytes,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    timeout: Duration,
+) -> Outcome {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
-    let (status, error) = match exchange(dialer, webhook, event, secrets, backdate, deadline).await
-    {
+    let (status, error) = match exchange(dialer, webhook, body, headers, deadline).await {
         Ok((status, None)) => (Some(status), None),
         Ok((status, Some(cut))) => (Some(status), Some(cut)),
         Err(e) => (None, Some(e)),
@@ -57,9 +95,8 @@ pub async fn attempt(
 async fn exchange(
     dialer: &Dialer,
     webhook: &Webhook,
-    event: &Event,
-    secrets: &[Secret],
-    backdate: Duration,
+    body: Bytes,
+    headers: Vec<(HeaderName, HeaderValue)>,
     deadline: tokio::time::Instant,
 ) -> Result<(u16, Option<String>), String> {
     let within = |what: &'static str| move |_| format!("timeout ({what})");
@@ -76,27 +113,17 @@ async fn exchange(
     .map_err(|e| format!("http: {e}"))?;
     // The connection's task ends with this attempt, whatever happens.
     let conn = AbortOnDrop(tokio::spawn(conn));
-    let now = std::time::SystemTime::now()
-        .checked_sub(backdate)
-        .unwrap_or(std::time::UNIX_EPOCH)
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     let target = match &webhook.query {
         Some(q) => format!("{}?{q}", webhook.path),
         None => webhook.path.clone(),
     };
-    let request = http::Request::post(target)
+    let mut request = http::Request::post(target)
         .header(HOST, &webhook.authority)
-        .header(CONTENT_TYPE, "application/json; charset=utf-8")
-        .header(USER_AGENT, "Stripe/1.0 (+https://stripe.com/docs/webhooks)")
-        .header("accept", "*/*; q=0.5, application/xml")
-        .header("cache-control", "no-cache")
-        .header(
-            SIGNATURE_HEADER,
-            sign::stripe_signature(secrets, now, &event.payload),
-        )
-        .body(Full::new(event.payload.clone()))
+        .body(Full::new(body))
         .map_err(|e| format!("request: {e}"))?;
+    for (name, value) in headers {
+        request.headers_mut().append(name, value);
+    }
     let response = tokio::time::timeout_at(deadline, sender.send_request(request))
         .await
         .map_err(within("waiting for the answer"))?

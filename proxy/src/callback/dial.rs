@@ -1,6 +1,9 @@
-//! How a delivery attempt reaches the app: the host's own connect, or, for
-//! an isolated `veris run` whose app listens inside the run's network
-//! namespace, a socket made in that namespace and connected from here.
+//! How a delivery attempt reaches the app: the host's own connect; for a
+//! gateway, the host's connect held to the gateway's dial policy (the
+//! sandbox's app is reached only where the sandbox's own dials could go);
+//! or, for an isolated `veris run` whose app listens inside the run's
+//! network namespace, a socket made in that namespace and connected from
+//! here.
 //!
 //! A socket belongs to the namespace it was created in, wherever it is used
 //! afterwards: a socket the run's init step made inside and handed over
@@ -32,6 +35,13 @@ pub enum Dialer {
     Host,
     /// Sockets from a namespace's source, to its loopback addresses.
     Namespace(Arc<dyn SocketSource>),
+    /// The host's network, each address the name resolves to judged by the
+    /// dial policy the gateway enforces
+    /// ([`crate::outbound::dial::enforce`]) and only a checked one dialed:
+    /// a sandbox's webhook URL reaches nothing a sandbox's passthrough
+    /// could not (its loopback, private networks, the metadata service)
+    /// unless `--allow-dial` names it.
+    Policed,
 }
 
 impl Dialer {
@@ -40,6 +50,10 @@ impl Dialer {
     pub async fn connect(&self, authority: &str) -> io::Result<TcpStream> {
         let source = match self {
             Dialer::Host => return TcpStream::connect(authority).await,
+            Dialer::Policed => {
+                let (host, port) = split_authority(authority)?;
+                return crate::outbound::dial::connect_host_for_client(host, port, None).await;
+            }
             Dialer::Namespace(source) => source,
         };
         let mut last = None;
@@ -56,6 +70,20 @@ impl Dialer {
             )
         }))
     }
+}
+
+/// `host:port` (`[v6]:port`) split; the host as written.
+pub fn split_authority(authority: &str) -> io::Result<(&str, u16)> {
+    authority
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse().ok()?)))
+        .filter(|(h, _)| !h.is_empty())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{authority:?} is not HOST:PORT"),
+            )
+        })
 }
 
 /// Connects a socket from `source` to `addr`, a loopback address.

@@ -16,14 +16,19 @@
 //! of `--webhook-faults` on deliveries ([`faults`]); each line says its
 //! origin and fault.
 //!
-//! Only this engine writes `callback` lines: nothing a workload sends
-//! (a request to its own app, a header that looks like a callback) can
-//! become one.
+//! For an external twin, which makes and signs its own events, the
+//! [`ingress`] forwards each delivery it is given (with its token) the same
+//! way, once, and records it with origin `ingress`.
+//!
+//! Only this engine and the ingress write `callback` lines: nothing a
+//! workload sends (a request to its own app, a header that looks like a
+//! callback) can become one.
 
 pub mod control;
 pub mod deliver;
 pub mod dial;
 pub mod faults;
+pub mod ingress;
 pub mod target;
 
 use std::sync::{Arc, Mutex};
@@ -41,6 +46,7 @@ pub use control::{Control, Origin, Queued, Refusal};
 use control::{Job, Recent};
 pub use dial::{Dialer, SocketSource};
 pub use faults::Faults;
+pub use ingress::Ingress;
 pub use target::Webhook;
 
 /// Waits before the retries of a delivery whose app did not answer 2xx,
@@ -442,11 +448,17 @@ impl Delivery {
             origin: self.origin.as_str().into(),
             fault: self.fault.clone(),
         });
-        let ledger = Arc::clone(&self.options.ledger);
-        match tokio::task::spawn_blocking(move || ledger.append(entry)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => warn!(error = %e, "cannot record a webhook delivery in the ledger"),
-            Err(e) => warn!(error = %e, "recording a webhook delivery failed"),
-        }
+        append(&self.options.ledger, entry).await;
+    }
+}
+
+/// Appends a `callback` line off the async threads (a failure is logged:
+/// the delivery happened either way).
+async fn append(ledger: &Arc<Ledger>, entry: Entry) {
+    let ledger = Arc::clone(ledger);
+    match tokio::task::spawn_blocking(move || ledger.append(entry)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => warn!(error = %e, "cannot record a webhook delivery in the ledger"),
+        Err(e) => warn!(error = %e, "recording a webhook delivery failed"),
     }
 }

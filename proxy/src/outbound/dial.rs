@@ -473,6 +473,18 @@ pub async fn connect_host_for_client(
     connect_first(resolve(host, port).await?, true).await
 }
 
+/// Whether a dial made for a client to `host:port` would pass the dial
+/// policy ([`enforce`]): every address the name resolves to now, checked as
+/// [`connect_host_for_client`] checks each one it dials. For refusing a
+/// target up front (a gateway sandbox's webhook URL at registration); the
+/// dial itself checks again, on the address it dials.
+pub async fn check_host_for_client(host: &str, port: u16) -> io::Result<()> {
+    for addr in resolve(host, port).await? {
+        refuse_host_for_client(addr)?;
+    }
+    Ok(())
+}
+
 /// How long an isolated run's passthrough waits to resolve a name here
 /// before handing it to the upstream proxy unchecked.
 const NAME_CHECK_TIMEOUT: Duration = Duration::from_secs(2);

@@ -43,8 +43,9 @@
 //! address, its IPv4 form (the same destination); other embeddings reach
 //! another host (a NAT64 or 6to4 relay) and must be allowed as written.
 //!
-//! These rules govern dials made for a sandbox. The gateway's own
-//! connections (the twin, webhook deliveries) are configured by the
+//! These rules govern dials made for a sandbox, its webhook deliveries
+//! included (a sandbox's app URL reaches nothing its passthrough could
+//! not). The gateway's own connections (the twin) are configured by the
 //! operator and are not judged here. [`super::dial`] keeps its own,
 //! narrower rule for the isolated tier (never this host, [`super::dial::is_this_host`]).
 

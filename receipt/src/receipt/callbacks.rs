@@ -54,11 +54,19 @@ pub struct CallbackEntry {
     pub duration_ms: u64,
 }
 
-/// The origin a requirement counts by default: the twin's own events.
-pub const COUNTED: &str = "twin";
+/// The origins a requirement counts by default: the built-in twin's own
+/// events (`twin`), and the events an external twin delivered through the
+/// authenticated ingress (`ingress`, ledger version 8): both are the
+/// events of the twin the proxy routes to.
+pub const COUNTED: &[&str] = &["twin", "ingress"];
+
+/// Whether a [`bucket`] counts toward a requirement by default.
+pub fn counted(bucket: &str) -> bool {
+    COUNTED.contains(&bucket)
+}
 
 /// Where an attempt is counted: its origin, or `ORIGIN+FAULT` when a fault
-/// was put on it, so that only [`COUNTED`] holds the faithful deliveries
+/// was put on it, so that only the [`COUNTED`] buckets hold the faithful deliveries
 /// of the twin's own events.
 pub fn bucket(origin: &str, fault: Option<&str>) -> String {
     match fault {
@@ -135,7 +143,7 @@ impl Callbacks {
             // What the delivery is, when it is not the twin's own event
             // sent faithfully: it does not count toward a requirement.
             let origin = match (e.origin.as_str(), &e.fault) {
-                (COUNTED, None) => String::new(),
+                (origin, None) if counted(origin) => String::new(),
                 (origin, None) => format!(" [{}: not counted]", token(origin)),
                 (origin, Some(f)) => {
                     format!(" [{} fault {}: not counted]", token(origin), quoted(f))

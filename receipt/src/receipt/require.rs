@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::callbacks::COUNTED;
+use super::callbacks::counted as counted_origin;
 use super::*;
 use crate::quote::{quoted, token};
 
@@ -359,7 +359,12 @@ fn seen_for(r: &Receipt, req: &Requirement) -> BTreeMap<u16, u64> {
             }
         }
         Requirement::Callback { path, .. } => {
-            let by_path = r.callbacks.statuses.get(COUNTED).into_iter().flatten();
+            let by_path = r
+                .callbacks
+                .statuses
+                .iter()
+                .filter(|(bucket, _)| counted_origin(bucket))
+                .flat_map(|(_, by_path)| by_path);
             for (p, by_status) in by_path {
                 if same_path(p, path) {
                     add_statuses(&mut seen, by_status);
@@ -520,9 +525,9 @@ fn judge_requirement(r: &Receipt, req: &Requirement) -> (Vec<String>, Requiremen
             let unanswered: u64 = r
                 .callbacks
                 .unanswered
-                .get(COUNTED)
-                .into_iter()
-                .flatten()
+                .iter()
+                .filter(|(bucket, _)| counted_origin(bucket))
+                .flat_map(|(_, by_path)| by_path)
                 .filter(|(p, _)| same_path(p, path))
                 .map(|(_, n)| n)
                 .sum();
@@ -536,7 +541,7 @@ fn judge_requirement(r: &Receipt, req: &Requirement) -> (Vec<String>, Requiremen
                 .callbacks
                 .statuses
                 .iter()
-                .filter(|(bucket, _)| bucket.as_str() != COUNTED)
+                .filter(|(bucket, _)| !counted_origin(bucket))
                 .flat_map(|(_, by_path)| by_path)
                 .filter(|(p, _)| same_path(p, path))
                 .flat_map(|(_, by_status)| by_status)
@@ -684,6 +689,32 @@ mod tests {
         );
         r.callbacks.add(5, &delivery("/webhook", Some(204), "twin"));
         assert_eq!(evaluate(&r, &[req], true).exit_code, 0);
+    }
+
+    /// An external twin's event forwarded through the ingress counts like
+    /// the built-in twin's own; a faulted one does not.
+    #[test]
+    fn ingress_deliveries_count_like_the_twins_own() {
+        let req = Requirement::parse_callback("/webhook").unwrap();
+        let mut r = crate::receipt::build(
+            &crate::ledger::LedgerRead::default(),
+            &crate::receipt::Options::default(),
+        );
+        r.callbacks
+            .add(1, &delivery("/webhook", Some(400), "ingress"));
+        let v = evaluate(&r, std::slice::from_ref(&req), true);
+        assert_eq!(v.exit_code, EXIT_UNMET);
+        assert!(
+            v.lines.last().unwrap().contains("with status 400"),
+            "{:?}",
+            v.lines
+        );
+        r.callbacks
+            .add(2, &delivery("/webhook", Some(200), "ingress"));
+        assert_eq!(evaluate(&r, &[req], true).exit_code, 0);
+        let mut text = String::new();
+        r.callbacks.render(&mut text, 10);
+        assert!(!text.contains("not counted"), "{text}");
     }
 
     #[test]

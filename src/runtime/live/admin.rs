@@ -127,6 +127,8 @@ pub struct AdminStart<'a> {
     pub publishing: Option<Arc<crate::runtime::fleet::Publishing>>,
     /// `--webhook`'s on-demand deliveries (`veris trigger`, `veris replay`).
     pub webhooks: Option<veris_proxy::callback::Control>,
+    /// The webhook ingress for an external twin (`--twin` with `--webhook`).
+    pub ingress: Option<Arc<veris_proxy::callback::Ingress>>,
 }
 
 /// The running admin API and seal timer.
@@ -209,6 +211,7 @@ pub fn start_admin(a: AdminStart<'_>) -> AdminHandle {
             .publishing
             .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
         webhooks: a.webhooks,
+        ingress: a.ingress,
         // The checks every live reader runs (`checks::live_checks`), as the
         // proxy's own process can run them: in the transparent tier only the
         // workload's traffic is redirected (the proxy's uid is exempt), so

@@ -35,7 +35,7 @@ mod announce;
 mod args;
 mod ledger;
 mod routing;
-mod webhooks;
+pub(crate) mod webhooks;
 
 use announce::Announce;
 pub use announce::{merged_no_proxy, EnvBase};
@@ -106,6 +106,12 @@ pub struct Stack {
     pub webhook_env: Vec<(String, String)>,
     /// Where webhooks go, a line each, for a person.
     pub webhooks_described: Vec<String>,
+    /// The ingress for an external twin (`--twin` with `--webhook`),
+    /// closed before the final seal.
+    ingress: Option<Arc<veris_proxy::callback::Ingress>>,
+    /// Its address and token, for the person who points the external twin
+    /// at it (serve prints it; never in the workload's environment).
+    pub ingress_described: Option<String>,
 }
 
 /// How a session ended: its final seal and the checks recorded before it.
@@ -197,7 +203,27 @@ impl Stack {
         });
         let session_seq = append_session(args, &ledger, session)?;
         let app_dialer = bound.app_dialer.take().unwrap_or_default();
-        let webhook_engine = webhooks.map(|w| w.start(Arc::clone(&ledger), app_dialer));
+        let ingress_token = webhooks
+            .as_ref()
+            .and_then(|w| w.ingress_token())
+            .map(str::to_string);
+        let webhooks::Started {
+            engine: webhook_engine,
+            ingress,
+        } = match webhooks {
+            Some(w) => w.start(Arc::clone(&ledger), app_dialer),
+            None => webhooks::Started {
+                engine: None,
+                ingress: None,
+            },
+        };
+        // The external twin's way in: `POST http://ADMIN/ingress/SERVICE`.
+        let ingress_described = match (&ingress_token, admin_listener.addr()) {
+            (Some(token), Some(addr)) => Some(format!(
+                "webhook ingress for the external twin: POST http://{addr}/ingress/SERVICE with Authorization: Bearer {token}"
+            )),
+            _ => None,
+        };
         let publisher = fleet
             .as_ref()
             .map(|f| crate::runtime::fleet::Publishing::start(f, &ledger, &identity.sandbox_id))
@@ -221,6 +247,7 @@ impl Stack {
             metrics_open: args.metrics_open,
             publishing: publisher.clone(),
             webhooks: webhook_engine.as_ref().map(|e| e.control()),
+            ingress: ingress.clone(),
         });
         tier.serving(&ledger);
         let unrecorded = proxy.unrecorded().clone();
@@ -250,8 +277,10 @@ impl Stack {
             unrecorded,
             publisher,
             webhook_engine,
+            ingress,
             webhook_env,
             webhooks_described,
+            ingress_described,
         })
     }
 
@@ -333,6 +362,9 @@ impl Stack {
         // recorded before the checks and the final seal.
         if let Some(engine) = self.webhook_engine {
             engine.stop().await;
+        }
+        if let Some(ingress) = &self.ingress {
+            ingress.close().await;
         }
 
         // No traffic can arrive now: the window is exact.

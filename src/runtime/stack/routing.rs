@@ -45,8 +45,12 @@ pub(super) async fn routing(
         super::webhooks::Webhooks::from_args(&args.webhooks, &args.webhook_faults, builtin)?;
     if builtin {
         let sandbox = args.sandbox.as_deref().unwrap_or(DEFAULT_SANDBOX);
-        let (url, task, credential) =
-            start_builtin_twin(Some(sandbox), webhooks.as_mut(), shutdown_rx).await?;
+        let events = webhooks.as_ref().map(|w| w.sink());
+        let (url, task, credential, twin) =
+            start_builtin_twin(Some(sandbox), events, shutdown_rx).await?;
+        if let Some(w) = webhooks.as_mut() {
+            w.twin = Some(twin);
+        }
         twin_task = Some(task);
         builtin_twin_credential = Some(credential);
         builtin_url = Some(url);
@@ -199,14 +203,14 @@ pub(crate) fn upstream_roots(
 /// caller hands the proxy as its `twin_auth`: the twin executes and logs only
 /// vendor requests that carry it, so a workload calling the twin's port
 /// directly can neither fake a call nor add a row to the log the receipt's
-/// cross-check reads. With `webhooks`, the twin hands its webhook events to
-/// their engine, which also asks it for `veris trigger`'s fixture events.
-/// Returns (base URL, task, credential).
+/// cross-check reads. With `events`, the twin hands its webhook events
+/// there (their engine also asks the returned twin for `veris trigger`'s
+/// fixture events). Returns (base URL, task, credential, the twin).
 pub(crate) async fn start_builtin_twin(
     sandbox: Option<&str>,
-    webhooks: Option<&mut super::webhooks::Webhooks>,
+    events: Option<veris_twin::webhook::EventSink>,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<(String, JoinHandle<()>, String)> {
+) -> Result<(String, JoinHandle<()>, String, Arc<veris_twin::Twin>)> {
     let credential =
         crate::util::random_hex(32).context("minting the built-in twin's credential")?;
     let twin = veris_twin::Twin::new(veris_twin::TwinOptions {
@@ -216,22 +220,22 @@ pub(crate) async fn start_builtin_twin(
         credential: Some(credential.clone()),
     })?;
     twin.redact_paths_with(veris_receipt::redact::text);
-    if let Some(webhooks) = webhooks {
-        twin.send_events_to(webhooks.sink());
-        webhooks.twin = Some(Arc::clone(&twin));
+    if let Some(events) = events {
+        twin.send_events_to(events);
     }
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .context("binding the built-in twin")?;
     let url = format!("http://{}", listener.local_addr()?);
+    let served = Arc::clone(&twin);
     let task = tokio::spawn(async move {
         let stop = async move {
             let _ = shutdown.wait_for(|s| *s).await;
         };
-        if let Err(e) = veris_twin::serve(listener, twin, None, stop).await {
+        if let Err(e) = veris_twin::serve(listener, served, None, stop).await {
             warn!(error = %e, "built-in twin stopped with an error");
         }
     });
     info!(%url, "built-in twin listening");
-    Ok((url, task, credential))
+    Ok((url, task, credential, twin))
 }

@@ -1,13 +1,19 @@
 //! `--webhook SERVICE=URL`: the checked targets, the per-start signing
 //! secrets and the variables that give them to the app, `--webhook-faults`,
 //! and the delivery engine started once the ledger is open (DESIGN §15).
+//! With an external twin (`--twin`, `--config`), which makes and signs its
+//! own events, no engine: an ingress on the admin listener with a per-start
+//! token takes the twin's deliveries and forwards them
+//! ([`veris_proxy::callback::ingress`]).
 
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tokio::sync::mpsc;
 use veris_proxy::callback::faults::MAX_DELAY;
-use veris_proxy::callback::{Dialer, Engine, EngineOptions, Faults, Webhook, ATTEMPT_TIMEOUT};
+use veris_proxy::callback::{
+    Dialer, Engine, EngineOptions, Faults, Ingress, Webhook, ATTEMPT_TIMEOUT,
+};
 use veris_twin::webhook::{Event, EventSink, Secret, EVENT_QUEUE};
 
 /// Services whose vendor signature scheme the twin implements.
@@ -29,6 +35,15 @@ pub(crate) struct Webhooks {
     events: mpsc::Receiver<Event>,
     backoff_scale: f64,
     attempt_timeout: Duration,
+    /// With an external twin: the ingress token it must present.
+    ingress_token: Option<String>,
+}
+
+/// What [`Webhooks::start`] started: the engine (built-in twin) or the
+/// ingress (external twin).
+pub(crate) struct Started {
+    pub engine: Option<Engine>,
+    pub ingress: Option<std::sync::Arc<Ingress>>,
 }
 
 impl Webhooks {
@@ -39,32 +54,30 @@ impl Webhooks {
         faults: &[String],
         builtin: bool,
     ) -> Result<Option<Webhooks>> {
-        let faults = parse_faults(faults)?;
-        if values.is_empty() {
-            if !faults.is_empty() {
-                bail!("--webhook-faults needs --webhook: there are no deliveries to put faults on. Next: add --webhook stripe=http://HOST:PORT/PATH");
-            }
+        let Some((targets, faults)) = targets(values, faults)? else {
             return Ok(None);
-        }
+        };
         if !builtin {
-            bail!("--webhook needs the built-in twin, which makes the events; a twin named by --twin or --config delivers its own. Next: drop --twin/--config, or drop --webhook");
-        }
-        let targets = values
-            .iter()
-            .map(|v| parse(v))
-            .collect::<Result<Vec<_>>>()?;
-        let mut secrets: Vec<(String, Vec<Secret>)> = Vec::new();
-        for w in &targets {
-            if !secrets.iter().any(|(s, _)| *s == w.service) {
-                let secret = Secret::generate()
-                    .map_err(|_| anyhow::anyhow!("the system's random source failed"))
-                    .context("making a webhook signing secret")?;
-                secrets.push((w.service.clone(), vec![secret]));
+            if !faults.is_empty() {
+                bail!("--webhook-faults needs the built-in twin: an external twin (--twin, --config) makes and signs its own deliveries, which the ingress forwards unchanged. Next: drop --webhook-faults");
             }
+            let token = crate::util::random_hex(32).context("making the ingress token")?;
+            return Webhooks::new(targets, faults, Vec::new()).map(|w| Some(w.with_ingress(token)));
         }
+        let secrets = fresh_secrets(&targets)?;
+        Webhooks::new(targets, faults, secrets).map(Some)
+    }
+
+    /// The webhooks of `targets`, signed with `secrets` (one list per
+    /// service, the newest first), with their own event queue.
+    pub(crate) fn new(
+        targets: Vec<Webhook>,
+        faults: Faults,
+        secrets: Vec<(String, Vec<Secret>)>,
+    ) -> Result<Webhooks> {
         let (backoff_scale, attempt_timeout) = time_knobs()?;
         let (sink, events) = mpsc::channel(EVENT_QUEUE);
-        Ok(Some(Webhooks {
+        Ok(Webhooks {
             targets,
             faults,
             twin: None,
@@ -73,11 +86,25 @@ impl Webhooks {
             events,
             backoff_scale,
             attempt_timeout,
-        }))
+            ingress_token: None,
+        })
+    }
+
+    /// These webhooks taken by an ingress with `token` (an external twin's
+    /// deliveries) instead of an engine.
+    pub(crate) fn with_ingress(mut self, token: String) -> Webhooks {
+        self.ingress_token = Some(token);
+        self
+    }
+
+    /// The ingress token, with an external twin: given to that twin (it is
+    /// never in the workload's environment, env file or state dir).
+    pub(crate) fn ingress_token(&self) -> Option<&str> {
+        self.ingress_token.as_deref()
     }
 
     /// Where the twin hands its events.
-    pub(super) fn sink(&self) -> EventSink {
+    pub(crate) fn sink(&self) -> EventSink {
         self.sink.clone()
     }
 
@@ -95,17 +122,22 @@ impl Webhooks {
 
     /// One line per target for a person: where events go and the variable
     /// that holds their secret.
-    pub(super) fn described(&self) -> Vec<String> {
+    pub(crate) fn described(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
             .targets
             .iter()
-            .map(|w| {
-                format!(
+            .map(|w| match self.ingress_token {
+                None => format!(
                     "webhook {} -> {} (secret in {})",
                     w.service,
                     w.url(),
                     env_name(&w.service)
-                )
+                ),
+                Some(_) => format!(
+                    "webhook {} -> {} (the external twin's events, through the ingress; it signs them)",
+                    w.service,
+                    w.url(),
+                ),
             })
             .collect();
         // Said up front: every delivery of this start is wrong on purpose.
@@ -117,13 +149,26 @@ impl Webhooks {
         lines
     }
 
-    /// Starts delivering through `dialer`, recording into `ledger`.
-    pub(super) fn start(
+    /// Starts delivering through `dialer`, recording into `ledger`: the
+    /// engine, or with an external twin the ingress.
+    pub(crate) fn start(
         self,
         ledger: std::sync::Arc<veris_receipt::ledger::Ledger>,
         dialer: Dialer,
-    ) -> Engine {
-        Engine::start(
+    ) -> Started {
+        if let Some(token) = self.ingress_token {
+            return Started {
+                engine: None,
+                ingress: Some(std::sync::Arc::new(Ingress::new(
+                    token,
+                    self.targets,
+                    ledger,
+                    dialer,
+                    self.attempt_timeout,
+                ))),
+            };
+        }
+        let engine = Engine::start(
             self.events,
             EngineOptions {
                 webhooks: self.targets,
@@ -135,8 +180,46 @@ impl Webhooks {
                 twin: self.twin,
                 dialer,
             },
-        )
+        );
+        Started {
+            engine: Some(engine),
+            ingress: None,
+        }
     }
+}
+
+/// `--webhook` and `--webhook-faults` values checked: the targets and
+/// their faults, `None` without targets (faults without one are refused).
+pub(crate) fn targets(
+    values: &[String],
+    faults: &[String],
+) -> Result<Option<(Vec<Webhook>, Faults)>> {
+    let faults = parse_faults(faults)?;
+    if values.is_empty() {
+        if !faults.is_empty() {
+            bail!("--webhook-faults needs --webhook: there are no deliveries to put faults on. Next: add --webhook stripe=http://HOST:PORT/PATH");
+        }
+        return Ok(None);
+    }
+    let targets = values
+        .iter()
+        .map(|v| parse(v))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some((targets, faults)))
+}
+
+/// A fresh signing secret for each service `targets` names.
+pub(crate) fn fresh_secrets(targets: &[Webhook]) -> Result<Vec<(String, Vec<Secret>)>> {
+    let mut secrets: Vec<(String, Vec<Secret>)> = Vec::new();
+    for w in targets {
+        if !secrets.iter().any(|(s, _)| *s == w.service) {
+            let secret = Secret::generate()
+                .map_err(|_| anyhow::anyhow!("the system's random source failed"))
+                .context("making a webhook signing secret")?;
+            secrets.push((w.service.clone(), vec![secret]));
+        }
+    }
+    Ok(secrets)
 }
 
 /// `--webhook-faults duplicate,reorder,delay=DURATION,stale-signature,bad-signature`
@@ -200,7 +283,7 @@ fn time_knobs() -> Result<(f64, Duration)> {
 }
 
 /// `STRIPE_WEBHOOK_SECRET` for `stripe`.
-fn env_name(service: &str) -> String {
+pub(crate) fn env_name(service: &str) -> String {
     format!(
         "{}_WEBHOOK_SECRET",
         service.to_ascii_uppercase().replace('-', "_")

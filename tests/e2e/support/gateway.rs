@@ -66,6 +66,18 @@ impl Gateway {
     /// ready file. Panics with a clear message when the binary has no
     /// `gateway` command.
     pub fn start_in(ns: Option<&Netns>, label: &str, listen: &str, extra: &[&str]) -> Gateway {
+        Gateway::start_in_env(ns, label, listen, extra, &[])
+    }
+
+    /// [`Gateway::start_in`] with `env` set for the gateway (test knobs
+    /// such as `VERIS_WEBHOOK_TIME_SCALE`).
+    pub fn start_in_env(
+        ns: Option<&Netns>,
+        label: &str,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Gateway {
         let dir = TempDir::new(label);
         let state = dir.join("state");
         let ready_file = dir.join("ready.json");
@@ -84,6 +96,7 @@ impl Gateway {
             .arg(&ready_file)
             .args(extra)
             .env("VERIS_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(dir.join("gateway.stdout")).expect("stdout file"))
             .stderr(std::fs::File::create(&stderr_file).expect("stderr file"));

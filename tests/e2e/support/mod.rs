@@ -10,7 +10,8 @@
 //! job: [`netns`] (network namespaces, the transparent tier and its local
 //! origin and fake vendor), [`gateway`] (`veris gateway`, its sandboxes
 //! and receipts, and redsocks as the sandbox platform), [`fake_twin`] (a twin whose request log lies),
-//! [`tmux`] (a private tmux server for the TUI), [`nats`] (a nats-server for the fleet).
+//! [`tmux`] (a private tmux server for the TUI), [`nats`] (a nats-server for the fleet),
+//! [`webhook_app`] (an app verifying webhooks with the `stripe` SDK).
 #![allow(dead_code)]
 
 pub mod fake_twin;
@@ -18,6 +19,7 @@ pub mod gateway;
 pub mod nats;
 pub mod netns;
 pub mod tmux;
+pub mod webhook_app;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
