@@ -97,8 +97,14 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the manual page (roff), e.g. `veris man | man -l -`.
-    Man,
+    /// Print the manual page (roff), e.g. `veris man | man -l -`; with a
+    /// command, that command's own page (options, exit status, environment,
+    /// files, examples), e.g. `veris man run | man -l -`.
+    Man {
+        /// The command whose page to print (veris(1) without one).
+        #[arg(value_name = "COMMAND")]
+        command: Option<String>,
+    },
     /// Internal to `veris run`: confine this process's TCP connects to the
     /// given ports with Landlock, then exec the command.
     #[command(name = "__confine", hide = true)]
@@ -143,7 +149,7 @@ fn main() -> ExitCode {
         Command::Completions { shell } => {
             return cmd::completions::completions(shell, &Cli::command())
         }
-        Command::Man => return cmd::man::man(Cli::command()),
+        Command::Man { command } => return cmd::man::man(Cli::command(), command.as_deref()),
         _ => cli,
     };
     let default_level = match cli.command {
@@ -203,7 +209,7 @@ fn main() -> ExitCode {
             | Command::IsolateInit(_)
             | Command::IsolateProbe
             | Command::Completions { .. }
-            | Command::Man => {
+            | Command::Man { .. } => {
                 unreachable!("these commands return before the runtime starts")
             }
         }

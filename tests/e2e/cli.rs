@@ -703,3 +703,98 @@ fn a_relative_state_dir_writes_absolute_paths() {
         "{stdout}"
     );
 }
+
+/// `veris man COMMAND`: each command's own page, with the sections a
+/// command's page has, rendering without a warning in man(1), and every
+/// example in it a command line veris accepts.
+#[test]
+fn each_command_has_a_page_of_its_own_whose_examples_parse() {
+    let help = output(&mut veris(["--help"]));
+    let (help, _) = text(&help);
+    let commands: Vec<String> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() > 15, "{commands:?}");
+    let man = support::tool_works("man", &["--version"]);
+    let dir = TempDir::new("man-pages");
+    for c in &commands {
+        let out = output(&mut veris(["man", c]));
+        let (page, stderr) = text(&out);
+        assert!(out.status.success(), "veris man {c}: {stderr}");
+        assert!(
+            page.starts_with(&format!(".TH veris-{c} 1")),
+            "{c}: {}",
+            &page[..80.min(page.len())]
+        );
+        for section in [
+            "SYNOPSIS",
+            "EXIT STATUS",
+            "ENVIRONMENT",
+            "FILES",
+            "EXAMPLES",
+        ] {
+            assert!(
+                page.contains(&format!(".SH {section}"))
+                    || page.contains(&format!(".SH \"{section}\"")),
+                "veris man {c} has no {section}"
+            );
+        }
+        // Every example line that runs veris parses (its flags exist).
+        let examples = page
+            .split(".EX\n")
+            .skip(1)
+            .filter_map(|e| e.split(".EE").next());
+        for line in examples.flat_map(str::lines) {
+            let line = line.replace("\\-", "-");
+            let Some(args) = line.strip_prefix("veris ") else {
+                continue;
+            };
+            let args: Vec<&str> = args
+                .split_whitespace()
+                .take_while(|w| !matches!(*w, "&" | ">" | "|"))
+                .map(|w| w.trim_matches('"'))
+                .collect();
+            let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+            let mut cmd = veris(&args[..at]);
+            let out = output(cmd.arg("--help"));
+            assert!(
+                out.status.success(),
+                "veris man {c}: the example `{line}` does not parse: {:?}",
+                text(&out)
+            );
+        }
+        if man {
+            let file = dir.join(format!("veris-{c}.1"));
+            std::fs::write(&file, &out.stdout).unwrap();
+            let rendered = output(
+                command("man")
+                    .args(["--warnings", "-l"])
+                    .arg(&file)
+                    .env("MANWIDTH", "80")
+                    .env("MANPAGER", "cat"),
+            );
+            let (shown, warnings) = text(&rendered);
+            assert!(rendered.status.success(), "man {c}: {warnings}");
+            assert!(
+                warnings.trim().is_empty(),
+                "man warns on veris-{c}(1): {warnings}"
+            );
+            assert!(shown.contains("EXIT STATUS"), "{shown}");
+        }
+    }
+    if !man {
+        return support::skip("man is not installed (apt install man-db)");
+    }
+    let out = output(&mut veris(["man", "no-such-command"]));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).1.contains("Next: one of serve"),
+        "{:?}",
+        text(&out)
+    );
+}
