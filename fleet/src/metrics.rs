@@ -10,7 +10,6 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
 
 use crate::publish::{State, Watch};
 
@@ -28,13 +27,6 @@ impl Collect {
     /// come and go).
     pub fn each(each: impl Fn() -> Vec<Watch> + Send + Sync + 'static) -> Collect {
         Collect(Arc::new(each))
-    }
-
-    /// A registry holding only these metrics.
-    pub fn registry(self) -> Registry {
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(self));
-        registry
     }
 }
 
