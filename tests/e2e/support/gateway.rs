@@ -269,9 +269,24 @@ impl Gateway {
         }
     }
 
-    /// The sandbox's ledger lines, parsed (none before its first line).
+    /// The sandbox's ledger lines, parsed (none before its first line):
+    /// from the live gateway's admin API (`/sandboxes/ID/ledger`), which
+    /// has every line committed (the file gets a sandbox's lines from the
+    /// gateway's journal within about a second), else from its file.
     pub fn ledger(&self, id: &str) -> Vec<Value> {
-        std::fs::read_to_string(self.ledger_file(id))
+        let live = std::fs::read_to_string(self.state.join("admin.token"))
+            .ok()
+            .map(|token| {
+                self.admin_api(
+                    "GET",
+                    &format!("/sandboxes/{id}/ledger"),
+                    Some(token.trim()),
+                    None,
+                )
+            })
+            .filter(|(status, _)| status == "200")
+            .map(|(_, body)| body);
+        live.or_else(|| std::fs::read_to_string(self.ledger_file(id)).ok())
             .unwrap_or_default()
             .lines()
             .map(|l| serde_json::from_str(l).expect("ledger line is JSON"))
@@ -880,7 +895,15 @@ impl Gateway {
         let admin = self.ready["admin"]
             .as_str()
             .expect("the ready file's admin");
-        let mut cmd = command("curl");
+        // Where the gateway runs: its admin address is that namespace's.
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = command("ip");
+                c.args(["netns", "exec", ns, "curl"]);
+                c
+            }
+            None => command("curl"),
+        };
         cmd.args(["-sS", "--path-as-is", "--max-time", "10"]).args([
             "-w",
             "\n%{http_code}",
