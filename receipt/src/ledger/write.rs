@@ -929,8 +929,11 @@ impl Ledger {
             reason: reason.to_string(),
         };
         let seq = w.append_now(&self.shared, entry)?;
-        // A seal is a reader's anchor: in the file at once.
-        let _ = w.flush_pending(&self.shared.path);
+        // A seal is a reader's anchor: in the file at once. A ledger that
+        // goes idle seals last, so this also frees what its batches held.
+        if w.flush_pending(&self.shared.path).is_ok() {
+            w.pending = Vec::new();
+        }
         let info = SealInfo {
             seq,
             sealed_seq,
@@ -1318,11 +1321,7 @@ impl Writer {
         match wrote {
             Ok(()) => {
                 self.needs_truncate = false;
-                if self.pending.capacity() > 4 * FILE_BATCH {
-                    self.pending = Vec::new();
-                } else {
-                    self.pending.clear();
-                }
+                self.pending.clear();
                 Ok(())
             }
             Err(source) => {
