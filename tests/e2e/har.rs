@@ -205,6 +205,18 @@ fn a_serve_session_exports_as_valid_har() {
             (&0.into(), &0.into())
         );
     }
+    // Timed in fractions of a millisecond (the ledger's microseconds): a
+    // loopback twin answers in well under one, which whole milliseconds
+    // wrote as 0.
+    let times: Vec<f64> = entries(&har)
+        .iter()
+        .map(|e| {
+            assert_eq!(e["time"], e["timings"]["wait"], "{e}");
+            e["time"].as_f64().unwrap()
+        })
+        .collect();
+    assert!(times.iter().all(|t| *t > 0.0), "{times:?}");
+    assert!(times.iter().any(|t| t.fract() != 0.0), "{times:?}");
     assert_eq!(har["log"]["browser"]["name"], "veris");
     let headers = e["request"]["headers"].as_array().unwrap();
     assert!(

@@ -270,7 +270,7 @@ impl Proxy {
             status,
             tally.bytes(),
             declared,
-            duration_ms,
+            elapsed,
             websocket && status == StatusCode::SWITCHING_PROTOCOLS,
             client_gone,
         );
