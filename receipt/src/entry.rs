@@ -2,12 +2,12 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 8; versions 1 to 7 are still read)
+//! # File format (version 9; versions 1 to 8 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`8`); readers accept every
+//! - `v`: the format version, [`LEDGER_VERSION`] (`9`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
 //!   `tamper` and `check`; version 3 added the kinds `tls_abandoned`,
@@ -34,7 +34,10 @@
 //!   own, so it must refuse these lines rather than read them; version 8
 //!   added the origin `ingress`, an external twin's event forwarded through
 //!   the authenticated ingress, which counts like `twin`: a version-7
-//!   reader would count none of them, so it must refuse these lines);
+//!   reader would count none of them, so it must refuse these lines;
+//!   version 9 added `duration_us` to `request` and `callback`, the same
+//!   time in microseconds (`duration_ms` is whole, 0 on loopback); no
+//!   earlier field changed meaning);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -54,10 +57,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 8;
+pub const LEDGER_VERSION: u32 = 9;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8, 9];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -477,6 +480,9 @@ pub struct RequestLine {
     pub bytes_out: Option<u64>,
     /// Time from the request head to the twin's response head.
     pub duration_ms: u64,
+    /// The same time in microseconds (version 9; absent before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_us: Option<u64>,
     /// Upstream URL without query.
     pub upstream: String,
     /// Recorded request headers (names lower-case, secrets redacted).
@@ -516,6 +522,9 @@ pub struct CallbackLine {
     pub error: Option<String>,
     /// Time from the dial to the end of the answer (or the error).
     pub duration_ms: u64,
+    /// The same time in microseconds (version 9; absent before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_us: Option<u64>,
     /// 1 for the first attempt of an event, then one more per retry.
     pub attempt: u32,
     /// Who asked for the delivery: `twin` (an object the twin created for
@@ -830,6 +839,7 @@ impl RequestLine {
             bytes_in: 0,
             bytes_out: None,
             duration_ms: 0,
+            duration_us: None,
             upstream: test_upstream(service, path),
             headers: Vec::new(),
             websocket: false,

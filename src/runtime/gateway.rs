@@ -406,7 +406,10 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         trust.ca_pem.display()
     ));
     crate::outln!("{listen}");
+    // The ready file is written: the listeners accept.
+    crate::os::notify::ready();
     stop.await;
+    crate::os::notify::stopping();
     info!("shutting down");
     let _ = stop_tx.send(true);
     shared.cancel.cancel();

@@ -51,6 +51,7 @@ mod metrics;
 mod report_files;
 mod run;
 mod runs;
+mod systemd;
 mod transparent;
 mod trust_evidence;
 mod tui;

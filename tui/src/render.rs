@@ -713,6 +713,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             bytes_in,
             bytes_out,
             duration_ms,
+            duration_us: _,
             upstream,
             headers,
             websocket,

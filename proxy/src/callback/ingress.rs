@@ -182,6 +182,7 @@ impl Ingress {
                 status: outcome.status,
                 error: outcome.error,
                 duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
+                duration_us: Some(u64::try_from(outcome.duration.as_micros()).unwrap_or(u64::MAX)),
                 attempt: 1,
                 origin: "ingress".into(),
                 fault: None,

@@ -444,6 +444,7 @@ impl Delivery {
             status: outcome.status,
             error: outcome.error,
             duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
+            duration_us: Some(u64::try_from(outcome.duration.as_micros()).unwrap_or(u64::MAX)),
             attempt,
             origin: self.origin.as_str().into(),
             fault: self.fault.clone(),
