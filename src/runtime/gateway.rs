@@ -172,6 +172,9 @@ struct Shared {
     default_mode: Mode,
     sealer: Arc<Sealer>,
     issuer: Arc<Issuer>,
+    /// The roots a sandbox's `https://` webhook URL must chain to (the
+    /// system's, as for passthrough).
+    webhook_roots: rustls::RootCertStore,
     /// One upstream client for every sandbox: its root stores, session
     /// caches and pooled connections (to the twin, and to the hosts of
     /// passthrough requests) would otherwise be held per sandbox. Requests
@@ -218,7 +221,10 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     let (shutdown, shutdown_rx) = watch::channel(false);
     // The built-in twin's webhook events, each routed to its sandbox's
     // deliveries ([`webhooks::route`]).
-    let (event_sink, events) = tokio::sync::mpsc::channel(veris_twin::webhook::EVENT_QUEUE);
+    // The router only hands events on (never waiting), so this queue fills
+    // only if the router is starved; a drop here is logged, and each
+    // sandbox's own queue counts and records its drops.
+    let (event_sink, events, _) = veris_twin::webhook::channel(veris_twin::webhook::EVENT_QUEUE);
     let (twin, twin_task, twin_auth) = match &config.twin {
         Some(url) => (url.trim_end_matches('/').to_string(), None, None),
         None => {
@@ -305,6 +311,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         default_mode: config.mode,
         sealer,
         issuer: Arc::new(Issuer::new(ca, Issuer::DEFAULT_CAPACITY)),
+        webhook_roots: passthrough_roots.clone(),
         upstream: Arc::new(Upstream::new(UpstreamOptions {
             roots,
             passthrough_roots: Some(passthrough_roots),
@@ -904,7 +911,7 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         ledger.clone(),
     );
     let builtin_twin = record.twin.is_none() && shared.twin_auth.is_some();
-    let deliveries = webhooks::start(&dir, &record, &ledger, builtin_twin);
+    let deliveries = webhooks::start(&dir, &record, &ledger, builtin_twin, &shared.webhook_roots);
     let admin = Arc::new(veris_proxy::admin::Admin {
         token: admin_token.clone(),
         identity,

@@ -26,7 +26,8 @@
 //! a public URL), dialed from the gateway's host under the gateway's dial
 //! policy ([`Dialer::Policed`]): only where a sandbox's passthrough could
 //! go (public addresses, and `--allow-dial` blocks), checked at
-//! registration and again at every dial. `http://` only.
+//! registration and again at every dial. `https://` URLs are verified
+//! against the system's roots, as the gateway's passthrough is.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -80,13 +81,6 @@ pub(super) struct Registration {
 /// there are any, writes fresh secrets (or with an external twin an
 /// ingress token) to `dir` (created 0700). `dir` must be the sandbox's.
 pub(super) async fn register(dir: &Path, ask: Ask<'_>) -> Result<Registration> {
-    for value in ask.webhooks {
-        if let Some((_, url)) = value.split_once('=') {
-            if url.trim().to_ascii_lowercase().starts_with("https://") {
-                bail!("--webhook {value:?}: the gateway delivers webhooks over http:// only (an https:// URL, such as a platform's https://PORT-ID host, is not supported yet). Next: give a URL the platform serves over plain http://");
-            }
-        }
-    }
     let Some((targets, faults)) = stack::targets(ask.webhooks, ask.faults)? else {
         return Ok(Registration::default());
     };
@@ -190,7 +184,8 @@ pub(super) fn forget(dir: &Path) {
 
 /// Starts the deliveries of `record`'s webhooks into `ledger`, signed with
 /// the secrets in `dir` (`builtin_twin`), else its ingress with the token
-/// in `dir`; none without webhooks. A sandbox whose webhooks cannot start
+/// in `dir`; none without webhooks. `https://` URLs are verified against
+/// `roots` (the system's). A sandbox whose webhooks cannot start
 /// is still served, with its webhooks off and a log line saying why and
 /// what to do.
 pub(super) fn start(
@@ -198,6 +193,7 @@ pub(super) fn start(
     record: &Record,
     ledger: &Arc<Ledger>,
     builtin_twin: bool,
+    roots: &rustls::RootCertStore,
 ) -> Option<Deliveries> {
     // An ended sandbox (its chain only gets its final seal) delivers nothing.
     let ended = record.revoked_ms.is_some()
@@ -243,7 +239,7 @@ pub(super) fn start(
         info!(sandbox = %record.id, "{line}");
     }
     let events = webhooks.sink();
-    let started = webhooks.start(Arc::clone(ledger), Dialer::Policed);
+    let started = webhooks.start(Arc::clone(ledger), Dialer::Policed, roots.clone());
     Some(Deliveries {
         events,
         engine: tokio::sync::Mutex::new(started.engine),
@@ -273,8 +269,7 @@ pub(super) async fn route(
         let Some(deliveries) = &sandbox.webhooks else {
             continue;
         };
-        if let Err(mpsc::error::TrySendError::Full(e)) = deliveries.events.try_send(event) {
-            warn!(sandbox = %sandbox.id, kind = %e.kind, "webhook event dropped: the sandbox's delivery queue is full");
-        }
+        // A full queue counts the drop; the sandbox's engine records it.
+        deliveries.events.offer(event);
     }
 }
