@@ -603,8 +603,34 @@ fn bad_webhook_flags_say_the_syntax() {
     for (flags, says) in [
         (vec!["--webhook", "stripe"], "SERVICE=http://HOST:PORT/PATH"),
         (
-            vec!["--webhook", "stripe=https://127.0.0.1/x"],
-            "only http://",
+            vec!["--webhook", "stripe=ftp://127.0.0.1/x"],
+            "only http:// and https://",
+        ),
+        (
+            vec![
+                "--tier",
+                "explicit",
+                "--webhook",
+                "stripe=https://127.0.0.1/x",
+                "--webhook-ca",
+                "/nonexistent/ca.pem",
+            ],
+            "--webhook-ca /nonexistent/ca.pem: cannot read it. Next:",
+        ),
+        (
+            vec![
+                "--tier",
+                "explicit",
+                "--webhook",
+                "stripe=https://127.0.0.1/x",
+                "--webhook-ca",
+                "/etc/hostname",
+            ],
+            "no certificate in it. Next:",
+        ),
+        (
+            vec!["--tier", "explicit", "--webhook-ca", "/etc/hostname"],
+            "--webhook-ca needs --webhook",
         ),
         (
             vec!["--webhook", "acme=http://127.0.0.1:1/x"],

@@ -88,7 +88,7 @@ pub(super) async fn register(dir: &Path, ask: Ask<'_>) -> Result<Registration> {
         bail!("--webhook-faults needs the gateway's built-in twin: this sandbox's twin (its --twin, or the gateway's) makes and signs its own deliveries, which its ingress forwards unchanged. Next: drop --webhook-faults");
     }
     if ask.fleet {
-        bail!("--webhook is not supported on a gateway with --nats yet: every gateway of the fleet serves the sandbox, and only this one would hold its signing secrets. Next: register it on a gateway without --nats, or drop --webhook");
+        bail!("--webhook is refused on a gateway with --nats: every gateway of the fleet serves the sandbox, and each makes the events of the requests it serves, so each would need the sandbox's signing secret (or ingress token); the fleet shares only its registry bucket, which every gateway and every reader of the bucket can read, so a secret kept there would be no secret, and one kept by this gateway alone would leave the others' events unsigned and undelivered. Next: register sandboxes that need webhooks on a gateway without --nats, or drop --webhook");
     }
     for w in &targets {
         reachable(w).await?;
@@ -183,8 +183,8 @@ pub(super) fn forget(dir: &Path) {
 }
 
 /// Starts the deliveries of `record`'s webhooks into `ledger`, signed with
-/// the secrets in `dir` (`builtin_twin`), else its ingress with the token
-/// in `dir`; none without webhooks. `https://` URLs are verified against
+/// the secrets in `dir` (with the built-in twin, which also renders `veris
+/// trigger`'s fixtures), else its ingress with the token in `dir`; none without webhooks. `https://` URLs are verified against
 /// `roots` (the system's). A sandbox whose webhooks cannot start
 /// is still served, with its webhooks off and a log line saying why and
 /// what to do.
@@ -192,7 +192,7 @@ pub(super) fn start(
     dir: &Path,
     record: &Record,
     ledger: &Arc<Ledger>,
-    builtin_twin: bool,
+    builtin_twin: Option<&Arc<veris_twin::Twin>>,
     roots: &rustls::RootCertStore,
 ) -> Option<Deliveries> {
     // An ended sandbox (its chain only gets its final seal) delivers nothing.
@@ -206,7 +206,7 @@ pub(super) fn start(
     let started = (|| -> Result<Webhooks> {
         let (targets, faults) =
             stack::targets(&record.webhooks, &record.webhook_faults)?.context("no webhooks")?;
-        if !builtin_twin {
+        let Some(twin) = builtin_twin else {
             let path = dir.join(INGRESS_FILE);
             let token = crate::util::read_bounded_bytes(&path, SECRETS_CAP, false)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -216,7 +216,7 @@ pub(super) fn start(
                 .filter(|t| t.len() == 64)
                 .with_context(|| format!("{} holds no token", path.display()))?;
             return Webhooks::new(targets, faults, Vec::new()).map(|w| w.with_ingress(token));
-        }
+        };
         let secrets = load(dir)?;
         for w in &targets {
             if !secrets
@@ -226,7 +226,9 @@ pub(super) fn start(
                 bail!("no secret for {} in {SECRETS_FILE}", w.service);
             }
         }
-        Webhooks::new(targets, faults, secrets)
+        let mut webhooks = Webhooks::new(targets, faults, secrets)?;
+        webhooks.twin = Some(Arc::clone(twin));
+        Ok(webhooks)
     })();
     let webhooks = match started {
         Ok(w) => w,
@@ -241,6 +243,7 @@ pub(super) fn start(
     let events = webhooks.sink();
     let started = webhooks.start(Arc::clone(ledger), Dialer::Policed, roots.clone());
     Some(Deliveries {
+        control: started.engine.as_ref().map(|e| e.control()),
         events,
         engine: tokio::sync::Mutex::new(started.engine),
         ingress: started.ingress,

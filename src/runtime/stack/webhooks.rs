@@ -40,7 +40,7 @@ pub(crate) struct Webhooks {
     targets: Vec<Webhook>,
     faults: Faults,
     /// The built-in twin, which renders `veris trigger`'s fixture events.
-    pub(super) twin: Option<std::sync::Arc<veris_twin::Twin>>,
+    pub(crate) twin: Option<std::sync::Arc<veris_twin::Twin>>,
     secrets: Vec<(String, Vec<Secret>)>,
     sink: EventSink,
     events: mpsc::Receiver<Event>,
