@@ -226,9 +226,10 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     // The built-in twin's webhook events, each routed to its sandbox's
     // deliveries ([`webhooks::route`]).
     // The router only hands events on (never waiting), so this queue fills
-    // only if the router is starved; a drop here is logged, and each
-    // sandbox's own queue counts and records its drops.
-    let (event_sink, events, _) = veris_twin::webhook::channel(veris_twin::webhook::EVENT_QUEUE);
+    // only if the router is starved; its drops, like those of each
+    // sandbox's own queue, are recorded by the sandbox's engine.
+    let (event_sink, events, dropped) =
+        veris_twin::webhook::channel(veris_twin::webhook::EVENT_QUEUE);
     let (twin, twin_task, twin_auth, builtin_twin) = match &config.twin {
         Some(url) => (url.trim_end_matches('/').to_string(), None, None, None),
         None => {
@@ -343,6 +344,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     }
     let router = tokio::spawn(webhooks::route(
         events,
+        dropped,
         shared.sandboxes.clone(),
         shared.cancel.clone(),
     ));

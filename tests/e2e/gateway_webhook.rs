@@ -592,3 +592,46 @@ fn trigger_and_replay_reach_one_sandbox_with_the_gateways_token_only() {
         app_b.log()
     );
 }
+
+/// A sandbox whose app keeps failing holds its delivery (retries pending)
+/// while its workload keeps charging: with a queue of one
+/// (`VERIS_WEBHOOK_QUEUE=1`) the first event is under way, the second
+/// waits, and the third and fourth are dropped, counted in that sandbox's
+/// ledger (`callback_dropped`) and said by its receipt.
+#[test]
+fn a_sandboxs_dropped_events_are_on_its_own_record() {
+    if let Err(why) = webhook::tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("gw-webhook-drop");
+    let mut gw = Gateway::start_in_env(
+        None,
+        "gw-webhook-drop",
+        "127.0.0.1:0",
+        &["--allow-dial", "127.0.0.1/32"],
+        &[("VERIS_WEBHOOK_QUEUE", "1")],
+    );
+    let failing = app(&dir, "app-fail", "fail");
+    let (a, _) = add(&gw, "sbx-a", failing.port, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let ca = gw.ca();
+    for _ in 0..4 {
+        charge_ok(&a.url("socks5h"), &ca, "A");
+    }
+    let dropped = |gw: &Gateway| -> u64 {
+        gw.ledger("sbx-a")
+            .iter()
+            .filter(|l| l["kind"] == "callback_dropped")
+            .filter_map(|l| l["events"].as_u64())
+            .sum()
+    };
+    wait_for("two drops on record", DEADLINE, || {
+        (dropped(&gw) == 2).then_some(())
+    });
+    let text_a = gw.receipt_text("sbx-a");
+    assert!(
+        text_a.contains("2 webhook event(s) dropped (queue full)"),
+        "{text_a}"
+    );
+    gw.stop();
+    assert_eq!(dropped(&gw), 2, "{:?}", gw.ledger("sbx-a"));
+}

@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use veris_proxy::callback::{dial::split_authority, Dialer, Webhook};
 use veris_receipt::ledger::Ledger;
-use veris_twin::webhook::{Event, Secret};
+use veris_twin::webhook::{Dropped, Event, Secret};
 
 use crate::runtime::stack::webhooks::{self as stack, Webhooks};
 use crate::tier::gateway::{Deliveries, Sandboxes};
@@ -252,15 +252,28 @@ pub(super) fn start(
 
 /// Hands each event of the built-in twin to its sandbox's deliveries (and
 /// no other's) until `cancel`; an event for a sandbox without webhooks, or
-/// one no longer served, goes nowhere.
+/// one no longer served, goes nowhere. Events the shared queue `dropped`
+/// are handed to their sandbox's count the same way.
 pub(super) async fn route(
     mut events: mpsc::Receiver<Event>,
+    dropped: Arc<Dropped>,
     sandboxes: Arc<Sandboxes>,
     cancel: CancellationToken,
 ) {
     loop {
         let event = tokio::select! {
             () = cancel.cancelled() => return,
+            // The shared queue was full: each sandbox's engine records the
+            // drops of its own events (an event names its sandbox).
+            () = dropped.wait() => {
+                for ((sandbox, service), n) in dropped.take_by_sandbox() {
+                    match sandboxes.get(&sandbox).and_then(|s| s.webhooks.as_ref().map(|d| d.events.clone())) {
+                        Some(sink) => sink.count_dropped(&service, n),
+                        None => warn!(%sandbox, %service, events = n, "webhook events dropped for a sandbox without webhooks"),
+                    }
+                }
+                continue;
+            }
             e = events.recv() => match e {
                 Some(e) => e,
                 None => return,

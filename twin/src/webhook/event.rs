@@ -33,32 +33,43 @@ pub struct EventSink {
     dropped: Arc<Dropped>,
 }
 
-/// The events a full [`EventSink`] refused, per service, not yet taken.
+/// The events a full [`EventSink`] refused, per sandbox and service, not
+/// yet taken.
 #[derive(Debug, Default)]
 pub struct Dropped {
-    counts: Mutex<BTreeMap<String, u64>>,
+    counts: Mutex<BTreeMap<(String, String), u64>>,
     news: tokio::sync::Notify,
 }
 
 impl Dropped {
-    /// Resolves once an event was dropped since the last [`Dropped::take`]
-    /// (at once if one was dropped while nobody waited).
+    /// Resolves once an event was dropped since the last take (at once if
+    /// one was dropped while nobody waited).
     pub async fn wait(&self) {
         self.news.notified().await;
     }
 
-    /// The drops counted since the last call, per service, and resets them.
+    /// The drops counted since the last take, per service, and resets them.
     pub fn take(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for ((_, service), n) in self.take_by_sandbox() {
+            *out.entry(service).or_default() += n;
+        }
+        out
+    }
+
+    /// The drops counted since the last take, per (sandbox, service), and
+    /// resets them (a gateway hands each sandbox its own).
+    pub fn take_by_sandbox(&self) -> BTreeMap<(String, String), u64> {
         std::mem::take(&mut *self.counts.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn count(&self, service: &str) {
+    fn count(&self, sandbox: &str, service: &str, n: u64) {
         *self
             .counts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(service.to_string())
-            .or_default() += 1;
+            .entry((sandbox.to_string(), service.to_string()))
+            .or_default() += n;
         self.news.notify_one();
     }
 }
@@ -84,7 +95,7 @@ impl EventSink {
         match self.tx.try_send(event) {
             Ok(()) => true,
             Err(tokio::sync::mpsc::error::TrySendError::Full(e)) => {
-                self.dropped.count(&e.service);
+                self.dropped.count(&e.sandbox, &e.service, 1);
                 tracing::warn!(service = %e.service, kind = %e.kind, "webhook event dropped: the delivery queue is full (counted in the ledger)");
                 false
             }
@@ -93,6 +104,13 @@ impl EventSink {
                 false
             }
         }
+    }
+
+    /// Counts `n` events of `service` dropped before they reached this
+    /// sink (a gateway's shared queue, full), so this sink's deliverer puts
+    /// them on record with its own.
+    pub fn count_dropped(&self, service: &str, n: u64) {
+        self.dropped.count("", service, n);
     }
 }
 
@@ -219,6 +237,14 @@ mod tests {
             [("other".to_string(), 1), ("stripe".to_string(), 1)]
         );
         assert!(dropped.take().is_empty());
+        // Per sandbox for a gateway's router; counted elsewhere, added here.
+        assert!(!sink.offer(event("stripe")));
+        assert_eq!(
+            dropped.take_by_sandbox().into_iter().collect::<Vec<_>>(),
+            [(("sbx".to_string(), "stripe".to_string()), 1)]
+        );
+        sink.count_dropped("stripe", 3);
+        assert_eq!(dropped.take().get("stripe"), Some(&3));
         assert_eq!(rx.recv().await.map(|e| e.service), Some("stripe".into()));
     }
 
