@@ -35,9 +35,12 @@
 //!   added the origin `ingress`, an external twin's event forwarded through
 //!   the authenticated ingress, which counts like `twin`: a version-7
 //!   reader would count none of them, so it must refuse these lines;
-//!   version 9 added `duration_us` to `request` and `callback`, the same
-//!   time in microseconds (`duration_ms` is whole, 0 on loopback); no
-//!   earlier field changed meaning);
+//!   version 9 added the kind `callback_dropped` (webhook events the
+//!   delivery queue had no room for, counted), the callback's `tls`
+//!   (delivered to an `https://` URL), and `duration_us` on `request` and
+//!   `callback` (the same time in microseconds; `duration_ms` is whole, 0
+//!   on loopback): a version-8 reader would take a run whose events were
+//!   dropped for one that delivered them all);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -45,7 +48,8 @@
 //! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`,
 //!   `trust_failure`, `ech`, `quic`, `seal`, `reserved_path`, `tamper`,
 //!   `check`, `redirect_change`, `udp_dropped`, `dns`, `tls_abandoned`,
-//!   `response_incomplete`, `tunnel_close`, `body_capture`, `callback`, followed by that kind's
+//!   `response_incomplete`, `tunnel_close`, `body_capture`, `callback`,
+//!   `callback_dropped`, followed by that kind's
 //!   fields (see [`Entry`]);
 //! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
 //!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
@@ -84,6 +88,7 @@ pub const KINDS: &[&str] = &[
     "tunnel_close",
     "body_capture",
     "callback",
+    "callback_dropped",
 ];
 
 /// TLS alerts that name the certificate: a client that sends one after our
@@ -400,6 +405,12 @@ pub enum Entry {
     /// §15), written when the attempt ended. Only veris's own deliveries
     /// are these lines: nothing the workload sends can become one.
     Callback(CallbackLine),
+    /// Webhook events of one service that were never delivered because the
+    /// delivery queue was full (a workload making objects faster than the
+    /// app takes their deliveries), counted: at most one line a second per
+    /// service, each with every drop since the previous one, and one more
+    /// before the session's final seal, so no drop goes uncounted (version 9).
+    CallbackDropped(CallbackDroppedLine),
 }
 
 /// The fields of an [`Entry::Session`].
@@ -539,6 +550,21 @@ pub struct CallbackLine {
     /// `bad-signature`); absent for a faithful one (and in version 6).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<String>,
+    /// Delivered to an `https://` URL: over TLS, the app's certificate
+    /// verified (version 9; absent for `http://`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
+}
+
+/// The fields of an [`Entry::CallbackDropped`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallbackDroppedLine {
+    /// The service whose events were dropped (`stripe`).
+    pub service: String,
+    /// Events dropped since the previous such line.
+    pub events: u64,
+    /// `queue_full`.
+    pub reason: String,
 }
 
 /// The fields of an [`Entry::Passthrough`].
@@ -754,6 +780,7 @@ impl Entry {
             Entry::TunnelClose(_) => "tunnel_close",
             Entry::BodyCapture { .. } => "body_capture",
             Entry::Callback(_) => "callback",
+            Entry::CallbackDropped(_) => "callback_dropped",
         }
     }
 }
@@ -781,6 +808,7 @@ entry_from! {
     ResponseIncompleteLine => ResponseIncomplete,
     TunnelCloseLine => TunnelClose,
     CallbackLine => Callback,
+    CallbackDroppedLine => CallbackDropped,
 }
 
 // Test builders: a line with plausible values for the fields a test does

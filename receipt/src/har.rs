@@ -518,9 +518,10 @@ const CALLBACK_TIMINGS_COMMENT: &str = "wait: from veris dialing the app to the 
 fn callback_entry(line: &Line, c: &CallbackLine) -> HarEntry {
     let duration = millis(c.duration_ms, c.duration_us);
     let status = c.status.unwrap_or(0);
+    let scheme = if c.tls { "https" } else { "http" };
     let target = match &c.query {
-        Some(q) => format!("http://{}{}?{q}", c.target, c.path),
-        None => format!("http://{}{}", c.target, c.path),
+        Some(q) => format!("{scheme}://{}{}?{q}", c.target, c.path),
+        None => format!("{scheme}://{}{}", c.target, c.path),
     };
     HarEntry {
         pageref: None,
@@ -937,6 +938,7 @@ mod tests {
                 attempt,
                 origin: "twin".into(),
                 fault: None,
+                tls: false,
             }),
         )
     }

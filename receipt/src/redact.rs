@@ -23,9 +23,9 @@
 
 use crate::entry::Entry;
 use crate::entry::{
-    BlockedLine, CallbackLine, CheckLine, PassthroughLine, RequestLine, ReservedPathLine,
-    ResponseIncompleteLine, SessionLine, TlsAbandonedLine, TrustFailureLine, TunnelCloseLine,
-    UpstreamErrorLine,
+    BlockedLine, CallbackDroppedLine, CallbackLine, CheckLine, PassthroughLine, RequestLine,
+    ReservedPathLine, ResponseIncompleteLine, SessionLine, TlsAbandonedLine, TrustFailureLine,
+    TunnelCloseLine, UpstreamErrorLine,
 };
 
 /// What a secret is replaced with.
@@ -1061,6 +1061,7 @@ pub fn entry(entry: Entry) -> Entry {
             attempt,
             origin,
             fault,
+            tls,
         }) => Entry::Callback(CallbackLine {
             service: owned(service),
             event: owned(event),
@@ -1076,6 +1077,16 @@ pub fn entry(entry: Entry) -> Entry {
             attempt,
             origin: owned(origin),
             fault: fault.map(owned),
+            tls,
+        }),
+        Entry::CallbackDropped(CallbackDroppedLine {
+            service,
+            events,
+            reason,
+        }) => Entry::CallbackDropped(CallbackDroppedLine {
+            service: owned(service),
+            events,
+            reason: owned(reason),
         }),
         Entry::Tamper { what, detail } => Entry::Tamper {
             what: owned(what),
@@ -2081,6 +2092,7 @@ mod tests {
             attempt: 1,
             origin: "twin".into(),
             fault: None,
+            tls: false,
         });
         let Entry::Callback(c) = entry(line) else {
             panic!("kind changed");

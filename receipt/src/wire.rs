@@ -1013,6 +1013,35 @@ mod tests {
         assert_eq!(serde_json::to_string(&old).unwrap(), v4);
     }
 
+    /// Version 9 added `callback_dropped` and the callback's `tls`; both
+    /// round-trip byte for byte.
+    #[test]
+    fn v9_dropped_events_and_tls_callbacks_round_trip() {
+        let prev = "ab".repeat(32);
+        let dropped = format!(
+            r#"{{"v":9,"seq":4,"ts":"2026-12-04T23:00:00.123Z","kind":"callback_dropped","service":"stripe","events":6,"reason":"queue_full","prev":"{prev}"}}"#
+        );
+        let line = serde_json::from_str::<Line>(&dropped).unwrap();
+        assert_eq!(
+            line.entry,
+            Entry::CallbackDropped(crate::entry::CallbackDroppedLine {
+                service: "stripe".into(),
+                events: 6,
+                reason: "queue_full".into(),
+            })
+        );
+        assert_eq!(serde_json::to_string(&line).unwrap(), dropped);
+        let tls = format!(
+            r#"{{"v":9,"seq":5,"ts":"2026-12-04T23:00:00.123Z","kind":"callback","service":"stripe","event":"charge.succeeded","event_id":"evt_1","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":200,"duration_ms":3,"attempt":1,"origin":"twin","tls":true,"prev":"{prev}"}}"#
+        );
+        let line = serde_json::from_str::<Line>(&tls).unwrap();
+        match &line.entry {
+            Entry::Callback(c) => assert!(c.tls),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(serde_json::to_string(&line).unwrap(), tls);
+    }
+
     /// A version-6 callback line (no `fault`) reads as a faithful delivery,
     /// and writes back byte for byte.
     #[test]

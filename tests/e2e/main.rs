@@ -61,3 +61,5 @@ mod webhook;
 mod webhook_faults;
 mod webhook_ingress;
 mod webhook_isolated;
+mod webhook_queue;
+mod webhook_tls;

@@ -188,6 +188,7 @@ fn callback_rows_show_origin_and_fault() {
             attempt: 1,
             origin: origin.into(),
             fault: fault.map(str::to_string),
+            tls: false,
         })
     };
     let lines = chain(vec![

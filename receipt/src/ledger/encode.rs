@@ -569,6 +569,7 @@ mod tests {
                     attempt: 1,
                     origin: "twin".into(),
                     fault: None,
+                    tls: false,
                 }
                 .into(),
                 r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback","service":"stripe","event":"charge.succeeded","event_id":"evt_1","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":200,"duration_ms":3,"attempt":1,"origin":"twin","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
@@ -589,9 +590,19 @@ mod tests {
                     attempt: 1,
                     origin: "trigger".into(),
                     fault: Some("delay=1s,bad-signature".into()),
+                    tls: true,
                 }
                 .into(),
-                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback","service":"stripe","event":"customer.created","event_id":"evt_2","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":400,"duration_ms":3,"attempt":1,"origin":"trigger","fault":"delay=1s,bad-signature","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback","service":"stripe","event":"customer.created","event_id":"evt_2","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":400,"duration_ms":3,"attempt":1,"origin":"trigger","fault":"delay=1s,bad-signature","tls":true,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                crate::entry::CallbackDroppedLine {
+                    service: "stripe".into(),
+                    events: 5,
+                    reason: "queue_full".into(),
+                }
+                .into(),
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback_dropped","service":"stripe","events":5,"reason":"queue_full","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
         ];
         for (entry, want) in cases {

@@ -634,6 +634,7 @@ mod tests {
             attempt: 1,
             origin: origin.into(),
             fault: None,
+            tls: false,
         }
     }
 

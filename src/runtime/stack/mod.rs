@@ -211,7 +211,11 @@ impl Stack {
             engine: webhook_engine,
             ingress,
         } = match webhooks {
-            Some(w) => w.start(Arc::clone(&ledger), app_dialer),
+            Some(w) => w.start(
+                Arc::clone(&ledger),
+                app_dialer,
+                tls.passthrough_roots.clone(),
+            ),
             None => webhooks::Started {
                 engine: None,
                 ingress: None,
