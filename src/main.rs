@@ -131,6 +131,8 @@ struct InternalCommand {
 }
 
 fn main() -> ExitCode {
+    // While single-threaded, and before any child: no workload inherits it.
+    os::notify::take_socket();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

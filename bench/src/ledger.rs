@@ -41,6 +41,7 @@ fn request(i: u64) -> Entry {
         bytes_in: 512,
         bytes_out: Some(2048),
         duration_ms: 3,
+        duration_us: Some(3_412),
         upstream: "http://127.0.0.1:9/s/sbx_bench/stripe/v1/charges".into(),
         headers: vec![
             ("idempotency-key".into(), format!("key-{i}")),

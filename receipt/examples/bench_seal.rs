@@ -26,6 +26,7 @@ fn request(i: u64) -> Entry {
         bytes_in: 40,
         bytes_out: Some(900),
         duration_ms: 2,
+        duration_us: Some(2_412),
         upstream: format!("http://127.0.0.1:9/s/sbx/stripe/v1/charges/ch_{i}"),
         headers: Vec::new(),
         websocket: false,

@@ -2,12 +2,12 @@
 //! every reader (receipt, TUI, CI). Changing a field is an API change: bump
 //! `LEDGER_VERSION` and keep a test that reads the old form.
 //!
-//! # File format (version 8; versions 1 to 7 are still read)
+//! # File format (version 9; versions 1 to 8 are still read)
 //!
 //! `ledger.jsonl` is UTF-8 JSON Lines: one JSON object per line, each line
 //! terminated by a single `\n`, appended only. Fields in written order:
 //!
-//! - `v`: the format version, [`LEDGER_VERSION`] (`8`); readers accept every
+//! - `v`: the format version, [`LEDGER_VERSION`] (`9`); readers accept every
 //!   version in [`READABLE_VERSIONS`] (version 2 added the session's key,
 //!   uid and twin-head fields, `client_gone`, and the kinds `reserved_path`,
 //!   `tamper` and `check`; version 3 added the kinds `tls_abandoned`,
@@ -34,7 +34,13 @@
 //!   own, so it must refuse these lines rather than read them; version 8
 //!   added the origin `ingress`, an external twin's event forwarded through
 //!   the authenticated ingress, which counts like `twin`: a version-7
-//!   reader would count none of them, so it must refuse these lines);
+//!   reader would count none of them, so it must refuse these lines;
+//!   version 9 added the kind `callback_dropped` (webhook events the
+//!   delivery queue had no room for, counted), the callback's `tls`
+//!   (delivered to an `https://` URL), and `duration_us` on `request` and
+//!   `callback` (the same time in microseconds; `duration_ms` is whole, 0
+//!   on loopback): a version-8 reader would take a run whose events were
+//!   dropped for one that delivered them all);
 //! - `seq`: 1 for the first line, then exactly one more than the previous
 //!   line, across proxy restarts (a restarted proxy continues the file after a
 //!   `session` line);
@@ -42,7 +48,8 @@
 //! - `kind`: `session`, `request`, `passthrough`, `blocked`, `upstream_error`,
 //!   `trust_failure`, `ech`, `quic`, `seal`, `reserved_path`, `tamper`,
 //!   `check`, `redirect_change`, `udp_dropped`, `dns`, `tls_abandoned`,
-//!   `response_incomplete`, `tunnel_close`, `body_capture`, `callback`, followed by that kind's
+//!   `response_incomplete`, `tunnel_close`, `body_capture`, `callback`,
+//!   `callback_dropped`, followed by that kind's
 //!   fields (see [`Entry`]);
 //! - `prev`: lower-case hex SHA-256 of the previous line's exact bytes without
 //!   its `\n`; [`GENESIS_PREV`] (64 zeros) on the first line.
@@ -54,10 +61,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Version written in every line's `v` field.
-pub const LEDGER_VERSION: u32 = 8;
+pub const LEDGER_VERSION: u32 = 9;
 
 /// Versions a reader accepts.
-pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8];
+pub const READABLE_VERSIONS: &[u32] = &[1, 2, 3, 4, 5, 6, 7, 8, 9];
 
 /// Every `kind` a reader knows.
 pub const KINDS: &[&str] = &[
@@ -81,6 +88,7 @@ pub const KINDS: &[&str] = &[
     "tunnel_close",
     "body_capture",
     "callback",
+    "callback_dropped",
 ];
 
 /// TLS alerts that name the certificate: a client that sends one after our
@@ -397,6 +405,12 @@ pub enum Entry {
     /// §15), written when the attempt ended. Only veris's own deliveries
     /// are these lines: nothing the workload sends can become one.
     Callback(CallbackLine),
+    /// Webhook events of one service that were never delivered because the
+    /// delivery queue was full (a workload making objects faster than the
+    /// app takes their deliveries), counted: at most one line a second per
+    /// service, each with every drop since the previous one, and one more
+    /// before the session's final seal, so no drop goes uncounted (version 9).
+    CallbackDropped(CallbackDroppedLine),
 }
 
 /// The fields of an [`Entry::Session`].
@@ -477,6 +491,9 @@ pub struct RequestLine {
     pub bytes_out: Option<u64>,
     /// Time from the request head to the twin's response head.
     pub duration_ms: u64,
+    /// The same time in microseconds (version 9; absent before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_us: Option<u64>,
     /// Upstream URL without query.
     pub upstream: String,
     /// Recorded request headers (names lower-case, secrets redacted).
@@ -516,6 +533,9 @@ pub struct CallbackLine {
     pub error: Option<String>,
     /// Time from the dial to the end of the answer (or the error).
     pub duration_ms: u64,
+    /// The same time in microseconds (version 9; absent before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_us: Option<u64>,
     /// 1 for the first attempt of an event, then one more per retry.
     pub attempt: u32,
     /// Who asked for the delivery: `twin` (an object the twin created for
@@ -530,6 +550,21 @@ pub struct CallbackLine {
     /// `bad-signature`); absent for a faithful one (and in version 6).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<String>,
+    /// Delivered to an `https://` URL: over TLS, the app's certificate
+    /// verified (version 9; absent for `http://`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
+}
+
+/// The fields of an [`Entry::CallbackDropped`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallbackDroppedLine {
+    /// The service whose events were dropped (`stripe`).
+    pub service: String,
+    /// Events dropped since the previous such line.
+    pub events: u64,
+    /// `queue_full`.
+    pub reason: String,
 }
 
 /// The fields of an [`Entry::Passthrough`].
@@ -745,6 +780,7 @@ impl Entry {
             Entry::TunnelClose(_) => "tunnel_close",
             Entry::BodyCapture { .. } => "body_capture",
             Entry::Callback(_) => "callback",
+            Entry::CallbackDropped(_) => "callback_dropped",
         }
     }
 }
@@ -772,6 +808,7 @@ entry_from! {
     ResponseIncompleteLine => ResponseIncomplete,
     TunnelCloseLine => TunnelClose,
     CallbackLine => Callback,
+    CallbackDroppedLine => CallbackDropped,
 }
 
 // Test builders: a line with plausible values for the fields a test does
@@ -830,6 +867,7 @@ impl RequestLine {
             bytes_in: 0,
             bytes_out: None,
             duration_ms: 0,
+            duration_us: None,
             upstream: test_upstream(service, path),
             headers: Vec::new(),
             websocket: false,

@@ -112,8 +112,9 @@ pub struct HarEntry {
     /// When the request head reached the proxy: the line's time less its
     /// duration (the line is written when the twin's answer arrives).
     pub started_date_time: String,
-    /// Total milliseconds: the sum of the timings that are not `-1`.
-    pub time: i64,
+    /// Total milliseconds: the sum of the timings that are not `-1`;
+    /// fractional from a version-9 line's `duration_us`.
+    pub time: f64,
     pub request: Request,
     pub response: Response,
     pub cache: Cache,
@@ -213,7 +214,8 @@ pub struct Cache {}
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Timings {
     pub send: i64,
-    pub wait: i64,
+    /// Milliseconds, fractional like [`HarEntry::time`].
+    pub wait: f64,
     pub receive: i64,
     pub comment: String,
 }
@@ -337,12 +339,13 @@ impl HarBuilder {
                 bytes_in,
                 bytes_out,
                 duration_ms,
+                duration_us,
                 headers,
                 websocket,
                 client_gone,
                 ..
             }) if wanted(service) => {
-                let duration = i64::try_from(*duration_ms).unwrap_or(i64::MAX);
+                let duration = millis(*duration_ms, *duration_us);
                 let declared = bytes_out.map_or(-1, size);
                 self.entries.push(HarEntry {
                     pageref: None,
@@ -513,11 +516,12 @@ const CALLBACK_TIMINGS_COMMENT: &str = "wait: from veris dialing the app to the 
 /// delivery's headers and body are veris's own and not recorded; the
 /// app's answer body is never kept.
 fn callback_entry(line: &Line, c: &CallbackLine) -> HarEntry {
-    let duration = i64::try_from(c.duration_ms).unwrap_or(i64::MAX);
+    let duration = millis(c.duration_ms, c.duration_us);
     let status = c.status.unwrap_or(0);
+    let scheme = if c.tls { "https" } else { "http" };
     let target = match &c.query {
-        Some(q) => format!("http://{}{}?{q}", c.target, c.path),
-        None => format!("http://{}{}", c.target, c.path),
+        Some(q) => format!("{scheme}://{}{}?{q}", c.target, c.path),
+        None => format!("{scheme}://{}{}", c.target, c.path),
     };
     HarEntry {
         pageref: None,
@@ -767,6 +771,16 @@ fn query_string(q: &str) -> Vec<NameValue> {
         .collect()
 }
 
+/// A line's duration in HAR's milliseconds: fractional from `duration_us`
+/// (version 9), else the whole `duration_ms` of an older line (0 for
+/// anything under a millisecond).
+fn millis(duration_ms: u64, duration_us: Option<u64>) -> f64 {
+    match duration_us {
+        Some(us) => us as f64 / 1000.0,
+        None => duration_ms as f64,
+    }
+}
+
 /// The line's time less `duration_ms`, in the ledger's form; the recorded
 /// text itself when it is not RFC 3339 (a line the writer did not write).
 fn started(ts: &str, duration_ms: u64) -> String {
@@ -920,9 +934,11 @@ mod tests {
                     .is_none()
                     .then(|| "timeout (waiting for the answer)".into()),
                 duration_ms: 7,
+                duration_us: None,
                 attempt,
                 origin: "twin".into(),
                 fault: None,
+                tls: false,
             }),
         )
     }
@@ -1071,9 +1087,9 @@ mod tests {
         assert_eq!(e.started_date_time, "2026-11-29T07:28:17.873Z");
         assert_eq!(
             (e.timings.send, e.timings.wait, e.timings.receive),
-            (0, 1250, 0)
+            (0, 1250.0, 0)
         );
-        assert_eq!(e.time, 1250);
+        assert_eq!(e.time, 1250.0);
         // The receipt's verdict, not a second one.
         assert_eq!(log.veris.integrity, IntegrityStatus::Unverified);
         assert!(
@@ -1165,6 +1181,26 @@ mod tests {
         assert_eq!(json["log"]["entries"], serde_json::json!([]));
         let har = har_of(Vec::new(), WindowSpec::LatestSession, None);
         assert!(har.log.entries.is_empty());
+    }
+
+    /// A version-9 line's microseconds give fractional milliseconds (a
+    /// loopback answer is not 0); an older line keeps its whole ones.
+    #[test]
+    fn timings_are_fractional_from_microseconds() {
+        let mut fast = req(2, "stripe", "/v1/charges", None);
+        if let Entry::Request(r) = &mut fast.entry {
+            r.duration_ms = 0;
+            r.duration_us = Some(250);
+        }
+        let har = har_of(vec![fast], WindowSpec::All, None);
+        let e = &har.log.entries[0];
+        assert_eq!((e.time, e.timings.wait), (0.25, 0.25));
+        let json = serde_json::to_value(&har).unwrap();
+        assert_eq!(json["log"]["entries"][0]["time"], serde_json::json!(0.25));
+        assert_eq!(json["log"]["entries"][0]["timings"]["send"], 0);
+        let old = req(2, "stripe", "/v1/charges", None);
+        let e = &har_of(vec![old], WindowSpec::All, None).log.entries[0];
+        assert_eq!((e.time, e.timings.wait), (1250.0, 1250.0));
     }
 
     #[test]

@@ -23,9 +23,9 @@
 
 use crate::entry::Entry;
 use crate::entry::{
-    BlockedLine, CallbackLine, CheckLine, PassthroughLine, RequestLine, ReservedPathLine,
-    ResponseIncompleteLine, SessionLine, TlsAbandonedLine, TrustFailureLine, TunnelCloseLine,
-    UpstreamErrorLine,
+    BlockedLine, CallbackDroppedLine, CallbackLine, CheckLine, PassthroughLine, RequestLine,
+    ReservedPathLine, ResponseIncompleteLine, SessionLine, TlsAbandonedLine, TrustFailureLine,
+    TunnelCloseLine, UpstreamErrorLine,
 };
 
 /// What a secret is replaced with.
@@ -994,6 +994,7 @@ pub fn entry(entry: Entry) -> Entry {
             bytes_in,
             bytes_out,
             duration_ms,
+            duration_us,
             upstream,
             headers,
             websocket,
@@ -1010,6 +1011,7 @@ pub fn entry(entry: Entry) -> Entry {
             bytes_in,
             bytes_out,
             duration_ms,
+            duration_us,
             upstream: owned_url(upstream),
             headers: headers
                 .into_iter()
@@ -1055,9 +1057,11 @@ pub fn entry(entry: Entry) -> Entry {
             status,
             error,
             duration_ms,
+            duration_us,
             attempt,
             origin,
             fault,
+            tls,
         }) => Entry::Callback(CallbackLine {
             service: owned(service),
             event: owned(event),
@@ -1069,9 +1073,20 @@ pub fn entry(entry: Entry) -> Entry {
             status,
             error: error.map(owned),
             duration_ms,
+            duration_us,
             attempt,
             origin: owned(origin),
             fault: fault.map(owned),
+            tls,
+        }),
+        Entry::CallbackDropped(CallbackDroppedLine {
+            service,
+            events,
+            reason,
+        }) => Entry::CallbackDropped(CallbackDroppedLine {
+            service: owned(service),
+            events,
+            reason: owned(reason),
         }),
         Entry::Tamper { what, detail } => Entry::Tamper {
             what: owned(what),
@@ -2073,9 +2088,11 @@ mod tests {
             status: Some(400),
             error: Some("bad secret whsec_0123456789abcdef0123".into()),
             duration_ms: 1,
+            duration_us: None,
             attempt: 1,
             origin: "twin".into(),
             fault: None,
+            tls: false,
         });
         let Entry::Callback(c) = entry(line) else {
             panic!("kind changed");

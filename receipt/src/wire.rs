@@ -493,6 +493,7 @@ fn read_request(c: &mut Cursor<'_>, line: &mut Line) -> Option<()> {
             bytes_in: 0,
             bytes_out: None,
             duration_ms: 0,
+            duration_us: None,
             upstream: String::new(),
             headers: Vec::new(),
             websocket: false,
@@ -511,6 +512,7 @@ fn read_request(c: &mut Cursor<'_>, line: &mut Line) -> Option<()> {
         bytes_in,
         bytes_out,
         duration_ms,
+        duration_us,
         upstream,
         headers,
         websocket,
@@ -557,6 +559,10 @@ fn read_request(c: &mut Cursor<'_>, line: &mut Line) -> Option<()> {
     };
     c.lit(b",\"duration_ms\":")?;
     *duration_ms = c.uint()?;
+    *duration_us = match c.lit(b",\"duration_us\":") {
+        Some(()) => Some(c.uint()?),
+        None => None,
+    };
     c.lit(b",\"upstream\":")?;
     c.str_into(upstream)?;
     let mut n = 0;
@@ -870,9 +876,36 @@ mod tests {
     }
 
     #[test]
+    fn a_v9_request_reads_its_microseconds_and_v8_lines_still_read() {
+        use crate::entry::{LEDGER_VERSION, READABLE_VERSIONS};
+        assert_eq!(LEDGER_VERSION, 9);
+        assert!(READABLE_VERSIONS.contains(&8) && READABLE_VERSIONS.contains(&9));
+        let prev = "ab".repeat(32);
+        let v8 = format!(
+            r#"{{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"request","service":"stripe","host":"api.stripe.com","method":"GET","path":"/v1/charges","status":200,"http":"HTTP/1.1","tier":"explicit","bytes_in":0,"duration_ms":3,"upstream":"u","prev":"{prev}"}}"#
+        );
+        let v9 = v8.replace(r#""v":8"#, r#""v":9"#).replace(
+            r#""duration_ms":3,"#,
+            r#""duration_ms":0,"duration_us":412,"#,
+        );
+        for (text, ms, us) in [(&v8, 3, None), (&v9, 0, Some(412))] {
+            // The fast reader and serde agree, and the line writes back as read.
+            let mut fast = serde_json::from_str::<Line>(&v8).unwrap();
+            assert!(crate::wire::read_request_into(text, &mut fast), "{text}");
+            let slow = serde_json::from_str::<Line>(text).unwrap();
+            assert_eq!(fast, slow);
+            let Entry::Request(r) = &slow.entry else {
+                panic!("{text}")
+            };
+            assert_eq!((r.duration_ms, r.duration_us), (ms, us));
+            assert_eq!(&serde_json::to_string(&slow).unwrap(), text);
+        }
+    }
+
+    #[test]
     fn a_v4_body_capture_line_round_trips_and_v3_lines_still_read() {
         use crate::entry::{CapturedBody, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 8);
+        assert_eq!(LEDGER_VERSION, 9);
         assert!(READABLE_VERSIONS.contains(&3) && READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let sha = "cd".repeat(32);
@@ -939,7 +972,7 @@ mod tests {
     #[test]
     fn a_v5_upstream_error_with_its_body_round_trips_and_v4_lines_still_read() {
         use crate::entry::{ListenerTier, LEDGER_VERSION, READABLE_VERSIONS};
-        assert_eq!(LEDGER_VERSION, 8);
+        assert_eq!(LEDGER_VERSION, 9);
         assert!(READABLE_VERSIONS.contains(&4));
         let prev = "ab".repeat(32);
         let text = format!(
@@ -978,6 +1011,35 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(serde_json::to_string(&old).unwrap(), v4);
+    }
+
+    /// Version 9 added `callback_dropped` and the callback's `tls`; both
+    /// round-trip byte for byte.
+    #[test]
+    fn v9_dropped_events_and_tls_callbacks_round_trip() {
+        let prev = "ab".repeat(32);
+        let dropped = format!(
+            r#"{{"v":9,"seq":4,"ts":"2026-12-04T23:00:00.123Z","kind":"callback_dropped","service":"stripe","events":6,"reason":"queue_full","prev":"{prev}"}}"#
+        );
+        let line = serde_json::from_str::<Line>(&dropped).unwrap();
+        assert_eq!(
+            line.entry,
+            Entry::CallbackDropped(crate::entry::CallbackDroppedLine {
+                service: "stripe".into(),
+                events: 6,
+                reason: "queue_full".into(),
+            })
+        );
+        assert_eq!(serde_json::to_string(&line).unwrap(), dropped);
+        let tls = format!(
+            r#"{{"v":9,"seq":5,"ts":"2026-12-04T23:00:00.123Z","kind":"callback","service":"stripe","event":"charge.succeeded","event_id":"evt_1","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":200,"duration_ms":3,"attempt":1,"origin":"twin","tls":true,"prev":"{prev}"}}"#
+        );
+        let line = serde_json::from_str::<Line>(&tls).unwrap();
+        match &line.entry {
+            Entry::Callback(c) => assert!(c.tls),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(serde_json::to_string(&line).unwrap(), tls);
     }
 
     /// A version-6 callback line (no `fault`) reads as a faithful delivery,

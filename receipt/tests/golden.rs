@@ -132,6 +132,7 @@ fn request_via(
         bytes_in: 0,
         bytes_out: Some(120),
         duration_ms: 4,
+        duration_us: None,
         headers: vec![("authorization".into(), "[redacted]".into())],
         websocket: false,
         client_gone: false,

@@ -1,4 +1,5 @@
-//! `veris completions SHELL`: a completion script for the visible commands.
+//! `veris completions SHELL`: a completion script for the visible commands,
+//! each value completed by its kind (see [`by_kind`]).
 
 use std::process::ExitCode;
 
@@ -14,7 +15,7 @@ pub fn completions(shell: clap_complete::Shell, cli: &clap::Command) -> ExitCode
 /// help and the manual page leave hidden ones out by themselves.
 fn visible(cmd: &clap::Command) -> clap::Command {
     let mut out = clap::Command::new(cmd.get_name().to_string())
-        .args(cmd.get_arguments().cloned())
+        .args(cmd.get_arguments().map(by_kind))
         .groups(cmd.get_groups().cloned())
         .subcommands(
             cmd.get_subcommands()
@@ -28,6 +29,29 @@ fn visible(cmd: &clap::Command) -> clap::Command {
         out = out.version(version.to_string());
     }
     out
+}
+
+/// What a value is, for the shells: directories for a `DIR` flag
+/// (`--state-dir`, `--ca-dir`, ...), files for any other path, and the
+/// catalog's service names for `--services` and `--require`. Only the copy
+/// the scripts are generated from carries them: what the command line
+/// accepts is unchanged (a configured route may name a service the catalog
+/// lacks, and a requirement takes `:N` and `status=` after the name).
+fn by_kind(arg: &clap::Arg) -> clap::Arg {
+    use clap::builder::{PossibleValuesParser, ValueHint};
+    let arg = arg.clone();
+    let dir = arg
+        .get_value_names()
+        .is_some_and(|names| names.iter().any(|n| n == "DIR"));
+    if dir {
+        arg.value_hint(ValueHint::DirPath)
+    } else if arg.get_value_hint() == ValueHint::AnyPath {
+        arg.value_hint(ValueHint::FilePath)
+    } else if matches!(arg.get_id().as_str(), "services" | "require") {
+        arg.value_parser(PossibleValuesParser::new(veris_proxy::catalog::names()))
+    } else {
+        arg
+    }
 }
 
 /// Generated output (completions, the manual page) to stdout.

@@ -170,6 +170,10 @@ const ENVIRONMENT: &[(&str, &str)] = &[
         "The system roots the trust bundle is built from.",
     ),
     ("NO_COLOR", "No colour in logs."),
+    (
+        "NOTIFY_SOCKET",
+        "systemd readiness: serve and gateway send READY=1 once they accept, STOPPING=1 when they stop. No child inherits it.",
+    ),
 ];
 
 /// Where veris keeps its state (docs/cli.md, the state dir).

@@ -36,7 +36,10 @@ pub async fn serve(args: ServeArgs) -> Result<u8> {
         crate::logging::announce(line);
     }
     crate::outln!("{}", stack.proxy_url);
+    // The ready file is written: the listeners accept.
+    crate::os::notify::ready();
     signals.wait().await;
+    crate::os::notify::stopping();
     info!("shutting down");
     let finished = stack.finish().await?;
     if let Some(seal) = &finished.seal {

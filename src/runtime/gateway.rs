@@ -28,7 +28,8 @@
 //!   record revoked, its final seal);
 //! - `/sandboxes/{id}/…`: that sandbox's `/status`, `/ledger`, `/events`,
 //!   `/seal`, `/receipt` ([`veris_proxy::admin`]), with the admin token or
-//!   the sandbox's read token, which reads nothing else;
+//!   the sandbox's read token, which reads nothing else; its
+//!   `/webhooks/trigger|replay` with the admin token only (they write);
 //! - `GET /status`, `GET /metrics`: the gateway's own, each sandbox's
 //!   publishing to NATS (`--nats`: lag in lines, refusal, fork).
 //!
@@ -167,6 +168,9 @@ pub use crate::tier::gateway_record::RecordLimits as SandboxLimits;
 
 /// What every sandbox's proxy shares.
 struct Shared {
+    /// The built-in twin, when it runs: it renders `veris trigger`'s
+    /// fixture events for a sandbox.
+    builtin_twin: Option<Arc<veris_twin::Twin>>,
     state_dir: PathBuf,
     listen: SocketAddr,
     admin_addr: SocketAddr,
@@ -175,6 +179,9 @@ struct Shared {
     default_mode: Mode,
     sealer: Arc<Sealer>,
     issuer: Arc<Issuer>,
+    /// The roots a sandbox's `https://` webhook URL must chain to (the
+    /// system's, as for passthrough).
+    webhook_roots: rustls::RootCertStore,
     /// One upstream client for every sandbox: its root stores, session
     /// caches and pooled connections (to the twin, and to the hosts of
     /// passthrough requests) would otherwise be held per sandbox. Requests
@@ -224,17 +231,21 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     let (shutdown, shutdown_rx) = watch::channel(false);
     // The built-in twin's webhook events, each routed to its sandbox's
     // deliveries ([`webhooks::route`]).
-    let (event_sink, events) = tokio::sync::mpsc::channel(veris_twin::webhook::EVENT_QUEUE);
-    let (twin, twin_task, twin_auth) = match &config.twin {
-        Some(url) => (url.trim_end_matches('/').to_string(), None, None),
+    // The router only hands events on (never waiting), so this queue fills
+    // only if the router is starved; its drops, like those of each
+    // sandbox's own queue, are recorded by the sandbox's engine.
+    let (event_sink, events, dropped) =
+        veris_twin::webhook::channel(veris_twin::webhook::EVENT_QUEUE);
+    let (twin, twin_task, twin_auth, builtin_twin) = match &config.twin {
+        Some(url) => (url.trim_end_matches('/').to_string(), None, None, None),
         None => {
-            let (url, task, credential, _) = crate::runtime::stack::start_builtin_twin(
+            let (url, task, credential, builtin) = crate::runtime::stack::start_builtin_twin(
                 None,
                 Some(event_sink),
                 shutdown_rx.clone(),
             )
             .await?;
-            (url, Some(task), Some(credential))
+            (url, Some(task), Some(credential), Some(builtin))
         }
     };
     let tls_names = match &config.tls {
@@ -303,6 +314,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         None => None,
     };
     let shared = Arc::new(Shared {
+        builtin_twin,
         state_dir: state_dir.clone(),
         listen,
         admin_addr,
@@ -311,6 +323,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         default_mode: config.mode,
         sealer,
         issuer: Arc::new(Issuer::new(ca, Issuer::DEFAULT_CAPACITY)),
+        webhook_roots: passthrough_roots.clone(),
         upstream: Arc::new(Upstream::new(UpstreamOptions {
             roots,
             passthrough_roots: Some(passthrough_roots),
@@ -338,6 +351,7 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     }
     let router = tokio::spawn(webhooks::route(
         events,
+        dropped,
         shared.sandboxes.clone(),
         shared.cancel.clone(),
     ));
@@ -406,7 +420,10 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         trust.ca_pem.display()
     ));
     crate::outln!("{listen}");
+    // The ready file is written: the listeners accept.
+    crate::os::notify::ready();
     stop.await;
+    crate::os::notify::stopping();
     info!("shutting down");
     let _ = stop_tx.send(true);
     shared.cancel.cancel();
@@ -911,7 +928,8 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         ledger.clone(),
     );
     let builtin_twin = record.twin.is_none() && shared.twin_auth.is_some();
-    let deliveries = webhooks::start(&dir, &record, &ledger, builtin_twin);
+    let twin = shared.builtin_twin.as_ref().filter(|_| builtin_twin);
+    let deliveries = webhooks::start(&dir, &record, &ledger, twin, &shared.webhook_roots);
     let admin = Arc::new(veris_proxy::admin::Admin {
         token: admin_token.clone(),
         identity,
@@ -934,7 +952,8 @@ async fn start(shared: &Arc<Shared>, record: Record, admin_token: String) -> Res
         publishing: publishing
             .as_ref()
             .map(|p| crate::runtime::fleet::status_of(p.watch().clone())),
-        webhooks: None,
+        // `veris trigger|replay --sandbox`: the gateway's token only (below).
+        webhooks: deliveries.as_ref().and_then(|d| d.control.clone()),
         ingress: deliveries.as_ref().and_then(|d| d.ingress.clone()),
     });
     let sandbox = Arc::new(Sandbox {
@@ -1373,6 +1392,15 @@ async fn admin_request(shared: Arc<Shared>, mut req: Request<Incoming>) -> Respo
             let is_reader = bearer(&req).is_some_and(|t| {
                 bool::from(tier::digest(t.trim()).ct_eq(&sandbox.read_token_sha256))
             });
+            // Deliveries on demand write to the sandbox's ledger: the
+            // gateway's token alone asks for them, never a read token.
+            if tail.starts_with("webhooks") && !is_admin {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "veris_admin_only",
+                    "delivering a sandbox's webhook events on demand needs the gateway's admin token (<state>/admin.token); a sandbox's read token only reads. Next: run `veris trigger … --sandbox ID --state-dir GATEWAY_STATE` as the gateway's operator".into(),
+                );
+            }
             if is_admin || is_reader {
                 if let Ok(v) =
                     http::HeaderValue::from_str(&format!("Bearer {}", sandbox.admin.token))

@@ -95,6 +95,9 @@ pub struct Deliveries {
     pub engine: tokio::sync::Mutex<Option<veris_proxy::callback::Engine>>,
     /// The ingress, when the sandbox's twin is an external one.
     pub ingress: Option<Arc<veris_proxy::callback::Ingress>>,
+    /// Asks the engine for deliveries on demand (`veris trigger|replay
+    /// --sandbox`), when there is an engine.
+    pub control: Option<veris_proxy::callback::Control>,
 }
 
 impl Sandbox {

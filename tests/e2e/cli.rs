@@ -547,6 +547,99 @@ fn completions_cover_the_commands_and_hide_the_internal_ones() {
     assert!(!output(&mut veris(["completions", "tcsh"])).status.success());
 }
 
+/// Each value completes by its kind: only directories for `--state-dir` and
+/// `--ca-dir`, files for a file flag, the catalog's names for `--services`
+/// and `--require` (bash: the script loaded into a real bash and asked; zsh
+/// and fish: what their scripts say for those flags).
+#[test]
+fn completions_complete_values_by_kind() {
+    let dir = TempDir::new("completions-kind");
+    let script = dir.join("veris.bash");
+    let out = output(&mut veris(["completions", "bash"]));
+    std::fs::write(&script, &out.stdout).unwrap();
+    std::fs::create_dir(dir.join("adir")).unwrap();
+    std::fs::write(dir.join("afile"), "").unwrap();
+    // The words of a command line typed up to its last (partial) word.
+    let complete = |words: &[&str]| {
+        let line = words.join(" ");
+        let probe = format!(
+            "source {}; cd {}; COMP_WORDS=({line}); COMP_CWORD={}; COMP_LINE='{line}'; COMP_POINT={}; _veris veris {} {} 2>/dev/null; echo \"${{COMPREPLY[@]}}\"",
+            script.display(),
+            dir.path().display(),
+            words.len() - 1,
+            line.len(),
+            words[words.len() - 1],
+            words[words.len() - 2],
+        );
+        let out = output(command("bash").args(["-c", &probe]));
+        let (completed, stderr) = text(&out);
+        assert!(out.status.success(), "{line}: {stderr}");
+        completed.trim().to_string()
+    };
+    // Directories come from bash itself (`compopt -o plusdirs`): the script
+    // offers no file.
+    for flag in ["--state-dir", "--ca-dir"] {
+        let got = complete(&["veris", "serve", flag, "a"]);
+        assert!(!got.contains("afile"), "{flag} offers a file: {got:?}");
+    }
+    let got = complete(&["veris", "serve", "--ready-file", "a"]);
+    assert!(got.contains("afile"), "--ready-file: {got:?}");
+    assert_eq!(complete(&["veris", "serve", "--services", "str"]), "stripe");
+    assert_eq!(
+        complete(&["veris", "run", "--require", "goo"]),
+        "google-calendar google-drive google-gmail google-identity"
+    );
+    // The command line still takes a name outside the catalog (a route
+    // may name one): veris, not the parser, judges it, and says how to
+    // route it.
+    let out = output(veris(["run", "--state-dir"]).arg(dir.join("state")).args([
+        "--require",
+        "my-api",
+        "--",
+        "true",
+    ]));
+    let stderr = text(&out).1;
+    assert!(
+        !stderr.contains("invalid value") && stderr.contains("--route my-api=HOST"),
+        "{stderr}"
+    );
+
+    let zsh = text(&output(&mut veris(["completions", "zsh"]))).0;
+    let line = |script: &str, flag: &str| {
+        script
+            .lines()
+            .find(|l| l.contains(flag))
+            .unwrap_or_else(|| panic!("no {flag} in the script"))
+            .to_string()
+    };
+    assert!(line(&zsh, "--state-dir=").contains("_files -/"), "{zsh}");
+    assert!(line(&zsh, "--ca-dir=").contains("_files -/"));
+    assert!(line(&zsh, "--services=").contains("stripe"));
+    assert!(line(&zsh, "--require=").contains("github"));
+    // fish: one `complete` command a flag, its values over several lines.
+    let fish = text(&output(&mut veris(["completions", "fish"]))).0;
+    let entry = |flag: &str| {
+        let at = fish
+            .find(&format!(" -l {flag} "))
+            .unwrap_or_else(|| panic!("no {flag} in the fish script"));
+        let end = fish[at..]
+            .find("\ncomplete ")
+            .map_or(fish.len(), |n| at + n);
+        fish[at..end].to_string()
+    };
+    assert!(
+        entry("state-dir").contains("-f -a \"(__fish_complete_directories)\""),
+        "{}",
+        entry("state-dir")
+    );
+    assert!(
+        entry("services").contains("stripe"),
+        "{}",
+        entry("services")
+    );
+    assert!(entry("require").contains("github"), "{}", entry("require"));
+}
+
 #[test]
 fn man_prints_a_manual_page_that_renders() {
     let out = output(&mut veris(["man"]));

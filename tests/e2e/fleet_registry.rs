@@ -620,3 +620,34 @@ fn only_a_gateway_can_write_the_registry_bucket() {
         eprintln!("{l}");
     }
 }
+
+/// `add-sandbox --webhook` on a gateway with `--nats` is refused with why
+/// (the secret would have to be in the shared bucket, or on one gateway
+/// only) and what to do, and nothing is registered: the bucket never holds
+/// a signing secret.
+#[test]
+fn webhooks_on_a_fleet_gateway_are_refused_with_why() {
+    let Some(nats) = Nats::start() else { return };
+    let mut gw = start_gateway("fleet-webhook", &nats, "gwa", &[]);
+    let out = gw.admin_command(
+        "add-sandbox",
+        &[
+            "sbx-w",
+            "--services",
+            "stripe",
+            "--webhook",
+            "stripe=https://4242-sbx.example/webhook",
+        ],
+    );
+    let (stdout, stderr) = support::text(&out);
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("registry bucket")
+            && stderr.contains(
+                "Next: register sandboxes that need webhooks on a gateway without --nats"
+            ),
+        "{stderr}"
+    );
+    assert!(!served(&gw).contains(&"sbx-w".to_string()));
+    gw.stop();
+}

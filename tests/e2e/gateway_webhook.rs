@@ -331,8 +331,8 @@ fn a_removed_sandboxs_pending_retries_are_dropped() {
 }
 
 /// Registration refuses what the gateway would not deliver honestly: a URL
-/// the dial policy forbids (loopback without --allow-dial, the metadata
-/// address), https://, faults on an external twin's deliveries, and
+/// the dial policy forbids (loopback without --allow-dial, over http:// or
+/// https://; the metadata address), faults on an external twin's deliveries, and
 /// faults without a webhook.
 #[test]
 fn webhook_urls_the_dial_policy_refuses_are_refused_at_registration() {
@@ -358,13 +358,10 @@ fn webhook_urls_the_dial_policy_refuses_are_refused_at_registration() {
         &["sbx-3", "--webhook", "stripe=http://169.254.169.254/latest"],
         "metadata",
     );
+    // https:// is delivered, under the same dial policy as http://.
     refused(
-        &[
-            "sbx-4",
-            "--webhook",
-            "stripe=https://4242-abc.e2b.app/webhook",
-        ],
-        "http:// only",
+        &["sbx-4", "--webhook", "stripe=https://127.0.0.1:9/webhook"],
+        "--allow-dial",
     );
     refused(
         &[
@@ -492,4 +489,149 @@ fn an_external_twins_events_reach_a_sandboxs_app_through_its_ingress() {
     assert_eq!(code, Some(0), "{receipt}");
     secrets_kept_only_in_their_files(&gw, &[&token]);
     gw.stop();
+}
+
+/// `veris trigger|replay --sandbox ID` against a live gateway: the event
+/// is delivered to that sandbox's app (verified there) and recorded in its
+/// ledger with origin `trigger`, then `replay`, counting toward nothing.
+/// Attacks: a sandbox's read token (its own state dir, which its operator
+/// may hand out) cannot deliver; sandbox A's event id replayed through
+/// sandbox B is unknown to B's engine, so B's app gets nothing and B's
+/// ledger no line.
+#[test]
+fn trigger_and_replay_reach_one_sandbox_with_the_gateways_token_only() {
+    if let Err(why) = webhook::tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("gw-webhook-trigger");
+    let mut gw = Gateway::start(
+        "gw-webhook-trigger",
+        "127.0.0.1:0",
+        &["--allow-dial", "127.0.0.1/32"],
+    );
+    let (app_a, app_b) = (app(&dir, "app-a", "ok"), app(&dir, "app-b", "ok"));
+    let (_, secret_a) = add(&gw, "sbx-a", app_a.port, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let (_, secret_b) = add(&gw, "sbx-b", app_b.port, &[]).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("app-a.secret"), &secret_a).unwrap();
+    std::fs::write(dir.join("app-b.secret"), &secret_b).unwrap();
+    let ask = |args: &[&str], state: &Path| {
+        let out = output(
+            gw.veris(args)
+                .arg("--state-dir")
+                .arg(state)
+                .env_remove("VERIS_ADMIN_TOKEN"),
+        );
+        let (stdout, stderr) = text(&out);
+        (out.status.code(), format!("{stdout}{stderr}"))
+    };
+
+    let (code, said) = ask(
+        &[
+            "trigger",
+            "stripe",
+            "customer.created",
+            "--sandbox",
+            "sbx-a",
+        ],
+        &gw.state,
+    );
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("(trigger)"), "{said}");
+    wait_log(&app_a, "verified customer.created cus_");
+    let triggered = wait_for("sbx-a's triggered line", DEADLINE, || {
+        callbacks(&gw, "sbx-a")
+            .into_iter()
+            .find(|l| l["origin"] == "trigger")
+    });
+    assert_eq!(triggered["status"], 200, "{triggered}");
+    let id = triggered["event_id"].as_str().unwrap().to_string();
+
+    let (code, said) = ask(&["replay", &id, "--sandbox", "sbx-a"], &gw.state);
+    assert_eq!(code, Some(0), "{said}");
+    let replayed = wait_for("sbx-a's replayed line", DEADLINE, || {
+        callbacks(&gw, "sbx-a")
+            .into_iter()
+            .find(|l| l["origin"] == "replay")
+    });
+    assert_eq!(
+        (&replayed["event_id"], &replayed["status"]),
+        (&Value::from(id.as_str()), &Value::from(200)),
+        "{replayed}"
+    );
+
+    // A's event through B: unknown to B's engine.
+    let (code, said) = ask(&["replay", &id, "--sandbox", "sbx-b"], &gw.state);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("no event"), "{said}");
+    // A sandbox's read token (its own state dir) delivers nothing.
+    let before = callbacks(&gw, "sbx-a").len();
+    let (code, said) = ask(
+        &["trigger", "stripe", "customer.created"],
+        &gw.state.join("sandboxes").join("sbx-a"),
+    );
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("admin token"), "{said}");
+
+    // Neither counts toward a requirement.
+    let (code, receipt) = receipt_requiring_callback(&gw, "sbx-a");
+    assert_eq!(code, Some(3), "{receipt}");
+    gw.stop();
+    assert_eq!(
+        callbacks(&gw, "sbx-a").len(),
+        before,
+        "the read token's ask left a line"
+    );
+    assert!(
+        callbacks(&gw, "sbx-b").is_empty(),
+        "{:?}",
+        gw.ledger("sbx-b")
+    );
+    assert!(
+        !app_b.log().contains("verified"),
+        "B's app got A's event: {}",
+        app_b.log()
+    );
+}
+
+/// A sandbox whose app keeps failing holds its delivery (retries pending)
+/// while its workload keeps charging: with a queue of one
+/// (`VERIS_WEBHOOK_QUEUE=1`) the first event is under way, the second
+/// waits, and the third and fourth are dropped, counted in that sandbox's
+/// ledger (`callback_dropped`) and said by its receipt.
+#[test]
+fn a_sandboxs_dropped_events_are_on_its_own_record() {
+    if let Err(why) = webhook::tools() {
+        return skip(&why);
+    }
+    let dir = TempDir::new("gw-webhook-drop");
+    let mut gw = Gateway::start_in_env(
+        None,
+        "gw-webhook-drop",
+        "127.0.0.1:0",
+        &["--allow-dial", "127.0.0.1/32"],
+        &[("VERIS_WEBHOOK_QUEUE", "1")],
+    );
+    let failing = app(&dir, "app-fail", "fail");
+    let (a, _) = add(&gw, "sbx-a", failing.port, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let ca = gw.ca();
+    for _ in 0..4 {
+        charge_ok(&a.url("socks5h"), &ca, "A");
+    }
+    let dropped = |gw: &Gateway| -> u64 {
+        gw.ledger("sbx-a")
+            .iter()
+            .filter(|l| l["kind"] == "callback_dropped")
+            .filter_map(|l| l["events"].as_u64())
+            .sum()
+    };
+    wait_for("two drops on record", DEADLINE, || {
+        (dropped(&gw) == 2).then_some(())
+    });
+    let text_a = gw.receipt_text("sbx-a");
+    assert!(
+        text_a.contains("2 webhook event(s) dropped (queue full)"),
+        "{text_a}"
+    );
+    gw.stop();
+    assert_eq!(dropped(&gw), 2, "{:?}", gw.ledger("sbx-a"));
 }

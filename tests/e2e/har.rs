@@ -99,9 +99,35 @@ fn har_cmd(state: &Path, extra: &[&str]) -> Output {
     output(&mut cmd)
 }
 
+/// What `haralyzer` (a HAR reader library nobody here wrote) loads: its
+/// pages and, on each, the entries with their URL, status and time.
+const HARALYZER: &str = r#"
+import json, sys
+from haralyzer import HarParser
+har = HarParser(json.load(open(sys.argv[1], encoding="utf-8")))
+pages = []
+for page in har.pages:
+    pages.append([[e.request.method, e.url, e.status, e.time] for e in page.entries])
+print(json.dumps({"browser": har.browser, "version": har.version, "pages": pages}))
+"#;
+
+fn haralyzer(path: &Path) -> Value {
+    let out = output(command("python3").args(["-c", HARALYZER]).arg(path));
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "haralyzer cannot load {}: {stderr}",
+        path.display()
+    );
+    serde_json::from_str(&stdout).unwrap()
+}
+
 #[test]
 fn a_serve_session_exports_as_valid_har() {
-    if let Err(why) = support::curl().and_then(|()| validator()) {
+    if let Err(why) = support::curl()
+        .and_then(|()| validator())
+        .and_then(|()| support::python_module("haralyzer"))
+    {
         return skip(&why);
     }
     let mut serve = Serve::start("har", &[]);
@@ -147,6 +173,16 @@ fn a_serve_session_exports_as_valid_har() {
             "POST https://api.stripe.com/v1/customers",
         ]
     );
+    // haralyzer loads it: one page, the three entries on it.
+    let loaded = haralyzer(&dir.join("live.har"));
+    assert_eq!(loaded["version"], "1.2", "{loaded}");
+    assert_eq!(loaded["browser"]["name"], "veris", "{loaded}");
+    let pages = loaded["pages"].as_array().unwrap();
+    assert_eq!(pages.len(), 1, "{loaded}");
+    let loaded_entries = pages[0].as_array().unwrap();
+    assert_eq!(loaded_entries.len(), 3, "{loaded}");
+    assert_eq!(loaded_entries[0][0], "POST", "{loaded}");
+    assert_eq!(loaded_entries[0][2], 200, "{loaded}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains(SECRET), "a secret in the HAR: {stdout}");
     let e = &entries(&har)[0];
@@ -169,6 +205,18 @@ fn a_serve_session_exports_as_valid_har() {
             (&0.into(), &0.into())
         );
     }
+    // Timed in fractions of a millisecond (the ledger's microseconds): a
+    // loopback twin answers in well under one, which whole milliseconds
+    // wrote as 0.
+    let times: Vec<f64> = entries(&har)
+        .iter()
+        .map(|e| {
+            assert_eq!(e["time"], e["timings"]["wait"], "{e}");
+            e["time"].as_f64().unwrap()
+        })
+        .collect();
+    assert!(times.iter().all(|t| *t > 0.0), "{times:?}");
+    assert!(times.iter().any(|t| t.fract() != 0.0), "{times:?}");
     assert_eq!(har["log"]["browser"]["name"], "veris");
     let headers = e["request"]["headers"].as_array().unwrap();
     assert!(

@@ -501,3 +501,117 @@ fn a_junit_path_that_cannot_be_written_fails_before_the_command_runs() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// What `junitparser` (a JUnit reader nobody here wrote) sees in a report:
+/// per suite its name, per case its name, class, time and results.
+const JUNITPARSER: &str = r#"
+import json, sys
+from junitparser import JUnitXml, TestSuite, Failure, Skipped, Error
+xml = JUnitXml.fromfile(sys.argv[1])
+suites = [xml] if isinstance(xml, TestSuite) else list(xml)
+out = []
+for s in suites:
+    cases = []
+    for c in s:
+        kinds = [type(r).__name__ for r in c.result]
+        cases.append({"name": c.name, "classname": c.classname, "time": c.time,
+                      "results": kinds,
+                      "text": [r.text or "" for r in c.result if isinstance(r, Failure)]})
+    out.append({"name": s.name, "tests": s.tests, "failures": s.failures, "cases": cases})
+print(json.dumps(out))
+"#;
+
+fn junitparser(path: &Path) -> serde_json::Value {
+    let out = output(command("python3").args(["-c", JUNITPARSER]).arg(path));
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "junitparser cannot read {}: {stderr}",
+        path.display()
+    );
+    serde_json::from_str(&stdout).unwrap()
+}
+
+/// junitparser reads what `veris run --junit` and `veris receipt --junit`
+/// write as written: the same cases by name, in order, the same failures
+/// (and their texts), a time on each case, and the suite's counts.
+#[test]
+fn junitparser_reads_the_reports_as_written() {
+    if let Err(why) = support::curl().and_then(|()| support::python_module("junitparser")) {
+        return skip(&why);
+    }
+    let dir = TempDir::new("junit-parser");
+    let report = dir.join("run.xml");
+    let script = format!("{CHARGE}; exit 7");
+    let out = run(
+        &dir,
+        &report,
+        &["--require", "stripe:2", "--junit-suite", "payments e2e"],
+        &["sh", "-c", &script],
+    );
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+    let (ledger, key) = ledger_and_key(&text(&out).1);
+    let receipt = dir.join("receipt.xml");
+    let out = output(
+        veris(["receipt", "--ledger"])
+            .arg(&ledger)
+            .args(["--key", &key, "--require", "stripe:2", "--junit"])
+            .arg(&receipt),
+    );
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+    for (path, failing) in [
+        (
+            &report,
+            vec!["require stripe >= 2 (2xx)", "command exits 0"],
+        ),
+        (&receipt, vec!["require stripe >= 2 (2xx)"]),
+    ] {
+        let xml = std::fs::read_to_string(path).unwrap();
+        let (_, ours) = cases(&xml);
+        let seen = junitparser(path);
+        let suites = seen.as_array().unwrap();
+        assert_eq!(suites.len(), 1, "{seen}");
+        let suite = &suites[0];
+        let theirs = suite["cases"].as_array().unwrap();
+        let names: Vec<&str> = theirs.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        let expected: Vec<&str> = ours.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, expected, "{seen}");
+        let failed: Vec<&str> = theirs
+            .iter()
+            .filter(|c| {
+                c["results"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|r| r == "Failure")
+            })
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(failed, failing, "{seen}");
+        assert_eq!(suite["failures"], failing.len(), "{seen}");
+        assert_eq!(suite["tests"], ours.len(), "{seen}");
+        for (c, o) in theirs.iter().zip(&ours) {
+            assert!(c["time"].as_f64().is_some_and(|t| t >= 0.0), "{c}");
+            assert!(
+                c["classname"].as_str().is_some_and(|n| !n.is_empty()),
+                "{c}"
+            );
+            if let Some(lines) = &o.failure {
+                assert_eq!(
+                    c["text"][0].as_str().unwrap().lines().collect::<Vec<_>>(),
+                    *lines,
+                    "{c}"
+                );
+            }
+        }
+    }
+    let run_suite = &junitparser(&report)[0];
+    assert_eq!(run_suite["name"], "payments e2e");
+    let command = run_suite["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "command exits 0")
+        .unwrap();
+    assert!(command["time"].as_f64().unwrap() > 0.0, "{command}");
+}

@@ -21,11 +21,12 @@ use support::{output, skip, text, veris, TempDir};
 /// Modes: `ok` (verifies with the SDK: 200, or 400 when it does not verify),
 /// `wrong-secret` (verifies with another secret: 400), `flaky` (500 twice,
 /// then as `ok`), `hang` (never answers), `endless` (200 and a body
-/// without end). With `APP_CUSTOMER=1` it makes a customer before the
+/// without end). With `APP_CUSTOMER=N` it makes N customers before the
 /// charge; with `APP_EVENTS=N` it waits for N verified events of any type
-/// instead. It prints `verified TYPE ID` per event, in arrival order.
+/// instead; with `APP_TLS_CERT` and `APP_TLS_KEY` (PEM files) its servers
+/// speak HTTPS. It prints `verified TYPE ID` per event, in arrival order.
 pub(crate) const APP: &str = r#"
-import http.server, json, os, subprocess, sys, threading, time
+import http.server, json, os, ssl, subprocess, sys, threading, time
 import stripe
 secret = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
 want = int(os.environ.get("APP_EVENTS", "0"))
@@ -79,8 +80,12 @@ def handler(mode):
 for arg in sys.argv[1:]:
     port, mode = arg.split(":")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", int(port)), handler(mode))
+    if os.environ.get("APP_TLS_CERT"):
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(os.environ["APP_TLS_CERT"], os.environ["APP_TLS_KEY"])
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-if os.environ.get("APP_CUSTOMER") == "1":
+for _ in range(int(os.environ.get("APP_CUSTOMER", "0"))):
     subprocess.run(["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/customers",
                     "-d", "email=a@example.com"], capture_output=True, text=True)
 out = subprocess.run(["curl", "-sS", "--max-time", "20", "https://api.stripe.com/v1/charges",
@@ -598,8 +603,34 @@ fn bad_webhook_flags_say_the_syntax() {
     for (flags, says) in [
         (vec!["--webhook", "stripe"], "SERVICE=http://HOST:PORT/PATH"),
         (
-            vec!["--webhook", "stripe=https://127.0.0.1/x"],
-            "only http://",
+            vec!["--webhook", "stripe=ftp://127.0.0.1/x"],
+            "only http:// and https://",
+        ),
+        (
+            vec![
+                "--tier",
+                "explicit",
+                "--webhook",
+                "stripe=https://127.0.0.1/x",
+                "--webhook-ca",
+                "/nonexistent/ca.pem",
+            ],
+            "--webhook-ca /nonexistent/ca.pem: cannot read it. Next:",
+        ),
+        (
+            vec![
+                "--tier",
+                "explicit",
+                "--webhook",
+                "stripe=https://127.0.0.1/x",
+                "--webhook-ca",
+                "/etc/hostname",
+            ],
+            "no certificate in it. Next:",
+        ),
+        (
+            vec!["--tier", "explicit", "--webhook-ca", "/etc/hostname"],
+            "--webhook-ca needs --webhook",
         ),
         (
             vec!["--webhook", "acme=http://127.0.0.1:1/x"],

@@ -52,6 +52,7 @@ fn line(seq: u64) -> Line {
             bytes_in: 120,
             bytes_out: Some(2048),
             duration_ms: seq % 40,
+            duration_us: None,
             upstream: format!("http://127.0.0.1:9/s/sbx/{service}/v1/things/{seq}"),
             headers: vec![
                 ("content-type".into(), "application/json".into()),

@@ -132,6 +132,7 @@ impl Row {
             Entry::TunnelClose(_) => "tunnel-close",
             Entry::BodyCapture { .. } => "body-capture",
             Entry::Callback(c) => &c.service,
+            Entry::CallbackDropped(d) => &d.service,
         }
     }
 
@@ -575,7 +576,8 @@ impl App {
             | Entry::TlsAbandoned(_)
             | Entry::ResponseIncomplete(_)
             | Entry::TunnelClose(_)
-            | Entry::Callback(_) => {}
+            | Entry::Callback(_)
+            | Entry::CallbackDropped(_) => {}
             // Bookkeeping for `veris har --bodies`: neither traffic nor news.
             Entry::BodyCapture { .. } => return,
             Entry::Seal { sealed_seq, .. } => {

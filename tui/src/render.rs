@@ -350,6 +350,7 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
         Entry::ResponseIncomplete(_) => Style::new().fg(Color::Red),
         Entry::TunnelClose(_) | Entry::BodyCapture { .. } => Style::new().fg(Color::DarkGray),
         Entry::Callback(_) => Style::new().fg(Color::Magenta),
+        Entry::CallbackDropped(_) => Style::new().fg(Color::Red),
     };
     let (method, what, status, lat, bytes): (String, String, Cell, String, String) =
         match &row.entry {
@@ -552,6 +553,17 @@ fn row_cells(row: &Row, cols: Columns) -> Vec<Cell<'static>> {
                 String::new(),
                 String::new(),
             ),
+            Entry::CallbackDropped(d) => (
+                String::new(),
+                format!(
+                    "{} webhook event(s) dropped ({})",
+                    d.events,
+                    token(&d.reason)
+                ),
+                Cell::from("drop").red().bold(),
+                String::new(),
+                String::new(),
+            ),
             Entry::UdpDropped { packets } => (
                 String::new(),
                 format!("{packets} UDP datagram(s) dropped by the rules"),
@@ -713,6 +725,7 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
             bytes_in,
             bytes_out,
             duration_ms,
+            duration_us: _,
             upstream,
             headers,
             websocket,
@@ -1047,6 +1060,17 @@ fn render_detail(app: &App, frame: &mut Frame, area: Rect) {
         }
         Entry::UdpDropped { packets } => {
             lines.push(kv("dropped", format!("{packets} datagram(s)")))
+        }
+        Entry::CallbackDropped(d) => {
+            lines.push(kv("service", quoted(&d.service)));
+            lines.push(kv(
+                "dropped",
+                format!(
+                    "{} webhook event(s), never delivered ({})",
+                    d.events,
+                    token(&d.reason)
+                ),
+            ));
         }
         Entry::Dns {
             name,

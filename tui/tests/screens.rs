@@ -184,9 +184,11 @@ fn callback_rows_show_origin_and_fault() {
             status: Some(400),
             error: None,
             duration_ms: 3,
+            duration_us: None,
             attempt: 1,
             origin: origin.into(),
             fault: fault.map(str::to_string),
+            tls: false,
         })
     };
     let lines = chain(vec![

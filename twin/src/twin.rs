@@ -160,7 +160,7 @@ impl Twin {
     /// Makes the twin hand an [`Event`] to `sink` for every object it stores
     /// while serving a vendor request of a Stripe-style service (the first
     /// call wins). Without a sink no event is made. The twin never blocks on
-    /// the sink: when it is full the event is dropped with a warning.
+    /// the sink: when it is full the event is dropped and counted.
     pub fn send_events_to(&self, sink: EventSink) {
         let _ = self.events.set(sink);
     }
@@ -193,18 +193,7 @@ impl Twin {
                 kind: kind.to_string(),
                 payload: Bytes::from(payload),
             };
-            if let Err(e) = sink.try_send(event) {
-                tracing::warn!(
-                    service,
-                    kind,
-                    reason = if matches!(e, tokio::sync::mpsc::error::TrySendError::Full(_)) {
-                        "queue full"
-                    } else {
-                        "no deliverer"
-                    },
-                    "webhook event dropped"
-                );
-            }
+            sink.offer(event);
         }
     }
 
@@ -1010,7 +999,7 @@ mod tests {
     #[tokio::test]
     async fn stored_stripe_objects_give_events_with_the_object() {
         let twin = builtin_twin(None);
-        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let (tx, mut rx, _) = crate::webhook::channel(16);
         twin.send_events_to(tx);
         let post = |path: &str, body: &'static str| {
             Request::post(format!("/s/sbx/stripe{path}"))
@@ -1059,7 +1048,7 @@ mod tests {
     #[tokio::test]
     async fn a_direct_call_without_the_credential_gives_no_event() {
         let twin = builtin_twin(Some("proxy-secret"));
-        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let (tx, mut rx, _) = crate::webhook::channel(16);
         twin.send_events_to(tx);
         let charge = |auth: Option<&str>| {
             let mut req = Request::post("/s/sbx/stripe/v1/charges")

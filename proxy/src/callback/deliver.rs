@@ -1,5 +1,6 @@
-//! One delivery attempt: dial, POST the signed event, read the answer head
-//! and at most [`MAX_ANSWER`] bytes of its body, all before one deadline.
+//! One delivery attempt: dial (and for `https://` the TLS handshake,
+//! [`super::tls`]), POST the signed event, read the answer head and at most
+//! [`MAX_ANSWER`] bytes of its body, all before one deadline.
 //! The app's answer body is the workload's text: it is read only to let the
 //! app finish its answer and never kept.
 
@@ -13,7 +14,15 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use veris_twin::webhook::{sign, Event, Secret, SIGNATURE_HEADER};
 
-use super::{Dialer, Webhook};
+use super::{Dialer, Webhook, WebhookTls};
+
+/// How an attempt reaches the app: the dial, and the TLS an `https://` URL
+/// is delivered over.
+#[derive(Clone, Default)]
+pub struct Reach {
+    pub dialer: Dialer,
+    pub tls: WebhookTls,
+}
 
 /// Answer body bytes read at most; an app that sends more is cut off.
 pub const MAX_ANSWER: usize = 64 * 1024;
@@ -29,10 +38,10 @@ pub struct Outcome {
     pub duration: Duration,
 }
 
-/// Delivers `event` to `webhook` once through `dialer`, signed with
+/// Delivers `event` to `webhook` once through `reach`, signed with
 /// `secrets` as of `backdate` ago (zero but for a `stale-signature` fault).
 pub async fn attempt(
-    dialer: &Dialer,
+    reach: &Reach,
     webhook: &Webhook,
     event: &Event,
     secrets: &[Secret],
@@ -64,13 +73,13 @@ pub async fn attempt(
     if let Ok(v) = HeaderValue::from_str(&signature) {
         headers.push((HeaderName::from_static(SIGNATURE_HEADER), v));
     }
-    post(dialer, webhook, event.payload.clone(), headers, timeout).await
+    post(reach, webhook, event.payload.clone(), headers, timeout).await
 }
 
 /// POSTs `body` with `headers` (and `Host`) to `webhook` once through
-/// `dialer`, bounded by `timeout`: what the app answered.
+/// `reach`, bounded by `timeout`: what the app answered.
 pub async fn post(
-    dialer: &Dialer,
+    reach: &Reach,
     webhook: &Webhook,
     body: Bytes,
     headers: Vec<(HeaderName, HeaderValue)>,
@@ -78,7 +87,7 @@ pub async fn post(
 ) -> Outcome {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
-    let (status, error) = match exchange(dialer, webhook, body, headers, deadline).await {
+    let (status, error) = match exchange(reach, webhook, body, headers, deadline).await {
         Ok((status, None)) => (Some(status), None),
         Ok((status, Some(cut))) => (Some(status), Some(cut)),
         Err(e) => (None, Some(e)),
@@ -93,17 +102,40 @@ pub async fn post(
 /// The attempt's status and what cut its answer body short, if anything;
 /// or why no answer head arrived.
 async fn exchange(
-    dialer: &Dialer,
+    reach: &Reach,
     webhook: &Webhook,
     body: Bytes,
     headers: Vec<(HeaderName, HeaderValue)>,
     deadline: tokio::time::Instant,
 ) -> Result<(u16, Option<String>), String> {
-    let within = |what: &'static str| move |_| format!("timeout ({what})");
-    let stream = tokio::time::timeout_at(deadline, dialer.connect(&webhook.authority))
+    let stream = tokio::time::timeout_at(deadline, reach.dialer.connect(&webhook.authority))
         .await
         .map_err(within("connecting"))?
         .map_err(|e| format!("connect: {e}"))?;
+    if !webhook.tls {
+        return send(stream, webhook, body, headers, deadline).await;
+    }
+    let stream = tokio::time::timeout_at(deadline, reach.tls.handshake(stream, webhook.host()))
+        .await
+        .map_err(within("the TLS handshake"))??;
+    send(stream, webhook, body, headers, deadline).await
+}
+
+fn within(what: &'static str) -> impl Fn(tokio::time::error::Elapsed) -> String {
+    move |_| format!("timeout ({what})")
+}
+
+/// The request and its answer over a connected `stream`.
+async fn send<S>(
+    stream: S,
+    webhook: &Webhook,
+    body: Bytes,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    deadline: tokio::time::Instant,
+) -> Result<(u16, Option<String>), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, conn) = tokio::time::timeout_at(
         deadline,
         hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream)),

@@ -28,7 +28,7 @@ use veris_receipt::ledger::Ledger;
 use veris_receipt::{CallbackLine, Entry};
 use veris_twin::webhook::SIGNATURE_HEADER;
 
-use super::{Dialer, Webhook};
+use super::{Reach, Webhook};
 use crate::body::ProxyBody;
 use crate::request::respond;
 
@@ -48,7 +48,7 @@ pub struct Ingress {
     token: String,
     webhooks: Vec<Webhook>,
     ledger: Arc<Ledger>,
-    dialer: Dialer,
+    reach: Reach,
     timeout: Duration,
     slots: Arc<Semaphore>,
     closed: AtomicBool,
@@ -61,14 +61,14 @@ impl Ingress {
         token: String,
         webhooks: Vec<Webhook>,
         ledger: Arc<Ledger>,
-        dialer: Dialer,
+        reach: Reach,
         timeout: Duration,
     ) -> Ingress {
         Ingress {
             token,
             webhooks,
             ledger,
-            dialer,
+            reach,
             timeout,
             slots: Arc::new(Semaphore::new(CONCURRENT as usize)),
             closed: AtomicBool::new(false),
@@ -156,7 +156,7 @@ impl Ingress {
         let mut failure: Option<String> = None;
         for webhook in targets {
             let outcome = super::deliver::post(
-                &self.dialer,
+                &self.reach,
                 webhook,
                 body.clone(),
                 headers.clone(),
@@ -182,9 +182,11 @@ impl Ingress {
                 status: outcome.status,
                 error: outcome.error,
                 duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
+                duration_us: Some(u64::try_from(outcome.duration.as_micros()).unwrap_or(u64::MAX)),
                 attempt: 1,
                 origin: "ingress".into(),
                 fault: None,
+                tls: webhook.tls,
             });
             super::append(&self.ledger, entry).await;
         }

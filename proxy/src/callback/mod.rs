@@ -20,6 +20,12 @@
 //! [`ingress`] forwards each delivery it is given (with its token) the same
 //! way, once, and records it with origin `ingress`.
 //!
+//! Events the twin could not queue (the queue full: a workload making
+//! objects faster than the app takes their deliveries) are counted by the
+//! sink and put on record as `callback_dropped` lines, at most one a
+//! second per service and one more before the engine stops, so a receipt
+//! never reads as if every event was delivered.
+//!
 //! Only this engine and the ingress write `callback` lines: nothing a
 //! workload sends (a request to its own app, a header that looks like a
 //! callback) can become one.
@@ -30,24 +36,28 @@ pub mod dial;
 pub mod faults;
 pub mod ingress;
 pub mod target;
+pub mod tls;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::warn;
+use veris_receipt::entry::CallbackDroppedLine;
 use veris_receipt::ledger::Ledger;
 use veris_receipt::{CallbackLine, Entry};
-use veris_twin::webhook::{Event, Secret};
+use veris_twin::webhook::{Dropped, Event, Secret};
 use veris_twin::Twin;
 
 pub use control::{Control, Origin, Queued, Refusal};
 use control::{Job, Recent};
+pub use deliver::Reach;
 pub use dial::{Dialer, SocketSource};
 pub use faults::Faults;
 pub use ingress::Ingress;
 pub use target::Webhook;
+pub use tls::WebhookTls;
 
 /// Waits before the retries of a delivery whose app did not answer 2xx,
 /// at time scale 1: exponential, as Stripe's (whose test mode retries
@@ -65,10 +75,14 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an attempt in flight when the session ends may still take.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
-/// Deliveries (an event to one URL, retries included) held at once; past
-/// it the engine stops taking events and the twin drops new ones (with a
-/// warning) rather than growing memory without bound.
-const PENDING: usize = 4096;
+/// Events whose deliveries (to every URL, retries included) are under way
+/// at once; past it the engine stops taking events, the twin's queue fills
+/// and new events are dropped (and counted) rather than growing memory
+/// without bound.
+pub const PENDING: usize = 4096;
+
+/// The least time between two `callback_dropped` lines.
+const DROP_LINE_EVERY: Duration = Duration::from_secs(1);
 
 /// Attempts in flight at once.
 const CONCURRENT: usize = 32;
@@ -91,8 +105,12 @@ pub struct EngineOptions {
     /// Renders `veris trigger`'s fixture events (the built-in twin).
     pub twin: Option<Arc<Twin>>,
     /// How attempts reach the app (the host's network, or an isolated
-    /// run's namespace).
-    pub dialer: Dialer,
+    /// run's namespace; TLS for `https://`).
+    pub reach: Reach,
+    /// Events under way at most ([`PENDING`]).
+    pub pending: usize,
+    /// The drops of the sink `events` comes from, put on record.
+    pub dropped: Option<Arc<Dropped>>,
 }
 
 /// A running delivery engine.
@@ -171,20 +189,27 @@ impl Run {
         mut on_demand: mpsc::Receiver<Job>,
         mut stopped: watch::Receiver<bool>,
     ) {
-        let pending = Arc::new(Semaphore::new(PENDING));
+        let pending = Arc::new(Semaphore::new(self.options.pending.max(1)));
         let attempts = Arc::new(Semaphore::new(CONCURRENT));
         let mut deliveries = JoinSet::new();
         // `reorder`'s hold: events in order of creation, sent newest first.
-        let mut held: Vec<Job> = Vec::new();
+        let mut held: Vec<Held> = Vec::new();
         let mut hold_until = tokio::time::Instant::now();
         let mut twin_open = true;
+        // The permit the next event takes: none while `pending` are under way.
+        let mut permit: Option<OwnedSemaphorePermit> = None;
+        let mut drops = DropLines::default();
+        let no_drops = Arc::new(Dropped::default());
+        let dropped = Arc::clone(self.options.dropped.as_ref().unwrap_or(&no_drops));
         loop {
-            let Ok(permit) = Arc::clone(&pending).acquire_owned().await else {
-                break;
-            };
             let holding = !held.is_empty();
+            let ready = permit.is_some();
             let next = tokio::select! {
-                e = events.recv(), if twin_open => match e {
+                p = Arc::clone(&pending).acquire_owned(), if !ready => {
+                    permit = p.ok();
+                    continue;
+                }
+                e = events.recv(), if twin_open && ready => match e {
                     Some(event) => Some(Job { event: Arc::new(event), origin: Origin::Twin }),
                     // The twin is gone: on-demand jobs still come.
                     None => {
@@ -193,33 +218,45 @@ impl Run {
                     }
                 },
                 // `None` only once the engine itself is dropped: a stop.
-                j = on_demand.recv() => j,
+                j = on_demand.recv(), if ready => j,
                 () = tokio::time::sleep_until(hold_until), if holding => {
                     self.dispatch_held(&mut held, &mut deliveries, &attempts, &stopped);
+                    continue;
+                }
+                () = dropped.wait(), if drops.due.is_none() => {
+                    drops.due = Some(drops.next_line());
+                    continue;
+                }
+                () = sleep_until_due(drops.due) => {
+                    drops.write(&dropped, &self.options.ledger).await;
                     continue;
                 }
                 () = stopping(&mut stopped) => None,
             };
             let last = next.is_none();
-            let mut jobs: Vec<Job> = Vec::new();
+            let mut jobs: Vec<(Job, Option<Arc<OwnedSemaphorePermit>>)> = Vec::new();
             match next {
-                Some(job) => jobs.push(job),
+                Some(job) => jobs.push((job, permit.take().map(Arc::new))),
                 // What was queued before the stop is still delivered (once).
                 None => {
                     events.close();
                     on_demand.close();
                     while let Some(e) = events.recv().await {
-                        jobs.push(Job {
-                            event: Arc::new(e),
-                            origin: Origin::Twin,
-                        });
+                        let event = Arc::new(e);
+                        jobs.push((
+                            Job {
+                                event,
+                                origin: Origin::Twin,
+                            },
+                            None,
+                        ));
                     }
                     while let Some(j) = on_demand.recv().await {
-                        jobs.push(j);
+                        jobs.push((j, None));
                     }
                 }
             }
-            for job in jobs {
+            for (job, permit) in jobs {
                 if job.origin != Origin::Replay {
                     self.recent
                         .lock()
@@ -230,23 +267,23 @@ impl Run {
                     if held.is_empty() {
                         hold_until = tokio::time::Instant::now() + faults::REORDER_HOLD;
                     }
-                    held.push(job);
+                    held.push((job, permit));
                     if held.len() >= faults::REORDER_BATCH {
                         self.dispatch_held(&mut held, &mut deliveries, &attempts, &stopped);
                     }
                 } else {
-                    self.dispatch(job, &mut deliveries, &attempts, &stopped);
+                    self.dispatch(job, permit, &mut deliveries, &attempts, &stopped);
                 }
             }
-            drop(permit);
             if last {
-                self.dispatch_held(&mut held, &mut deliveries, &attempts, &stopped);
                 break;
             }
             // Finished deliveries are reaped as we go (their results are unit).
             while deliveries.try_join_next().is_some() {}
         }
         self.dispatch_held(&mut held, &mut deliveries, &attempts, &stopped);
+        // Every drop so far is on record before the final seal.
+        drops.write(&dropped, &self.options.ledger).await;
         while deliveries.join_next().await.is_some() {}
     }
 
@@ -255,7 +292,7 @@ impl Run {
     /// the app sees them in that order; retries run on their own.
     fn dispatch_held(
         &self,
-        held: &mut Vec<Job>,
+        held: &mut Vec<Held>,
         deliveries: &mut JoinSet<()>,
         attempts: &Arc<Semaphore>,
         stopped: &watch::Receiver<bool>,
@@ -266,7 +303,7 @@ impl Run {
         let batch: Vec<Vec<Delivery>> = held
             .drain(..)
             .rev()
-            .map(|job| self.deliveries_of(&job, attempts, stopped))
+            .map(|(job, permit)| self.deliveries_of(&job, permit, attempts, stopped))
             .collect();
         deliveries.spawn(async move {
             let mut running = JoinSet::new();
@@ -290,20 +327,23 @@ impl Run {
     fn dispatch(
         &self,
         job: Job,
+        permit: Option<Arc<OwnedSemaphorePermit>>,
         deliveries: &mut JoinSet<()>,
         attempts: &Arc<Semaphore>,
         stopped: &watch::Receiver<bool>,
     ) {
-        for delivery in self.deliveries_of(&job, attempts, stopped) {
+        for delivery in self.deliveries_of(&job, permit, attempts, stopped) {
             deliveries.spawn(delivery.run());
         }
     }
 
     /// One delivery per URL of the event's service, and a marked second
-    /// one each with `duplicate`.
+    /// one each with `duplicate`; each holds the event's `permit` until it
+    /// ends.
     fn deliveries_of(
         &self,
         job: &Job,
+        permit: Option<Arc<OwnedSemaphorePermit>>,
         attempts: &Arc<Semaphore>,
         stopped: &watch::Receiver<bool>,
     ) -> Vec<Delivery> {
@@ -331,10 +371,59 @@ impl Run {
                     attempts: Arc::clone(attempts),
                     stopped: stopped.clone(),
                     first_done: None,
+                    _pending: permit.clone(),
                 });
             }
         }
         out
+    }
+}
+
+/// A job `reorder` holds, with its [`PENDING`] permit.
+type Held = (Job, Option<Arc<OwnedSemaphorePermit>>);
+
+/// When `callback_dropped` lines are written: one a second at most.
+#[derive(Default)]
+struct DropLines {
+    /// When the last lines were written.
+    last: Option<tokio::time::Instant>,
+    /// When the next are due (drops were counted since).
+    due: Option<tokio::time::Instant>,
+}
+
+impl DropLines {
+    /// Now after a quiet second, else a second after the last lines.
+    fn next_line(&self) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        self.last
+            .map_or(now, |last| (last + DROP_LINE_EVERY).max(now))
+    }
+
+    /// One line per service with the drops counted since the last.
+    async fn write(&mut self, dropped: &Dropped, ledger: &Arc<Ledger>) {
+        self.due = None;
+        let counts = dropped.take();
+        if counts.is_empty() {
+            return;
+        }
+        self.last = Some(tokio::time::Instant::now());
+        for (service, events) in counts {
+            warn!(%service, events, "webhook events dropped: the delivery queue was full");
+            let entry = Entry::CallbackDropped(CallbackDroppedLine {
+                service,
+                events,
+                reason: "queue_full".into(),
+            });
+            append(ledger, entry).await;
+        }
+    }
+}
+
+/// Resolves at `due`, never without one.
+async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -356,6 +445,8 @@ struct Delivery {
     stopped: watch::Receiver<bool>,
     /// Told once the first attempt is recorded (`reorder`'s sequencing).
     first_done: Option<oneshot::Sender<()>>,
+    /// The event's [`PENDING`] permit, shared by its deliveries.
+    _pending: Option<Arc<OwnedSemaphorePermit>>,
 }
 
 impl Delivery {
@@ -393,7 +484,7 @@ impl Delivery {
                 let mut stopped = self.stopped.clone();
                 tokio::select! {
                     o = deliver::attempt(
-                        &self.options.dialer,
+                        &self.options.reach,
                         &self.webhook,
                         &self.event,
                         secrets,
@@ -444,9 +535,11 @@ impl Delivery {
             status: outcome.status,
             error: outcome.error,
             duration_ms: u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX),
+            duration_us: Some(u64::try_from(outcome.duration.as_micros()).unwrap_or(u64::MAX)),
             attempt,
             origin: self.origin.as_str().into(),
             fault: self.fault.clone(),
+            tls: self.webhook.tls,
         });
         append(&self.options.ledger, entry).await;
     }

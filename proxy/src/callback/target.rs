@@ -1,9 +1,12 @@
-//! A `--webhook SERVICE=URL` value: where one service's events go.
+//! A `--webhook SERVICE=URL` value: where one service's events go
+//! (`http://`, or `https://` delivered over TLS, [`super::tls`]).
 
 /// Where one service's events are delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Webhook {
     pub service: String,
+    /// `https://`: delivered over TLS, the app's certificate verified.
+    pub tls: bool,
     /// `host:port` to dial (the port made explicit).
     pub authority: String,
     /// The URL's path (`/` when it had none).
@@ -12,7 +15,7 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    /// Parses `SERVICE=http://HOST[:PORT]/PATH`; the error says what was
+    /// Parses `SERVICE=http(s)://HOST[:PORT]/PATH`; the error says what was
     /// wrong, for a message that ends with the syntax.
     pub fn parse(s: &str) -> Result<Webhook, String> {
         let (service, url) = s
@@ -30,23 +33,25 @@ impl Webhook {
             .trim()
             .parse()
             .map_err(|e| format!("{url:?} is not a URL ({e})"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
             Some(other) => {
                 return Err(format!(
-                    "{url:?}: only http:// URLs are delivered to (not {other}://); the app listens on loopback"
+                    "{url:?}: only http:// and https:// URLs are delivered to (not {other}://)"
                 ))
             }
-            None => return Err(format!("{url:?} has no http:// in front")),
-        }
+            None => return Err(format!("{url:?} has no http:// or https:// in front")),
+        };
         let authority = uri
             .authority()
             .filter(|a| !a.host().is_empty() && !a.as_str().contains('@'))
             .ok_or_else(|| format!("{url:?} names no host (or carries credentials)"))?;
         let host = authority.host();
-        let port = authority.port_u16().unwrap_or(80);
+        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
         Ok(Webhook {
             service: service.to_string(),
+            tls,
             authority: format!("{host}:{port}"),
             path: uri.path().to_string(),
             query: uri.query().map(str::to_string),
@@ -67,11 +72,19 @@ impl Webhook {
                 .is_ok_and(|ip| ip.is_loopback())
     }
 
+    /// The URL's host as written (`[::1]` with its brackets).
+    pub fn host(&self) -> &str {
+        self.authority
+            .rsplit_once(':')
+            .map_or(self.authority.as_str(), |(h, _)| h)
+    }
+
     /// The URL as given back to a person (`http://host:port/path`).
     pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
         match &self.query {
-            Some(q) => format!("http://{}{}?{q}", self.authority, self.path),
-            None => format!("http://{}{}", self.authority, self.path),
+            Some(q) => format!("{scheme}://{}{}?{q}", self.authority, self.path),
+            None => format!("{scheme}://{}{}", self.authority, self.path),
         }
     }
 }
@@ -98,6 +111,13 @@ mod tests {
         assert_eq!(w.url(), "http://localhost:80/hooks?x=1");
         let w = Webhook::parse("stripe=http://[::1]:9/").expect("parses");
         assert_eq!(w.authority, "[::1]:9");
+        assert_eq!(w.host(), "[::1]");
+        let w = Webhook::parse("stripe=https://4242-sbx.e2b.app/hooks").expect("parses");
+        assert_eq!(
+            (w.tls, w.authority.as_str()),
+            (true, "4242-sbx.e2b.app:443")
+        );
+        assert_eq!(w.url(), "https://4242-sbx.e2b.app:443/hooks");
         let loopback = |url: &str| Webhook::parse(&format!("stripe={url}")).unwrap().loopback();
         for url in [
             "http://127.0.0.1:1/",
@@ -120,7 +140,7 @@ mod tests {
             "=http://127.0.0.1/",
             "str ipe=http://127.0.0.1/",
             "stripe=127.0.0.1:4242/webhook",
-            "stripe=https://127.0.0.1/",
+            "stripe=ftp://127.0.0.1/",
             "stripe=http:///x",
             "stripe=http://u:p@127.0.0.1/",
         ] {

@@ -236,7 +236,7 @@ impl Proxy {
                 } else {
                     "veris_request_body_incomplete"
                 };
-                warn!(service = %line.service, method = %line.method, code, "the session ended before the twin answered a request");
+                warn!(service = %line.service, host = %line.host, method = %line.method, path = %redact::text(&line.path), code, "the session ended before the twin answered a request");
                 let unanswered = Unanswered {
                     status: StatusCode::SERVICE_UNAVAILABLE,
                     code,
@@ -270,7 +270,7 @@ impl Proxy {
             status,
             tally.bytes(),
             declared,
-            duration_ms,
+            elapsed,
             websocket && status == StatusCode::SWITCHING_PROTOCOLS,
             client_gone,
         );
@@ -322,7 +322,7 @@ impl Proxy {
             }
             _ => (StatusCode::BAD_GATEWAY, "veris_upstream_unreachable"),
         };
-        warn!(error = %e, service = %line.service, method = %line.method, path = %redact::text(&line.path), "twin upstream failed");
+        warn!(error = %e, service = %line.service, host = %line.host, method = %line.method, path = %redact::text(&line.path), "twin upstream failed");
         let unanswered = Unanswered {
             status,
             code,

@@ -101,7 +101,7 @@ impl RequestLine {
         status: StatusCode,
         bytes_in: u64,
         bytes_out: Option<u64>,
-        duration_ms: u64,
+        elapsed: std::time::Duration,
         websocket: bool,
         client_gone: bool,
     ) -> Entry {
@@ -116,7 +116,10 @@ impl RequestLine {
             tier: self.tier,
             bytes_in,
             bytes_out,
-            duration_ms,
+            duration_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            // Loopback answers in well under a millisecond: the HAR's
+            // timings read this.
+            duration_us: Some(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)),
             upstream: self.upstream,
             headers: self.headers,
             websocket,

@@ -148,7 +148,14 @@ impl Proxy {
             warn!(error = %e, "ledger unavailable: refusing vendor traffic until it recovers");
             return Some(ledger_unavailable(&e, &service.name));
         }
+        // The request's own fields, not its span's: that span is `debug`
+        // (it would be formatted for every request), and this line is read
+        // at `info`, in JSON by a log collector.
         info!(
+            service = %service.name,
+            host = %leg.host,
+            method = %req.method(),
+            path = %redact::text(req.uri().path()),
             status = status.as_u16(),
             error = code,
             "reserved path answered by the proxy"
@@ -213,7 +220,14 @@ impl Proxy {
             Some(why) if dial::policy_enforced() => (why, "veris_dial_refused"),
             _ => ("isolated run: the host's loopback and every address of its interfaces are not reachable through veris (the run's own loopback is reached directly)".to_string(), "veris_host_loopback"),
         };
-        info!(host = %leg.host, port = leg.port, %reason, "refused a destination");
+        info!(
+            host = %leg.host,
+            port = leg.port,
+            method = method.as_deref(),
+            path = path.as_deref().map(redact::text),
+            %reason,
+            "refused a destination"
+        );
         self.record_or_log(Entry::Blocked(BlockedLine {
             host: leg.host.clone(),
             port: leg.port,

@@ -92,6 +92,7 @@ fn request(out: &mut Vec<u8>, entry: &Entry) {
         bytes_in,
         bytes_out,
         duration_ms,
+        duration_us,
         upstream,
         headers,
         websocket,
@@ -130,6 +131,10 @@ fn request(out: &mut Vec<u8>, entry: &Entry) {
     }
     out.extend_from_slice(b",\"duration_ms\":");
     out.extend_from_slice(n.format(*duration_ms).as_bytes());
+    if let Some(duration_us) = duration_us {
+        out.extend_from_slice(b",\"duration_us\":");
+        out.extend_from_slice(n.format(*duration_us).as_bytes());
+    }
     out.extend_from_slice(b",\"upstream\":");
     string(out, upstream);
     if !headers.is_empty() {
@@ -313,6 +318,7 @@ mod tests {
             bytes_in: r.number(),
             bytes_out: (r.below(2) == 0).then(|| r.number()),
             duration_ms: r.number(),
+            duration_us: (r.below(2) == 0).then(|| r.number()),
             upstream: r.text(),
             headers: (0..r.below(4)).map(|_| (r.text(), r.text())).collect(),
             websocket: r.below(2) == 0,
@@ -446,7 +452,7 @@ mod tests {
                     ..SessionLine::test()
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"session","run_id":"a1b2c3d4e5f60718","sandbox_id":"sbx_a1b2c3","mode":"strict","tier":"transparent","twin":"http://127.0.0.1:41234","pid":4242,"version":"0.1.0","listen":"127.0.0.1:43210","recovered_torn_tail":{"line":3,"bytes":9},"key_id":"kid","public_key":"pk","key_storage":"memory","proxy_uid":1,"workload_uid":2,"twin_heads":{"stripe":3},"moved_aside":{"file":"ledger.jsonl.old","head_seq":4,"head_hash":"hh","why":"chain","requests":5},"coverage":{"tcp_ports":[443],"quic":"sink","dns":"stub","udp_other":"dropped","ip_other":"dropped","ipv6":true,"exempt":["uid 0"],"installed_by":"veris","isolation":"netns","sockets_reachable":["/tmp"],"bundles":["/b.pem"],"upstream_proxy":true},"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"session","run_id":"a1b2c3d4e5f60718","sandbox_id":"sbx_a1b2c3","mode":"strict","tier":"transparent","twin":"http://127.0.0.1:41234","pid":4242,"version":"0.1.0","listen":"127.0.0.1:43210","recovered_torn_tail":{"line":3,"bytes":9},"key_id":"kid","public_key":"pk","key_storage":"memory","proxy_uid":1,"workload_uid":2,"twin_heads":{"stripe":3},"moved_aside":{"file":"ledger.jsonl.old","head_seq":4,"head_hash":"hh","why":"chain","requests":5},"coverage":{"tcp_ports":[443],"quic":"sink","dns":"stub","udp_other":"dropped","ip_other":"dropped","ipv6":true,"exempt":["uid 0"],"installed_by":"veris","isolation":"netns","sockets_reachable":["/tmp"],"bundles":["/b.pem"],"upstream_proxy":true},"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 RequestLine {
@@ -454,13 +460,14 @@ mod tests {
                     bytes_in: 42,
                     bytes_out: Some(7),
                     duration_ms: 3,
+                    duration_us: Some(3_250),
                     headers: vec![("user-agent".into(), "curl".into())],
                     websocket: true,
                     client_gone: true,
                     ..RequestLine::test("stripe", "POST", "/v1/charges")
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"request","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/charges","query":"a=1","status":200,"http":"HTTP/1.1","tier":"explicit","bytes_in":42,"bytes_out":7,"duration_ms":3,"upstream":"http://127.0.0.1:41234/s/sbx_a1b2c3/stripe/v1/charges","headers":[["user-agent","curl"]],"websocket":true,"client_gone":true,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"request","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/charges","query":"a=1","status":200,"http":"HTTP/1.1","tier":"explicit","bytes_in":42,"bytes_out":7,"duration_ms":3,"duration_us":3250,"upstream":"http://127.0.0.1:41234/s/sbx_a1b2c3/stripe/v1/charges","headers":[["user-agent","curl"]],"websocket":true,"client_gone":true,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 PassthroughLine {
@@ -471,7 +478,7 @@ mod tests {
                     ..PassthroughLine::test("example.com")
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"passthrough","host":"example.com","port":443,"tier":"explicit","bytes_in":1,"bytes_out":2,"duration_ms":3,"reason":"mode","dst":"192.0.2.1:443","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"passthrough","host":"example.com","port":443,"tier":"explicit","bytes_in":1,"bytes_out":2,"duration_ms":3,"reason":"mode","dst":"192.0.2.1:443","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 BlockedLine {
@@ -481,7 +488,7 @@ mod tests {
                     ..BlockedLine::test("example.com")
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"blocked","host":"example.com","port":443,"tier":"explicit","method":"GET","path":"/x","reason":"strict mode: no service claims this host","dst":"192.0.2.1:443","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"blocked","host":"example.com","port":443,"tier":"explicit","method":"GET","path":"/x","reason":"strict mode: no service claims this host","dst":"192.0.2.1:443","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 UpstreamErrorLine {
@@ -491,7 +498,7 @@ mod tests {
                     ..UpstreamErrorLine::test("stripe", "POST", "/v1/charges")
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"upstream_error","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/charges","upstream":"http://127.0.0.1:41234/s/sbx_a1b2c3/stripe/v1/charges","status":502,"error":"veris_request_body_incomplete","tier":"explicit","duration_ms":0,"bytes_in":4,"declared_in":10,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"upstream_error","service":"stripe","host":"api.stripe.com","method":"POST","path":"/v1/charges","upstream":"http://127.0.0.1:41234/s/sbx_a1b2c3/stripe/v1/charges","status":502,"error":"veris_request_body_incomplete","tier":"explicit","duration_ms":0,"bytes_in":4,"declared_in":10,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 TrustFailureLine {
@@ -499,11 +506,11 @@ mod tests {
                     ..TrustFailureLine::test("api.stripe.com")
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"trust_failure","host":"api.stripe.com","port":443,"tier":"explicit","service":"stripe","alert":"unknown_ca","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"trust_failure","host":"api.stripe.com","port":443,"tier":"explicit","service":"stripe","alert":"unknown_ca","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 ReservedPathLine::test("stripe", "/veris/state").into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"reserved_path","service":"stripe","host":"api.stripe.com","method":"GET","path":"/veris/state","status":404,"error":"veris_reserved_path","tier":"explicit","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"reserved_path","service":"stripe","host":"api.stripe.com","method":"GET","path":"/veris/state","status":404,"error":"veris_reserved_path","tier":"explicit","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 CheckLine {
@@ -513,7 +520,7 @@ mod tests {
                     ..CheckLine::test("canary", "ok")
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"check","name":"canary","status":"ok","detail":"canary","since_seq":1,"until_seq":9,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"check","name":"canary","status":"ok","detail":"canary","since_seq":1,"until_seq":9,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 TlsAbandonedLine {
@@ -524,7 +531,7 @@ mod tests {
                     ..TlsAbandonedLine::test("api.stripe.com")
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"tls_abandoned","host":"api.stripe.com","port":443,"tier":"explicit","service":"stripe","stage":"no_request","alert":"close_notify","alpn":"h2","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"tls_abandoned","host":"api.stripe.com","port":443,"tier":"explicit","service":"stripe","stage":"no_request","alert":"close_notify","alpn":"h2","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 ResponseIncompleteLine {
@@ -533,7 +540,7 @@ mod tests {
                     ..ResponseIncompleteLine::test(2, "stripe")
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"response_incomplete","of":2,"service":"stripe","bytes":5,"declared":10,"reason":"twin_cut","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"response_incomplete","of":2,"service":"stripe","bytes":5,"declared":10,"reason":"twin_cut","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 TunnelCloseLine {
@@ -544,7 +551,7 @@ mod tests {
                     ..TunnelCloseLine::test(2)
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"tunnel_close","of":2,"bytes_in":1,"bytes_out":2,"duration_ms":3,"error":"reset","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"tunnel_close","of":2,"bytes_in":1,"bytes_out":2,"duration_ms":3,"error":"reset","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 crate::entry::CallbackLine {
@@ -558,12 +565,14 @@ mod tests {
                     status: Some(200),
                     error: None,
                     duration_ms: 3,
+                    duration_us: None,
                     attempt: 1,
                     origin: "twin".into(),
                     fault: None,
+                    tls: false,
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback","service":"stripe","event":"charge.succeeded","event_id":"evt_1","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":200,"duration_ms":3,"attempt":1,"origin":"twin","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback","service":"stripe","event":"charge.succeeded","event_id":"evt_1","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":200,"duration_ms":3,"attempt":1,"origin":"twin","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
             (
                 crate::entry::CallbackLine {
@@ -577,12 +586,23 @@ mod tests {
                     status: Some(400),
                     error: None,
                     duration_ms: 3,
+                    duration_us: None,
                     attempt: 1,
                     origin: "trigger".into(),
                     fault: Some("delay=1s,bad-signature".into()),
+                    tls: true,
                 }
                 .into(),
-                r#"{"v":8,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback","service":"stripe","event":"customer.created","event_id":"evt_2","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":400,"duration_ms":3,"attempt":1,"origin":"trigger","fault":"delay=1s,bad-signature","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback","service":"stripe","event":"customer.created","event_id":"evt_2","target":"127.0.0.1:4242","method":"POST","path":"/webhook","status":400,"duration_ms":3,"attempt":1,"origin":"trigger","fault":"delay=1s,bad-signature","tls":true,"prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
+            ),
+            (
+                crate::entry::CallbackDroppedLine {
+                    service: "stripe".into(),
+                    events: 5,
+                    reason: "queue_full".into(),
+                }
+                .into(),
+                r#"{"v":9,"seq":2,"ts":"2026-12-02T05:00:00.123Z","kind":"callback_dropped","service":"stripe","events":5,"reason":"queue_full","prev":"0000000000000000000000000000000000000000000000000000000000000000"}"#,
             ),
         ];
         for (entry, want) in cases {

@@ -235,6 +235,7 @@ impl<'o> Builder<'o> {
                 })
             }
             Entry::Callback(c) if wanted(&c.service) => w.callbacks.add(line.seq, c),
+            Entry::CallbackDropped(d) if wanted(&d.service) => w.callbacks.add_dropped(d.events),
             Entry::ReservedPath(ReservedPathLine {
                 service,
                 method,

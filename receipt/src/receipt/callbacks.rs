@@ -31,6 +31,15 @@ pub struct Callbacks {
     /// the session), per [`bucket`] and path.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unanswered: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Events never delivered because the delivery queue was full
+    /// (`callback_dropped` lines, ledger version 9): no attempt was made,
+    /// so they are in no count above.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One delivery attempt.
@@ -77,7 +86,12 @@ pub fn bucket(origin: &str, fault: Option<&str>) -> String {
 
 impl Callbacks {
     pub fn is_empty(&self) -> bool {
-        self.attempts == 0
+        self.attempts == 0 && self.dropped == 0
+    }
+
+    /// Takes one `callback_dropped` line of the window.
+    pub fn add_dropped(&mut self, events: u64) {
+        self.dropped = self.dropped.saturating_add(events);
     }
 
     /// Takes one `callback` line of the window.
@@ -162,6 +176,13 @@ impl Callbacks {
         let listed = self.entries.len().min(shown) as u64;
         if self.attempts > listed {
             let _ = writeln!(out, "  … and {} more", self.attempts - listed);
+        }
+        if self.dropped > 0 {
+            let _ = writeln!(
+                out,
+                "  {} webhook event(s) dropped (queue full): never delivered, not in any count above",
+                self.dropped
+            );
         }
     }
 }

@@ -630,9 +630,11 @@ mod tests {
             status,
             error: status.is_none().then(|| "timeout".into()),
             duration_ms: 1,
+            duration_us: None,
             attempt: 1,
             origin: origin.into(),
             fault: None,
+            tls: false,
         }
     }
 

@@ -26,7 +26,8 @@
 //! a public URL), dialed from the gateway's host under the gateway's dial
 //! policy ([`Dialer::Policed`]): only where a sandbox's passthrough could
 //! go (public addresses, and `--allow-dial` blocks), checked at
-//! registration and again at every dial. `http://` only.
+//! registration and again at every dial. `https://` URLs are verified
+//! against the system's roots, as the gateway's passthrough is.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -39,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use veris_proxy::callback::{dial::split_authority, Dialer, Webhook};
 use veris_receipt::ledger::Ledger;
-use veris_twin::webhook::{Event, Secret};
+use veris_twin::webhook::{Dropped, Event, Secret};
 
 use crate::runtime::stack::webhooks::{self as stack, Webhooks};
 use crate::tier::gateway::{Deliveries, Sandboxes};
@@ -80,13 +81,6 @@ pub(super) struct Registration {
 /// there are any, writes fresh secrets (or with an external twin an
 /// ingress token) to `dir` (created 0700). `dir` must be the sandbox's.
 pub(super) async fn register(dir: &Path, ask: Ask<'_>) -> Result<Registration> {
-    for value in ask.webhooks {
-        if let Some((_, url)) = value.split_once('=') {
-            if url.trim().to_ascii_lowercase().starts_with("https://") {
-                bail!("--webhook {value:?}: the gateway delivers webhooks over http:// only (an https:// URL, such as a platform's https://PORT-ID host, is not supported yet). Next: give a URL the platform serves over plain http://");
-            }
-        }
-    }
     let Some((targets, faults)) = stack::targets(ask.webhooks, ask.faults)? else {
         return Ok(Registration::default());
     };
@@ -94,7 +88,7 @@ pub(super) async fn register(dir: &Path, ask: Ask<'_>) -> Result<Registration> {
         bail!("--webhook-faults needs the gateway's built-in twin: this sandbox's twin (its --twin, or the gateway's) makes and signs its own deliveries, which its ingress forwards unchanged. Next: drop --webhook-faults");
     }
     if ask.fleet {
-        bail!("--webhook is not supported on a gateway with --nats yet: every gateway of the fleet serves the sandbox, and only this one would hold its signing secrets. Next: register it on a gateway without --nats, or drop --webhook");
+        bail!("--webhook is refused on a gateway with --nats: every gateway of the fleet serves the sandbox, and each makes the events of the requests it serves, so each would need the sandbox's signing secret (or ingress token); the fleet shares only its registry bucket, which every gateway and every reader of the bucket can read, so a secret kept there would be no secret, and one kept by this gateway alone would leave the others' events unsigned and undelivered. Next: register sandboxes that need webhooks on a gateway without --nats, or drop --webhook");
     }
     for w in &targets {
         reachable(w).await?;
@@ -189,15 +183,17 @@ pub(super) fn forget(dir: &Path) {
 }
 
 /// Starts the deliveries of `record`'s webhooks into `ledger`, signed with
-/// the secrets in `dir` (`builtin_twin`), else its ingress with the token
-/// in `dir`; none without webhooks. A sandbox whose webhooks cannot start
+/// the secrets in `dir` (with the built-in twin, which also renders `veris
+/// trigger`'s fixtures), else its ingress with the token in `dir`; none without webhooks. `https://` URLs are verified against
+/// `roots` (the system's). A sandbox whose webhooks cannot start
 /// is still served, with its webhooks off and a log line saying why and
 /// what to do.
 pub(super) fn start(
     dir: &Path,
     record: &Record,
     ledger: &Arc<Ledger>,
-    builtin_twin: bool,
+    builtin_twin: Option<&Arc<veris_twin::Twin>>,
+    roots: &rustls::RootCertStore,
 ) -> Option<Deliveries> {
     // An ended sandbox (its chain only gets its final seal) delivers nothing.
     let ended = record.revoked_ms.is_some()
@@ -210,7 +206,7 @@ pub(super) fn start(
     let started = (|| -> Result<Webhooks> {
         let (targets, faults) =
             stack::targets(&record.webhooks, &record.webhook_faults)?.context("no webhooks")?;
-        if !builtin_twin {
+        let Some(twin) = builtin_twin else {
             let path = dir.join(INGRESS_FILE);
             let token = crate::util::read_bounded_bytes(&path, SECRETS_CAP, false)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -220,7 +216,7 @@ pub(super) fn start(
                 .filter(|t| t.len() == 64)
                 .with_context(|| format!("{} holds no token", path.display()))?;
             return Webhooks::new(targets, faults, Vec::new()).map(|w| w.with_ingress(token));
-        }
+        };
         let secrets = load(dir)?;
         for w in &targets {
             if !secrets
@@ -230,7 +226,9 @@ pub(super) fn start(
                 bail!("no secret for {} in {SECRETS_FILE}", w.service);
             }
         }
-        Webhooks::new(targets, faults, secrets)
+        let mut webhooks = Webhooks::new(targets, faults, secrets)?;
+        webhooks.twin = Some(Arc::clone(twin));
+        Ok(webhooks)
     })();
     let webhooks = match started {
         Ok(w) => w,
@@ -243,8 +241,9 @@ pub(super) fn start(
         info!(sandbox = %record.id, "{line}");
     }
     let events = webhooks.sink();
-    let started = webhooks.start(Arc::clone(ledger), Dialer::Policed);
+    let started = webhooks.start(Arc::clone(ledger), Dialer::Policed, roots.clone());
     Some(Deliveries {
+        control: started.engine.as_ref().map(|e| e.control()),
         events,
         engine: tokio::sync::Mutex::new(started.engine),
         ingress: started.ingress,
@@ -253,15 +252,28 @@ pub(super) fn start(
 
 /// Hands each event of the built-in twin to its sandbox's deliveries (and
 /// no other's) until `cancel`; an event for a sandbox without webhooks, or
-/// one no longer served, goes nowhere.
+/// one no longer served, goes nowhere. Events the shared queue `dropped`
+/// are handed to their sandbox's count the same way.
 pub(super) async fn route(
     mut events: mpsc::Receiver<Event>,
+    dropped: Arc<Dropped>,
     sandboxes: Arc<Sandboxes>,
     cancel: CancellationToken,
 ) {
     loop {
         let event = tokio::select! {
             () = cancel.cancelled() => return,
+            // The shared queue was full: each sandbox's engine records the
+            // drops of its own events (an event names its sandbox).
+            () = dropped.wait() => {
+                for ((sandbox, service), n) in dropped.take_by_sandbox() {
+                    match sandboxes.get(&sandbox).and_then(|s| s.webhooks.as_ref().map(|d| d.events.clone())) {
+                        Some(sink) => sink.count_dropped(&service, n),
+                        None => warn!(%sandbox, %service, events = n, "webhook events dropped for a sandbox without webhooks"),
+                    }
+                }
+                continue;
+            }
             e = events.recv() => match e {
                 Some(e) => e,
                 None => return,
@@ -273,8 +285,7 @@ pub(super) async fn route(
         let Some(deliveries) = &sandbox.webhooks else {
             continue;
         };
-        if let Err(mpsc::error::TrySendError::Full(e)) = deliveries.events.try_send(event) {
-            warn!(sandbox = %sandbox.id, kind = %e.kind, "webhook event dropped: the sandbox's delivery queue is full");
-        }
+        // A full queue counts the drop; the sandbox's engine records it.
+        deliveries.events.offer(event);
     }
 }

@@ -75,3 +75,51 @@ pub async fn require_live(state_dir: &Path, command: &str) -> anyhow::Result<Liv
         ),
     }
 }
+
+/// A gateway sandbox's part of the admin API for a command that delivers
+/// into its ledger (`veris trigger|replay --sandbox ID`): the gateway of
+/// `state_dir` (its `admin.addr`), asked with the gateway's own token
+/// (`admin.token` there, else `$VERIS_ADMIN_TOKEN`); a sandbox's read token
+/// only reads. The error says why there is none and what to do.
+pub async fn require_gateway_sandbox(
+    state_dir: &Path,
+    sandbox: &str,
+    command: &str,
+) -> anyhow::Result<LiveProxy> {
+    let read = |name: &str| crate::util::read_bounded(&state_dir.join(name), 4096, false);
+    let next = format!(
+        "Next: pass the gateway's own --state-dir (not a sandbox's), where `veris gateway --state-dir {}` runs",
+        state_dir.display()
+    );
+    let addr = read(ADDR_FILE).map_err(|e| {
+        anyhow::anyhow!(
+            "veris {command}: no gateway announced in {} ({ADDR_FILE}: {}). {next}",
+            state_dir.display(),
+            e.kind()
+        )
+    })?;
+    let token = match read(TOKEN_FILE) {
+        Ok(t) => t.trim().to_string(),
+        Err(e) => match std::env::var("VERIS_ADMIN_TOKEN") {
+            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+            _ => anyhow::bail!(
+                "veris {command}: the gateway's {TOKEN_FILE} is unreadable ({}). Next: run as the gateway's uid or root, or set VERIS_ADMIN_TOKEN to the gateway's admin token",
+                e.kind()
+            ),
+        },
+    };
+    let base = format!("http://{}", addr.trim());
+    let healthz = format!("{base}/healthz");
+    match veris_admin_client::call("GET", &healthz, None, LIMITS).await {
+        Ok(answer) if answer.status == 200 => {}
+        _ => anyhow::bail!(
+            "veris {command}: no live gateway answers at {} (from {}). {next}",
+            addr.trim(),
+            state_dir.join(ADDR_FILE).display()
+        ),
+    }
+    Ok(LiveProxy {
+        base: format!("{base}/sandboxes/{sandbox}"),
+        token,
+    })
+}

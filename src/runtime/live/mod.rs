@@ -13,6 +13,8 @@ pub use admin::{
     bind_admin, bind_metrics, serve_metrics, start_admin, AdminHandle, AdminListener, AdminStart,
 };
 pub use client::LiveStatus;
-pub use discovery::{discover, require_live, Discovery, ADDR_FILE, TOKEN_FILE};
+pub use discovery::{
+    discover, require_gateway_sandbox, require_live, Discovery, ADDR_FILE, TOKEN_FILE,
+};
 pub use session::SessionFacts;
 pub use twin_check::{service_refs, twin_cross_check_file, twin_newest_ids, ServiceRef};

@@ -79,7 +79,9 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "DIR")]
     pub capture_bodies: Option<PathBuf>,
     /// Deliver the built-in twin's webhook events for SERVICE (stripe) to
-    /// URL, signed the vendor's way (repeatable): 'SERVICE=http://HOST:PORT/PATH'.
+    /// URL, signed the vendor's way (repeatable): 'SERVICE=http://HOST:PORT/PATH'
+    /// (or https://, the app's certificate verified against the system's
+    /// roots and --webhook-ca).
     /// The signing secret is made per start and given to the command as
     /// STRIPE_WEBHOOK_SECRET (`serve` prints it and writes it to its env file);
     /// every attempt is a `callback` line in the ledger. An isolated
@@ -95,6 +97,11 @@ pub struct ProxyArgs {
     /// delivery never counts toward --require-callback.
     #[arg(long = "webhook-faults", value_name = "LIST")]
     pub webhook_faults: Vec<String>,
+    /// With --webhook https://…: also trust the CA certificates in FILE
+    /// (PEM) for the app's certificate, e.g. a private CA. A certificate
+    /// that does not verify is a failed delivery on record, never sent.
+    #[arg(long = "webhook-ca", value_name = "FILE")]
+    pub webhook_ca: Option<PathBuf>,
     /// With --capture-bodies: bytes kept of each body (the rest is cut, and
     /// the cut is recorded).
     #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024, requires = "capture_bodies")]

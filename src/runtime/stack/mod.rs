@@ -211,7 +211,11 @@ impl Stack {
             engine: webhook_engine,
             ingress,
         } = match webhooks {
-            Some(w) => w.start(Arc::clone(&ledger), app_dialer),
+            Some(w) => w.start(
+                Arc::clone(&ledger),
+                app_dialer,
+                tls.passthrough_roots.clone(),
+            ),
             None => webhooks::Started {
                 engine: None,
                 ingress: None,
@@ -519,10 +523,12 @@ fn prepare_host(args: &ServeArgs, tier: &dyn Tier) -> Result<Host> {
         warn!(error = %e, "cannot make the proxy non-dumpable; a same-uid workload could read its memory");
     }
     let (file_limit, raised) = crate::os::fd::raise_open_file_limit();
-    let limit_word = |v: Option<u64>| v.map_or("unlimited".to_string(), |n| n.to_string());
+    // Numbers as numbers (a log collector sums them); an unlimited one is
+    // left out, and said.
     info!(
-        soft = %limit_word(raised.0),
-        was = %limit_word(file_limit.0),
+        soft = raised.0,
+        was = file_limit.0,
+        unlimited = raised.0.is_none(),
         "open-file limit (every client connection holds one or two)"
     );
     let state_dir = crate::util::state_dir(args.proxy.state_dir.clone());

@@ -41,8 +41,12 @@ pub(super) async fn routing(
     let mut builtin_twin_credential = None;
     let mut builtin_url = None;
     let builtin = args.config.is_none() && args.twin.is_none();
-    let mut webhooks =
-        super::webhooks::Webhooks::from_args(&args.webhooks, &args.webhook_faults, builtin)?;
+    let mut webhooks = super::webhooks::Webhooks::from_args(
+        &args.webhooks,
+        &args.webhook_faults,
+        args.webhook_ca.as_deref(),
+        builtin,
+    )?;
     if builtin {
         let sandbox = args.sandbox.as_deref().unwrap_or(DEFAULT_SANDBOX);
         let events = webhooks.as_ref().map(|w| w.sink());

@@ -4,17 +4,22 @@
 //! With an external twin (`--twin`, `--config`), which makes and signs its
 //! own events, no engine: an ingress on the admin listener with a per-start
 //! token takes the twin's deliveries and forwards them
-//! ([`veris_proxy::callback::ingress`]).
+//! ([`veris_proxy::callback::ingress`]). `https://` URLs are delivered over
+//! TLS verified against the system roots and `--webhook-ca`.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
 use veris_proxy::callback::faults::MAX_DELAY;
 use veris_proxy::callback::{
-    Dialer, Engine, EngineOptions, Faults, Ingress, Webhook, ATTEMPT_TIMEOUT,
+    Dialer, Engine, EngineOptions, Faults, Ingress, Reach, Webhook, WebhookTls, ATTEMPT_TIMEOUT,
+    PENDING,
 };
-use veris_twin::webhook::{Event, EventSink, Secret, EVENT_QUEUE};
+use veris_twin::webhook::{Dropped, Event, EventSink, Secret, EVENT_QUEUE};
 
 /// Services whose vendor signature scheme the twin implements.
 const SIGNED: &[&str] = &["stripe"];
@@ -23,18 +28,28 @@ const SIGNED: &[&str] = &["stripe"];
 const TIME_SCALE_VAR: &str = "VERIS_WEBHOOK_TIME_SCALE";
 /// One attempt's bound in milliseconds (tests; default 10 s).
 const TIMEOUT_VAR: &str = "VERIS_WEBHOOK_TIMEOUT_MS";
+/// Events queued and events under way at most, each (tests: a small queue
+/// to make drops happen; default [`EVENT_QUEUE`] and [`PENDING`]).
+const QUEUE_VAR: &str = "VERIS_WEBHOOK_QUEUE";
+
+/// The most bytes a `--webhook-ca` file may have.
+const CA_CAP: u64 = 1024 * 1024;
 
 /// The webhooks of a start, before the ledger is open.
 pub(crate) struct Webhooks {
     targets: Vec<Webhook>,
     faults: Faults,
     /// The built-in twin, which renders `veris trigger`'s fixture events.
-    pub(super) twin: Option<std::sync::Arc<veris_twin::Twin>>,
+    pub(crate) twin: Option<std::sync::Arc<veris_twin::Twin>>,
     secrets: Vec<(String, Vec<Secret>)>,
     sink: EventSink,
     events: mpsc::Receiver<Event>,
+    dropped: Arc<Dropped>,
+    pending: usize,
     backoff_scale: f64,
     attempt_timeout: Duration,
+    /// `--webhook-ca`: roots trusted for `https://` URLs besides the system's.
+    extra_roots: Vec<CertificateDer<'static>>,
     /// With an external twin: the ingress token it must present.
     ingress_token: Option<String>,
 }
@@ -47,25 +62,32 @@ pub(crate) struct Started {
 }
 
 impl Webhooks {
-    /// Parses `--webhook` values (none: `None`) and `--webhook-faults`;
-    /// `builtin` says whether the built-in twin runs (only it makes events).
+    /// Parses `--webhook` values (none: `None`), `--webhook-faults` and
+    /// `--webhook-ca`; `builtin` says whether the built-in twin runs (only
+    /// it makes events).
     pub(super) fn from_args(
         values: &[String],
         faults: &[String],
+        ca: Option<&Path>,
         builtin: bool,
     ) -> Result<Option<Webhooks>> {
         let Some((targets, faults)) = targets(values, faults)? else {
+            if ca.is_some() {
+                bail!("--webhook-ca needs --webhook: there are no deliveries to verify. Next: add --webhook stripe=https://HOST:PORT/PATH, or drop --webhook-ca");
+            }
             return Ok(None);
         };
+        let extra_roots = ca.map(load_ca).transpose()?.unwrap_or_default();
         if !builtin {
             if !faults.is_empty() {
                 bail!("--webhook-faults needs the built-in twin: an external twin (--twin, --config) makes and signs its own deliveries, which the ingress forwards unchanged. Next: drop --webhook-faults");
             }
             let token = crate::util::random_hex(32).context("making the ingress token")?;
-            return Webhooks::new(targets, faults, Vec::new()).map(|w| Some(w.with_ingress(token)));
+            return Webhooks::new(targets, faults, Vec::new())
+                .map(|w| Some(w.with_ingress(token).with_roots(extra_roots)));
         }
         let secrets = fresh_secrets(&targets)?;
-        Webhooks::new(targets, faults, secrets).map(Some)
+        Webhooks::new(targets, faults, secrets).map(|w| Some(w.with_roots(extra_roots)))
     }
 
     /// The webhooks of `targets`, signed with `secrets` (one list per
@@ -76,7 +98,8 @@ impl Webhooks {
         secrets: Vec<(String, Vec<Secret>)>,
     ) -> Result<Webhooks> {
         let (backoff_scale, attempt_timeout) = time_knobs()?;
-        let (sink, events) = mpsc::channel(EVENT_QUEUE);
+        let (queue, pending) = queue_knob()?;
+        let (sink, events, dropped) = veris_twin::webhook::channel(queue);
         Ok(Webhooks {
             targets,
             faults,
@@ -84,10 +107,20 @@ impl Webhooks {
             secrets,
             sink,
             events,
+            dropped,
+            pending,
             backoff_scale,
             attempt_timeout,
+            extra_roots: Vec::new(),
             ingress_token: None,
         })
+    }
+
+    /// These webhooks with `roots` trusted for `https://` URLs besides the
+    /// system's.
+    fn with_roots(mut self, roots: Vec<CertificateDer<'static>>) -> Webhooks {
+        self.extra_roots = roots;
+        self
     }
 
     /// These webhooks taken by an ingress with `token` (an external twin's
@@ -149,13 +182,20 @@ impl Webhooks {
         lines
     }
 
-    /// Starts delivering through `dialer`, recording into `ledger`: the
-    /// engine, or with an external twin the ingress.
+    /// Starts delivering through `dialer` (`https://` URLs verified against
+    /// `roots`, the system's, and `--webhook-ca`), recording into `ledger`:
+    /// the engine, or with an external twin the ingress.
     pub(crate) fn start(
         self,
         ledger: std::sync::Arc<veris_receipt::ledger::Ledger>,
         dialer: Dialer,
+        mut roots: rustls::RootCertStore,
     ) -> Started {
+        roots.add_parsable_certificates(self.extra_roots);
+        let reach = Reach {
+            dialer,
+            tls: WebhookTls::new(roots),
+        };
         if let Some(token) = self.ingress_token {
             return Started {
                 engine: None,
@@ -163,7 +203,7 @@ impl Webhooks {
                     token,
                     self.targets,
                     ledger,
-                    dialer,
+                    reach,
                     self.attempt_timeout,
                 ))),
             };
@@ -178,7 +218,9 @@ impl Webhooks {
                 attempt_timeout: self.attempt_timeout,
                 faults: self.faults,
                 twin: self.twin,
-                dialer,
+                reach,
+                pending: self.pending,
+                dropped: Some(self.dropped),
             },
         );
         Started {
@@ -261,6 +303,39 @@ pub fn parse(value: &str) -> Result<Webhook> {
         );
     }
     Ok(w)
+}
+
+/// `--webhook-ca FILE`: the PEM certificates in it (at least one).
+fn load_ca(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let next = "Next: give a PEM file with the CA certificate the app's certificate chains to";
+    let bytes = crate::util::read_bounded_bytes(path, CA_CAP, true)
+        .with_context(|| format!("--webhook-ca {}: cannot read it. {next}", path.display()))?;
+    let certs: Vec<CertificateDer<'static>> =
+        rustls::pki_types::pem::PemObject::pem_slice_iter(&bytes)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| {
+                anyhow::anyhow!("--webhook-ca {}: not PEM ({e:?}). {next}", path.display())
+            })?;
+    if certs.is_empty() {
+        bail!(
+            "--webhook-ca {}: no certificate in it. {next}",
+            path.display()
+        );
+    }
+    Ok(certs)
+}
+
+/// The queue knob: events queued and under way at most.
+fn queue_knob() -> Result<(usize, usize)> {
+    match std::env::var(QUEUE_VAR) {
+        Ok(v) => {
+            let n = v.parse::<usize>().ok().filter(|n| *n > 0).with_context(|| {
+                format!("{QUEUE_VAR}={v:?} is not a whole number above 0. Next: unset it, or give e.g. 2")
+            })?;
+            Ok((n, n))
+        }
+        Err(_) => Ok((EVENT_QUEUE, PENDING)),
+    }
 }
 
 /// The test knobs: the backoff's scale and one attempt's bound.

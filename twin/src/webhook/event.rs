@@ -9,19 +9,110 @@
 //! payment intent is `payment_intent.created`, and also
 //! `payment_intent.succeeded` when it was created succeeded.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
 use bytes::Bytes;
 use serde_json::{json, Value};
 
 /// The `api_version` the twin's events say they follow.
 pub const API_VERSION: &str = "2024-06-20";
 
-/// Events waiting for delivery at most; past it the twin drops events (with
-/// a warning): a workload making objects faster than the app takes its
-/// deliveries must not grow the proxy's memory without bound.
+/// Events waiting for delivery at most; past it the twin drops events
+/// (counted, and recorded by the deliverer): a workload making objects
+/// faster than the app takes its deliveries must not grow the proxy's
+/// memory without bound.
 pub const EVENT_QUEUE: usize = 4096;
 
-/// Where the twin hands out its events.
-pub type EventSink = tokio::sync::mpsc::Sender<Event>;
+/// Where the twin hands out its events: a bounded queue that never blocks
+/// the twin, and counts (per service) every event it had no room for, so
+/// the deliverer can put the drops on record ([`Dropped`]).
+#[derive(Debug, Clone)]
+pub struct EventSink {
+    tx: tokio::sync::mpsc::Sender<Event>,
+    dropped: Arc<Dropped>,
+}
+
+/// The events a full [`EventSink`] refused, per sandbox and service, not
+/// yet taken.
+#[derive(Debug, Default)]
+pub struct Dropped {
+    counts: Mutex<BTreeMap<(String, String), u64>>,
+    news: tokio::sync::Notify,
+}
+
+impl Dropped {
+    /// Resolves once an event was dropped since the last take (at once if
+    /// one was dropped while nobody waited).
+    pub async fn wait(&self) {
+        self.news.notified().await;
+    }
+
+    /// The drops counted since the last take, per service, and resets them.
+    pub fn take(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for ((_, service), n) in self.take_by_sandbox() {
+            *out.entry(service).or_default() += n;
+        }
+        out
+    }
+
+    /// The drops counted since the last take, per (sandbox, service), and
+    /// resets them (a gateway hands each sandbox its own).
+    pub fn take_by_sandbox(&self) -> BTreeMap<(String, String), u64> {
+        std::mem::take(&mut *self.counts.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn count(&self, sandbox: &str, service: &str, n: u64) {
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((sandbox.to_string(), service.to_string()))
+            .or_default() += n;
+        self.news.notify_one();
+    }
+}
+
+/// A sink holding `capacity` events, the receiver its deliverer takes them
+/// from, and the drop count the deliverer records.
+pub fn channel(capacity: usize) -> (EventSink, tokio::sync::mpsc::Receiver<Event>, Arc<Dropped>) {
+    let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+    let dropped = Arc::new(Dropped::default());
+    let sink = EventSink {
+        tx,
+        dropped: Arc::clone(&dropped),
+    };
+    (sink, rx, dropped)
+}
+
+impl EventSink {
+    /// Queues `event` without waiting. When the queue is full the event is
+    /// dropped and counted (and logged); when its deliverer is gone (a
+    /// session ending) it is dropped with a log line: there is nothing
+    /// left to record it in. `false` when it was dropped.
+    pub fn offer(&self, event: Event) -> bool {
+        match self.tx.try_send(event) {
+            Ok(()) => true,
+            Err(tokio::sync::mpsc::error::TrySendError::Full(e)) => {
+                self.dropped.count(&e.sandbox, &e.service, 1);
+                tracing::warn!(service = %e.service, kind = %e.kind, "webhook event dropped: the delivery queue is full (counted in the ledger)");
+                false
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(e)) => {
+                tracing::warn!(service = %e.service, kind = %e.kind, "webhook event dropped: no deliverer (the session is ending)");
+                false
+            }
+        }
+    }
+
+    /// Counts `n` events of `service` dropped before they reached this
+    /// sink (a gateway's shared queue, full), so this sink's deliverer puts
+    /// them on record with its own.
+    pub fn count_dropped(&self, service: &str, n: u64) {
+        self.dropped.count("", service, n);
+    }
+}
 
 /// One event for one sandbox and service, its JSON payload made once: every
 /// delivery attempt sends the same bytes (signed afresh each time).
@@ -126,6 +217,36 @@ pub fn stripe_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_full_sink_counts_what_it_drops_per_service() {
+        let (sink, mut rx, dropped) = channel(1);
+        let event = |service: &str| Event {
+            sandbox: "sbx".into(),
+            service: service.into(),
+            id: "evt_1".into(),
+            kind: "customer.created".into(),
+            payload: Bytes::from_static(b"{}"),
+        };
+        assert!(sink.offer(event("stripe")));
+        assert!(!sink.offer(event("stripe")));
+        assert!(!sink.offer(event("other")));
+        dropped.wait().await;
+        assert_eq!(
+            dropped.take().into_iter().collect::<Vec<_>>(),
+            [("other".to_string(), 1), ("stripe".to_string(), 1)]
+        );
+        assert!(dropped.take().is_empty());
+        // Per sandbox for a gateway's router; counted elsewhere, added here.
+        assert!(!sink.offer(event("stripe")));
+        assert_eq!(
+            dropped.take_by_sandbox().into_iter().collect::<Vec<_>>(),
+            [(("sbx".to_string(), "stripe".to_string()), 1)]
+        );
+        sink.count_dropped("stripe", 3);
+        assert_eq!(dropped.take().get("stripe"), Some(&3));
+        assert_eq!(rx.recv().await.map(|e| e.service), Some("stripe".into()));
+    }
 
     #[test]
     fn charges_give_the_event_of_their_status() {

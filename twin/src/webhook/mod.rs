@@ -6,5 +6,5 @@
 pub mod event;
 pub mod sign;
 
-pub use event::{Event, EventSink, EVENT_QUEUE};
+pub use event::{channel, Dropped, Event, EventSink, EVENT_QUEUE};
 pub use sign::{Secret, SIGNATURE_HEADER};
