@@ -929,11 +929,8 @@ impl Ledger {
             reason: reason.to_string(),
         };
         let seq = w.append_now(&self.shared, entry)?;
-        // A seal is a reader's anchor: in the file at once. A ledger that
-        // goes idle seals last, so this also frees what its batches held.
-        if w.flush_pending(&self.shared.path).is_ok() {
-            w.pending = Vec::new();
-        }
+        // A seal is a reader's anchor: in the file at once.
+        let _ = w.flush_pending(&self.shared.path);
         let info = SealInfo {
             seq,
             sealed_seq,
@@ -1321,7 +1318,11 @@ impl Writer {
         match wrote {
             Ok(()) => {
                 self.needs_truncate = false;
-                self.pending.clear();
+                if self.pending.capacity() > 4 * FILE_BATCH {
+                    self.pending = Vec::new();
+                } else {
+                    self.pending.clear();
+                }
                 Ok(())
             }
             Err(source) => {
