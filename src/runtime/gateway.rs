@@ -68,7 +68,7 @@ use veris_proxy::body::ProxyBody;
 use veris_proxy::config::{Flags, Settings};
 use veris_proxy::outbound::upstream::{Upstream, UpstreamOptions};
 use veris_proxy::{Identity, Limits, Proxy, ProxyOptions};
-use veris_receipt::ledger::{Journal, Ledger};
+use veris_receipt::ledger::Ledger;
 use veris_receipt::receipt::CheckStatus;
 use veris_receipt::seal::{self, PublicKeys, Sealer, PUB_FILE};
 use veris_receipt::{CheckLine, Entry, ListenerTier, Mode, SessionLine};
@@ -76,9 +76,6 @@ use veris_receipt::{CheckLine, Entry, ListenerTier, Mode, SessionLine};
 use crate::runtime::live::discovery::{ADDR_FILE, TOKEN_FILE};
 use crate::runtime::live::ServiceRef;
 use crate::tier::gateway::{self as tier, Sandbox, Sandboxes, SANDBOXES_DIR};
-
-/// The ledger journal's directory in the state dir.
-const JOURNAL_DIR: &str = "journal";
 use crate::tier::gateway_record::{self as record, Record};
 
 /// `veris gateway`'s settings.
@@ -202,8 +199,6 @@ struct Shared {
     fleet: Option<veris_fleet::Fleet>,
     /// The fleet's sandbox registry (`--nats`).
     registry: Option<Arc<registry::Fleet>>,
-    /// Every sandbox's ledger lines go through it ([`open_journal`]).
-    journal: Journal,
 }
 
 /// Runs a gateway until `stop` resolves; then every sandbox's ledger gets
@@ -227,7 +222,6 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
     };
     std::fs::create_dir_all(state_dir.join(SANDBOXES_DIR))
         .with_context(|| format!("creating state dir {}", state_dir.display()))?;
-    let journal = open_journal(&state_dir)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     // The built-in twin's webhook events, each routed to its sandbox's
     // deliveries ([`webhooks::route`]).
@@ -339,7 +333,6 @@ pub async fn run(config: GatewayConfig, stop: impl std::future::Future<Output = 
         cancel: CancellationToken::new(),
         fleet,
         registry,
-        journal,
     });
     if let (Some(identity), Some(fleet)) = (&identity, &shared.fleet) {
         crate::runtime::fleet_identity::publish(
@@ -1026,7 +1019,6 @@ async fn open_ledger(
     own.keys.push(shared.sealer.public_key());
     shared.sealer.publish(dir)?;
     let (ledger, report) = Ledger::open_sealed_by(&dir.join("ledger.jsonl"), &own)?;
-    ledger.use_journal(&shared.journal, &identity.sandbox_id);
     private(ledger.path(), 0o600)?;
     ended_for_good(&ledger, &identity.sandbox_id)?;
     let ledger = Arc::new(ledger);
@@ -1054,27 +1046,6 @@ async fn open_ledger(
         .append(session)
         .context("writing the sandbox's session line")?;
     Ok((ledger, seq, twin_heads))
-}
-
-/// Opens the journal every sandbox's ledger lines are committed to (one
-/// append per batch across sandboxes, instead of one per sandbox file:
-/// `veris_receipt::ledger::Journal`), first putting back into each
-/// sandbox's file the lines an unclean stop left only in the journal.
-fn open_journal(state_dir: &Path) -> Result<Journal> {
-    let sandboxes = state_dir.join(SANDBOXES_DIR);
-    let (journal, recovered) = Journal::open(&state_dir.join(JOURNAL_DIR), |id| {
-        tier::valid_id(id)
-            .is_ok()
-            .then(|| sandboxes.join(id).join("ledger.jsonl"))
-    })
-    .context("opening the gateway's ledger journal")?;
-    for (sandbox, lines) in &recovered.appended {
-        warn!(%sandbox, lines, "the gateway stopped uncleanly: put back the sandbox's ledger lines its journal held");
-    }
-    for (sandbox, why) in &recovered.refused {
-        warn!(%sandbox, %why, "the journal's lines for this sandbox were not put back");
-    }
-    Ok(journal)
 }
 
 /// Refuses to continue a chain that ends in its [`seal::REMOVED`] seal: a

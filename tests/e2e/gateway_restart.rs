@@ -216,17 +216,8 @@ fn after_a_sigkill_the_sandbox_is_served_again_and_its_receipt_names_the_crash()
     let mut keys = vec![seal_key(&gw)];
     assert_eq!(probe_canary(&a.url("socks5h"), &ca)["sandbox_id"], "sbx-a");
     charge_ok(&a.url("socks5h"), &ca, "A");
-    // The file gets a sandbox's lines from the gateway's journal at its
-    // seals: wait for the one after the call.
     wait_for("A's call under an interval seal", DEADLINE, || {
-        let lines = gw.ledger("sbx-a");
-        let call = lines
-            .iter()
-            .position(|l| l["kind"] == "request" && l["path"] == "/v1/charges")?;
-        lines[call..]
-            .iter()
-            .any(|l| l["kind"] == "seal")
-            .then_some(())
+        (gw.ledger("sbx-a").last()?["kind"] == "seal").then_some(())
     });
     gw.kill_and_restart(&[]);
     keys.push(seal_key(&gw));
@@ -360,59 +351,4 @@ fn planted_records_are_skipped_with_a_log_line_and_the_others_are_served() {
         assert!(!list.contains(id), "{id} is served: {list}");
     }
     gw.stop();
-}
-
-/// A sandbox's lines reach the gateway's journal before their answers and
-/// its ledger file in larger writes later. Attack: the gateway is SIGKILLed
-/// right after a burst of calls, before its file has them (the seal timer
-/// writes them within a second). The restart puts every answered call back
-/// from the journal, says so in its log, and the receipt counts each call
-/// (or lists it with the set-aside tail), none lost.
-#[test]
-fn a_sigkill_before_the_file_has_the_calls_loses_none_of_them() {
-    if let Err(why) = support::curl() {
-        return skip(&why);
-    }
-    let mut gw = Gateway::start("gw-journal", "127.0.0.1:0", &[]);
-    let a = gw.add_sandbox_json("sbx-a", "stripe");
-    let ca = gw.ca();
-    let mut keys = vec![seal_key(&gw)];
-    const CALLS: u64 = 8;
-    for i in 0..CALLS {
-        charge_ok(&a.url("socks5h"), &ca, &format!("A's call {i}"));
-    }
-    let in_file = requests_in(&gw.ledger_file("sbx-a"));
-    eprintln!("{in_file} of {CALLS} calls in the file at the kill");
-    gw.kill_and_restart(&[]);
-    keys.push(seal_key(&gw));
-    let log = gw.stderr();
-    if in_file < CALLS {
-        assert!(
-            log.contains("put back the sandbox's ledger lines"),
-            "{} of {CALLS} calls were in the file at the kill; the restart did not say it put the rest back: {log}",
-            in_file
-        );
-    }
-    gw.stop();
-    let r = receipt_pinned(&gw, "sbx-a", &keys);
-    let set_aside: u64 = r["set_aside"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|s| s["requests"].as_u64().unwrap_or(0))
-        .sum();
-    assert_eq!(
-        set_aside + charges(&r).len() as u64,
-        CALLS,
-        "every answered call is counted or listed as set aside ({in_file} were in the file at the kill): {r}"
-    );
-}
-
-/// Request lines in a ledger file as it is on disk now.
-fn requests_in(path: &Path) -> u64 {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains(r#""kind":"request""#))
-        .count() as u64
 }

@@ -129,19 +129,11 @@ impl Journal {
                 .create(dir)
                 .map_err(open_err)?;
         }
-        // Past every name taken, planted ones included.
-        let mut last_number = 0;
         let mut old: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
             .map_err(open_err)?
             .flatten()
             .filter_map(|e| {
                 let n = segment_number(e.file_name().to_str()?)?;
-                last_number = last_number.max(n);
-                // A link or a FIFO planted here is never followed or read.
-                if !e.file_type().is_ok_and(|t| t.is_file()) {
-                    tracing::warn!(path = %e.path().display(), "skipped a journal segment that is not a regular file");
-                    return None;
-                }
                 Some((n, e.path()))
             })
             .collect();
@@ -149,7 +141,7 @@ impl Journal {
         let mut recovered = Recovered::default();
         let mut by_name: Vec<(String, Vec<u8>)> = Vec::new();
         for (_, path) in &old {
-            let bytes = read_regular(path).map_err(|source| LedgerError::Read {
+            let bytes = std::fs::read(path).map_err(|source| LedgerError::Read {
                 path: path.clone(),
                 source,
             })?;
@@ -170,7 +162,7 @@ impl Journal {
                 Err(why) => recovered.refused.push((name, why)),
             }
         }
-        let number = last_number + 1;
+        let number = old.last().map_or(1, |(n, _)| n + 1);
         let segment = Segment::create(dir, number)?;
         for (_, path) in &old {
             if let Err(e) = std::fs::remove_file(path) {
@@ -301,7 +293,7 @@ impl Segment {
     fn create(dir: &Path, number: u64) -> Result<Segment, LedgerError> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = segment_path(dir, number);
-        let file = no_follow()
+        let file = OpenOptions::new()
             .append(true)
             .create(true)
             .truncate(false)
@@ -318,33 +310,6 @@ impl Segment {
             buf: Vec::new(),
         })
     }
-}
-
-/// Open options that never follow a link at the path's end nor block on
-/// a FIFO.
-fn no_follow() -> OpenOptions {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut o = OpenOptions::new();
-    o.custom_flags(
-        rustix::fs::OFlags::NOFOLLOW.bits() as i32 | rustix::fs::OFlags::NONBLOCK.bits() as i32,
-    );
-    o
-}
-
-fn eloop() -> i32 {
-    rustix::io::Errno::LOOP.raw_os_error()
-}
-
-/// A segment's bytes, if it is a regular file (opened without following
-/// a link or blocking on a FIFO).
-fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut file = no_follow().read(true).open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)?;
-    Ok(bytes)
 }
 
 /// The complete records of a segment, in order; a torn last record (a
@@ -399,14 +364,10 @@ fn replay(path: &Path, lines: &[u8]) -> Result<Result<u64, String>, LedgerError>
         path: path.to_path_buf(),
         source,
     };
-    let mut file = match no_follow().read(true).write(true).open(path) {
-        Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => f,
-        Ok(_) => return Ok(Err("its ledger path is not a regular file".into())),
+    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Err("its ledger file is gone".into()))
-        }
-        Err(e) if e.raw_os_error() == Some(eloop()) => {
-            return Ok(Err("its ledger path is a link, never followed".into()))
         }
         Err(source) => {
             return Err(LedgerError::Open {

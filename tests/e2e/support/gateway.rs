@@ -269,24 +269,9 @@ impl Gateway {
         }
     }
 
-    /// The sandbox's ledger lines, parsed (none before its first line):
-    /// from the live gateway's admin API (`/sandboxes/ID/ledger`), which
-    /// has every line committed (the file gets a sandbox's lines from the
-    /// gateway's journal within about a second), else from its file.
+    /// The sandbox's ledger lines, parsed (none before its first line).
     pub fn ledger(&self, id: &str) -> Vec<Value> {
-        let live = std::fs::read_to_string(self.state.join("admin.token"))
-            .ok()
-            .map(|token| {
-                self.admin_api(
-                    "GET",
-                    &format!("/sandboxes/{id}/ledger"),
-                    Some(token.trim()),
-                    None,
-                )
-            })
-            .filter(|(status, _)| status == "200")
-            .map(|(_, body)| body);
-        live.or_else(|| std::fs::read_to_string(self.ledger_file(id)).ok())
+        std::fs::read_to_string(self.ledger_file(id))
             .unwrap_or_default()
             .lines()
             .map(|l| serde_json::from_str(l).expect("ledger line is JSON"))
@@ -895,15 +880,7 @@ impl Gateway {
         let admin = self.ready["admin"]
             .as_str()
             .expect("the ready file's admin");
-        // Where the gateway runs: its admin address is that namespace's.
-        let mut cmd = match &self.netns {
-            Some(ns) => {
-                let mut c = command("ip");
-                c.args(["netns", "exec", ns, "curl"]);
-                c
-            }
-            None => command("curl"),
-        };
+        let mut cmd = command("curl");
         cmd.args(["-sS", "--path-as-is", "--max-time", "10"]).args([
             "-w",
             "\n%{http_code}",
