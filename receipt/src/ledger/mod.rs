@@ -40,12 +40,10 @@ pub use crate::entry::TornTail;
 pub use crate::hash::line_hash;
 
 mod encode;
-mod journal;
 mod read;
 mod tail;
 mod write;
 
-pub use journal::{Journal, Recovered};
 pub use read::{
     mentions, open_ledger, read, read_bytes, scan, scan_file, LineReader, RawLine, MAX_LINE,
     PROBLEM_CAP,
@@ -385,163 +383,6 @@ mod tests {
             ],
             ..RequestLine::test("stripe", "POST", path)
         })
-    }
-
-    fn segments(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// A journaled ledger's lines are in the journal when their appends
-    /// return, and in the file once it is asked for its head; the file's
-    /// chain is the same as without a journal.
-    #[test]
-    fn a_journaled_ledgers_lines_reach_the_journal_first_and_the_file_by_its_head() {
-        let dir = TempDir::new();
-        let jdir = dir.0.join("journal");
-        let (journal, recovered) = Journal::open(&jdir, |_| None).unwrap();
-        assert!(recovered.appended.is_empty() && recovered.refused.is_empty());
-        let path = dir.0.join("ledger.jsonl");
-        let (ledger, _) = Ledger::open(&path).unwrap();
-        ledger.use_journal(&journal, "sbx-a");
-        ledger.append(session()).unwrap();
-        for _ in 0..3 {
-            ledger.append(request("/v1/charges")).unwrap();
-        }
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().len(),
-            0,
-            "written before the file's batch was due"
-        );
-        let segment = std::fs::read(jdir.join("journal-1.log")).unwrap();
-        // One record per batch: here one line each.
-        assert_eq!(
-            journal::records_of(&segment),
-            vec![("sbx-a".to_string(), 1); 4]
-        );
-        assert_eq!(ledger.head().0, 4);
-        let read = read::read(&path).unwrap();
-        assert_eq!(read.head.0, 4);
-        assert!(read.problems.is_empty(), "{:?}", read.problems);
-        // A seal (what every live reader's anchor is) is in the file at once.
-        let sealer = Sealer::generate().unwrap();
-        ledger.append(request("/v1/charges")).unwrap();
-        let seal = ledger.seal(&sealer, "demand").unwrap();
-        let last = last_line(&File::open(&path).unwrap()).unwrap().unwrap();
-        assert_eq!(last.seq, seal.seq);
-        // Closing writes the rest.
-        ledger.append(request("/v1/charges")).unwrap();
-        drop(ledger);
-        assert_eq!(read::read(&path).unwrap().head.0, seal.seq + 1);
-    }
-
-    /// A process that dies with lines in the journal only: the next open
-    /// of the journal appends them to their file (cutting the torn half
-    /// line a flush cut short, ignoring the journal's own torn record),
-    /// and the file's chain verifies to the last answered line.
-    #[test]
-    fn after_a_crash_the_journal_puts_every_answered_line_back() {
-        let dir = TempDir::new();
-        let jdir = dir.0.join("journal");
-        let path = dir.0.join("ledger.jsonl");
-        let (journal, _) = Journal::open(&jdir, |_| None).unwrap();
-        let (ledger, _) = Ledger::open(&path).unwrap();
-        ledger.use_journal(&journal, "sbx-a");
-        ledger.append(session()).unwrap();
-        ledger.append(request("/v1/a")).unwrap();
-        assert_eq!(ledger.head().0, 2, "flushed up to here");
-        for _ in 0..5 {
-            ledger.append(request("/v1/b")).unwrap();
-        }
-        // The crash: nothing more reaches the file; half a line did.
-        std::mem::forget(ledger);
-        drop(journal);
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        std::io::Write::write_all(&mut f, br#"{"v":8,"seq":3,"ts":"#).unwrap();
-        let seg = jdir.join("journal-1.log");
-        let mut j = OpenOptions::new().append(true).open(&seg).unwrap();
-        std::io::Write::write_all(&mut j, b"J sbx-a 900\n{\"v\":").unwrap();
-        let want = path.clone();
-        let (_journal, recovered) =
-            Journal::open(&jdir, |name| (name == "sbx-a").then(|| want.clone())).unwrap();
-        assert_eq!(recovered.appended, vec![("sbx-a".to_string(), 5)]);
-        let read = read::read(&path).unwrap();
-        assert_eq!(read.head.0, 7);
-        assert!(read.problems.is_empty(), "{:?}", read.problems);
-        assert!(read.torn_tail.is_none());
-        assert_eq!(
-            segments(&jdir),
-            vec!["journal-2.log"],
-            "the replayed segment stays"
-        );
-        // Opening again appends nothing twice.
-        drop(_journal);
-        let (_j, again) = Journal::open(&jdir, |_| Some(path.clone())).unwrap();
-        assert!(again.appended.is_empty());
-        assert_eq!(read::read(&path).unwrap().head.0, 7);
-    }
-
-    /// Journal lines that do not continue the file at their path (another
-    /// chain was started there) are refused and the file is left as it is.
-    #[test]
-    fn journal_lines_that_do_not_continue_the_file_are_refused() {
-        let dir = TempDir::new();
-        let jdir = dir.0.join("journal");
-        let path = dir.0.join("ledger.jsonl");
-        let (journal, _) = Journal::open(&jdir, |_| None).unwrap();
-        let (ledger, _) = Ledger::open(&path).unwrap();
-        ledger.use_journal(&journal, "sbx-a");
-        for _ in 0..3 {
-            ledger.append(request("/v1/a")).unwrap();
-        }
-        std::mem::forget(ledger);
-        drop(journal);
-        // Another chain of one line at the path.
-        let other = dir.0.join("other.jsonl");
-        let (l2, _) = Ledger::open(&other).unwrap();
-        l2.append(session()).unwrap();
-        drop(l2);
-        let before = std::fs::read(&other).unwrap();
-        let (_j, recovered) = Journal::open(&jdir, |_| Some(other.clone())).unwrap();
-        assert!(recovered.appended.is_empty());
-        assert_eq!(recovered.refused.len(), 1, "{recovered:?}");
-        assert!(
-            recovered.refused[0].1.contains("does not continue"),
-            "{recovered:?}"
-        );
-        assert_eq!(std::fs::read(&other).unwrap(), before);
-    }
-
-    /// A segment followed by a newer one is deleted once every ledger's
-    /// file holds (and fsynced) its lines.
-    #[test]
-    fn a_retired_segment_is_deleted_once_every_file_holds_its_lines() {
-        let dir = TempDir::new();
-        let jdir = dir.0.join("journal");
-        let (journal, _) = Journal::open(&jdir, |_| None).unwrap();
-        let paths = [dir.0.join("a.jsonl"), dir.0.join("b.jsonl")];
-        let ledgers: Vec<Ledger> = paths
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let (l, _) = Ledger::open(p).unwrap();
-                l.use_journal(&journal, &format!("sbx-{i}"));
-                l.append(request("/v1/a")).unwrap();
-                l
-            })
-            .collect();
-        assert_eq!(std::fs::metadata(&paths[1]).unwrap().len(), 0);
-        journal.rotate_and_retire();
-        assert_eq!(segments(&jdir), vec!["journal-2.log"]);
-        for p in &paths {
-            assert_eq!(read::read(p).unwrap().head.0, 1);
-        }
-        drop(ledgers);
     }
 
     #[test]

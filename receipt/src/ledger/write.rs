@@ -34,7 +34,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -45,7 +45,6 @@ use crate::redact;
 use crate::seal::{PublicKeys, Sealer};
 
 use super::encode;
-use super::journal::{self, Journal, FILE_BATCH};
 use super::read::{scan, MAX_LINE, PROBLEM_CAP};
 use super::tail;
 use super::{
@@ -122,11 +121,6 @@ struct Writer {
     counters: BTreeMap<&'static str, u64>,
     /// The batch being written, kept to reuse its allocation.
     buf: Vec<u8>,
-    /// With a journal: the journal and this ledger's name in it, and the
-    /// lines committed to it and not yet written to the file (`good_len`
-    /// counts them: offsets are the file's once they are written).
-    journal: Option<(Journal, String)>,
-    pending: Vec<u8>,
     /// A caller leading the queue swaps these with the queue's (so both
     /// keep their allocations).
     spare: (Vec<u8>, Vec<Job>),
@@ -211,7 +205,7 @@ impl Queue {
 }
 
 /// The one sync thread of the process and the files waiting for it.
-pub(super) struct Syncer {
+struct Syncer {
     queue: Mutex<SyncQueue>,
     /// Wakes the thread when it waits for a dirty file.
     dirty: Condvar,
@@ -225,7 +219,7 @@ struct SyncQueue {
     running: bool,
 }
 
-pub(super) static SYNCER: Syncer = Syncer {
+static SYNCER: Syncer = Syncer {
     queue: Mutex::new(SyncQueue {
         files: Vec::new(),
         idle: false,
@@ -236,7 +230,7 @@ pub(super) static SYNCER: Syncer = Syncer {
 
 impl Syncer {
     /// Starts the thread unless it runs: the first ledger opened does.
-    pub(super) fn start(&'static self) -> std::io::Result<()> {
+    fn start(&'static self) -> std::io::Result<()> {
         let mut q = lock(&self.queue);
         if !q.running {
             std::thread::Builder::new()
@@ -252,7 +246,7 @@ impl Syncer {
 
     /// Queues a file for the next round; wakes the thread only if it
     /// sleeps idle.
-    pub(super) fn mark(&self, target: &Arc<SyncTarget>) {
+    fn mark(&self, target: &Arc<SyncTarget>) {
         if target.queued.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -286,8 +280,6 @@ impl Syncer {
                     tracing::error!(ledger = %target.path.display(), error = %e, "ledger fsync failed");
                     // Try again on the next round rather than forget the writes.
                     self.mark(&target);
-                } else if let Some(journal) = target.journal.as_ref().and_then(Weak::upgrade) {
-                    journal.after_sync();
                 }
             }
             std::thread::sleep(pause);
@@ -321,34 +313,14 @@ fn round_pause(files: usize) -> Duration {
 /// A ledger's handle for fsync, its own (so fsync never holds the write
 /// lock); `None` once the ledger is closed, so the sync thread never keeps
 /// a closed ledger's file (and its lock) open.
-pub(super) struct SyncTarget {
+struct SyncTarget {
     file: Mutex<Option<File>>,
     path: PathBuf,
     /// Waiting in [`SYNCER`]'s queue.
     queued: AtomicBool,
-    /// The journal whose segment this is, told after each fsync.
-    journal: Option<Weak<journal::Inner>>,
 }
 
 impl SyncTarget {
-    pub(super) fn new(
-        file: Option<File>,
-        path: PathBuf,
-        journal: Option<Weak<journal::Inner>>,
-    ) -> SyncTarget {
-        SyncTarget {
-            file: Mutex::new(file),
-            path,
-            queued: AtomicBool::new(false),
-            journal,
-        }
-    }
-
-    /// Points the handle at another file (a journal's next segment).
-    pub(super) fn replace(&self, file: Option<File>) {
-        *lock(&self.file) = file;
-    }
-
     fn sync(&self) -> Result<(), LedgerError> {
         match &*lock(&self.file) {
             Some(file) => file.sync_data().map_err(|source| LedgerError::Sync {
@@ -370,7 +342,7 @@ impl SyncTarget {
     }
 }
 
-pub(super) struct Shared {
+struct Shared {
     writer: Mutex<Writer>,
     queue: Mutex<Queue>,
     work: Condvar,
@@ -387,7 +359,7 @@ pub(super) struct Shared {
     seal_due: tokio::sync::Notify,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a lock cannot leave the state worse than a
     // failed append, which the next append repairs.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -398,13 +370,8 @@ impl Shared {
         lock(&self.writer)
     }
 
-    pub(super) fn sync_now(&self) -> Result<(), LedgerError> {
+    fn sync_now(&self) -> Result<(), LedgerError> {
         self.sync.sync()
-    }
-
-    /// Writes the lines the journal holds for this ledger to its file.
-    pub(super) fn flush(&self) -> Result<(), LedgerError> {
-        self.writer().flush_pending(&self.path)
     }
 
     /// Takes the lead of the queue when nobody holds it and lines wait.
@@ -741,11 +708,11 @@ impl Ledger {
             tracing::warn!(ledger = %path.display(), problem = %p, problems = read.problem_count, "existing ledger does not verify");
         }
         SYNCER.start().map_err(open_err)?;
-        let sync = Arc::new(SyncTarget::new(
-            Some(file.try_clone().map_err(open_err)?),
-            path.to_path_buf(),
-            None,
-        ));
+        let sync = Arc::new(SyncTarget {
+            file: Mutex::new(Some(file.try_clone().map_err(open_err)?)),
+            path: path.to_path_buf(),
+            queued: AtomicBool::new(false),
+        });
         let read_file = file.try_clone().map_err(open_err)?;
         let identity = file_identity(&file);
         let shared = Arc::new(Shared {
@@ -763,8 +730,6 @@ impl Ledger {
                 history,
                 counters,
                 buf: Vec::new(),
-                journal: None,
-                pending: Vec::new(),
                 spare: (Vec::new(), Vec::new()),
                 #[cfg(test)]
                 fail_next_write: false,
@@ -929,8 +894,6 @@ impl Ledger {
             reason: reason.to_string(),
         };
         let seq = w.append_now(&self.shared, entry)?;
-        // A seal is a reader's anchor: in the file at once.
-        let _ = w.flush_pending(&self.shared.path);
         let info = SealInfo {
             seq,
             sealed_seq,
@@ -979,8 +942,6 @@ impl Ledger {
     /// then fails the receipt even where the file looks whole.
     fn check_file(&self, w: &mut Writer) -> Result<(), LedgerError> {
         let path = &self.shared.path;
-        // What the file lacks after a failed flush is not a cut.
-        let _ = w.flush_pending(path);
         let finding = match std::fs::metadata(path) {
             Err(e) => Some((
                 "replaced",
@@ -994,18 +955,18 @@ impl Ledger {
                 "another file was put at the ledger path while the proxy wrote to its own".into(),
             )),
             Ok(_) => match w.file.metadata().map(|m| m.len()) {
-                Ok(len) if len < w.file_len() => Some((
+                Ok(len) if len < w.good_len => Some((
                     "cut",
                     format!(
                         "the ledger file was cut to {len} bytes; the proxy had written {}",
-                        w.file_len()
+                        w.good_len
                     ),
                 )),
-                Ok(len) if len > w.file_len() && !w.needs_truncate => Some((
+                Ok(len) if len > w.good_len && !w.needs_truncate => Some((
                     "extended",
                     format!(
                         "{} byte(s) the proxy did not write were added to the ledger file",
-                        len - w.file_len()
+                        len - w.good_len
                     ),
                 )),
                 _ => None,
@@ -1022,12 +983,7 @@ impl Ledger {
         if what != "replaced" {
             // Appends land at the file's end (O_APPEND): track that end, so
             // a failed write truncates back to it and nothing else.
-            let pending = w.pending.len() as u64;
-            w.good_len = w
-                .file
-                .metadata()
-                .map(|m| m.len() + pending)
-                .unwrap_or(w.good_len);
+            w.good_len = w.file.metadata().map(|m| m.len()).unwrap_or(w.good_len);
         }
         let entry = Entry::Tamper {
             what: what.to_string(),
@@ -1051,20 +1007,6 @@ impl Ledger {
         self.shared.sync_now()
     }
 
-    /// Commits this ledger's lines to `journal` from now on, as `name`
-    /// (what [`Journal::open`] hands back after a crash): its file gets
-    /// them in larger writes, see [`journal`]. Before the first append.
-    pub fn use_journal(&self, journal: &Journal, name: &str) {
-        self.shared.writer().journal = Some((journal.clone(), name.to_string()));
-        journal.register(Arc::downgrade(&self.shared));
-    }
-
-    /// Writes the lines the journal holds for this ledger to its file, so
-    /// that a reader of the file finds every line committed so far.
-    pub fn flush(&self) -> Result<(), LedgerError> {
-        self.shared.flush()
-    }
-
     /// The ledger file.
     pub fn path(&self) -> &Path {
         &self.shared.path
@@ -1072,9 +1014,7 @@ impl Ledger {
 
     /// Last written seq (0 when empty) and that line's hash.
     pub fn head(&self) -> (u64, String) {
-        let mut w = self.shared.writer();
-        // What it reports is in the file (see `journal`).
-        let _ = w.flush_pending(&self.shared.path);
+        let w = self.shared.writer();
         (w.next_seq - 1, w.head_hash.clone())
     }
 
@@ -1097,8 +1037,7 @@ impl Ledger {
     pub fn position_after(&self, since: u64) -> (u64, u64) {
         let target = since.saturating_add(1);
         let (indexed, history, len) = {
-            let mut w = self.shared.writer();
-            let _ = w.flush_pending(&self.shared.path);
+            let w = self.shared.writer();
             let i = w.index.partition_point(|(s, _)| *s <= target);
             (
                 i.checked_sub(1).map(|i| w.index[i].1),
@@ -1196,7 +1135,7 @@ impl Writer {
             source: std::io::Error::new(source.kind(), source.to_string()),
         };
         if self.needs_truncate {
-            if let Err(e) = self.file.set_len(self.file_len()) {
+            if let Err(e) = self.file.set_len(self.good_len) {
                 for job in jobs.drain(..) {
                     job.ack.complete(Err(write_err(&e)));
                 }
@@ -1237,16 +1176,10 @@ impl Writer {
             self.buf = buf;
             return;
         }
-        let wrote = match &self.journal {
-            Some((journal, name)) => journal.append(name, &buf),
-            None => self.write_batch(&buf),
-        };
-        if let Err(source) = wrote {
-            if self.journal.is_none() {
-                if let Err(e) = self.file.set_len(self.good_len) {
-                    self.needs_truncate = true;
-                    tracing::error!(ledger = %path.display(), error = %e, "could not truncate ledger after a failed write; will retry");
-                }
+        if let Err(source) = self.write_batch(&buf) {
+            if let Err(e) = self.file.set_len(self.good_len) {
+                self.needs_truncate = true;
+                tracing::error!(ledger = %path.display(), error = %e, "could not truncate ledger after a failed write; will retry");
             }
             tracing::error!(ledger = %path.display(), error = %source, lines = written.len(), first_seq = self.next_seq, "ledger write failed");
             for (ack, ..) in written {
@@ -1283,57 +1216,8 @@ impl Writer {
             }
             ack.complete(Ok(seq));
         }
-        if self.journal.is_some() {
-            // The journal has the lines (and its fsync); the file gets
-            // them in larger writes.
-            self.pending.extend_from_slice(&buf);
-            if self.pending.len() >= FILE_BATCH {
-                let _ = self.flush_pending(path);
-            }
-        } else {
-            shared.mark_dirty();
-        }
         self.buf = buf;
-    }
-
-    /// The file's length once what it was written holds (what waits in
-    /// `pending` is not there yet).
-    fn file_len(&self) -> u64 {
-        self.good_len - self.pending.len() as u64
-    }
-
-    /// Writes what the journal holds for this ledger to its file. A failed
-    /// write is cut back and tried again later: the journal keeps the lines.
-    fn flush_pending(&mut self, path: &Path) -> Result<(), LedgerError> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let len = self.file_len();
-        let wrote = if self.needs_truncate {
-            self.file.set_len(len)
-        } else {
-            Ok(())
-        }
-        .and_then(|()| self.file.write_all(&self.pending));
-        match wrote {
-            Ok(()) => {
-                self.needs_truncate = false;
-                if self.pending.capacity() > 4 * FILE_BATCH {
-                    self.pending = Vec::new();
-                } else {
-                    self.pending.clear();
-                }
-                Ok(())
-            }
-            Err(source) => {
-                self.needs_truncate = self.file.set_len(len).is_err();
-                tracing::error!(ledger = %path.display(), error = %source, "could not write the journal's lines to the ledger file; the journal keeps them, will retry");
-                Err(LedgerError::Write {
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
-        }
+        shared.mark_dirty();
     }
 
     fn write_batch(&mut self, buf: &[u8]) -> std::io::Result<()> {
@@ -1353,7 +1237,6 @@ impl Drop for Ledger {
         if let Some(handle) = self.writer.take() {
             let _ = handle.join();
         }
-        let _ = self.shared.flush();
         self.shared.sync.close();
     }
 }
