@@ -123,11 +123,14 @@ fn replay_sends_the_same_event_again_and_only_the_first_counts() {
     let out = output(serve.curl().args(&support::CURL_CHARGE[1..]));
     assert!(out.status.success(), "{:?}", text(&out));
     app.wait_for("200 charge.succeeded", 1);
-    let first = callbacks(&serve.ledger_lines())
-        .into_iter()
-        .find(|c| c["event"] == "charge.succeeded")
-        .cloned()
-        .expect("the twin's delivery is on record");
+    // The line is written once veris has the app's answer, a moment after
+    // the app logged it.
+    let first = support::wait_for("the twin's delivery on record", support::DEADLINE, || {
+        callbacks(&serve.ledger_lines())
+            .into_iter()
+            .find(|c| c["event"] == "charge.succeeded")
+            .cloned()
+    });
     let id = first["event_id"].as_str().unwrap().to_string();
     let (code, stdout, stderr) = ask(&serve, &["replay", &id]);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
