@@ -176,6 +176,29 @@ fn read_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Asserts that the run exited 0, its app verified `charge.succeeded` with
+/// the SDK, and the receipt lists that callback answered 200; returns the
+/// delivery's ledger line.
+pub(crate) fn verified_charge_callback(out: &std::process::Output, dir: &TempDir) -> Value {
+    let (stdout, stderr) = text(out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("verified charge.succeeded ch_"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(r#"stripe POST "/webhook" "charge.succeeded" #1 -> 200"#),
+        "the receipt lists the callback: {stderr}"
+    );
+    let lines = ledger(dir);
+    let calls = callbacks(&lines);
+    calls
+        .iter()
+        .find(|c| c["event"] == "charge.succeeded")
+        .map(|c| (*c).clone())
+        .unwrap_or_else(|| panic!("no charge.succeeded line: {calls:?}"))
+}
+
 pub(crate) fn callbacks(lines: &[Value]) -> Vec<&Value> {
     lines.iter().filter(|l| l["kind"] == "callback").collect()
 }
@@ -194,22 +217,8 @@ fn the_app_verifies_charge_succeeded_with_the_official_sdk() {
         &[format!("{port}:ok")],
         &[],
     );
-    let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("verified charge.succeeded ch_"),
-        "{stdout}\n{stderr}"
-    );
-    assert!(
-        stderr.contains(r#"stripe POST "/webhook" "charge.succeeded" #1 -> 200"#),
-        "the receipt lists the callback: {stderr}"
-    );
-    let lines = ledger(&dir);
-    let calls = callbacks(&lines);
-    let charge = calls
-        .iter()
-        .find(|c| c["event"] == "charge.succeeded")
-        .unwrap_or_else(|| panic!("no charge.succeeded line: {calls:?}"));
+    let charge = verified_charge_callback(&out, &dir);
+    let stderr = text(&out).1;
     assert_eq!(charge["status"], 200, "{charge}");
     assert_eq!(charge["path"], "/webhook");
     assert_eq!(charge["attempt"], 1);

@@ -8,7 +8,7 @@
 //! have given), and nothing counts toward `--require-callback`.
 
 use crate::support;
-use crate::webhook::{callbacks, free_port, ledger, run_app, tools};
+use crate::webhook::{callbacks, free_port, ledger, run_app, tools, verified_charge_callback};
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -127,22 +127,7 @@ fn an_https_app_verifies_the_event_delivered_over_tls() {
     let url = format!("https://127.0.0.1:{port}/webhook");
     let ca = ca.display().to_string();
     let out = run_tls(&dir, &url, &["--webhook-ca", &ca], port);
-    let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("verified charge.succeeded ch_"),
-        "{stdout}\n{stderr}"
-    );
-    assert!(
-        stderr.contains(r#"stripe POST "/webhook" "charge.succeeded" #1 -> 200"#),
-        "the receipt lists the callback: {stderr}"
-    );
-    let lines = ledger(&dir);
-    let calls = callbacks(&lines);
-    let charge = calls
-        .iter()
-        .find(|c| c["event"] == "charge.succeeded")
-        .unwrap_or_else(|| panic!("no charge.succeeded line: {calls:?}"));
+    let charge = verified_charge_callback(&out, &dir);
     assert_eq!(
         (&charge["status"], &charge["tls"]),
         (&200.into(), &true.into()),
